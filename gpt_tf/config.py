@@ -1,0 +1,101 @@
+"""Model configuration: one dataclass and the named presets.
+
+``gpt1`` is the paper's model (§4.1): 12 post-LN decoder blocks, 768 dims, 12 heads,
+3072-wide GELU feed-forward, 512 learned positions, 40,478 BPE tokens, dropout 0.1,
+N(0, 0.02) init. The smaller presets keep every design choice and only shrink sizes,
+so that they train on a 2-core CPU.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+# Special tokens appended after the BPE vocabulary, in this order (§3.3: start,
+# delimiter and extract tokens; pad for batching fine-tuning inputs).
+SPECIAL_TOKENS = ("start", "delimiter", "extract", "pad")
+
+
+@dataclasses.dataclass(frozen=True)
+class GPTConfig:
+    """Hyper-parameters of the GPT decoder. Field names follow the paper's code."""
+
+    vocab_size: int = 40478  # BPE tokens; special tokens come after these ids.
+    n_special: int = len(SPECIAL_TOKENS)
+    n_ctx: int = 512
+    n_embd: int = 768
+    n_layer: int = 12
+    n_head: int = 12
+    d_ff: int = 3072
+    embd_pdrop: float = 0.1
+    attn_pdrop: float = 0.1
+    resid_pdrop: float = 0.1
+    layer_norm_epsilon: float = 1e-5
+    init_std: float = 0.02
+
+    def __post_init__(self):
+        problems = []
+        if self.n_embd % self.n_head:
+            problems.append(f"n_embd={self.n_embd} is not divisible by n_head={self.n_head}")
+        for name in ("vocab_size", "n_ctx", "n_embd", "n_layer", "n_head", "d_ff"):
+            if getattr(self, name) <= 0:
+                problems.append(f"{name} must be positive, got {getattr(self, name)}")
+        if self.n_special < 0:
+            problems.append(f"n_special must be >= 0, got {self.n_special}")
+        for name in ("embd_pdrop", "attn_pdrop", "resid_pdrop"):
+            if not 0.0 <= getattr(self, name) < 1.0:
+                problems.append(f"{name} must be in [0, 1), got {getattr(self, name)}")
+        if problems:
+            raise ValueError("Invalid GPTConfig: " + "; ".join(problems))
+
+    @property
+    def total_vocab(self) -> int:
+        """Rows of the token embedding: BPE tokens plus special tokens."""
+        return self.vocab_size + self.n_special
+
+    def special_id(self, name: str) -> int:
+        """Id of a special token (``start``, ``delimiter``, ``extract`` or ``pad``)."""
+        if name not in SPECIAL_TOKENS[: self.n_special]:
+            raise KeyError(f"unknown special token {name!r}; have {SPECIAL_TOKENS[: self.n_special]}")
+        return self.vocab_size + SPECIAL_TOKENS.index(name)
+
+    @property
+    def n_params(self) -> int:
+        """Number of parameters (the tied LM head counted once)."""
+        d, f = self.n_embd, self.d_ff
+        block = 4 * d * d + 4 * d + 2 * d * f + f + d + 4 * d  # attn, mlp, two layer norms
+        return self.total_vocab * d + self.n_ctx * d + self.n_layer * block
+
+    def flops_per_token(self, seq_len: int | None = None) -> int:
+        """Training FLOPs per token: 6N + 12·L·d·T (PaLM appendix B convention).
+
+        N counts the non-embedding weights plus the LM-head matmul (tied embedding);
+        the position table is a lookup and is left out.
+        """
+        t = seq_len or self.n_ctx
+        n = self.n_params - self.n_ctx * self.n_embd
+        return 6 * n + 12 * self.n_layer * self.n_embd * t
+
+    def replace(self, **changes) -> "GPTConfig":
+        return dataclasses.replace(self, **changes)
+
+    def to_dict(self) -> dict:
+        return dataclasses.asdict(self)
+
+
+PRESETS: dict[str, GPTConfig] = {
+    # The paper's model.
+    "gpt1": GPTConfig(),
+    # ~19M parameters with a 16k vocab; a real small LM for books on CPU.
+    "small": GPTConfig(vocab_size=16000, n_ctx=256, n_embd=384, n_layer=6, n_head=6, d_ff=1536),
+    # ~5M parameters with an 8k vocab; the embedded Shakespeare default.
+    "tiny": GPTConfig(vocab_size=8000, n_ctx=128, n_embd=256, n_layer=4, n_head=4, d_ff=1024),
+    # For unit tests: trains in seconds.
+    "test": GPTConfig(vocab_size=1000, n_ctx=32, n_embd=32, n_layer=2, n_head=4, d_ff=128),
+}
+
+
+def get_preset(name: str, **overrides) -> GPTConfig:
+    """Returns a preset, with fields replaced by ``overrides`` (e.g. a tokenizer's vocab size)."""
+    if name not in PRESETS:
+        raise ValueError(f"unknown model preset {name!r}; choose one of {sorted(PRESETS)}")
+    return PRESETS[name].replace(**overrides) if overrides else PRESETS[name]

@@ -1,0 +1,200 @@
+"""The GPT-1 building blocks as Keras 3 layers (paper §3.1, §4.1; Radford et al. 2018).
+
+Every layer mirrors a scope of the released TensorFlow code (openai/finetune-transformer-lm):
+``c_attn`` (fused Q/K/V projection), ``c_proj``, ``c_fc``, ``ln_1``, ``ln_2``. Blocks are
+post-LN: ``n = LN(x + attn(x)); h = LN(n + mlp(n))``. GELU is the tanh approximation the
+release used. Weights are N(0, 0.02), biases 0, layer-norm gains 1.
+
+Speed notes (measured in ``bench/train_throughput.py``): Q, K and V come out of one matmul;
+the causal mask is a constant built once per sequence length; the attention softmax runs in
+float32 even under ``mixed_bfloat16`` so masked logits (-1e9) stay exact.
+"""
+
+from __future__ import annotations
+
+import math
+
+import keras
+from keras import ops
+
+PACKAGE = "gpt_tf"
+
+
+def gelu(x):
+    """GELU, tanh approximation (as in the GPT-1 release and HF ``gelu_new``)."""
+    return 0.5 * x * (1.0 + ops.tanh(math.sqrt(2.0 / math.pi) * (x + 0.044715 * ops.power(x, 3))))
+
+
+def _normal(std):
+    return keras.initializers.RandomNormal(stddev=std)
+
+
+@keras.saving.register_keras_serializable(package=PACKAGE)
+class Conv1D(keras.layers.Layer):
+    """The release's ``conv1d`` with receptive field 1: ``x @ w + b`` over the last axis."""
+
+    def __init__(self, units, init_std=0.02, **kwargs):
+        super().__init__(**kwargs)
+        self.units = units
+        self.init_std = init_std
+
+    def build(self, input_shape):
+        self.w = self.add_weight(name="w", shape=(input_shape[-1], self.units), initializer=_normal(self.init_std))
+        self.b = self.add_weight(name="b", shape=(self.units,), initializer="zeros")
+
+    def call(self, x):
+        return ops.matmul(x, self.w) + self.b
+
+    def get_config(self):
+        return {**super().get_config(), "units": self.units, "init_std": self.init_std}
+
+
+@keras.saving.register_keras_serializable(package=PACKAGE)
+class CausalSelfAttention(keras.layers.Layer):
+    """Masked multi-head self-attention (Vaswani et al., as used in GPT-1), scaled by 1/sqrt(d_head)."""
+
+    def __init__(self, n_head, attn_pdrop=0.1, resid_pdrop=0.1, init_std=0.02, **kwargs):
+        super().__init__(**kwargs)
+        self.n_head = n_head
+        self.attn_pdrop = attn_pdrop
+        self.resid_pdrop = resid_pdrop
+        self.init_std = init_std
+        self.attn_dropout = keras.layers.Dropout(attn_pdrop, dtype=self.dtype_policy)
+        self.resid_dropout = keras.layers.Dropout(resid_pdrop, dtype=self.dtype_policy)
+
+    def build(self, input_shape):
+        d = input_shape[-1]
+        if d % self.n_head:
+            raise ValueError(f"width {d} is not divisible by n_head={self.n_head}")
+        self.c_attn = Conv1D(3 * d, self.init_std, name="c_attn", dtype=self.dtype_policy)
+        self.c_attn.build(input_shape)
+        self.c_proj = Conv1D(d, self.init_std, name="c_proj", dtype=self.dtype_policy)
+        self.c_proj.build(input_shape)
+
+    def call(self, x, training=False):
+        batch, length, d = ops.shape(x)[0], ops.shape(x)[1], x.shape[-1]
+        head = d // self.n_head
+        qkv = ops.reshape(self.c_attn(x), (batch, length, 3, self.n_head, head))
+        qkv = ops.transpose(qkv, (2, 0, 3, 1, 4))  # [3, batch, heads, length, head]
+        q, k, v = qkv[0], qkv[1], qkv[2]
+        scores = ops.matmul(q, ops.transpose(k, (0, 1, 3, 2))) * ops.cast(1.0 / math.sqrt(head), q.dtype)
+        scores = ops.cast(scores, "float32")
+        causal = ops.tril(ops.ones((length, length), dtype="bool"))
+        scores = ops.where(causal, scores, ops.cast(-1e9, "float32"))
+        weights = ops.cast(ops.softmax(scores, axis=-1), v.dtype)
+        weights = self.attn_dropout(weights, training=training)
+        out = ops.matmul(weights, v)  # [batch, heads, length, head]
+        out = ops.reshape(ops.transpose(out, (0, 2, 1, 3)), (batch, length, d))
+        return self.resid_dropout(self.c_proj(out), training=training)
+
+    def get_config(self):
+        return {
+            **super().get_config(),
+            "n_head": self.n_head,
+            "attn_pdrop": self.attn_pdrop,
+            "resid_pdrop": self.resid_pdrop,
+            "init_std": self.init_std,
+        }
+
+
+@keras.saving.register_keras_serializable(package=PACKAGE)
+class MLP(keras.layers.Layer):
+    """Position-wise feed-forward: ``c_proj(gelu(c_fc(x)))`` with residual dropout."""
+
+    def __init__(self, d_ff, resid_pdrop=0.1, init_std=0.02, **kwargs):
+        super().__init__(**kwargs)
+        self.d_ff = d_ff
+        self.resid_pdrop = resid_pdrop
+        self.init_std = init_std
+        self.dropout = keras.layers.Dropout(resid_pdrop, dtype=self.dtype_policy)
+
+    def build(self, input_shape):
+        self.c_fc = Conv1D(self.d_ff, self.init_std, name="c_fc", dtype=self.dtype_policy)
+        self.c_fc.build(input_shape)
+        self.c_proj = Conv1D(input_shape[-1], self.init_std, name="c_proj", dtype=self.dtype_policy)
+        self.c_proj.build((*input_shape[:-1], self.d_ff))
+
+    def call(self, x, training=False):
+        return self.dropout(self.c_proj(gelu(self.c_fc(x))), training=training)
+
+    def get_config(self):
+        return {**super().get_config(), "d_ff": self.d_ff, "resid_pdrop": self.resid_pdrop, "init_std": self.init_std}
+
+
+@keras.saving.register_keras_serializable(package=PACKAGE)
+class TransformerBlock(keras.layers.Layer):
+    """One post-LN decoder block: ``n = ln_1(x + attn(x)); h = ln_2(n + mlp(n))``."""
+
+    def __init__(self, n_head, d_ff, attn_pdrop=0.1, resid_pdrop=0.1, layer_norm_epsilon=1e-5, init_std=0.02, **kwargs):
+        super().__init__(**kwargs)
+        self.n_head = n_head
+        self.d_ff = d_ff
+        self.attn_pdrop = attn_pdrop
+        self.resid_pdrop = resid_pdrop
+        self.layer_norm_epsilon = layer_norm_epsilon
+        self.init_std = init_std
+        policy = self.dtype_policy
+        self.attn = CausalSelfAttention(n_head, attn_pdrop, resid_pdrop, init_std, name="attn", dtype=policy)
+        self.ln_1 = keras.layers.LayerNormalization(epsilon=layer_norm_epsilon, name="ln_1", dtype=policy)
+        self.mlp = MLP(d_ff, resid_pdrop, init_std, name="mlp", dtype=policy)
+        self.ln_2 = keras.layers.LayerNormalization(epsilon=layer_norm_epsilon, name="ln_2", dtype=policy)
+
+    def build(self, input_shape):
+        for layer in (self.attn, self.ln_1, self.mlp, self.ln_2):
+            layer.build(input_shape)
+
+    def call(self, x, training=False):
+        n = self.ln_1(x + self.attn(x, training=training))
+        return self.ln_2(n + self.mlp(n, training=training))
+
+    def get_config(self):
+        return {
+            **super().get_config(),
+            "n_head": self.n_head,
+            "d_ff": self.d_ff,
+            "attn_pdrop": self.attn_pdrop,
+            "resid_pdrop": self.resid_pdrop,
+            "layer_norm_epsilon": self.layer_norm_epsilon,
+            "init_std": self.init_std,
+        }
+
+
+@keras.saving.register_keras_serializable(package=PACKAGE)
+class GPTEmbedding(keras.layers.Layer):
+    """Token + learned position embedding with embedding dropout; also the tied LM head (Eq. 2)."""
+
+    def __init__(self, total_vocab, n_ctx, n_embd, embd_pdrop=0.1, init_std=0.02, **kwargs):
+        super().__init__(**kwargs)
+        self.total_vocab = total_vocab
+        self.n_ctx = n_ctx
+        self.n_embd = n_embd
+        self.embd_pdrop = embd_pdrop
+        self.init_std = init_std
+        self.dropout = keras.layers.Dropout(embd_pdrop, dtype=self.dtype_policy)
+
+    def build(self, input_shape=None):
+        self.tokens_embed = self.add_weight(
+            name="tokens_embed", shape=(self.total_vocab, self.n_embd), initializer=_normal(self.init_std)
+        )
+        self.positions_embed = self.add_weight(
+            name="positions_embed", shape=(self.n_ctx, self.n_embd), initializer=_normal(self.init_std)
+        )
+
+    def call(self, token_ids, training=False):
+        length = ops.shape(token_ids)[-1]
+        h = ops.take(self.tokens_embed, token_ids, axis=0) + self.positions_embed[:length]
+        return self.dropout(h, training=training)
+
+    def logits(self, h):
+        """The LM head tied to the token embedding: ``h @ W_e^T``."""
+        return ops.matmul(h, ops.transpose(ops.cast(self.tokens_embed, h.dtype)))
+
+    def get_config(self):
+        return {
+            **super().get_config(),
+            "total_vocab": self.total_vocab,
+            "n_ctx": self.n_ctx,
+            "n_embd": self.n_embd,
+            "embd_pdrop": self.embd_pdrop,
+            "init_std": self.init_std,
+        }

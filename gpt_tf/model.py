@@ -1,0 +1,96 @@
+"""GPT-1 models: the backbone (embeddings + decoder blocks) and the language model on top.
+
+Follows keras-hub's split: ``GPTBackbone`` maps token ids to the final block's states (and,
+on request, every block's states for layer-transfer studies); ``GPTLanguageModel`` adds the
+LM head tied to the token embedding (Eq. 2) and is what pre-training optimises (Eq. 1).
+Fine-tuning tasks reuse the backbone.
+"""
+
+from __future__ import annotations
+
+import keras
+from keras import ops
+
+from gpt_tf.config import GPTConfig
+from gpt_tf.layers import PACKAGE, GPTEmbedding, TransformerBlock
+
+
+@keras.saving.register_keras_serializable(package=PACKAGE)
+class GPTBackbone(keras.Model):
+    """Token ids ``[batch, length]`` (length ≤ n_ctx) → hidden states ``[batch, length, n_embd]``."""
+
+    def __init__(self, config: GPTConfig | dict, **kwargs):
+        super().__init__(**kwargs)
+        self.config = config if isinstance(config, GPTConfig) else GPTConfig(**config)
+        c, policy = self.config, self.dtype_policy
+        self.embed = GPTEmbedding(c.total_vocab, c.n_ctx, c.n_embd, c.embd_pdrop, c.init_std, name="embed", dtype=policy)
+        self.blocks = [
+            TransformerBlock(
+                c.n_head, c.d_ff, c.attn_pdrop, c.resid_pdrop, c.layer_norm_epsilon, c.init_std, name=f"h{i}", dtype=policy
+            )
+            for i in range(c.n_layer)
+        ]
+        self.embed.build()
+        for block in self.blocks:
+            block.build((None, None, c.n_embd))
+        self.built = True
+
+    def call(self, token_ids, training=False, return_all_states=False):
+        h = self.embed(token_ids, training=training)
+        states = []
+        for block in self.blocks:
+            h = block(h, training=training)
+            states.append(h)
+        return states if return_all_states else h
+
+    def get_config(self):
+        return {**super().get_config(), "config": self.config.to_dict()}
+
+    @classmethod
+    def from_config(cls, config):
+        return cls(**config)
+
+
+@keras.saving.register_keras_serializable(package=PACKAGE)
+class GPTLanguageModel(keras.Model):
+    """The backbone with the tied LM head: token ids → next-token logits ``[batch, length, total_vocab]``."""
+
+    def __init__(self, backbone: GPTBackbone | dict, **kwargs):
+        super().__init__(**kwargs)
+        if isinstance(backbone, dict):
+            backbone = keras.saving.deserialize_keras_object(backbone)
+        self.backbone = backbone
+        self.built = True
+
+    @classmethod
+    def from_config_preset(cls, config: GPTConfig, dtype=None, name="gpt_lm"):
+        """Builds a freshly initialised model for ``config`` (dtype e.g. ``"mixed_bfloat16"``)."""
+        return cls(GPTBackbone(config, dtype=dtype, name="backbone"), dtype=dtype, name=name)
+
+    @property
+    def config(self) -> GPTConfig:
+        return self.backbone.config
+
+    def call(self, token_ids, training=False):
+        h = self.backbone(token_ids, training=training)
+        return self.backbone.embed.logits(h)
+
+    def get_config(self):
+        return {**super().get_config(), "backbone": keras.saving.serialize_keras_object(self.backbone)}
+
+    @classmethod
+    def from_config(cls, config):
+        return cls(**config)
+
+
+def lm_loss(logits, targets, weights=None):
+    """Mean token cross-entropy (Eq. 1), computed in float32; ``weights`` masks tokens (e.g. padding).
+
+    Returns ``(sum_of_losses, sum_of_weights)`` so callers can average across replicas and
+    micro-batches exactly.
+    """
+    losses = keras.losses.sparse_categorical_crossentropy(targets, ops.cast(logits, "float32"), from_logits=True)
+    if weights is None:
+        weights = ops.ones_like(losses)
+    weights = ops.cast(weights, "float32")
+    return ops.sum(losses * weights), ops.sum(weights)
