@@ -1,0 +1,86 @@
+"""What a pre-training run shows while it trains: a progress bar, TensorBoard, held-out evals, samples.
+
+TensorBoard (``run_dir/tb``): ``train/{loss,perplexity,learning_rate,grad_norm,tokens_per_sec}``,
+``valid/{loss,perplexity}``, ``samples/text`` and the run's hyper-parameters (HParams tab).
+Only the chief worker writes.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+
+import tensorflow as tf
+from tensorboard.plugins.hparams import api as hp
+from tqdm.auto import tqdm
+
+from gpt_tf.generate import Sampler
+
+
+class TrainCallbacks:
+    """Hooks called by ``Pretrainer.train``; holds the summary writer and the progress bar."""
+
+    def __init__(self, trainer, tokenizer=None, log=print, progress=True):
+        self.trainer, self.tokenizer, self.log = trainer, tokenizer, log
+        c = trainer.config
+        self.writer = tf.summary.create_file_writer(os.path.join(c.run_dir, "tb")) if trainer.chief else None
+        self.bar = tqdm(total=c.train_steps, initial=int(trainer.step.numpy()), desc="pre-training", unit="step",
+                        disable=not (progress and trainer.chief), dynamic_ncols=True)
+        self.sampler = Sampler(trainer.model, trainer.model_config.vocab_size, trainer.model_config.n_ctx)
+        if self.writer:
+            with self.writer.as_default():
+                hparams = {**_flat(trainer.model_config, "model."), **_flat(c, "train.")}
+                hp.hparams(hparams, trial_id=os.path.basename(os.path.abspath(c.run_dir)))
+
+    def on_log(self, step, stats):
+        self.bar.set_postfix(loss=f"{stats['loss']:.3f}", ppl=f"{stats['perplexity']:.1f}",
+                             tok_s=f"{stats['tokens_per_sec']:.0f}", refresh=False)
+        if self.writer:
+            with self.writer.as_default(step=step):
+                for key, value in stats.items():
+                    tf.summary.scalar(f"train/{key}", value)
+
+    def on_step_end(self, step, trainer):
+        self.bar.update(step - self.bar.n)
+        c = trainer.config
+        final = step >= c.train_steps
+        if (c.eval_every and step % c.eval_every == 0) or final:
+            self.evaluate(step)
+        if (c.sample_every and step % c.sample_every == 0) or final:
+            self.sample(step)
+        if final:
+            self.bar.close()
+            if self.writer:
+                self.writer.flush()
+
+    def evaluate(self, step):
+        result = self.trainer.evaluate(self.trainer.config.eval_batches)
+        self.bar.write(f"step {step}: held-out loss {result['loss']:.4f}, perplexity {result['perplexity']:.2f} "
+                       f"over {result['tokens']} tokens")
+        if self.writer:
+            with self.writer.as_default(step=step):
+                tf.summary.scalar("valid/loss", result["loss"])
+                tf.summary.scalar("valid/perplexity", result["perplexity"])
+        return result
+
+    def sample(self, step):
+        if self.tokenizer is None:
+            return None
+        c = self.trainer.config
+        prompt = self.tokenizer.encode(c.sample_prompt) if c.sample_prompt else []
+        text = self.tokenizer.decode(self.sampler.sample(prompt, c.sample_length, seed=step))
+        shown = f"{c.sample_prompt} ▸ {text}" if c.sample_prompt else text
+        self.bar.write(f"step {step} sample: {shown}")
+        if self.writer:
+            with self.writer.as_default(step=step):
+                tf.summary.text("samples/text", shown)
+        return shown
+
+
+def _flat(obj, prefix):
+    """A dataclass as HParams-compatible {name: scalar}."""
+    out = {}
+    for key, value in dataclasses.asdict(obj).items():
+        out[prefix + key] = value if isinstance(value, (bool, int, float, str)) else json.dumps(value)
+    return out

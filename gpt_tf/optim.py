@@ -1,0 +1,75 @@
+"""Optimisation as in §4.1: Adam with decoupled weight decay, warm-up then cosine (or linear) decay.
+
+* Weight decay 0.01 on every weight matrix (rank ≥ 2, embeddings included, as the release's
+  ``len(p.get_shape()) > 1`` rule); none on biases and layer-norm gains/biases.
+* Learning rate: linear warm-up from 0 over ``warmup_steps`` updates, then cosine (pre-training)
+  or linear (fine-tuning) annealing to 0 at ``total_steps``.
+* Gradient clipping by global norm.
+
+``GPTAdamW`` expects gradients that the training step has already summed across replicas (the
+step all-reduces once, so clipping sees the true global norm); it therefore skips Keras's own
+per-replica all-reduce, which would otherwise clip per replica and sum twice.
+"""
+
+from __future__ import annotations
+
+import math
+
+import keras
+import tensorflow as tf
+
+from gpt_tf.layers import PACKAGE
+
+
+@keras.saving.register_keras_serializable(package=PACKAGE)
+class WarmupDecay(keras.optimizers.schedules.LearningRateSchedule):
+    """Linear warm-up from 0 to ``peak`` over ``warmup_steps``, then ``cosine`` or ``linear`` decay to 0."""
+
+    def __init__(self, peak, warmup_steps, total_steps, decay="cosine"):
+        if decay not in ("cosine", "linear", "constant"):
+            raise ValueError(f"lr decay must be 'cosine', 'linear' or 'constant', got {decay!r}")
+        if total_steps <= 0 or warmup_steps < 0 or warmup_steps > total_steps:
+            raise ValueError(f"need 0 <= warmup_steps ({warmup_steps}) <= total_steps ({total_steps}) and total_steps > 0")
+        self.peak = float(peak)
+        self.warmup_steps = int(warmup_steps)
+        self.total_steps = int(total_steps)
+        self.decay = decay
+
+    def __call__(self, step):
+        step = tf.cast(step, tf.float32)
+        warm = tf.cast(max(self.warmup_steps, 1), tf.float32)
+        ramp = self.peak * tf.minimum(step / warm, 1.0) if self.warmup_steps else tf.constant(self.peak)
+        frac = (step - self.warmup_steps) / max(self.total_steps - self.warmup_steps, 1)
+        frac = tf.clip_by_value(frac, 0.0, 1.0)
+        if self.decay == "cosine":
+            decayed = self.peak * 0.5 * (1.0 + tf.cos(math.pi * frac))
+        elif self.decay == "linear":
+            decayed = self.peak * (1.0 - frac)
+        else:
+            decayed = tf.constant(self.peak)
+        return tf.where(step < self.warmup_steps, ramp, decayed)
+
+    def get_config(self):
+        return {"peak": self.peak, "warmup_steps": self.warmup_steps, "total_steps": self.total_steps, "decay": self.decay}
+
+
+class GPTAdamW(keras.optimizers.AdamW):
+    """Keras AdamW fed with gradients already all-reduced by the training step (see module doc)."""
+
+    def _all_reduce_sum_gradients(self, grads_and_vars):
+        return list(grads_and_vars)
+
+
+def make_optimizer(variables, learning_rate, weight_decay=0.01, clip_norm=1.0, beta_1=0.9, beta_2=0.999, epsilon=1e-8):
+    """AdamW over ``variables`` with decay only on rank ≥ 2 weights (§4.1); built, ready to apply."""
+    optimizer = GPTAdamW(
+        learning_rate=learning_rate,
+        weight_decay=weight_decay,
+        beta_1=beta_1,
+        beta_2=beta_2,
+        epsilon=epsilon,
+        global_clipnorm=clip_norm if clip_norm and clip_norm > 0 else None,
+    )
+    optimizer.exclude_from_weight_decay(var_list=[v for v in variables if len(v.shape) < 2])
+    optimizer.build(variables)
+    return optimizer

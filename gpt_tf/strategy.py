@@ -1,0 +1,59 @@
+"""Choosing a tf.distribute strategy by name.
+
+``default``       the default (single-device) strategy;
+``one_device``    ``OneDeviceStrategy`` on the first GPU, else the CPU;
+``mirrored``      ``MirroredStrategy`` over all local GPUs (or, for tests on a CPU machine, over
+                  ``num_cpu_devices`` logical CPU devices);
+``multi_worker``  ``MultiWorkerMirroredStrategy`` from ``TF_CONFIG``;
+``tpu``           ``TPUStrategy`` from a ``TPUClusterResolver``.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+
+import tensorflow as tf
+
+STRATEGIES = ("default", "one_device", "mirrored", "multi_worker", "tpu")
+
+
+def split_cpu(num_devices: int) -> None:
+    """Splits the physical CPU into ``num_devices`` logical devices (before any TF op runs)."""
+    if num_devices <= 1:
+        return
+    cpu = tf.config.list_physical_devices("CPU")[0]
+    tf.config.set_logical_device_configuration(cpu, [tf.config.LogicalDeviceConfiguration()] * num_devices)
+
+
+def make_strategy(name: str, num_cpu_devices: int = 1, tpu: str = "", tpu_zone: str = "", gcp_project: str = ""):
+    """Returns the ``tf.distribute.Strategy`` called ``name`` (see module doc)."""
+    if name not in STRATEGIES:
+        raise ValueError(f"unknown --strategy={name!r}; choose one of {', '.join(STRATEGIES)}")
+    if name == "default":
+        return tf.distribute.get_strategy()
+    if name == "one_device":
+        gpus = tf.config.list_logical_devices("GPU")
+        return tf.distribute.OneDeviceStrategy(gpus[0].name if gpus else "/cpu:0")
+    if name == "mirrored":
+        gpus = tf.config.list_logical_devices("GPU")
+        devices = [d.name for d in gpus] or [d.name for d in tf.config.list_logical_devices("CPU")]
+        return tf.distribute.MirroredStrategy(devices)
+    if name == "multi_worker":
+        if "TF_CONFIG" not in os.environ:
+            raise ValueError("--strategy=multi_worker needs the TF_CONFIG environment variable (cluster and task)")
+        json.loads(os.environ["TF_CONFIG"])  # fail early on malformed JSON
+        return tf.distribute.MultiWorkerMirroredStrategy()
+    resolver = tf.distribute.cluster_resolver.TPUClusterResolver(tpu=tpu or None, zone=tpu_zone or None, project=gcp_project or None)
+    tf.config.experimental_connect_to_cluster(resolver)
+    tf.tpu.experimental.initialize_tpu_system(resolver)
+    return tf.distribute.TPUStrategy(resolver)
+
+
+def is_chief(strategy) -> bool:
+    """True on the worker that writes checkpoints, summaries and exports."""
+    resolver = getattr(strategy, "cluster_resolver", None)
+    if resolver is None or not isinstance(strategy, tf.distribute.MultiWorkerMirroredStrategy):
+        return True
+    task_type, task_id = resolver.task_type, resolver.task_id
+    return task_type in (None, "chief") or (task_type == "worker" and task_id == 0 and "chief" not in resolver.cluster_spec().as_dict())

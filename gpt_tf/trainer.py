@@ -1,0 +1,233 @@
+"""The pre-training loop: a custom ``strategy.run`` loop (Keras ``fit`` breaks under multi-worker).
+
+One update = one global batch of ``batch_size`` sequences, split evenly over replicas and,
+within a replica, into ``grad_accum_steps`` micro-batches whose gradients are summed before
+the single all-reduce, so accumulation gives exactly the large-batch update. The loss is the
+mean token cross-entropy over the global batch (Eq. 1).
+
+Checkpoints hold the model, the optimizer (moments, step counter), the dropout seed state and
+the step. The data position is a function of the step: the input pipeline is deterministic
+(seeded shuffle, deterministic interleave), so on resume each input pipeline skips the batches
+it had already produced. This works under every strategy (tf.distribute's distributed
+iterators cannot be checkpointed), and a killed run resumes bit-for-bit where its last
+checkpoint was taken.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import math
+import os
+import time
+
+import keras
+import tensorflow as tf
+
+from gpt_tf.config import GPTConfig
+from gpt_tf.model import GPTLanguageModel, lm_loss
+from gpt_tf.optim import WarmupDecay, make_optimizer
+from gpt_tf.strategy import is_chief
+from pipelines.reader import pretraining_dataset
+
+
+@dataclasses.dataclass(frozen=True)
+class TrainConfig:
+    """Everything a pre-training run needs besides the model config."""
+
+    data_dir: str
+    run_dir: str
+    batch_size: int = 64  # global, in sequences
+    grad_accum_steps: int = 1
+    train_steps: int = 100_000
+    learning_rate: float = 2.5e-4
+    warmup_steps: int = 2000
+    lr_decay: str = "cosine"
+    weight_decay: float = 0.01
+    clip_norm: float = 1.0
+    adam_beta_1: float = 0.9
+    adam_beta_2: float = 0.999
+    adam_epsilon: float = 1e-8
+    precision: str = "float32"  # or "mixed_bfloat16"
+    seed: int = 0
+    log_every: int = 10
+    checkpoint_every: int = 500
+    keep_checkpoints: int = 3
+    eval_every: int = 0  # 0: only at the end
+    eval_batches: int = 0  # 0: the whole held-out split
+    sample_every: int = 0  # 0: only at the end
+    sample_prompt: str = ""
+    sample_length: int = 64
+
+
+def _variables_by_key(variables):
+    """A checkpointable dict of the raw tf.Variables behind Keras variables, keyed by index and path."""
+    return {f"{i:04d}.{v.path.replace('/', '.')}": v.value for i, v in enumerate(variables)}
+
+
+class Pretrainer:
+    """Builds model, optimizer, data and checkpoint under ``strategy`` and runs the LM objective."""
+
+    def __init__(self, model_config: GPTConfig, config: TrainConfig, strategy, log=print):
+        self.model_config, self.config, self.strategy, self.log = model_config, config, strategy, log
+        self.chief = is_chief(strategy)
+        self.replicas = strategy.num_replicas_in_sync
+        per_replica, rem = divmod(config.batch_size, self.replicas * config.grad_accum_steps)
+        if rem or per_replica == 0:
+            raise ValueError(
+                f"batch_size={config.batch_size} must be a positive multiple of replicas ({self.replicas}) × "
+                f"grad_accum_steps ({config.grad_accum_steps})"
+            )
+        keras.utils.set_random_seed(config.seed)
+        with strategy.scope():
+            self.model = GPTLanguageModel.from_config_preset(model_config, dtype=config.precision)
+            self.schedule = WarmupDecay(config.learning_rate, config.warmup_steps, config.train_steps, config.lr_decay)
+            self.optimizer = make_optimizer(
+                self.model.trainable_variables,
+                self.schedule,
+                weight_decay=config.weight_decay,
+                clip_norm=config.clip_norm,
+                beta_1=config.adam_beta_1,
+                beta_2=config.adam_beta_2,
+                epsilon=config.adam_epsilon,
+            )
+            self.step = tf.Variable(0, dtype=tf.int64, trainable=False, name="global_step")
+        self.checkpoint = tf.train.Checkpoint(
+            model=_variables_by_key(self.model.variables),
+            optimizer=_variables_by_key(self.optimizer.variables),
+            step=self.step,
+        )
+        ckpt_dir = os.path.join(config.run_dir, "checkpoints")
+        if not self.chief:  # non-chief workers write to a scratch dir (tf.distribute's documented pattern)
+            ckpt_dir = os.path.join(config.run_dir, "tmp", f"worker_{strategy.cluster_resolver.task_id}")
+        self.manager = tf.train.CheckpointManager(self.checkpoint, ckpt_dir, max_to_keep=config.keep_checkpoints)
+
+    # ------------------------------------------------------------------ data
+    def _distributed_dataset(self, split, repeat, start_step=0):
+        """The split as per-replica batches; training skips the batches of ``start_step`` updates."""
+        c = self.config
+
+        def dataset_fn(ctx):
+            dataset = pretraining_dataset(
+                c.data_dir,
+                split,
+                batch_size=ctx.get_per_replica_batch_size(c.batch_size),
+                n_ctx=self.model_config.n_ctx,
+                shuffle=split == "train",
+                seed=c.seed,
+                repeat=repeat,
+                input_context=ctx,
+            )
+            # Each update takes one batch per replica; a pipeline feeds replicas/pipelines of them.
+            return dataset.skip(start_step * (ctx.num_replicas_in_sync // ctx.num_input_pipelines))
+
+        return self.strategy.distribute_datasets_from_function(dataset_fn)
+
+    # ------------------------------------------------------------------ steps
+    def _replica_train_step(self, inputs, targets):
+        model, accum = self.model, self.config.grad_accum_steps
+        variables = model.trainable_variables
+        global_tokens = tf.cast(self.config.batch_size * self.model_config.n_ctx, tf.float32)
+
+        def micro_grads(x, y):
+            with tf.GradientTape() as tape:
+                loss_sum, _ = lm_loss(model(x, training=True), y)
+                scaled = loss_sum / global_tokens
+            return tape.gradient(scaled, variables), loss_sum
+
+        if accum == 1:
+            grads, loss_sum = micro_grads(inputs, targets)
+        else:
+            xs = tf.reshape(inputs, (accum, -1, tf.shape(inputs)[-1]))
+            ys = tf.reshape(targets, (accum, -1, tf.shape(targets)[-1]))
+            grads = [tf.zeros_like(v.value) for v in variables]
+            loss_sum = tf.constant(0.0)
+            for i in tf.range(accum):
+                g, l = micro_grads(xs[i], ys[i])
+                grads = [a + b for a, b in zip(grads, g)]
+                loss_sum += l
+        ctx = tf.distribute.get_replica_context()
+        grads = ctx.all_reduce(tf.distribute.ReduceOp.SUM, grads)
+        loss_sum = ctx.all_reduce(tf.distribute.ReduceOp.SUM, loss_sum)
+        grad_norm = tf.linalg.global_norm(grads)
+        self.optimizer.apply(grads, variables)
+        return loss_sum / global_tokens, grad_norm
+
+    @tf.function
+    def _run_train_step(self, iterator):
+        inputs, targets = next(iterator)
+        loss, grad_norm = self.strategy.run(self._replica_train_step, args=(inputs, targets))
+        self.step.assign_add(1)
+        first = lambda t: self.strategy.experimental_local_results(t)[0]  # identical on all replicas
+        return first(loss), first(grad_norm)
+
+    def _replica_eval_step(self, inputs, targets):
+        return lm_loss(self.model(inputs, training=False), targets)
+
+    @tf.function
+    def _run_eval_step(self, batch):
+        loss_sum, count = self.strategy.run(self._replica_eval_step, args=batch)
+        reduce = lambda t: self.strategy.reduce(tf.distribute.ReduceOp.SUM, t, axis=None)
+        return reduce(loss_sum), reduce(count)
+
+    # ------------------------------------------------------------------ public
+    def restore(self) -> int:
+        """Restores the latest checkpoint if any; returns the step reached."""
+        latest = self.manager.latest_checkpoint
+        if latest:
+            self.checkpoint.restore(latest).assert_existing_objects_matched()
+            self.log(f"resumed from {latest} at step {int(self.step.numpy())}")
+        return int(self.step.numpy())
+
+    def evaluate(self, max_batches: int = 0) -> dict:
+        """Token-level perplexity on the held-out split (whole split unless ``max_batches``)."""
+        loss_sum, tokens = 0.0, 0.0
+        for i, batch in enumerate(self._distributed_dataset("valid", repeat=False)):
+            if max_batches and i >= max_batches:
+                break
+            s, n = self._run_eval_step(batch)
+            loss_sum, tokens = loss_sum + float(s), tokens + float(n)
+        if not tokens:
+            raise ValueError(f"held-out split of {self.config.data_dir} gave no full batch of {self.config.batch_size}")
+        loss = loss_sum / tokens
+        return {"loss": loss, "perplexity": math.exp(loss), "tokens": int(tokens)}
+
+    def train(self, callbacks=None) -> dict:
+        """Runs until ``train_steps``; ``callbacks`` is a ``TrainCallbacks`` (summaries, samples, eval)."""
+        c = self.config
+        start = self.restore()
+        iterator = iter(self._distributed_dataset("train", repeat=True, start_step=start))
+        if start >= c.train_steps:
+            self.log(f"already at step {start} >= train_steps={c.train_steps}; nothing to train")
+        tokens_per_step = c.batch_size * self.model_config.n_ctx
+        t0, last = time.perf_counter(), start
+        loss = grad_norm = None
+        while int(self.step.numpy()) < c.train_steps:
+            loss, grad_norm = self._run_train_step(iterator)
+            step = int(self.step.numpy())
+            if step % c.log_every == 0 or step == c.train_steps:
+                elapsed = time.perf_counter() - t0
+                stats = {
+                    "loss": float(loss),
+                    "perplexity": math.exp(min(float(loss), 50.0)),
+                    "learning_rate": float(self.schedule(step - 1)),
+                    "grad_norm": float(grad_norm),
+                    "tokens_per_sec": (step - last) * tokens_per_step / max(elapsed, 1e-9),
+                }
+                if callbacks:
+                    callbacks.on_log(step, stats)
+                t0, last = time.perf_counter(), step
+            if step % c.checkpoint_every == 0 or step == c.train_steps:
+                self.manager.save(checkpoint_number=step)
+            if callbacks:
+                callbacks.on_step_end(step, self)
+        return {"step": int(self.step.numpy()), "loss": None if loss is None else float(loss)}
+
+    def save_model_config(self) -> None:
+        """Writes ``run_dir/model_config.json`` and ``train_config.json`` (chief only)."""
+        if not self.chief:
+            return
+        os.makedirs(self.config.run_dir, exist_ok=True)
+        for name, obj in (("model_config.json", self.model_config), ("train_config.json", self.config)):
+            with open(os.path.join(self.config.run_dir, name), "w") as f:
+                json.dump(dataclasses.asdict(obj), f, indent=2, sort_keys=True)
