@@ -93,6 +93,7 @@ def main(argv):
     import keras
     import tensorflow as tf
 
+    from gpt_tf.baselines import unigram_perplexity
     from gpt_tf.config import get_preset
     from gpt_tf.generate import Sampler
     from gpt_tf.monitor import TrainCallbacks
@@ -137,10 +138,7 @@ def main(argv):
         return
     step = trainer.restore()
     if FLAGS.mode == "eval":
-        result = {"step": step, **trainer.evaluate()}
-        unigram = manifest.get("unigram_perplexity", {}).get("valid")
-        if unigram:
-            result["unigram_perplexity"] = unigram
+        result = {"step": step, **trainer.evaluate(), **unigram_perplexity(FLAGS.data_dir, model_config.n_ctx, tokenizer.vocab_size)}
         if trainer.chief:
             with open(os.path.join(FLAGS.run_dir, f"eval_step{step}.json"), "w") as f:
                 json.dump(result, f, indent=2)
