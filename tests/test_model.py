@@ -1,0 +1,92 @@
+"""The GPT language model: shapes, causality, the tied LM head, config and .keras round trips."""
+
+import keras
+import numpy as np
+import pytest
+import tensorflow as tf
+
+from gpt_tf.config import get_preset
+from gpt_tf.model import GPTLanguageModel
+
+CONFIG = get_preset("test")
+
+
+def _np(x):
+    return np.asarray(x.numpy() if hasattr(x, "numpy") else keras.ops.convert_to_numpy(x))
+
+
+@pytest.fixture(scope="module")
+def model():
+    keras.utils.set_random_seed(0)
+    return GPTLanguageModel.from_config_preset(CONFIG)
+
+
+@pytest.fixture(scope="module")
+def ids():
+    return np.random.default_rng(0).integers(0, CONFIG.total_vocab, (2, CONFIG.n_ctx)).astype("int32")
+
+
+def test_output_shapes(model, ids):
+    assert _np(model(ids)).shape == (2, CONFIG.n_ctx, CONFIG.total_vocab)
+    assert _np(model(ids[:, :5])).shape == (2, 5, CONFIG.total_vocab)
+    states = model.backbone(ids, return_all_states=True)
+    assert len(states) == CONFIG.n_layer
+    assert all(_np(s).shape == (2, CONFIG.n_ctx, CONFIG.n_embd) for s in states)
+
+
+def test_parameter_count_matches_config_with_one_tied_table(model):
+    """No separate output projection: the LM head reuses tokens_embed."""
+    assert sum(int(np.prod(v.shape)) for v in model.trainable_weights) == CONFIG.n_params
+
+
+def test_eval_mode_is_deterministic_and_training_mode_uses_dropout(model, ids):
+    np.testing.assert_array_equal(_np(model(ids)), _np(model(ids, training=False)))
+    assert not np.allclose(_np(model(ids, training=True)), _np(model(ids)))
+
+
+@pytest.mark.parametrize("position", [0, 7, CONFIG.n_ctx - 1])
+def test_future_tokens_never_change_earlier_logits(model, ids, position):
+    changed = ids.copy()
+    changed[:, position] = (changed[:, position] + 1) % CONFIG.total_vocab
+    before, after = _np(model(ids)), _np(model(changed))
+    np.testing.assert_allclose(after[:, :position], before[:, :position], atol=1e-6, rtol=0)
+    assert np.abs(after[:, position:] - before[:, position:]).max() > 1e-4  # the change is visible from here on
+
+
+def test_logits_are_hidden_states_times_token_embedding(model, ids):
+    h = _np(model.backbone(ids))
+    expected = h @ _np(model.backbone.embed.tokens_embed).T
+    np.testing.assert_allclose(_np(model(ids)), expected, atol=1e-5, rtol=1e-5)
+
+
+def test_lm_head_gradient_reaches_tokens_embed(model):
+    """Rows of tokens never fed as input get gradient only through the tied head."""
+    inputs = np.arange(10, dtype="int32")[None]
+    targets = np.arange(1, 11, dtype="int32")[None]
+    table = model.backbone.embed.tokens_embed
+    with tf.GradientTape() as tape:
+        logits = model(inputs)
+        loss = keras.ops.mean(keras.losses.sparse_categorical_crossentropy(targets, logits, from_logits=True))
+    grad = _np(tf.convert_to_tensor(tape.gradient(loss, table.value)))
+    unused = grad[20:]
+    assert np.abs(unused).max() > 0
+    assert np.all(np.abs(unused).sum(axis=1) > 0)  # every output row, specials included, gets a gradient
+
+
+def test_get_config_round_trip(model, ids):
+    clone = GPTLanguageModel.from_config(model.get_config())
+    assert clone.config == model.config
+    assert [tuple(v.shape) for v in clone.weights] == [tuple(v.shape) for v in model.weights]
+    assert [v.path for v in clone.weights] == [v.path for v in model.weights]
+    assert not np.allclose(_np(clone(ids)), _np(model(ids)))  # fresh init differs …
+    clone.set_weights(model.get_weights())
+    np.testing.assert_array_equal(_np(clone(ids)), _np(model(ids)))  # … copied weights agree
+
+
+def test_keras_file_round_trip(model, ids, tmp_path):
+    path = tmp_path / "gpt.keras"
+    model.save(path)
+    loaded = keras.saving.load_model(path)
+    assert isinstance(loaded, GPTLanguageModel)
+    assert loaded.config == model.config
+    np.testing.assert_array_equal(_np(loaded(ids)), _np(model(ids)))
