@@ -1,0 +1,468 @@
+"""Books -> sharded GZIP TFRecords of contiguous token windows for language-model pre-training.
+
+    python -m pipelines.pretrain_data --input_dir=DIR --output_dir=DIR --tokenizer_dir=DIR \
+        [--n_ctx=512] [--valid_fraction=0.05 | --valid_dir=DIR] [--shard_size=2048] \
+        [--train_tokenizer_vocab=N] [--overwrite]
+
+Token stream. The books of a split (sorted by relative path) are tokenized and concatenated, with
+ONE separator token between consecutive books: the tokenizer's newline token '\\n</w>'
+(`SEPARATOR_TOKEN`, id 40477 in GPT-1's vocabulary). GPT-1's vocabulary has no end-of-text token,
+and the newline token is what a book's own paragraph breaks already look like, so a book boundary
+is shown to the model as a paragraph break. The separator must exist in the vocabulary.
+
+Windows. With the stream t[0..T-1], record i holds t[i*n_ctx : i*n_ctx + n_ctx + 1]: n_ctx inputs
+plus one more token so that targets are the inputs shifted by one. The stride is n_ctx, so two
+consecutive windows share their boundary token (the last target of one is the first input of
+the next) and every token but the first is predicted exactly once. There are
+floor((T - 1) / n_ctx) records; the remaining (T - 1) % n_ctx tokens of the tail are dropped.
+
+Records. `tf.train.Example` with one feature `input_ids`: int64 list of length n_ctx + 1.
+Files `{split}-{k:05d}-of-{n:05d}.tfrecord.gz`, GZIP-compressed, `shard_size` records each (the
+last one fewer), next to `manifest.json` (books, encodings, token counts, shards with sha256,
+skipped files, tokenizer files with sha256, config and its hash, the command).
+
+Splits. `--valid_dir` names a folder of held-out books; otherwise a book is held out when
+sha256(book id) / 2**256 < valid_fraction (book id = relative path without '.txt'), at least one
+book when valid_fraction > 0. Same input -> byte-identical shards; output is built in a temp folder
+and renamed into place; an output with the same config hash makes a re-run a no-op.
+"""
+
+from __future__ import annotations
+
+import collections
+import dataclasses
+import hashlib
+import json
+import logging
+import math
+import os
+import re
+import shlex
+import shutil
+import sys
+from pathlib import Path
+from typing import Optional, Sequence
+
+import numpy as np
+from tqdm import tqdm
+
+from pipelines.books import Book, Skipped, find_book_files, iter_books
+
+FORMAT_VERSION = 1
+FEATURE = "input_ids"
+MANIFEST = "manifest.json"
+SEPARATOR_TOKEN = "\n</w>"
+COMPRESSION = "GZIP"
+DEFAULT_VALID_FRACTION = 0.05
+_BLOCK_CHARS = 8192  # books are cut at newlines into blocks of about this size for encode_batch
+_log = logging.getLogger(__name__)
+
+
+class PretrainDataError(ValueError):
+    """Bad input or configuration, detected before any output is written."""
+
+
+@dataclasses.dataclass(frozen=True)
+class PretrainConfig:
+    """Everything that decides the output (plus `overwrite`, `show_progress`, `command`)."""
+
+    input_dir: str
+    output_dir: str
+    tokenizer_dir: str
+    n_ctx: int = 512
+    valid_fraction: Optional[float] = None  # None: DEFAULT_VALID_FRACTION unless valid_dir is set
+    valid_dir: Optional[str] = None
+    shard_size: int = 2048  # records per shard
+    train_tokenizer_vocab: Optional[int] = None
+    overwrite: bool = False
+    show_progress: bool = True
+    command: Optional[str] = None  # the CLI command line, recorded in the manifest
+
+
+def _require_books_dir(path: Optional[str], flag: str) -> None:
+    """Raise unless `path` is a folder holding at least one .txt file."""
+    if not path or not Path(path).is_dir():
+        raise PretrainDataError(f"{flag}: folder {path!r} does not exist")
+    if not find_book_files(path):
+        raise PretrainDataError(f"{flag}: folder {path!r} holds no .txt files")
+
+
+def validate_config(cfg: PretrainConfig) -> None:
+    """Check flags and input folders before any work; raises PretrainDataError naming the flag."""
+    if cfg.n_ctx < 2:
+        raise PretrainDataError(f"--n_ctx must be at least 2, got {cfg.n_ctx}")
+    if cfg.shard_size < 1:
+        raise PretrainDataError(f"--shard_size must be at least 1, got {cfg.shard_size}")
+    if cfg.valid_dir is not None and cfg.valid_fraction is not None:
+        raise PretrainDataError("give either --valid_dir or --valid_fraction, not both")
+    if cfg.valid_fraction is not None and not 0.0 <= cfg.valid_fraction < 1.0:
+        raise PretrainDataError(f"--valid_fraction must be in [0, 1), got {cfg.valid_fraction}")
+    if cfg.train_tokenizer_vocab is not None and cfg.train_tokenizer_vocab < 1:
+        raise PretrainDataError(f"--train_tokenizer_vocab must be positive, got {cfg.train_tokenizer_vocab}")
+    _require_books_dir(cfg.input_dir, "--input_dir")
+    if cfg.valid_dir is not None:
+        _require_books_dir(cfg.valid_dir, "--valid_dir")
+        if Path(cfg.valid_dir).resolve() == Path(cfg.input_dir).resolve():
+            raise PretrainDataError("--valid_dir must differ from --input_dir")
+    if cfg.train_tokenizer_vocab is None and not Path(cfg.tokenizer_dir).is_dir():
+        raise PretrainDataError(f"--tokenizer_dir: folder {cfg.tokenizer_dir!r} does not exist "
+                                "(pass --train_tokenizer_vocab=N to train one there)")
+
+
+def sha256_file(path: Path) -> str:
+    """Hex sha256 of a file's bytes."""
+    digest = hashlib.sha256()
+    with open(path, "rb") as f:
+        for chunk in iter(lambda: f.read(1 << 20), b""):
+            digest.update(chunk)
+    return digest.hexdigest()
+
+
+def _fingerprint_dir(root: str) -> list:
+    """[relative path, size, sha256] of each book file (unreadable files: the error)."""
+    rows = []
+    for path in find_book_files(root):
+        try:
+            rows.append([path.relative_to(root).as_posix(), path.stat().st_size, sha256_file(path)])
+        except OSError as err:
+            rows.append([path.relative_to(root).as_posix(), -1, f"unreadable: {err.strerror}"])
+    return rows
+
+
+def _tokenizer_files(tokenizer_dir: str) -> list[Path]:
+    """The tokenizer's vocabulary/merges files in a folder (*.json and *.bpe), sorted."""
+    folder = Path(tokenizer_dir)
+    return sorted(p for p in folder.iterdir() if p.suffix in (".json", ".bpe")) if folder.is_dir() else []
+
+
+def config_hash(cfg: PretrainConfig) -> str:
+    """sha256 over the format, the options that shape the output and the input files' contents."""
+    valid = ({"dir": _fingerprint_dir(cfg.valid_dir)} if cfg.valid_dir is not None
+             else {"fraction": _valid_fraction(cfg)})
+    tokenizer = ({"train_vocab": cfg.train_tokenizer_vocab} if cfg.train_tokenizer_vocab is not None
+                 else {"files": [[p.name, sha256_file(p)] for p in _tokenizer_files(cfg.tokenizer_dir)]})
+    key = {"format": FORMAT_VERSION, "n_ctx": cfg.n_ctx, "shard_size": cfg.shard_size,
+           "separator": SEPARATOR_TOKEN, "input": _fingerprint_dir(cfg.input_dir), "valid": valid,
+           "tokenizer": tokenizer}
+    return hashlib.sha256(json.dumps(key, sort_keys=True).encode()).hexdigest()
+
+
+def _valid_fraction(cfg: PretrainConfig) -> float:
+    return DEFAULT_VALID_FRACTION if cfg.valid_fraction is None else cfg.valid_fraction
+
+
+def _hash_unit(book_id: str) -> float:
+    """Deterministic number in [0, 1) from a book id."""
+    return int(hashlib.sha256(book_id.encode("utf-8")).hexdigest()[:15], 16) / 16.0 ** 15
+
+
+def split_by_hash(books: Sequence[Book], fraction: float) -> tuple[list[Book], list[Book]]:
+    """(train, valid): a book is held out if its id hashes below `fraction`; at least one is when
+    fraction > 0 (the lowest hash), and at least one stays in train."""
+    if fraction <= 0:
+        return list(books), []
+    if len(books) < 2:
+        raise PretrainDataError(f"--valid_fraction={fraction} needs at least 2 books, found "
+                                f"{len(books)}; pass --valid_fraction=0 or --valid_dir")
+    chosen = {b.book_id for b in books if _hash_unit(b.book_id) < fraction}
+    chosen = chosen or {min(books, key=lambda b: _hash_unit(b.book_id)).book_id}
+    if len(chosen) == len(books):
+        chosen.discard(max(books, key=lambda b: _hash_unit(b.book_id)).book_id)
+    return [b for b in books if b.book_id not in chosen], [b for b in books if b.book_id in chosen]
+
+
+def read_books(root: str, flag: str, show_progress: bool) -> tuple[list[Book], list[Skipped]]:
+    """Load every book under `root`; raise if none is usable."""
+    books, skipped = [], []
+    for item in tqdm(iter_books(root), desc=f"read {Path(root).name}", unit="file",
+                     total=len(find_book_files(root)), disable=not show_progress):
+        (books if isinstance(item, Book) else skipped).append(item)
+    if not books:
+        reasons = "; ".join(f"{s.book_id}: {s.reason}" for s in skipped[:3])
+        raise PretrainDataError(f"{flag}: no usable book in {root!r}: all {len(skipped)} .txt "
+                                f"files were skipped ({reasons})")
+    return books, skipped
+
+
+def text_blocks(text: str, max_chars: int = _BLOCK_CHARS) -> list[str]:
+    """Cut `text` at newline runs into blocks of whole lines of about `max_chars` characters.
+
+    The tokenizer turns every newline run into one '\\n</w>' token, so encoding the blocks and
+    joining them with that token gives the tokens of the whole text."""
+    blocks, current, size = [], [], 0
+    for line in re.split(r"\s*\n\s*", text):
+        if line:
+            current.append(line)
+            size += len(line) + 1
+        if size >= max_chars:
+            blocks.append("\n".join(current))
+            current, size = [], 0
+    if current:
+        blocks.append("\n".join(current))
+    return blocks
+
+
+def encode_book(tokenizer, text: str, newline_id: int) -> np.ndarray:
+    """Tokens of one book (int32), via one encode_batch call over its blocks."""
+    ids: list[int] = []
+    for block_ids in tokenizer.encode_batch(text_blocks(text)):
+        if block_ids:
+            if ids:
+                ids.append(newline_id)
+            ids.extend(block_ids)
+    return np.asarray(ids, dtype=np.int32)
+
+
+def separator_id(tokenizer) -> int:
+    """Id of SEPARATOR_TOKEN in the tokenizer's vocabulary; checks newlines encode to it."""
+    with open(tokenizer.encoder_path, encoding="utf-8") as f:
+        encoder = json.load(f)
+    if SEPARATOR_TOKEN not in encoder:
+        raise PretrainDataError(f"{tokenizer.encoder_path}: vocabulary has no {SEPARATOR_TOKEN!r} "
+                                "token, needed as the document separator")
+    sep = int(encoder[SEPARATOR_TOKEN])
+    if sep not in tokenizer.encode("a\nb"):
+        raise PretrainDataError(f"tokenizer {tokenizer.encoder_path} does not encode a newline as "
+                                f"{SEPARATOR_TOKEN!r} (id {sep})")
+    return sep
+
+
+def load_or_train_tokenizer(cfg: PretrainConfig, train_books: Sequence[Book]):
+    """Train a BPE on the train books into --tokenizer_dir (if asked), else load it."""
+    from gpt_tf.tokenizer import GPTTokenizer
+
+    if cfg.train_tokenizer_vocab is None:
+        return GPTTokenizer.from_dir(cfg.tokenizer_dir), False
+    folder = Path(cfg.tokenizer_dir)
+    if _tokenizer_files(cfg.tokenizer_dir) and not cfg.overwrite:
+        raise PretrainDataError(f"--tokenizer_dir {folder} already holds a tokenizer; pass --overwrite "
+                                "to retrain it there, or drop --train_tokenizer_vocab to use it")
+    folder.mkdir(parents=True, exist_ok=True)
+    tmp = folder / f".train-{os.getpid()}"
+    shutil.rmtree(tmp, ignore_errors=True)
+    try:
+        GPTTokenizer.train((b.text for b in train_books), cfg.train_tokenizer_vocab, str(tmp),
+                           show_progress=cfg.show_progress)
+        for path in sorted(tmp.iterdir()):
+            os.replace(path, folder / path.name)
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+    return GPTTokenizer.from_dir(str(folder)), True
+
+
+def tokenize_split(tokenizer, books: Sequence[Book], sep: int, name: str, show_progress: bool):
+    """Tokenize books; returns (token stream with separators, per-book manifest rows)."""
+    pieces, rows = [], []
+    bar = tqdm(books, desc=f"tokenize {name}", unit="book", disable=not show_progress)
+    total = 0
+    for i, book in enumerate(bar):
+        ids = encode_book(tokenizer, book.text, sep)
+        if i:
+            pieces.append(np.asarray([sep], dtype=np.int32))
+        pieces.append(ids)
+        total += len(ids)
+        bar.set_postfix(tokens=total)
+        rows.append({"id": book.book_id, "encoding": book.encoding, "tokens": int(len(ids)),
+                     "chars": len(book.text), "header": book.header, "footer": book.footer})
+    return (np.concatenate(pieces) if pieces else np.zeros([0], np.int32)), rows
+
+
+def num_sequences(stream_tokens: int, n_ctx: int) -> int:
+    """Number of (n_ctx + 1)-token windows at stride n_ctx in a stream of that many tokens."""
+    return max(0, (stream_tokens - 1) // n_ctx)
+
+
+def write_split(stream: np.ndarray, cfg: PretrainConfig, name: str, out_dir: Path) -> list[dict]:
+    """Write the windows of one split as GZIP TFRecord shards; returns the shard manifest rows."""
+    import tensorflow as tf
+
+    n_ctx, n_seq = cfg.n_ctx, num_sequences(len(stream), cfg.n_ctx)
+    n_shards = math.ceil(n_seq / cfg.shard_size)
+    options = tf.io.TFRecordOptions(compression_type=COMPRESSION)
+    shards = []
+    with tqdm(total=n_seq, desc=f"write {name}", unit="seq", disable=not cfg.show_progress) as bar:
+        for k in range(n_shards):
+            path = out_dir / f"{name}-{k:05d}-of-{n_shards:05d}.tfrecord.gz"
+            first, last = k * cfg.shard_size, min(n_seq, (k + 1) * cfg.shard_size)
+            with tf.io.TFRecordWriter(str(path), options) as writer:
+                for i in range(first, last):
+                    window = stream[i * n_ctx: i * n_ctx + n_ctx + 1].tolist()
+                    feature = tf.train.Feature(int64_list=tf.train.Int64List(value=window))
+                    example = tf.train.Example(features=tf.train.Features(feature={FEATURE: feature}))
+                    writer.write(example.SerializeToString())
+            bar.update(last - first)
+            shards.append({"file": path.name, "sequences": last - first, "first_sequence": first,
+                           "bytes": path.stat().st_size, "sha256": sha256_file(path)})
+    return shards
+
+
+def load_manifest(output_dir) -> Optional[dict]:
+    """The manifest of an output folder, or None if it has none."""
+    path = Path(output_dir) / MANIFEST
+    if not path.is_file():
+        return None
+    with open(path, encoding="utf-8") as f:
+        return json.load(f)
+
+
+def _is_up_to_date(cfg: PretrainConfig, chash: str) -> Optional[dict]:
+    """The existing manifest when the output already holds this exact build, else None.
+    Raises if the output holds something else and --overwrite was not given."""
+    out = Path(cfg.output_dir)
+    if out.exists() and not out.is_dir():
+        raise PretrainDataError(f"--output_dir {out} exists and is not a folder")
+    if not out.exists() or not any(out.iterdir()):
+        return None
+    manifest = load_manifest(out)
+    if manifest and manifest.get("config_hash") == chash and _outputs_intact(manifest, out, cfg):
+        return manifest
+    if not cfg.overwrite:
+        found = manifest.get("config_hash", "?")[:12] if manifest else "no manifest"
+        raise PretrainDataError(f"--output_dir {out} already holds different data ({found} vs "
+                                f"{chash[:12]}); pass --overwrite to replace it")
+    return None
+
+
+def _outputs_intact(manifest: dict, out: Path, cfg: PretrainConfig) -> bool:
+    """All shards listed in `manifest` exist with their size, and the tokenizer files in
+    --tokenizer_dir still are the ones the shards were made with."""
+    for split in manifest["splits"].values():
+        for shard in split["shards"]:
+            path = out / shard["file"]
+            if not path.is_file() or path.stat().st_size != shard["bytes"]:
+                return False
+    folder = Path(cfg.tokenizer_dir)
+    return all((folder / f["name"]).is_file() and sha256_file(folder / f["name"]) == f["sha256"]
+               for f in manifest["tokenizer"]["files"])
+
+
+def _split_manifest(source: str, rows, stream, shards, skipped, cfg) -> dict:
+    """Manifest section of one split."""
+    n_seq = num_sequences(len(stream), cfg.n_ctx)
+    return {"source_dir": source, "num_books": len(rows), "book_tokens": sum(r["tokens"] for r in rows),
+            "separator_tokens": max(0, len(rows) - 1), "stream_tokens": int(len(stream)),
+            "sequences": n_seq, "dropped_tail_tokens": int(len(stream)) - (n_seq * cfg.n_ctx + 1 if n_seq else 0),
+            "encodings": dict(sorted(collections.Counter(r["encoding"] for r in rows).items())),
+            "num_shards": len(shards), "shards": shards, "books": rows,
+            "skipped": [{"id": s.book_id, "reason": s.reason} for s in skipped]}
+
+
+def _commit(tmp: Path, out: Path) -> None:
+    """Move the finished temp folder into place (replacing an old output) with renames."""
+    old = out.parent / f".{out.name}.old-{os.getpid()}"
+    if out.exists():
+        os.rename(out, old)
+    os.rename(tmp, out)
+    shutil.rmtree(old, ignore_errors=True)
+
+
+def build_pretraining_data(cfg: PretrainConfig) -> dict:
+    """Build (or find up to date) the TFRecords of `cfg`; returns the manifest."""
+    validate_config(cfg)
+    chash = config_hash(cfg)
+    existing = _is_up_to_date(cfg, chash)
+    if existing is not None:
+        _log.warning("%s already holds this build (config hash %s); nothing to do", cfg.output_dir, chash[:12])
+        return existing
+    train, skipped = read_books(cfg.input_dir, "--input_dir", cfg.show_progress)
+    if cfg.valid_dir is not None:
+        valid, valid_skipped = read_books(cfg.valid_dir, "--valid_dir", cfg.show_progress)
+        sources = (cfg.input_dir, cfg.valid_dir)
+    else:
+        (train, valid), valid_skipped = split_by_hash(train, _valid_fraction(cfg)), []
+        sources = (cfg.input_dir, cfg.input_dir)
+    tokenizer, trained = load_or_train_tokenizer(cfg, train)
+    sep = separator_id(tokenizer)
+    out = Path(cfg.output_dir)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    tmp = out.parent / f".{out.name}.tmp-{os.getpid()}"
+    shutil.rmtree(tmp, ignore_errors=True)
+    tmp.mkdir()
+    try:
+        splits = {}
+        for name, books, source, skip in (("train", train, sources[0], skipped),
+                                          ("valid", valid, sources[1], valid_skipped)):
+            if not books:
+                continue
+            stream, rows = tokenize_split(tokenizer, books, sep, name, cfg.show_progress)
+            if num_sequences(len(stream), cfg.n_ctx) == 0:
+                raise PretrainDataError(f"split {name!r} has {len(stream)} tokens, fewer than "
+                                        f"--n_ctx + 1 = {cfg.n_ctx + 1}: no sequence to write")
+            shards = write_split(stream, cfg, name, tmp)
+            splits[name] = _split_manifest(source, rows, stream, shards, skip, cfg)
+        manifest = _manifest(cfg, chash, tokenizer, trained, sep, splits)
+        with open(tmp / MANIFEST, "w", encoding="utf-8") as f:
+            json.dump(manifest, f, indent=1, ensure_ascii=False)
+            f.write("\n")
+        _commit(tmp, out)
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+    return manifest
+
+
+def _manifest(cfg: PretrainConfig, chash: str, tokenizer, trained: bool, sep: int, splits: dict) -> dict:
+    """The whole manifest.json content."""
+    files = [Path(tokenizer.encoder_path), Path(tokenizer.merges_path)]
+    config = {k: v for k, v in dataclasses.asdict(cfg).items() if k not in ("show_progress", "command")}
+    return {
+        "format_version": FORMAT_VERSION, "config_hash": chash, "command": cfg.command, "config": config,
+        "n_ctx": cfg.n_ctx, "sequence_length": cfg.n_ctx + 1, "stride": cfg.n_ctx,
+        "record": {"feature": FEATURE, "dtype": "int64", "shape": [cfg.n_ctx + 1],
+                   "compression": COMPRESSION},
+        "separator": {"token": SEPARATOR_TOKEN, "id": sep},
+        "tokenizer": {"dir": str(cfg.tokenizer_dir), "vocab_size": tokenizer.vocab_size, "trained": trained,
+                      "files": [{"name": p.name, "path": str(p), "sha256": sha256_file(p)} for p in files]},
+        "totals": {key: sum(s[field] if field != "skipped" else len(s[field]) for s in splits.values())
+                   for key, field in (("books", "num_books"), ("book_tokens", "book_tokens"),
+                                      ("stream_tokens", "stream_tokens"), ("sequences", "sequences"),
+                                      ("shards", "num_shards"), ("skipped", "skipped"))},
+        "splits": splits,
+    }
+
+
+def _define_flags(flags) -> None:
+    """The CLI flags (defined only when this module runs as the program)."""
+    flags.DEFINE_string("input_dir", None, "Folder of .txt books (nested folders allowed).", required=True)
+    flags.DEFINE_string("output_dir", None, "Folder to write TFRecord shards and manifest.json into.",
+                        required=True)
+    flags.DEFINE_string("tokenizer_dir", None, "Folder of the BPE (encoder json + merges).", required=True)
+    flags.DEFINE_integer("n_ctx", 512, "Context length: records hold n_ctx + 1 tokens.")
+    flags.DEFINE_float("valid_fraction", None, f"Held-out fraction of books by id hash (default "
+                       f"{DEFAULT_VALID_FRACTION}); exclusive with --valid_dir.")
+    flags.DEFINE_string("valid_dir", None, "Folder of held-out books (instead of --valid_fraction).")
+    flags.DEFINE_integer("shard_size", 2048, "Records per TFRecord shard.")
+    flags.DEFINE_integer("train_tokenizer_vocab", None, "Train a BPE of this size on the train books "
+                         "into --tokenizer_dir first.")
+    flags.DEFINE_boolean("overwrite", False, "Replace a different existing output / tokenizer.")
+    flags.DEFINE_boolean("progress", True, "Show progress bars.")
+
+
+def main(argv) -> None:
+    """CLI entry point: flags -> PretrainConfig -> build_pretraining_data."""
+    from absl import flags
+
+    if len(argv) > 1:
+        raise SystemExit(f"error: unexpected arguments {argv[1:]}")
+    f = flags.FLAGS
+    cfg = PretrainConfig(input_dir=f.input_dir, output_dir=f.output_dir, tokenizer_dir=f.tokenizer_dir,
+                         n_ctx=f.n_ctx, valid_fraction=f.valid_fraction, valid_dir=f.valid_dir,
+                         shard_size=f.shard_size, train_tokenizer_vocab=f.train_tokenizer_vocab,
+                         overwrite=f.overwrite, show_progress=f.progress,
+                         command=shlex.join([sys.executable, "-m", "pipelines.pretrain_data", *sys.argv[1:]]))
+    try:
+        manifest = build_pretraining_data(cfg)
+    except PretrainDataError as err:
+        print(f"error: {err}", file=sys.stderr)
+        sys.exit(2)
+    totals = manifest["totals"]
+    print(f"{cfg.output_dir}: {totals['books']} books, {totals['book_tokens']} tokens, "
+          f"{totals['sequences']} sequences of {cfg.n_ctx + 1} tokens in {totals['shards']} shards "
+          f"({totals['skipped']} files skipped)")
+
+
+if __name__ == "__main__":
+    from absl import app, flags as absl_flags
+
+    _define_flags(absl_flags)
+    logging.basicConfig(level=logging.INFO, format="%(message)s")
+    app.run(main)
