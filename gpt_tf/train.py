@@ -23,7 +23,7 @@ flags.DEFINE_string("model", "tiny", "Model preset: gpt1, small, tiny or test.")
 flags.DEFINE_integer("n_ctx", 0, "Override the preset's context length (0: keep).")
 flags.DEFINE_float("dropout", -1.0, "Override embedding/attention/residual dropout (-1: keep 0.1).")
 flags.DEFINE_string("data_dir", None, "TFRecords from `python -m pipelines.pretrain_data` (has manifest.json).")
-flags.DEFINE_string("tokenizer_dir", "", "BPE files (encoder json + .bpe); default: the data's tokenizer.")
+flags.DEFINE_string("tokenizer_dir", "", "BPE files (encoder json + .bpe); default: the one manifest.json names.")
 flags.DEFINE_string("run_dir", None, "Where checkpoints, TensorBoard logs and configs go.")
 flags.DEFINE_integer("batch_size", 64, "Global batch size in sequences (the paper: 64).")
 flags.DEFINE_integer("grad_accum_steps", 1, "Micro-batches per update; the update equals the full batch's.")
@@ -103,7 +103,7 @@ def main(argv):
 
     with open(os.path.join(FLAGS.data_dir, "manifest.json")) as f:
         manifest = json.load(f)
-    tokenizer_dir = FLAGS.tokenizer_dir or manifest.get("tokenizer_dir") or os.path.join(FLAGS.data_dir, "tokenizer")
+    tokenizer_dir = FLAGS.tokenizer_dir or manifest["tokenizer"]["dir"]
     tokenizer = GPTTokenizer.from_dir(tokenizer_dir)
     overrides = {"vocab_size": tokenizer.vocab_size, "n_ctx": FLAGS.n_ctx or int(manifest["n_ctx"])}
     if FLAGS.dropout >= 0:

@@ -1,0 +1,167 @@
+"""The pre-training CLI end to end, on real books: resume after kill -9, strategies, accumulation, eval, bad flags.
+
+Each run is a subprocess of ``python -m gpt_tf.train`` (as a user runs it), on the ``test`` preset
+over TFRecords built from three real Gutenberg books with a small BPE trained on them.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+ENV = {**os.environ, "PYTHONPATH": str(ROOT), "TF_CPP_MIN_LOG_LEVEL": "2"}
+BASE_FLAGS = [
+    "--model=test", "--batch_size=8", "--warmup_steps=2", "--learning_rate=1e-3", "--log_every=1",
+    "--eval_batches=2", "--sample_length=8", "--seed=3", "--deterministic", "--progress=false",
+]
+
+
+def run_cli(module, *args, check=True, timeout=300):
+    proc = subprocess.run([sys.executable, "-m", module, *args], cwd=ROOT, env=ENV, capture_output=True, text=True,
+                          timeout=timeout)
+    if check and proc.returncode != 0:
+        raise AssertionError(f"{module} {' '.join(args)} failed ({proc.returncode}):\n{proc.stdout}\n{proc.stderr}")
+    return proc
+
+
+def model_weights(run_dir, step):
+    """The model variables of checkpoint ``step`` as {name: array}."""
+    import tensorflow as tf
+
+    reader = tf.train.load_checkpoint(str(Path(run_dir) / "checkpoints" / f"ckpt-{step}"))
+    names = [n for n in reader.get_variable_to_shape_map() if n.startswith("model/") and "seed_generator" not in n]
+    assert len(names) > 10, names
+    return {n: reader.get_tensor(n) for n in names}
+
+
+def max_abs_diff(a, b):
+    assert a.keys() == b.keys()
+    return max(float(np.max(np.abs(a[k] - b[k]))) for k in a)
+
+
+@pytest.fixture(scope="module")
+def data_dir(shared_data, tmp_path_factory):
+    books = tmp_path_factory.mktemp("books")
+    index = [line.split("\t") for line in (shared_data / "books" / "index.tsv").read_text().splitlines()[1:]]
+    smallest = sorted((int(row[4]), row[0], row[1]) for row in index)
+    for split, count in (("train", 3), ("valid", 1)):
+        (books / split).mkdir()
+        for _, book_id, book_split in [r for r in smallest if r[2] == split][:count]:
+            src = shared_data / "books" / book_split / f"{book_id}.txt"
+            (books / split / src.name).write_bytes(src.read_bytes())
+    out = tmp_path_factory.mktemp("data") / "tfrecords"
+    run_cli("pipelines.pretrain_data", f"--input_dir={books / 'train'}", f"--valid_dir={books / 'valid'}",
+            f"--output_dir={out}", f"--tokenizer_dir={out.parent / 'bpe'}", "--train_tokenizer_vocab=500", "--n_ctx=32")
+    return out
+
+
+@pytest.fixture(scope="module")
+def straight_run(data_dir, tmp_path_factory):
+    """An uninterrupted 60-step run with dropout on; checkpoints every 20 steps."""
+    run_dir = tmp_path_factory.mktemp("straight")
+    flags = [*BASE_FLAGS, f"--data_dir={data_dir}", "--train_steps=60", "--checkpoint_every=20"]
+    proc = run_cli("gpt_tf.train", *flags, f"--run_dir={run_dir}")
+    return run_dir, flags, proc
+
+
+def test_training_lowers_loss_and_writes_everything(straight_run):
+    run_dir, _, proc = straight_run
+    losses = [float(x) for x in _scalars(run_dir / "tb", "train/loss")]
+    assert len(losses) == 60
+    assert np.mean(losses[-10:]) < np.mean(losses[:5]) - 0.3, losses
+    tags = _tags(run_dir / "tb")
+    for tag in ("train/perplexity", "train/learning_rate", "train/tokens_per_sec", "train/grad_norm",
+                "valid/perplexity", "samples/text"):
+        assert tag in tags, (tag, tags)
+    assert json.loads((run_dir / "model_config.json").read_text())["n_layer"] == 2
+    assert json.loads(proc.stdout.strip().splitlines()[-1])["step"] == 60
+
+
+def test_kill_9_then_same_command_resumes_to_identical_weights(straight_run):
+    run_dir, flags, _ = straight_run
+    killed_dir = run_dir.parent / "killed"
+    cmd = [sys.executable, "-m", "gpt_tf.train", *flags, f"--run_dir={killed_dir}"]
+    proc = subprocess.Popen(cmd, cwd=ROOT, env=ENV, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    first = killed_dir / "checkpoints" / "ckpt-20.index"
+    deadline = time.time() + 240
+    while not first.exists() and proc.poll() is None and time.time() < deadline:
+        time.sleep(0.05)
+    assert proc.poll() is None, "the run ended before it could be killed"
+    os.kill(proc.pid, signal.SIGKILL)
+    proc.wait()
+    assert not (killed_dir / "checkpoints" / "ckpt-60.index").exists()
+    resumed = run_cli("gpt_tf.train", *flags, f"--run_dir={killed_dir}")
+    assert "resumed from" in resumed.stderr
+    assert max_abs_diff(model_weights(run_dir, 60), model_weights(killed_dir, 60)) == 0.0
+
+
+@pytest.mark.parametrize("extra", [["--strategy=mirrored", "--num_cpu_devices=2"], ["--grad_accum_steps=4"]],
+                         ids=["mirrored_2_cpus", "grad_accum_4"])
+def test_same_update_as_default_strategy_full_batch(data_dir, tmp_path, extra):
+    # Dropout off: replicas draw their own masks, so only the deterministic computation can match.
+    flags = [*BASE_FLAGS, f"--data_dir={data_dir}", "--train_steps=6", "--checkpoint_every=6", "--dropout=0"]
+    run_cli("gpt_tf.train", *flags, f"--run_dir={tmp_path / 'ref'}")
+    run_cli("gpt_tf.train", *flags, *extra, f"--run_dir={tmp_path / 'other'}")
+    ref, other = model_weights(tmp_path / "ref", 6), model_weights(tmp_path / "other", 6)
+    assert max_abs_diff(ref, other) < 1e-5
+
+
+def test_eval_and_generate_modes(straight_run, data_dir):
+    run_dir, flags, _ = straight_run
+    result = json.loads(run_cli("gpt_tf.train", *flags, f"--run_dir={run_dir}", "--mode=eval").stdout.splitlines()[-1])
+    assert result["step"] == 60 and result["tokens"] > 0
+    assert 1.0 < result["perplexity"] < result["unigram_perplexity"]
+    assert (run_dir / "eval_step60.json").exists()
+    out = run_cli("gpt_tf.train", *flags, f"--run_dir={run_dir}", "--mode=generate", "--prompt=the",
+                  "--temperature=1", "--sample_length=16").stdout
+    text = out.split("run dir", 1)[1].split("\n", 1)[1]  # after the model line
+    assert text.startswith("the ") and len(re.findall(r"\w+", text)) >= 4, text
+
+
+@pytest.mark.parametrize(
+    "args, message",
+    [
+        (["--flagfile=configs/does_not_exist.flags"], "does_not_exist.flags"),
+        (["--run_dir=/tmp/x"], "--data_dir is required"),
+        (["--data_dir=/nonexistent", "--run_dir=/tmp/x"], "has no manifest.json"),
+        (["--data_dir=/tmp", "--run_dir=/tmp/x", "--batch_size=6", "--grad_accum_steps=4"], "not divisible"),
+        (["--data_dir=/tmp", "--run_dir=/tmp/x", "--warmup_steps=10", "--train_steps=5"], "--warmup_steps=10"),
+        (["--data_dir=/tmp", "--run_dir=/tmp/x", "--num_cpu_devices=2"], "--strategy=mirrored"),
+        (["--data_dir=/tmp", "--run_dir=/tmp/x", "--strategy=tpu"], "needs --tpu"),
+        (["--data_dir=/tmp", "--run_dir=/tmp/nope", "--mode=eval"], "no checkpoints"),
+    ],
+)
+def test_bad_flags_fail_fast_with_a_clear_message(args, message):
+    start = time.time()
+    proc = run_cli("gpt_tf.train", *args, check=False, timeout=60)
+    assert proc.returncode != 0
+    assert message in proc.stderr + proc.stdout
+    assert time.time() - start < 20  # before TensorFlow is even imported
+
+
+def _events(tb_dir):
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    acc = EventAccumulator(str(tb_dir), size_guidance={"tensors": 0})
+    acc.Reload()
+    return acc
+
+
+def _tags(tb_dir):
+    return set(_events(tb_dir).Tags()["tensors"])
+
+
+def _scalars(tb_dir, tag):
+    import tensorflow as tf
+
+    return [float(tf.make_ndarray(e.tensor_proto)) for e in _events(tb_dir).Tensors(tag)]
