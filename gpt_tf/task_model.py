@@ -1,0 +1,240 @@
+"""Supervised fine-tuning model (paper §3.2–3.3): the pre-trained backbone plus a linear head W_y.
+
+Inputs are the traversal-style token sequences built by ``pipelines/transforms.py``
+(``features["input_ids"]`` ``[B, K, T]``, ``extract_index`` ``[B, K]``, ``lm_weights`` ``[B, K, T]``).
+All K views of a batch go through the backbone in ONE call on the reshaped ``[B·K, T]`` batch;
+the final block's state at each view's extract token feeds the head:
+
+* ``single`` / ``pair`` (classification, entailment): view 0's state → dropout → W_y.
+* ``pair_symmetric`` (similarity): state(a $ b) + state(b $ a), element-wise (§3.3) → dropout → W_y.
+* ``multiple_choice``: every view's state → dropout → a linear map to one logit; the task output is
+  ``[B, K]`` and the loss takes the softmax over the K candidates. As in the original release
+  (openai/finetune-transformer-lm, ``clf_pdrop`` with ``shape[1] = 1``) the dropout mask is shared
+  by the K candidates of an example, so they are compared under the same noise.
+
+The tied LM head gives ``outputs["lm"]`` ``[B, K, T, total_vocab]`` for the auxiliary objective
+L1 (Eq. 5: L3 = L2 + λ·L1). W_y is N(0, 0.02) with zero bias; with the special-token rows of the
+token embedding it is the only new parameter (§3.2).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+
+import keras
+import numpy as np
+import tensorflow as tf
+from keras import ops
+
+from gpt_tf.layers import PACKAGE, Conv1D
+from gpt_tf.model import GPTBackbone, lm_loss
+from gpt_tf.tasks import TaskSpec
+
+# Views per example fixed by the input type (multiple choice: any K >= 1 with the same weights).
+_FIXED_VIEWS = {"single": 1, "pair": 1, "pair_symmetric": 2}
+
+
+def as_task_spec(task) -> TaskSpec:
+    """A ``TaskSpec`` from a spec or its dict form (``TaskSpec.to_dict()`` / a Keras config)."""
+    if isinstance(task, TaskSpec):
+        return task
+    if isinstance(task, Mapping):
+        return TaskSpec.from_dict(task)
+    raise TypeError(f"task must be a TaskSpec or a dict of its fields, got {type(task).__name__}")
+
+
+def head_units(task) -> int:
+    """Output width of W_y: classes for classification, 1 for regression and per-candidate choice."""
+    spec = as_task_spec(task)
+    if spec.head == "classification" and len(spec.label_names) < 2:
+        raise ValueError(f"task {spec.name!r}: a classification head needs >= 2 label_names, got {spec.label_names!r}")
+    return len(spec.label_names) if spec.head == "classification" else 1
+
+
+@keras.saving.register_keras_serializable(package=PACKAGE)
+class GPTTaskModel(keras.Model):
+    """Backbone + W_y: ``features`` → ``{"task": ..., "lm": [B, K, T, total_vocab]}``.
+
+    ``task`` output: logits ``[B, num_classes]`` (classification), scores ``[B]`` (regression) or
+    candidate logits ``[B, K]`` (choice). ``call(..., with_lm=False)`` skips the LM head (it is the
+    largest matmul) when the auxiliary loss is off or for evaluation; ``"lm"`` is then absent.
+    """
+
+    def __init__(self, backbone: GPTBackbone | dict, task, clf_pdrop: float = 0.1, **kwargs):
+        super().__init__(**kwargs)
+        if isinstance(backbone, dict):
+            backbone = keras.saving.deserialize_keras_object(backbone)
+        if not 0.0 <= clf_pdrop < 1.0:
+            raise ValueError(f"clf_pdrop must be in [0, 1), got {clf_pdrop}")
+        self.backbone = backbone
+        self.task = as_task_spec(task)
+        self.clf_pdrop = clf_pdrop
+        config, policy = backbone.config, self.dtype_policy
+        # noise_shape (None, 1, None): one mask per example, shared by its K candidates.
+        self.clf_dropout = keras.layers.Dropout(clf_pdrop, noise_shape=(None, 1, None), dtype=policy)
+        self.clf = Conv1D(head_units(self.task), config.init_std, name="clf", dtype=policy)
+        self.clf.build((None, None, config.n_embd))
+        self.built = True
+
+    @property
+    def config(self):
+        return self.backbone.config
+
+    def _check_views(self, input_ids):
+        """Static checks of ``input_ids``: rank 3 and the K the input type requires."""
+        if len(input_ids.shape) != 3:
+            raise ValueError(f"features['input_ids'] must be [batch, views, length], got shape {input_ids.shape}")
+        want, got = _FIXED_VIEWS.get(self.task.input_type), input_ids.shape[1]
+        if want is not None and got is not None and got != want:
+            raise ValueError(
+                f"task {self.task.name!r} ({self.task.input_type}) needs {want} view(s) per example, "
+                f"got input_ids of shape {input_ids.shape}"
+            )
+
+    def extract_states(self, features, training=False):
+        """Final-block states ``[B, K, T, d]`` and the states at the extract tokens ``[B, K, d]``."""
+        input_ids = ops.convert_to_tensor(features["input_ids"], "int32")
+        self._check_views(input_ids)
+        batch, views, length = ops.shape(input_ids)[0], ops.shape(input_ids)[1], ops.shape(input_ids)[2]
+        flat = self.backbone(ops.reshape(input_ids, (-1, length)), training=training)  # one call for all views
+        states = ops.reshape(flat, (batch, views, length, self.config.n_embd))
+        index = ops.convert_to_tensor(features["extract_index"], "int32")
+        return states, tf.gather(states, index, axis=2, batch_dims=2)
+
+    def call(self, features, training=False, with_lm=True):
+        states, extracted = self.extract_states(features, training=training)
+        input_type, head = self.task.input_type, self.task.head
+        if input_type == "pair_symmetric":
+            h = ops.sum(extracted, axis=1, keepdims=True)  # §3.3: add the two orderings' states
+        elif input_type == "multiple_choice":
+            h = extracted
+        else:
+            h = extracted[:, :1]
+        logits = self.clf(self.clf_dropout(h, training=training))  # [B, K', units]
+        if head == "classification":
+            task_out = logits[:, 0, :]
+        elif head == "regression":
+            task_out = logits[:, 0, 0]
+        else:
+            task_out = logits[..., 0]
+        outputs = {"task": task_out}
+        if with_lm:
+            outputs["lm"] = self.backbone.embed.logits(states)
+        return outputs
+
+    def get_config(self):
+        return {
+            **super().get_config(),
+            "backbone": keras.saving.serialize_keras_object(self.backbone),
+            "task": self.task.to_dict(),
+            "clf_pdrop": self.clf_pdrop,
+        }
+
+    @classmethod
+    def from_config(cls, config):
+        return cls(**config)
+
+
+def task_loss(task, outputs, features, label, lm_coef) -> dict:
+    """Eq. 5, L3 = L2 + λ·L1, in float32, for one (per-replica) batch.
+
+    Returns ``total``, ``task`` (L2: mean cross-entropy for classification/choice, mean squared error
+    for regression) and ``lm`` (L1: ``sum(CE·lm_weights) / sum(lm_weights)`` with targets
+    ``input_ids[..., t+1]``; padding never counts). For exact averaging across replicas and
+    micro-batches it also returns the sums behind the means: ``task_sum`` and ``examples`` (so
+    ``task = task_sum / examples``) and ``lm_sum`` and ``lm_tokens`` (``lm = lm_sum / lm_tokens``,
+    0 when there are no tokens). A distributed loop all-reduces ``examples`` and ``lm_tokens``
+    first (they carry no gradient) and minimises ``task_sum / global_examples + λ·lm_sum /
+    global_lm_tokens`` on each replica; the replica gradients then sum to the global-batch gradient.
+    With ``lm_coef == 0`` the LM term is skipped and ``outputs`` need not hold ``"lm"``.
+    """
+    task_sum, examples = _task_loss_sum(as_task_spec(task).head, outputs["task"], label)
+    if lm_coef:
+        if "lm" not in outputs:
+            raise ValueError("lm_coef is non-zero but outputs lack 'lm' (call the model with with_lm=True)")
+        input_ids = ops.convert_to_tensor(features["input_ids"], "int32")
+        weights = ops.cast(features["lm_weights"], "float32")[..., :-1]
+        lm_sum, lm_tokens = lm_loss(outputs["lm"][..., :-1, :], input_ids[..., 1:], weights)
+    else:
+        lm_sum, lm_tokens = ops.zeros((), "float32"), ops.zeros((), "float32")
+    task_mean = task_sum / examples
+    lm_mean = lm_sum / ops.maximum(lm_tokens, 1e-9)
+    return {
+        "total": task_mean + float(lm_coef) * lm_mean,
+        "task": task_mean,
+        "lm": lm_mean,
+        "task_sum": task_sum,
+        "examples": examples,
+        "lm_sum": lm_sum,
+        "lm_tokens": lm_tokens,
+    }
+
+
+def _task_loss_sum(head: str, task_out, label):
+    """Sum over the batch of the per-example L2 terms, and the number of examples (float32)."""
+    task_out = ops.cast(task_out, "float32")
+    if head == "regression":
+        losses = ops.square(task_out - ops.cast(label, "float32"))
+    else:  # classification over classes, choice over the K candidates
+        losses = keras.losses.sparse_categorical_crossentropy(ops.cast(label, "int32"), task_out, from_logits=True)
+    return ops.sum(losses), ops.cast(ops.shape(losses)[0], "float32")
+
+
+def task_predictions(task, task_out) -> np.ndarray:
+    """Class / candidate ids (argmax) or regression scores, as numpy, for ``gpt_tf.metrics``."""
+    values = np.asarray(ops.convert_to_numpy(ops.cast(task_out, "float32")))
+    return values if as_task_spec(task).head == "regression" else values.argmax(axis=-1)
+
+
+def _backbone_of(model) -> GPTBackbone:
+    """The backbone of a ``GPTLanguageModel`` / ``GPTTaskModel``, or the backbone itself."""
+    return model if isinstance(model, GPTBackbone) else model.backbone
+
+
+def transfer_layers(src, dst, n_layers: int) -> list[str]:
+    """Copies the embeddings and the first ``n_layers`` blocks from ``src`` into ``dst`` (paper Fig. 2).
+
+    ``n_layers = 0`` transfers the token and position embeddings only (Fig. 2's leftmost point:
+    "transferring embeddings improves performance"); ``n_layers = dst.n_layer`` is full transfer.
+    Blocks past ``n_layers`` keep their fresh initialisation. ``src``/``dst`` may be backbones or
+    models holding one. Position rows are copied up to ``dst``'s ``n_ctx`` (which may be shorter).
+    The special-token rows are copied too; call ``reset_special_embeddings`` to re-draw them.
+    Returns the paths of the destination variables that were overwritten.
+    """
+    src, dst = _backbone_of(src), _backbone_of(dst)
+    if not 0 <= n_layers <= min(len(src.blocks), len(dst.blocks)):
+        raise ValueError(f"n_layers={n_layers} must be in [0, {min(len(src.blocks), len(dst.blocks))}]")
+    s, d = src.config, dst.config
+    if (s.vocab_size, s.n_special, s.n_embd) != (d.vocab_size, d.n_special, d.n_embd) or d.n_ctx > s.n_ctx:
+        raise ValueError(
+            f"cannot transfer embeddings: source vocab/special/width/n_ctx = {s.vocab_size}/{s.n_special}/"
+            f"{s.n_embd}/{s.n_ctx}, destination {d.vocab_size}/{d.n_special}/{d.n_embd}/{d.n_ctx} "
+            "(the first three must match and the destination n_ctx must not be longer)"
+        )
+    pairs = [
+        (src.embed.tokens_embed, dst.embed.tokens_embed, None),
+        (src.embed.positions_embed, dst.embed.positions_embed, d.n_ctx),
+    ]
+    for i in range(n_layers):
+        src_vars, dst_vars = src.blocks[i].weights, dst.blocks[i].weights
+        if [tuple(v.shape) for v in src_vars] != [tuple(v.shape) for v in dst_vars]:
+            raise ValueError(f"block {i}: source and destination weight shapes differ")
+        pairs.extend((a, b, None) for a, b in zip(src_vars, dst_vars))
+    for source, target, rows in pairs:
+        value = ops.convert_to_numpy(source)
+        target.assign(value[:rows] if rows is not None else value)
+    return [target.path for _, target, _ in pairs]
+
+
+def reset_special_embeddings(backbone, seed: int = 0) -> None:
+    """Re-draws the special-token rows (ids ≥ vocab_size) of ``tokens_embed`` from N(0, init_std).
+
+    A pre-trained LM has these rows but never trained them; fine-tuning starts them afresh (§3.3).
+    Deterministic in ``seed``; the BPE rows are left untouched.
+    """
+    backbone = _backbone_of(backbone)
+    config, table = backbone.config, backbone.embed.tokens_embed
+    values = np.array(ops.convert_to_numpy(table))
+    rng = np.random.default_rng(seed)
+    values[config.vocab_size :] = rng.normal(0.0, config.init_std, values[config.vocab_size :].shape)
+    table.assign(values)
