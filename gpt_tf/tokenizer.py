@@ -1,0 +1,214 @@
+"""GPT-1's BPE tokenizer, offline (Python + HF ``tokenizers``), on GPT-1's two files.
+
+Pipeline: :func:`gpt_tf.text_clean.prepare_text` (``ftfy.fix_text`` ->
+``text_standardize`` -> ``lower()``) -> word split -> BPE with ``</w>`` word
+ends, lowest-rank merge first (HF ``tokenizers.models.BPE``, which reproduces
+the reference ``bpe()`` of openai/finetune-transformer-lm). Characters missing
+from the vocabulary become ``<unk>`` (id 0 in GPT-1's vocabulary), as the
+reference's ``encoder.get(token, 0)`` did.
+
+Word split (the same rule in HF pre-tokenizers and in RE2, see
+``gpt_tf/tf_tokenizer.py``): after ``text_standardize`` the only whitespace left
+is ``' '`` and ``'\\n'`` (as ``' \\n '``). Words are the space-separated pieces,
+and inside them every punctuation character -- Unicode categories P* plus all
+ASCII punctuation and symbols ``!"#$%&'()*+,-./:;<=>?@[\\]^_`{|}~``, BERT's
+``BertPreTokenizer`` set -- is a word of its own. ``'\\n'`` is kept as a word,
+so newlines become GPT-1's token ``'\\n</w>'`` (id 40477); runs of blank lines
+collapse into one newline (``text_standardize`` does that). Other symbols
+(``€``, ``°``, emoji) stay inside their word. In HF: ``Split(' ', "removed")``
+then ``Split(<punctuation class>, "isolated")``; in RE2:
+``regex_replace(<punctuation class>, ' \\0 ')``, split on ``' '``, drop empty
+pieces. The class is spelled as explicit code points
+(:func:`gpt_tf.text_clean.punctuation_class`), so both engines agree exactly.
+
+Differences from GPT-1's spaCy tokenizer (the released vocabulary was learnt
+on spaCy words): contractions split at the apostrophe (``don't`` -> ``don ' t``
+where spaCy gives ``do n't``); abbreviations and numbers split at periods
+(``mr.`` -> ``mr .``, ``u.s.`` -> ``u . s .``, ``3.14`` -> ``3 . 14``); runs
+of ``.`` / ``'`` / ``:`` are single characters (``...`` -> ``. . .``); spaCy's
+other exceptions (URLs, e-mail addresses, emoticons) are not reproduced. So
+vocabulary entries such as ``n't</w>``, ``'s</w>`` or ``mr.</w>`` never occur.
+"""
+
+import json
+import os
+from pathlib import Path
+
+import tokenizers
+from tokenizers import pre_tokenizers
+from tokenizers.models import BPE
+from tokenizers.trainers import BpeTrainer
+
+from gpt_tf import text_clean
+
+UNK = "<unk>"
+END_OF_WORD = "</w>"
+MERGES_HEADER = "#version: 0.2"
+ENCODER_FILE = "encoder.json"
+MERGES_FILE = "vocab.bpe"
+
+
+def read_encoder(path):
+    """Reads an encoder json ``{token: id}`` whose ids are exactly 0..n-1 and holds ``<unk>``."""
+    path = Path(path)
+    if not path.is_file():
+        raise FileNotFoundError(f"BPE encoder file not found: {path}")
+    try:
+        encoder = json.loads(path.read_text(encoding="utf-8"))
+    except (ValueError, UnicodeDecodeError) as err:
+        raise ValueError(f"{path}: not a valid UTF-8 JSON file: {err}") from err
+    if not isinstance(encoder, dict) or not encoder:
+        raise ValueError(f"{path}: expected a non-empty JSON object mapping token -> id")
+    for token, index in encoder.items():
+        if not isinstance(index, int) or isinstance(index, bool):
+            raise ValueError(f"{path}: token {token!r} has id {index!r}, expected an integer")
+    if sorted(encoder.values()) != list(range(len(encoder))):
+        raise ValueError(f"{path}: token ids must be exactly 0..{len(encoder) - 1}, each once")
+    if UNK not in encoder:
+        raise ValueError(f"{path}: the vocabulary has no {UNK!r} token")
+    return encoder
+
+
+def read_merges(path, encoder):
+    """Reads a ``#version: 0.2`` merges file into ``[(left, right), ...]`` in rank order."""
+    path = Path(path)
+    if not path.is_file():
+        raise FileNotFoundError(f"BPE merges file not found: {path}")
+    merges = []
+    with open(path, encoding="utf-8") as f:
+        for number, line in enumerate(f, start=1):
+            line = line.rstrip("\r\n")
+            if (number == 1 and line.startswith("#version")) or not line:
+                continue
+            pair = line.split(" ")
+            if len(pair) != 2 or not all(pair):
+                raise ValueError(f"{path}:{number}: expected 'left right', got {line!r}")
+            for token in (pair[0], pair[1], pair[0] + pair[1]):
+                if token not in encoder:
+                    raise ValueError(f"{path}:{number}: token {token!r} is not in the encoder")
+            merges.append((pair[0], pair[1]))
+    return merges
+
+
+def _find_one(directory, suffix, prefer):
+    """The single ``*suffix`` file in ``directory`` (narrowed to names containing ``prefer``)."""
+    found = sorted(p for p in directory.glob(f"*{suffix}") if p.is_file())
+    if len(found) > 1:
+        found = [p for p in found if prefer in p.name] or found
+    if len(found) != 1:
+        names = ", ".join(p.name for p in found) or "none"
+        raise FileNotFoundError(
+            f"{directory}: expected exactly one {suffix} file"
+            f"{f' (or one named *{prefer}*)' if prefer else ''}, found {names}")
+    return found[0]
+
+
+def pre_tokenizer():
+    """HF pre-tokenizer for the word split rule documented in the module docstring."""
+    return pre_tokenizers.Sequence([
+        pre_tokenizers.Split(tokenizers.Regex(" "), "removed"),
+        pre_tokenizers.Split(tokenizers.Regex(text_clean.punctuation_class()), "isolated"),
+    ])
+
+
+class GPTTokenizer:
+    """GPT-1 BPE tokenizer: ids 0..vocab_size-1 from text, and back."""
+
+    def __init__(self, encoder, merges, encoder_path=None, merges_path=None):
+        """Builds the tokenizer from ``{token: id}`` and ``[(left, right), ...]``."""
+        self.encoder = dict(encoder)
+        self.merges = list(merges)
+        self.encoder_path = None if encoder_path is None else str(encoder_path)
+        self.merges_path = None if merges_path is None else str(merges_path)
+        self._decoder = [None] * len(self.encoder)
+        for token, index in self.encoder.items():
+            self._decoder[index] = token
+        model = BPE(self.encoder, self.merges, unk_token=UNK, end_of_word_suffix=END_OF_WORD)
+        self._hf = tokenizers.Tokenizer(model)
+        self._hf.pre_tokenizer = pre_tokenizer()
+
+    @classmethod
+    def from_files(cls, encoder_json, merges_bpe):
+        """Loads GPT-1's format: encoder json (token -> id) + ``#version: 0.2`` merges."""
+        encoder = read_encoder(encoder_json)
+        return cls(encoder, read_merges(merges_bpe, encoder), encoder_json, merges_bpe)
+
+    @classmethod
+    def from_dir(cls, directory):
+        """Loads the one ``*.json`` encoder and the one ``*.bpe`` merges file of ``directory``.
+
+        With several ``*.json`` files (GPT-1's folder also holds
+        ``params_shapes.json``), the one whose name contains ``encoder`` is used.
+        """
+        directory = Path(directory)
+        if not directory.is_dir():
+            raise FileNotFoundError(f"tokenizer directory not found: {directory}")
+        return cls.from_files(_find_one(directory, ".json", "encoder"), _find_one(directory, ".bpe", ""))
+
+    @classmethod
+    def train(cls, texts, vocab_size, out_dir, show_progress=True):
+        """Learns a BPE of ``vocab_size`` tokens on the cleaned texts; writes and loads it.
+
+        ``<unk>`` is id 0; every character of the corpus is in the vocabulary
+        (also as a word end, ``x</w>``), merges follow in rank order.
+        """
+        hf = tokenizers.Tokenizer(BPE(unk_token=UNK, end_of_word_suffix=END_OF_WORD))
+        hf.pre_tokenizer = pre_tokenizer()
+        trainer = BpeTrainer(vocab_size=vocab_size, special_tokens=[UNK],
+                             end_of_word_suffix=END_OF_WORD, show_progress=show_progress)
+        hf.train_from_iterator((text_clean.prepare_text(t) for t in texts), trainer)
+        model = json.loads(hf.to_str())["model"]
+        merges = [tuple(m.split(" ")) if isinstance(m, str) else tuple(m) for m in model["merges"]]
+        cls(model["vocab"], merges).save(out_dir)
+        return cls.from_files(os.path.join(out_dir, ENCODER_FILE), os.path.join(out_dir, MERGES_FILE))
+
+    def save(self, out_dir):
+        """Writes ``encoder.json`` and ``vocab.bpe`` (GPT-1's format) into ``out_dir``."""
+        os.makedirs(out_dir, exist_ok=True)
+        ordered = dict(sorted(self.encoder.items(), key=lambda item: item[1]))
+        with open(os.path.join(out_dir, ENCODER_FILE), "w", encoding="utf-8") as f:
+            json.dump(ordered, f)
+        with open(os.path.join(out_dir, MERGES_FILE), "w", encoding="utf-8") as f:
+            f.write(MERGES_HEADER + "\n")
+            f.writelines(f"{left} {right}\n" for left, right in self.merges)
+
+    @property
+    def vocab_size(self):
+        """Number of BPE tokens (40478 for GPT-1); special tokens come after."""
+        return len(self.encoder)
+
+    @property
+    def unk_id(self):
+        """Id of ``<unk>``, given to characters outside the vocabulary."""
+        return self.encoder[UNK]
+
+    def words(self, text):
+        """The words BPE runs on: prepared (cleaned, lower-cased) text, split."""
+        pieces = self._hf.pre_tokenizer.pre_tokenize_str(text_clean.prepare_text(text))
+        return [piece for piece, _ in pieces]
+
+    def word_ids(self, word):
+        """BPE ids of one already split word (no cleanup, no splitting)."""
+        return [token.id for token in self._hf.model.tokenize(word)]
+
+    def encode(self, text):
+        """Token ids of one text."""
+        return self._hf.encode(text_clean.prepare_text(text), add_special_tokens=False).ids
+
+    def encode_batch(self, texts):
+        """Token ids of many texts (cleanup in Python, split + BPE in parallel in Rust)."""
+        prepared = [text_clean.prepare_text(t) for t in texts]
+        return [e.ids for e in self._hf.encode_batch(prepared, add_special_tokens=False)]
+
+    def decode(self, ids):
+        """Joins the tokens, ``</w>`` -> ``' '``; ids outside 0..vocab_size-1 are skipped."""
+        size = len(self._decoder)
+        text = "".join(self._decoder[i] for i in ids if 0 <= i < size)
+        return text.replace(END_OF_WORD, " ").rstrip(" ")
+
+    def tf_tokenizer(self):
+        """The in-graph twin (``TFGPTTokenizer``) built from the same two files."""
+        from gpt_tf.tf_tokenizer import TFGPTTokenizer  # pylint: disable=import-outside-toplevel
+        if self.encoder_path is None or self.merges_path is None:
+            raise ValueError("this tokenizer was not loaded from files; save() it and load it first")
+        return TFGPTTokenizer(self.encoder_path, self.merges_path)

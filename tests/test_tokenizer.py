@@ -1,0 +1,323 @@
+"""GPT-1 tokenizer: offline vs the reference bpe(), in-graph vs offline, training, export."""
+
+import collections
+import json
+import os
+import random
+import re
+import subprocess
+import sys
+import textwrap
+
+import ftfy
+import pytest
+import tensorflow as tf
+
+from gpt_tf import text_clean
+from gpt_tf.tokenizer import GPTTokenizer
+
+BOOKS = ("b0000", "b0012", "b0049", "b0053", "b0098")  # curly quotes, accents, ʼ ʻ –, HTML entities
+EDGE_CASES = [
+    "", " ", "   \t  ", "\n", "\n\n\n", "\r\n", "a\rb", "tab\there\tand\tthere", "line one\nline two\r\n\r\nline three",
+    "café naïve Zoë Ångström façade", "“Curly” ‘quotes’ „low“ «guillemets»", "it’s don’t I’m we’ve",
+    "em—dash en–dash bar―dash", "ellipsis… and... more....", "!!! ?!? ... --- ~~~ *** ___ ((())) [[]] {{}} ||",
+    "1,234.56 2018 3.14 $5 €10 50% #1 @home a+b=c 1/2 ½ ²", "😀 emoji 🎉 x😀y ♥ ★ → ∞ © ™ °C",
+    "ﬁne ﬂuﬃest ＬＯＵＤ　ＮＯＩＳＥＳ ｶﾀｶﾅ", "e\u0301 decomposed cafe\u0301", "İstanbul ΟΔΟΣ ΣΑΣ. Straße ǅ",
+    "&amp; &lt;b&gt; &rsquo;tis &#8217; &#x2019; &#59; &#128; &#xD800; &#99999999; &c; &EACUTE;",
+    "x<y &amp; z\nsecond &amp; line", "\x1b[31mred\x1b[0m \x00nul\x07bell\x7f \ufeffbom \u200bzero-width",
+    "\x93cp1252 quotes\x94 \x85", "a\u2028b\u2029c\x85d", "中文 日本語 한국어 العربية עברית", "aaaa aaaaa aaaaaaa",
+    "CamelCase UPPER lower MiXeD", "e-mail@example.com https://example.com/a?b=c", "\\back\\slash /fwd/ `tick` ^caret",
+]
+
+
+def reference_bpe(token, ranks):
+    """bpe() of openai/finetune-transformer-lm text_utils.py (without its cache)."""
+    word = tuple(token[:-1]) + (token[-1] + "</w>",)
+    pairs = {(a, b) for a, b in zip(word, word[1:])}
+    if not pairs:
+        return token + "</w>"
+    while True:
+        bigram = min(pairs, key=lambda pair: ranks.get(pair, float("inf")))
+        if bigram not in ranks:
+            break
+        first, second = bigram
+        new_word, i = [], 0
+        while i < len(word):
+            try:
+                j = word.index(first, i)
+                new_word.extend(word[i:j])
+                i = j
+            except ValueError:
+                new_word.extend(word[i:])
+                break
+            if word[i] == first and i < len(word) - 1 and word[i + 1] == second:
+                new_word.append(first + second)
+                i += 2
+            else:
+                new_word.append(word[i])
+                i += 1
+        word = tuple(new_word)
+        if len(word) == 1:
+            break
+        pairs = {(a, b) for a, b in zip(word, word[1:])}
+    return " ".join(word)
+
+
+def read_book(path):
+    """A book's text without the Project Gutenberg header and licence (UTF-8, else Latin-1)."""
+    raw = path.read_bytes()
+    try:
+        text = raw.decode("utf-8")
+    except UnicodeDecodeError:
+        text = raw.decode("latin-1")
+    start = re.search(r"\*\*\* ?START OF.*", text)
+    end = re.search(r"\*\*\* ?END OF", text)
+    return text[start.end() if start else 0: end.start() if end else len(text)]
+
+
+def glue_sentences(glue, per_task=300):
+    """Sentences of SST-2, CoLA, MRPC and RTE train sets (first ``per_task`` rows each)."""
+    layout = {"SST-2": (True, [0]), "CoLA": (False, [3]), "MRPC": (True, [3, 4]), "RTE": (True, [1, 2])}
+    sentences = []
+    for task, (header, columns) in layout.items():
+        rows = (glue / task / "train.tsv").read_text(encoding="utf-8").split("\n")[int(header):]
+        for row in rows[:per_task]:
+            fields = row.split("\t")
+            sentences.extend(fields[c] for c in columns if c < len(fields))
+    return sentences
+
+
+def mojibake_repaired(text):
+    """Whether ftfy's fix_encoding (mojibake repair, not done in-graph) changes ``text``."""
+    steps = []
+    for segment in text.splitlines(keepends=True):
+        steps += ftfy.fix_and_explain(segment).explanation
+    return any(kind != "apply" or name == "decode_inconsistent_utf8" for kind, name in steps)
+
+
+@pytest.fixture(scope="module")
+def gpt1(shared_data):
+    """GPT-1's released tokenizer (offline)."""
+    return GPTTokenizer.from_dir(shared_data / "gpt1_bpe")
+
+
+@pytest.fixture(scope="module")
+def gpt1_tf(gpt1):
+    """GPT-1's in-graph tokenizer."""
+    return gpt1.tf_tokenizer()
+
+
+@pytest.fixture(scope="module")
+def books(shared_data):
+    """Text of a few training books."""
+    return [read_book(shared_data / "books" / "train" / f"{b}.txt") for b in BOOKS]
+
+
+@pytest.fixture(scope="module")
+def corpus(books, shared_data):
+    """Thousands of real lines (books + GLUE) plus hand-written edge cases."""
+    lines = []
+    for book in books:
+        lines += [line for line in book.split("\n") if line.strip()][:450]
+    lines += glue_sentences(shared_data / "glue")
+    paragraphs = ["\n".join(book.split("\n")[100 + i: 110 + i]) for book in books for i in range(0, 200, 10)]
+    return lines + paragraphs + EDGE_CASES
+
+
+def run_graph(tf_tok, texts, batch=64):
+    """Graph ids of ``texts`` as lists, batch by batch."""
+    out = []
+    for i in range(0, len(texts), batch):
+        out += tf_tok(tf.constant(texts[i: i + batch], tf.string)).to_list()
+    return out
+
+
+def test_text_standardize_is_the_reference(corpus):
+    """The shared-pattern text_standardize equals the verbatim GPT-1 function."""
+    def reference(text):
+        text = text.replace("—", "-").replace("–", "-").replace("―", "-").replace("…", "...").replace("´", "'")
+        text = re.sub(r'''(-+|~+|!+|"+|;+|\?+|\++|,+|\)+|\(+|\\+|\/+|\*+|\[+|\]+|}+|{+|\|+|_+)''', r" \1 ", text)
+        text = re.sub(r"\s*\n\s*", " \n ", text)
+        text = re.sub(r"[^\S\n]+", " ", text)
+        return text.strip()
+    every_space = "".join(chr(c) for c in range(0x110000) if chr(c).isspace())
+    assert set(every_space) == set(text_clean.WHITESPACE_CHARS)
+    runs = "".join(c * n for n in (1, 2, 3) for c in text_clean.STANDARDIZE_RUN_CHARS + ".:'=")
+    for text in corpus + [f"a{every_space}b{every_space}", runs, f"x{runs}y{runs[::-1]}"]:
+        assert text_clean.text_standardize(text) == reference(text), repr(text)
+
+
+def test_fix_text_fast_path_is_ftfy(corpus, books):
+    """Skipping ftfy on safe ASCII lines gives ftfy's result: lines, mixed texts, books."""
+    cases = ["a\r\nb\rc", "AT&amp;T", "x\x1b[1my", "nul\x00", "form\x0cfeed", "<b>&lt;</b>", "plain",
+             "a &amp; b\r\n<x> &amp;\n&amp; “c”", "é &amp;\nplain <\n&amp;", "\n\n&lt;\n", "a\rb &amp;\r<"]
+    for text in corpus + cases + books[-2:]:
+        assert text_clean.fix_text(text) == ftfy.fix_text(text), repr(text[:200])
+
+
+def test_offline_matches_reference_bpe(gpt1, books):
+    """HF BPE on GPT-1's files == the reference bpe(), word by word, incl. <unk> chars."""
+    ranks = {pair: i for i, pair in enumerate(gpt1.merges)}
+    counts = collections.Counter(w for book in books for w in gpt1.words(book[:60000]))
+    words = [w for w, _ in counts.most_common(250)] + sorted(counts)[::20]
+    words += ["aaaa", "aaaaaaa", "zzzzzz", "x😀", "😀y", "ab😀cd", "\n", "naïve", "anticonstitutionnellement"]
+    assert len(words) > 400
+    for word in words:
+        expected = [gpt1.encoder.get(t, 0) for t in reference_bpe(word, ranks).split(" ")]
+        assert gpt1.word_ids(word) == expected, word
+
+
+def test_offline_encode_conventions(gpt1):
+    """Lower-case, punctuation words, newline token, <unk>, decode skipping special ids."""
+    assert gpt1.vocab_size == 40478 and gpt1.unk_id == 0
+    assert gpt1.words("Don't STOP...\n\nNow, “go”!") == ["don", "'", "t", "stop", ".", ".", ".", "\n", "now",
+                                                            ",", '"', "go", '"', "!"]
+    ids = gpt1.encode("Hello world.\nBye 😀")
+    assert ids[3] == gpt1.encoder["\n</w>"] == 40477 and ids[-1] == 0
+    assert gpt1.encode_batch(["Hello world.", "", "Bye"]) == [gpt1.encode(t) for t in ["Hello world.", "", "Bye"]]
+    assert gpt1.decode(gpt1.encode("The cat sat.") + [40478, 40481]) == "the cat sat ."
+
+
+def test_graph_matches_offline_on_real_text(gpt1, gpt1_tf, corpus):
+    """In-graph ids == offline ids on thousands of lines (mojibake repair excepted)."""
+    assert len(corpus) > 2500
+    offline = gpt1.encode_batch(corpus)
+    graph = run_graph(gpt1_tf, corpus)
+    mismatches = [(t, o, g) for t, o, g in zip(corpus, offline, graph) if o != g]
+    unexplained = [m for m in mismatches if not mojibake_repaired(m[0])]
+    assert not unexplained, unexplained[:3]
+    assert len(mismatches) < 0.01 * len(corpus)
+    assert all(isinstance(i, int) for row in graph for i in row)
+
+
+def test_graph_shapes_and_edge_batches(gpt1, gpt1_tf):
+    """Batch of 0, batch of empty strings, int32 ragged output, use inside tf.function."""
+    empty = gpt1_tf(tf.constant([], tf.string))
+    assert empty.shape[0] == 0 and empty.dtype == tf.int32
+    assert gpt1_tf(tf.constant(["", " ", "\n"])).to_list() == [[], [], []]
+
+    @tf.function
+    def lengths(texts):
+        return gpt1_tf(texts).row_lengths()
+
+    texts = ["one two three", "", "four"]
+    assert lengths(tf.constant(texts)).numpy().tolist() == [len(gpt1.encode(t)) for t in texts]
+
+
+def test_graph_merge_loop_matches_offline(gpt1, gpt1_tf, books):
+    """The while-loop BPE alone (no whole-word table) on thousands of words."""
+    words = sorted({w for book in books for w in gpt1.words(book[:40000])})
+    words += [t[:-4] for t in list(gpt1.encoder)[::25] if t.endswith("</w>") and len(t) > 4]
+    merged = gpt1_tf._merge(tf.constant(words)).to_list()  # pylint: disable=protected-access
+    assert merged == [gpt1.word_ids(w) for w in words]
+
+
+def test_train_save_load_roundtrip(books, tmp_path):
+    """train() writes GPT-1's two-file format; reload, encode/decode and graph agree."""
+    out = tmp_path / "bpe"
+    tok = GPTTokenizer.train(books[:2], vocab_size=2000, out_dir=str(out), show_progress=False)
+    assert sorted(os.listdir(out)) == ["encoder.json", "vocab.bpe"]
+    encoder = json.loads((out / "encoder.json").read_text(encoding="utf-8"))
+    merges = (out / "vocab.bpe").read_text(encoding="utf-8").split("\n")
+    assert merges[0] == "#version: 0.2" and merges[-1] == ""
+    assert all(len(m.split(" ")) == 2 for m in merges[1:-1])
+    assert encoder["<unk>"] == 0 and sorted(encoder.values()) == list(range(len(encoder)))
+    assert 1900 <= tok.vocab_size <= 2100 and "\n</w>" in encoder
+    again = GPTTokenizer.from_dir(out)
+    sample = [line for line in books[0].split("\n") if line.strip()][50:150]
+    assert again.encode_batch(sample) == tok.encode_batch(sample)
+    for text in sample:
+        ids = tok.encode(text)
+        assert 0 not in ids
+        assert tok.decode(ids) == " ".join(tok.words(text))
+    tok.save(str(tmp_path / "copy"))
+    assert (tmp_path / "copy" / "vocab.bpe").read_bytes() == (out / "vocab.bpe").read_bytes()
+    assert run_graph(tok.tf_tokenizer(), sample[:40]) == tok.encode_batch(sample[:40])
+
+
+def test_saved_model_runs_with_tensorflow_only(gpt1, gpt1_tf, tmp_path):
+    """Export in a tf.Module, reload in a fresh process that imports only tensorflow."""
+    class Exported(tf.Module):
+        def __init__(self, tokenizer):
+            super().__init__()
+            self.tokenizer = tokenizer
+
+        @tf.function(input_signature=[tf.TensorSpec([None], tf.string)])
+        def serve(self, texts):
+            ids = self.tokenizer(texts)
+            return {"ids": ids.to_tensor(default_value=-1), "lengths": ids.row_lengths()}
+
+    module = Exported(gpt1_tf)
+    tf.saved_model.save(module, str(tmp_path / "model"), signatures={"serving_default": module.serve})
+    texts = ["Hello, “world”…", "", "Ligature ﬁ &amp; naïve 😀\nnew line"]
+    script = textwrap.dedent("""
+        import json, sys
+        import tensorflow as tf
+        model = tf.saved_model.load(sys.argv[1])
+        texts = tf.constant(json.loads(sys.argv[2]))
+        ragged = model.tokenizer(texts).to_list()
+        served = model.signatures["serving_default"](texts=texts)
+        dense = [row[:n] for row, n in zip(served["ids"].numpy().tolist(), served["lengths"].numpy())]
+        ours = sorted(m for m in sys.modules if m.split(".")[0] in ("gpt_tf", "tensorflow_text", "keras_hub"))
+        print(json.dumps({"ragged": ragged, "dense": dense, "modules": ours}))
+    """)
+    env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="3", PYTHONPATH="")
+    result = subprocess.run([sys.executable, "-c", script, str(tmp_path / "model"), json.dumps(texts)],
+                            capture_output=True, text=True, env=env, cwd=str(tmp_path), timeout=120, check=False)
+    assert result.returncode == 0, result.stderr[-3000:]
+    got = json.loads(result.stdout.strip().split("\n")[-1])
+    expected = [gpt1.encode(t) for t in texts]
+    assert got["ragged"] == expected and got["dense"] == expected and got["modules"] == []
+
+
+def test_load_errors_name_the_path(gpt1, tmp_path):
+    """Missing files, zero or two candidate files, bad merges line: clear errors."""
+    missing = tmp_path / "nope.json"
+    with pytest.raises(FileNotFoundError, match=re.escape(str(missing))):
+        GPTTokenizer.from_files(missing, gpt1.merges_path)
+    with pytest.raises(FileNotFoundError, match="nothing_here"):
+        GPTTokenizer.from_dir(tmp_path / "nothing_here")
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    with pytest.raises(FileNotFoundError, match=f"{re.escape(str(empty))}.*one .json.*none"):
+        GPTTokenizer.from_dir(empty)
+    two = tmp_path / "two"
+    two.mkdir()
+    for name in ("a.json", "b.json"):
+        (two / name).write_text("{}")
+    (two / "vocab.bpe").write_text("#version: 0.2\n")
+    with pytest.raises(FileNotFoundError, match=f"{re.escape(str(two))}.*a.json, b.json"):
+        GPTTokenizer.from_dir(two)
+    bad = tmp_path / "bad.bpe"
+    bad.write_text("#version: 0.2\nt h\nthis is wrong\n", encoding="utf-8")
+    with pytest.raises(ValueError, match=f"{re.escape(str(bad))}:3"):
+        GPTTokenizer.from_files(gpt1.encoder_path, bad)
+    no_unk = tmp_path / "no_unk.json"
+    no_unk.write_text(json.dumps({"a": 0, "b": 1}), encoding="utf-8")
+    with pytest.raises(ValueError, match="no '<unk>'"):
+        GPTTokenizer.from_files(no_unk, bad)
+
+
+def test_random_unicode_graph_matches_offline(gpt1, gpt1_tf):
+    """Random mixes of ASCII, Latin-1, punctuation, symbols, spaces and marks agree."""
+    rng = random.Random(0)
+    alphabet = ("abcXYZ019 .,;:'\"!?-()&#<>\n\t\r" + "éèüßñçÉÀ" + "“”‘’—–…´«»" + "ﬁﬂＡｂ１　"
+                + "\u0301\u0308\u00a0\u2028\x85\x93\x1b" + "😀€°½²ΣσΟ")
+    texts = ["".join(rng.choice(alphabet) for _ in range(rng.randint(0, 40))) for _ in range(1500)]
+    texts += ["&amp;" + t for t in texts[:50]] + ["x&#" + str(rng.randint(0, 70000)) + ";y" for _ in range(50)]
+    offline = gpt1.encode_batch(texts)
+    graph = run_graph(gpt1_tf, texts)
+    bad = [(t, o, g) for t, o, g in zip(texts, offline, graph) if o != g and not mojibake_repaired(t)]
+    assert not bad, bad[:3]
+
+
+def test_graph_cleanup_per_character(gpt1_tf):
+    """Graph cleanup == Python cleanup for each character between letters: all of
+    U+0000-U+2FFF, every character the graph maps or lower-cases, and a sample beyond."""
+    codes = set(range(0x3000)) | set(range(0x3000, 0x30000, 7))
+    codes |= {ord(c) for c in text_clean.graph_char_map()}
+    codes |= {c for c in range(0x30000) if chr(c).lower() != chr(c)}
+    texts = [f"x{chr(c)}Y" for c in sorted(codes) if not 0xD800 <= c <= 0xDFFF]
+    graph = [t.decode("utf-8") for t in gpt1_tf.prepare(tf.constant(texts)).numpy()]
+    bad = [(t, g) for t, g in zip(texts, graph) if g != text_clean.prepare_text(t)]
+    assert not bad, bad[:5]
