@@ -1,0 +1,407 @@
+"""Fine-tuning datasets -> tokenized GZIP TFRecords, one file per split, plus manifest.json.
+
+    python -m pipelines.finetune_data --task=sst2 --data_dir=../shared/data/glue/SST-2 \
+        --tokenizer_dir=../shared/data/gpt1_bpe --output_dir=DIR [--splits=train,dev] \
+        [--max_examples=N] [--skip_malformed] [--holdout_fraction=F [--holdout_split=val]] \
+        [--text_a_column=.. --text_b_column=.. --label_column=.. --label_names=.. --delimiter=..
+         --input_type=single --head=classification   (task=csv only)] [--overwrite]
+
+Reading: `pipelines.task_readers.read_examples` (official formats; malformed rows raise naming
+file:line, or with --skip_malformed are skipped and listed in the manifest). Text is tokenized with
+`GPTTokenizer.encode_batch`; no special token and no truncation is applied here: the records hold
+every token, and `pipelines.transforms` builds the model inputs (and truncates) for a given n_ctx.
+
+Records (`tf.train.Example`, file `{split}.tfrecord.gz`, GZIP):
+    guid           bytes
+    tokens_a       int64 list   text_a (premise / sentence / MC context, e.g. the story or article)
+    tokens_b       int64 list   text_b (hypothesis / second sentence / RACE question); empty if none
+    choice_tokens  int64 list   all candidate answers concatenated (multiple choice), else empty
+    choice_lengths int64 list   token count of each candidate
+    label          float        class index or score; ABSENT for unlabelled (test) examples, which
+                                the reader sees as -1
+Splits: the task's standard splits found in --data_dir (or --splits). RACE also gets `dev` / `test`
+= middle + high together (RACE-all). --max_examples keeps the first N examples of each split read.
+
+Hold-out (`--holdout_fraction=F`): the split `--holdout_split` (default: `train`, else the first
+split read, e.g. Story Cloze's `val`) is divided by example id: an example goes to `dev` when
+sha256(guid) / 2**256 < F (at least one does), else to `train`. This makes the paper's "fine-tune on
+the Story Cloze val set" measurable without its test set; the manifest records the rule.
+
+Same inputs -> byte-identical files; output is built in a temp folder and renamed into place; an
+output with the same config hash makes a re-run a no-op (a different one needs --overwrite).
+"""
+
+from __future__ import annotations
+
+import collections
+import dataclasses
+import hashlib
+import json
+import logging
+import os
+import shlex
+import shutil
+import sys
+from pathlib import Path
+from typing import Optional, Sequence, Union
+
+import numpy as np
+from tqdm import tqdm
+
+from gpt_tf.tasks import TaskSpec, csv_task, get_task
+from pipelines.common import commit_dir, hash_unit, tokenizer_files
+from pipelines.pretrain_data import COMPRESSION, MANIFEST, load_manifest, sha256_file
+from pipelines.task_readers import CsvOptions, Example, available_splits, infer_csv_labels, \
+    read_examples, split_files
+
+FORMAT_VERSION = 1
+MISSING_LABEL = -1.0
+REFERENCE_N_CTX = 512  # the paper's context; the manifest counts views longer than this
+_ENCODE_CHUNK = 2048
+_log = logging.getLogger(__name__)
+
+
+def record_file(split: str) -> str:
+    """File name of a split's records."""
+    return f"{split}.tfrecord.gz"
+
+
+def _fingerprint(task: TaskSpec, data_dir, splits: Sequence[str]) -> list:
+    """[split, file name, size, sha256] of every input file."""
+    rows = []
+    for split in splits:
+        for path in split_files(task, data_dir, split):
+            rows.append([split, path.name, path.stat().st_size, sha256_file(path)])
+    return rows
+
+
+def _holdout(examples: list[Example], fraction: float, where: str) -> tuple[list, list]:
+    """(train, dev) by guid hash; at least one example on each side."""
+    if len(examples) < 2:
+        raise ValueError(f"--holdout_fraction needs at least 2 examples in {where}, found {len(examples)}")
+    guids = collections.Counter(e.guid for e in examples)
+    dup = next((g for g, n in guids.items() if n > 1), None)
+    if dup is not None:
+        raise ValueError(f"{where}: guid {dup!r} occurs {guids[dup]} times; a hold-out by guid needs unique ids")
+    chosen = {e.guid for e in examples if hash_unit(e.guid) < fraction}
+    chosen = chosen or {min(guids, key=hash_unit)}
+    if len(chosen) == len(examples):
+        chosen.discard(max(guids, key=hash_unit))
+    return [e for e in examples if e.guid not in chosen], [e for e in examples if e.guid in chosen]
+
+
+def _encode(tokenizer, texts: list[str], desc: str, show_progress: bool) -> list[list[int]]:
+    """encode_batch over the distinct texts, in chunks, with a progress bar (RACE repeats articles)."""
+    unique = list(dict.fromkeys(texts))
+    out = []
+    with tqdm(total=len(unique), desc=desc, unit="text", disable=not show_progress or not unique) as bar:
+        for i in range(0, len(unique), _ENCODE_CHUNK):
+            out.extend(tokenizer.encode_batch(unique[i: i + _ENCODE_CHUNK]))
+            bar.update(min(_ENCODE_CHUNK, len(unique) - i))
+    ids = dict(zip(unique, out))
+    return [ids[t] for t in texts]
+
+
+def tokenize_examples(tokenizer, examples: Sequence[Example], desc: str = "tokenize", show_progress: bool = False,
+                      skip_malformed: bool = False) -> tuple[list[dict], list[dict]]:
+    """Records {guid, tokens_a, tokens_b, choice_tokens, choice_lengths, label} and the examples
+    dropped because a text encodes to no token (e.g. only NUL / BOM characters): a ValueError
+    naming the guid, or with skip_malformed a skip entry {"file": None, "line": None, "reason"}."""
+    texts = [t for e in examples for t in (e.text_a, e.text_b, *(e.choices or ())) if t is not None]
+    ids = iter(_encode(tokenizer, texts, desc, show_progress))
+    records, skipped = [], []
+    for e in examples:
+        a, b = next(ids), (next(ids) if e.text_b is not None else [])
+        choices = [next(ids) for _ in (e.choices or ())]
+        empty = ["text_a"] * (not a) + ["text_b"] * (e.text_b is not None and not b)
+        empty += [f"choice {k + 1}" for k, c in enumerate(choices) if not c]
+        if empty:
+            reason = f"{desc}: example {e.guid!r}: {', '.join(empty)} encodes to no token"
+            if not skip_malformed:
+                raise ValueError(reason)
+            skipped.append({"file": None, "line": None, "reason": f"malformed: {reason}"})
+            continue
+        records.append({"guid": e.guid, "tokens_a": a, "tokens_b": b, "label": e.label,
+                        "choice_tokens": [t for c in choices for t in c],
+                        "choice_lengths": [len(c) for c in choices]})
+    return records, skipped
+
+
+def serialize(rec: dict) -> bytes:
+    """One tokenized example -> serialized tf.train.Example (label left out when None)."""
+    import tensorflow as tf
+
+    def ints(values):
+        return tf.train.Feature(int64_list=tf.train.Int64List(value=values))
+
+    feature = {"guid": tf.train.Feature(bytes_list=tf.train.BytesList(value=[rec["guid"].encode("utf-8")])),
+               "tokens_a": ints(rec["tokens_a"]), "tokens_b": ints(rec["tokens_b"]),
+               "choice_tokens": ints(rec["choice_tokens"]), "choice_lengths": ints(rec["choice_lengths"])}
+    if rec["label"] is not None:
+        feature["label"] = tf.train.Feature(float_list=tf.train.FloatList(value=[float(rec["label"])]))
+    return tf.train.Example(features=tf.train.Features(feature=feature)).SerializeToString()
+
+
+def write_records(records: Sequence[dict], path: Path, show_progress: bool = False) -> None:
+    """GZIP TFRecord file of the records, in order."""
+    import tensorflow as tf
+
+    with tf.io.TFRecordWriter(str(path), tf.io.TFRecordOptions(compression_type=COMPRESSION)) as writer:
+        for rec in tqdm(records, desc=f"write {path.name}", unit="rec", disable=not show_progress):
+            writer.write(serialize(rec))
+
+
+def view_lengths(task: TaskSpec, rec: dict) -> list[int]:
+    """Untruncated token count of each model view of a record (special tokens included)."""
+    a, b = len(rec["tokens_a"]), len(rec["tokens_b"])
+    if task.input_type == "multiple_choice":
+        return [a + b + c + 3 for c in rec["choice_lengths"]]
+    return [a + 2] if task.input_type == "single" else [a + b + 3]
+
+
+def split_stats(task: TaskSpec, records: Sequence[dict]) -> dict:
+    """Counts, label distribution and length statistics of one split."""
+    labels = [r["label"] for r in records if r["label"] is not None]
+    lengths = np.asarray([n for r in records for n in view_lengths(task, r)] or [0])
+    stats = {"examples": len(records), "labeled": len(labels),
+             "max_view_tokens": int(lengths.max()), "mean_view_tokens": round(float(lengths.mean()), 2),
+             f"views_over_{REFERENCE_N_CTX}": int((lengths > REFERENCE_N_CTX).sum())}
+    if task.head == "regression":
+        stats["label_range"] = [min(labels), max(labels)] if labels else None
+    else:
+        counts = collections.Counter(int(x) for x in labels)
+        stats["label_counts"] = {task.label_names[i]: counts[i] for i in range(len(task.label_names))}
+    return stats
+
+
+def _resolve_task(task: Union[str, TaskSpec], data_dir, splits, csv_options) -> TaskSpec:
+    """The task spec; for csv, with label names given or inferred over all split files."""
+    task = get_task(task) if isinstance(task, str) else task
+    if task.name != "csv" or task.head == "regression" or task.label_names:
+        return task
+    if csv_options is None:
+        raise ValueError("the csv task needs csv_options (CsvOptions naming the columns)")
+    names = csv_options.label_names or infer_csv_labels(
+        [p for s in splits for p in split_files(task, data_dir, s)], csv_options)
+    if len(names) < 2:
+        raise ValueError(f"{data_dir}: found {len(names)} distinct label(s) {list(names)}; "
+                         "a classification task needs at least 2 (or pass label names)")
+    return dataclasses.replace(task, label_names=tuple(names))
+
+
+def read_splits(task, data_dir, splits, skip_malformed, max_examples, csv_options) -> tuple[dict, list]:
+    """{split: examples} (first max_examples of each) and all skipped rows (with their split)."""
+    examples, skipped = {}, []
+    for split in splits:
+        items, skips = read_examples(task, data_dir, split, skip_malformed, csv_options)
+        examples[split] = items[:max_examples] if max_examples else items
+        skipped += [dict(s, split=split) for s in skips]
+        if not items:
+            raise ValueError(f"{task.name}: split {split!r} of {data_dir} has no usable example "
+                             f"({len(skips)} skipped)")
+    return examples, skipped
+
+
+def _plan_outputs(task, examples: dict, holdout_fraction: float, holdout_split: Optional[str]):
+    """Output splits {name: examples} (+ hold-out and RACE-all), and the hold-out manifest entry."""
+    out, holdout = dict(examples), None
+    if holdout_fraction:
+        if not 0.0 < holdout_fraction < 1.0:
+            raise ValueError(f"--holdout_fraction must be in (0, 1), got {holdout_fraction}")
+        source = holdout_split or ("train" if "train" in out else next(iter(out)))
+        if source not in out:
+            raise ValueError(f"--holdout_split {source!r} is not among the splits read {sorted(out)}")
+        clash = sorted({"train", "dev"} & (set(out) - {source}))
+        if clash:
+            raise ValueError(f"holding out from {source!r} writes 'train' and 'dev', but split(s) {clash} "
+                             "are also read; pick other --splits")
+        train, dev = _holdout(out.pop(source), holdout_fraction, f"split {source!r}")
+        out["train"], out["dev"] = train, dev
+        holdout = {"source_split": source, "fraction": holdout_fraction, "train": len(train), "dev": len(dev),
+                   "rule": "an example is in dev iff int(sha256(guid).hexdigest()[:15], 16) / 16**15 < fraction"}
+    if task.name == "race":
+        for base in ("train", "dev", "test"):
+            parts = [f"{base}_{lv}" for lv in ("middle", "high")]
+            if base not in out and all(p in out for p in parts):
+                out[base] = out[parts[0]] + out[parts[1]]
+    return out, holdout
+
+
+def _config_hash(task: TaskSpec, data_dir, tokenizer_dir, splits, options: dict) -> str:
+    key = {"format": FORMAT_VERSION, "task": task.to_dict(), "options": options,
+           "input": _fingerprint(task, data_dir, splits),
+           "tokenizer": [[p.name, sha256_file(p)] for p in tokenizer_files(tokenizer_dir)]}
+    return hashlib.sha256(json.dumps(key, sort_keys=True).encode()).hexdigest()
+
+
+def _existing(out: Path, chash: str, overwrite: bool) -> Optional[dict]:
+    """The manifest of an up-to-date output, None when (re)building; raises on a foreign output."""
+    if out.exists() and not out.is_dir():
+        raise ValueError(f"--output_dir {out} exists and is not a folder")
+    if not out.exists() or not any(out.iterdir()):
+        return None
+    manifest = load_manifest(out)
+    if manifest and manifest.get("config_hash") == chash and all(
+            (out / s["file"]).is_file() and (out / s["file"]).stat().st_size == s["bytes"]
+            for s in manifest["splits"].values()):
+        return manifest
+    if not overwrite:
+        found = manifest.get("config_hash", "?")[:12] if manifest else "no manifest"
+        raise ValueError(f"--output_dir {out} already holds different data ({found} vs {chash[:12]}); "
+                         "pass --overwrite to replace it")
+    return None
+
+
+def build_task_data(task: Union[str, TaskSpec], data_dir, tokenizer_dir, output_dir, *,
+                    splits: Optional[Sequence[str]] = None, max_examples: Optional[int] = None,
+                    skip_malformed: bool = False, holdout_fraction: float = 0.0,
+                    holdout_split: Optional[str] = None, csv_options: Optional[CsvOptions] = None,
+                    overwrite: bool = False, show_progress: bool = True,
+                    command: Optional[str] = None) -> dict:
+    """Read, tokenize and write the splits of a task (see the module doc); returns the manifest."""
+    from gpt_tf.tokenizer import GPTTokenizer
+
+    base_task = get_task(task) if isinstance(task, str) else task
+    splits = list(splits or available_splits(base_task, data_dir))
+    if not splits:
+        raise FileNotFoundError(f"{data_dir}: no split of task {base_task.name!r} found")
+    if max_examples is not None and max_examples < 1:
+        raise ValueError(f"--max_examples must be positive, got {max_examples}")
+    task = _resolve_task(base_task, data_dir, splits, csv_options)
+    options = {"splits": splits, "max_examples": max_examples, "skip_malformed": skip_malformed,
+               "holdout_fraction": holdout_fraction, "holdout_split": holdout_split,
+               "csv_options": dataclasses.asdict(csv_options) if csv_options else None}
+    examples, skipped = read_splits(task, data_dir, splits, skip_malformed, max_examples, csv_options)
+    outputs, holdout = _plan_outputs(task, examples, holdout_fraction, holdout_split)  # input errors first
+    chash = _config_hash(task, data_dir, tokenizer_dir, splits, options)
+    out = Path(output_dir)
+    existing = _existing(out, chash, overwrite)
+    if existing is not None:
+        _log.warning("%s already holds this build (config hash %s); nothing to do", out, chash[:12])
+        return existing
+    tokenizer = GPTTokenizer.from_dir(tokenizer_dir)
+    records = _tokenize_outputs(tokenizer, examples, outputs, holdout, skipped, str(data_dir), skip_malformed,
+                                show_progress)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    tmp = out.parent / f".{out.name}.tmp-{os.getpid()}"
+    shutil.rmtree(tmp, ignore_errors=True)
+    tmp.mkdir()
+    try:
+        split_rows = {name: _write_split(task, name, recs, tmp, show_progress) for name, recs in records.items()}
+        manifest = _manifest(task, chash, command, options, tokenizer, tokenizer_dir, data_dir,
+                             split_rows, skipped, holdout)
+        with open(tmp / MANIFEST, "w", encoding="utf-8") as f:
+            json.dump(manifest, f, indent=1, ensure_ascii=False)
+            f.write("\n")
+        commit_dir(tmp, out)
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+    return manifest
+
+
+def _tokenize_outputs(tokenizer, examples: dict, outputs: dict, holdout: Optional[dict], skipped: list,
+                      data_dir: str, skip_malformed: bool, show_progress: bool) -> dict:
+    """{output split: records}: each split read is tokenized once, then shared by the hold-out
+    halves and the RACE-all union. Examples dropped for empty tokens are appended to `skipped`."""
+    tokenized = {}
+    for name, items in examples.items():
+        tokenized[name], bad = tokenize_examples(tokenizer, items, f"tokenize {name}", show_progress, skip_malformed)
+        skipped += [dict(s, file=data_dir, split=name) for s in bad]
+    if holdout:
+        ids = {r["guid"]: r for r in tokenized[holdout["source_split"]]}
+        tokenized.update({s: [ids[e.guid] for e in outputs[s] if e.guid in ids] for s in ("train", "dev")})
+        holdout.update(train=len(tokenized["train"]), dev=len(tokenized["dev"]))
+    return {name: tokenized[name] if name in tokenized else
+            [r for part in (f"{name}_middle", f"{name}_high") for r in tokenized[part]] for name in outputs}
+
+
+def _write_split(task: TaskSpec, name: str, records: list, folder: Path, show_progress: bool) -> dict:
+    """Write one split's records into `folder`; returns its manifest entry."""
+    path = folder / record_file(name)
+    write_records(records, path, show_progress)
+    return {"file": path.name, **split_stats(task, records), "bytes": path.stat().st_size,
+            "sha256": sha256_file(path)}
+
+
+def _manifest(task, chash, command, options, tokenizer, tokenizer_dir, data_dir, splits, skipped, holdout):
+    """The manifest.json content."""
+    files = [Path(tokenizer.encoder_path), Path(tokenizer.merges_path)]
+    return {
+        "format_version": FORMAT_VERSION, "config_hash": chash, "command": command,
+        "task": task.name, "task_spec": task.to_dict(), "data_dir": str(data_dir), "options": options,
+        "record": {"compression": COMPRESSION, "missing_label": MISSING_LABEL,
+                   "features": {"guid": "bytes", "tokens_a": "int64 list", "tokens_b": "int64 list",
+                                "choice_tokens": "int64 list", "choice_lengths": "int64 list",
+                                "label": "float (absent when unlabelled)"}},
+        "tokenizer": {"dir": str(tokenizer_dir), "vocab_size": tokenizer.vocab_size,
+                      "files": [{"name": p.name, "path": str(p), "sha256": sha256_file(p)} for p in files]},
+        "counts": {name: s["examples"] for name, s in splits.items()},
+        "holdout": holdout,
+        "splits": splits,
+        "skipped_count": len(skipped),
+        "skipped_by_reason": dict(collections.Counter(s["reason"].split(":")[0] for s in skipped)),
+        "skipped": skipped,
+    }
+
+
+def _define_flags(flags) -> None:
+    """The CLI flags (defined only when this module runs as the program)."""
+    flags.DEFINE_string("task", None, "Task name (gpt_tf.tasks.TASKS), e.g. sst2, rte, story_cloze, csv.",
+                        required=True)
+    flags.DEFINE_string("data_dir", None, "The dataset's folder in its official layout (or one file).",
+                        required=True)
+    flags.DEFINE_string("tokenizer_dir", None, "Folder of the BPE (encoder json + merges).", required=True)
+    flags.DEFINE_string("output_dir", None, "Folder to write {split}.tfrecord.gz + manifest.json.",
+                        required=True)
+    flags.DEFINE_list("splits", None, "Splits to read (default: the task's standard splits found).")
+    flags.DEFINE_integer("max_examples", None, "Keep the first N examples of each split read.")
+    flags.DEFINE_boolean("skip_malformed", False, "Skip (and list in the manifest) malformed rows "
+                         "instead of failing on the first.")
+    flags.DEFINE_float("holdout_fraction", 0.0, "Split --holdout_split into train/dev by guid hash.")
+    flags.DEFINE_string("holdout_split", None, "Split to divide (default: train, else the first split read).")
+    flags.DEFINE_string("text_a_column", None, "csv: column of the first text.")
+    flags.DEFINE_string("text_b_column", None, "csv: column of the second text (pair tasks).")
+    flags.DEFINE_string("label_column", "label", "csv: label column.")
+    flags.DEFINE_list("label_names", [], "csv: label values in class-index order (default: sorted).")
+    flags.DEFINE_string("delimiter", None, "csv: field delimiter (default: tab for .tsv, else comma).")
+    flags.DEFINE_enum("input_type", "single", ["single", "pair", "pair_symmetric"], "csv: input type.")
+    flags.DEFINE_enum("head", "classification", ["classification", "regression"], "csv: head.")
+    flags.DEFINE_boolean("overwrite", False, "Replace a different existing output.")
+    flags.DEFINE_boolean("progress", True, "Show progress bars.")
+
+
+def main(argv) -> None:
+    """CLI entry point: flags -> build_task_data."""
+    from absl import flags
+
+    if len(argv) > 1:
+        raise SystemExit(f"error: unexpected arguments {argv[1:]}")
+    f = flags.FLAGS
+    task, csv_options = f.task, None
+    if f.task == "csv":
+        if not f.text_a_column:
+            raise SystemExit("error: --task=csv needs --text_a_column")
+        task = csv_task(f.input_type, f.head)
+        delimiter = {"tab": "\t", "\\t": "\t"}.get(f.delimiter, f.delimiter)
+        csv_options = CsvOptions(f.text_a_column, f.text_b_column, f.label_column or None, delimiter,
+                                 tuple(f.label_names))
+    try:
+        manifest = build_task_data(
+            task, f.data_dir, f.tokenizer_dir, f.output_dir, splits=f.splits, max_examples=f.max_examples,
+            skip_malformed=f.skip_malformed, holdout_fraction=f.holdout_fraction,
+            holdout_split=f.holdout_split, csv_options=csv_options, overwrite=f.overwrite,
+            show_progress=f.progress,
+            command=shlex.join([sys.executable, "-m", "pipelines.finetune_data", *sys.argv[1:]]))
+    except (ValueError, FileNotFoundError) as err:
+        print(f"error: {err}", file=sys.stderr)
+        sys.exit(2)
+    counts = ", ".join(f"{s}={n}" for s, n in manifest["counts"].items())
+    print(f"{f.output_dir}: {manifest['task']} {counts} ({manifest['skipped_count']} rows skipped)")
+
+
+if __name__ == "__main__":
+    from absl import app, flags as absl_flags
+
+    _define_flags(absl_flags)
+    logging.basicConfig(level=logging.INFO, format="%(message)s")
+    app.run(main)
