@@ -1,8 +1,14 @@
-r"""Command line: pre-train, evaluate or sample a GPT language model.
+r"""Command line: pre-train, evaluate or sample a GPT language model; fine-tune it on a task.
 
     python -m gpt_tf.train --flagfile=configs/gpt1_pretrain.flags
     python -m gpt_tf.train --flagfile=configs/shakespeare_tiny.flags --mode=eval
     python -m gpt_tf.train --flagfile=configs/shakespeare_tiny.flags --mode=generate --prompt="to be"
+    python -m gpt_tf.train --flagfile=configs/finetune_rte.flags --init_checkpoint=runs/books_tiny
+    python -m gpt_tf.train --flagfile=configs/finetune_rte.flags --mode=eval      # metrics JSON
+    python -m gpt_tf.train --flagfile=configs/finetune_rte.flags --mode=predict   # GLUE submission TSV
+
+With ``--task`` the run fine-tunes (§3.2) and the paper's fine-tuning recipe is the default for
+any flag the command line leaves unset (lr 6.25e-5, batch 32, 3 epochs, 0.2% warm-up, λ 0.5).
 
 Flags are read here only; everything below takes dataclasses. Re-running the same command
 resumes from the run directory's latest checkpoint.
@@ -18,7 +24,16 @@ from absl import app, flags, logging
 
 FLAGS = flags.FLAGS
 
-flags.DEFINE_enum("mode", "train", ["train", "eval", "generate"], "What to do.")
+flags.DEFINE_enum("mode", "train", ["train", "eval", "generate", "predict"], "What to do.")
+flags.DEFINE_string("task", "", "Fine-tune on this task (gpt_tf.tasks); --data_dir then holds its TFRecords.")
+flags.DEFINE_string("init_checkpoint", "", "Fine-tuning: pre-training run dir, ckpt prefix or GPT-1 release dir; "
+                    "empty = no pre-training.")
+flags.DEFINE_integer("transfer_layers", -1, "Fine-tuning: blocks transferred from --init_checkpoint (-1: all).")
+flags.DEFINE_integer("epochs", 3, "Fine-tuning epochs (the paper: 3).")
+flags.DEFINE_float("lm_coef", 0.5, "Fine-tuning: λ of the auxiliary LM loss (the paper: 0.5; 0 disables).")
+flags.DEFINE_float("clf_pdrop", 0.1, "Fine-tuning: classifier dropout (the paper: 0.1).")
+flags.DEFINE_float("warmup_fraction", 0.002, "Fine-tuning: warm-up as a fraction of all updates (the paper: 0.2%).")
+flags.DEFINE_string("predict_split", "", "--mode=predict: split to predict (default: the task's first eval split).")
 flags.DEFINE_string("model", "tiny", "Model preset: gpt1, small, tiny or test.")
 flags.DEFINE_integer("n_ctx", 0, "Override the preset's context length (0: keep).")
 flags.DEFINE_float("dropout", -1.0, "Override embedding/attention/residual dropout (-1: keep 0.1).")
@@ -55,9 +70,21 @@ flags.DEFINE_integer("top_k", 40, "--mode=generate: sample among the k likeliest
 flags.DEFINE_bool("progress", True, "Show a progress bar.")
 
 
+FINETUNE_DEFAULTS = {"learning_rate": 6.25e-5, "batch_size": 32, "lr_decay": "linear"}
+
+
+def _apply_finetune_defaults() -> None:
+    """The paper's fine-tuning recipe for each flag the user left unset (flagfiles count as set)."""
+    for name, value in FINETUNE_DEFAULTS.items():
+        if not FLAGS[name].present:
+            FLAGS[name].value = value
+
+
 def _check_flags() -> list[str]:
     """Contradictions and missing values, found before any work starts."""
     problems = []
+    if FLAGS.task:
+        return _check_finetune_flags()
     for name in ("data_dir", "run_dir"):
         if not getattr(FLAGS, name):
             problems.append(f"--{name} is required")
@@ -82,9 +109,31 @@ def _check_flags() -> list[str]:
     return problems
 
 
+def _check_finetune_flags() -> list[str]:
+    problems = []
+    for name in ("data_dir", "run_dir"):
+        if not getattr(FLAGS, name):
+            problems.append(f"--{name} is required")
+    if FLAGS.data_dir and not os.path.isfile(os.path.join(FLAGS.data_dir, "manifest.json")):
+        problems.append(f"--data_dir={FLAGS.data_dir} has no manifest.json; build it with `python -m pipelines.finetune_data`")
+    if FLAGS.mode == "generate":
+        problems.append("--mode=generate is for language models, not with --task")
+    if FLAGS.init_checkpoint and not (os.path.exists(FLAGS.init_checkpoint) or os.path.exists(FLAGS.init_checkpoint + ".index")):
+        problems.append(f"--init_checkpoint={FLAGS.init_checkpoint} does not exist")
+    if FLAGS.transfer_layers >= 0 and not FLAGS.init_checkpoint:
+        problems.append("--transfer_layers needs --init_checkpoint (without it nothing is transferred)")
+    if FLAGS.lm_coef < 0 or FLAGS.epochs <= 0 or FLAGS.batch_size <= 0:
+        problems.append("--lm_coef must be >= 0, --epochs and --batch_size positive")
+    if FLAGS.mode in ("eval", "predict") and FLAGS.run_dir and not os.path.isdir(os.path.join(FLAGS.run_dir, "checkpoints")):
+        problems.append(f"--mode={FLAGS.mode} needs a fine-tuned run: no checkpoints in --run_dir={FLAGS.run_dir}")
+    return problems
+
+
 def main(argv):
     if len(argv) > 1:
         raise app.UsageError(f"unexpected arguments: {' '.join(argv[1:])}")
+    if FLAGS.task:
+        _apply_finetune_defaults()
     problems = _check_flags()
     if problems:
         sys.exit("gpt_tf.train: invalid flags:\n  " + "\n  ".join(problems))
@@ -101,6 +150,11 @@ def main(argv):
     from gpt_tf.tokenizer import GPTTokenizer
     from gpt_tf.trainer import Pretrainer, TrainConfig
 
+    if FLAGS.deterministic:
+        tf.config.experimental.enable_op_determinism()
+    split_cpu(FLAGS.num_cpu_devices)
+    if FLAGS.task:
+        return _finetune_main(keras, tf)
     with open(os.path.join(FLAGS.data_dir, "manifest.json")) as f:
         manifest = json.load(f)
     tokenizer_dir = FLAGS.tokenizer_dir or manifest["tokenizer"]["dir"]
@@ -112,9 +166,6 @@ def main(argv):
     if model_config.n_ctx != int(manifest["n_ctx"]):
         sys.exit(f"gpt_tf.train: --n_ctx={model_config.n_ctx} but {FLAGS.data_dir} holds {manifest['n_ctx']}-token sequences")
 
-    if FLAGS.deterministic:
-        tf.config.experimental.enable_op_determinism()
-    split_cpu(FLAGS.num_cpu_devices)
     strategy = make_strategy(FLAGS.strategy, FLAGS.num_cpu_devices, FLAGS.tpu, FLAGS.tpu_zone, FLAGS.gcp_project)
     if FLAGS.precision != "float32":
         keras.mixed_precision.set_dtype_policy(FLAGS.precision)
@@ -147,6 +198,63 @@ def main(argv):
         sampler = Sampler(trainer.model, model_config.vocab_size, model_config.n_ctx)
         ids = sampler.sample(tokenizer.encode(FLAGS.prompt), FLAGS.sample_length, FLAGS.temperature, FLAGS.top_k, FLAGS.seed)
         print(FLAGS.prompt + " " + tokenizer.decode(ids), flush=True)
+
+
+def _finetune_model_config(get_preset, GPTConfig, tokenizer_vocab):
+    """The backbone's config: the pre-trained run's, GPT-1's for release shards, else --model's."""
+    from gpt_tf.finetune_io import pretrained_model_config
+
+    if FLAGS.mode in ("eval", "predict") or os.path.isfile(os.path.join(FLAGS.run_dir, "model_config.json")):
+        config = pretrained_model_config(FLAGS.run_dir)
+    elif FLAGS.init_checkpoint:
+        config = pretrained_model_config(FLAGS.init_checkpoint)
+    else:
+        config = get_preset(FLAGS.model, vocab_size=tokenizer_vocab, **({"n_ctx": FLAGS.n_ctx} if FLAGS.n_ctx else {}))
+    if FLAGS.dropout >= 0:
+        config = config.replace(embd_pdrop=FLAGS.dropout, attn_pdrop=FLAGS.dropout, resid_pdrop=FLAGS.dropout)
+    if config.vocab_size != tokenizer_vocab:
+        sys.exit(f"gpt_tf.train: the model has {config.vocab_size} BPE tokens but {FLAGS.data_dir} was tokenized "
+                 f"with {tokenizer_vocab}: rebuild it with the pre-trained model's tokenizer")
+    return config
+
+
+def _finetune_main(keras, tf):
+    from gpt_tf.config import GPTConfig, get_preset
+    from gpt_tf.finetune_io import save_run_configs, write_submission
+    from gpt_tf.finetuner import FinetuneConfig, Finetuner
+    from gpt_tf.strategy import make_strategy
+    from pipelines.transforms import load_task_spec
+
+    with open(os.path.join(FLAGS.data_dir, "manifest.json")) as f:
+        manifest = json.load(f)
+    task = load_task_spec(FLAGS.data_dir)
+    if task.name != FLAGS.task:
+        sys.exit(f"gpt_tf.train: --task={FLAGS.task} but {FLAGS.data_dir} holds task {task.name!r}")
+    model_config = _finetune_model_config(get_preset, GPTConfig, int(manifest["tokenizer"]["vocab_size"]))
+    strategy = make_strategy(FLAGS.strategy, FLAGS.num_cpu_devices, FLAGS.tpu, FLAGS.tpu_zone, FLAGS.gcp_project)
+    if FLAGS.precision != "float32":
+        keras.mixed_precision.set_dtype_policy(FLAGS.precision)
+    config = FinetuneConfig(
+        data_dir=FLAGS.data_dir, run_dir=FLAGS.run_dir, init_checkpoint=FLAGS.init_checkpoint,
+        transfer_layers=FLAGS.transfer_layers, batch_size=FLAGS.batch_size, epochs=FLAGS.epochs,
+        learning_rate=FLAGS.learning_rate, warmup_fraction=FLAGS.warmup_fraction, lm_coef=FLAGS.lm_coef,
+        clf_pdrop=FLAGS.clf_pdrop, weight_decay=FLAGS.weight_decay, clip_norm=FLAGS.clip_norm,
+        precision=FLAGS.precision, seed=FLAGS.seed, log_every=FLAGS.log_every,
+    )
+    tuner = Finetuner(task, model_config, config, strategy, log=logging.info)
+    if FLAGS.mode == "train":
+        save_run_configs(FLAGS.run_dir, model_config, config)
+        results = tuner.train(progress=FLAGS.progress)
+    else:
+        step = tuner.restore()
+        if FLAGS.mode == "predict":
+            split = FLAGS.predict_split or task.eval_splits[0]
+            print(write_submission(tuner, split, FLAGS.run_dir), flush=True)
+            return
+        results = {"step": step, **tuner.evaluate_all()}
+    with open(os.path.join(FLAGS.run_dir, "metrics.json"), "w") as f:
+        json.dump({"task": task.name, **results}, f, indent=2)
+    print(json.dumps(results), flush=True)
 
 
 def run():

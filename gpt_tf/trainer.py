@@ -19,6 +19,7 @@ import dataclasses
 import json
 import math
 import os
+import re
 import time
 
 import keras
@@ -60,9 +61,40 @@ class TrainConfig:
     sample_length: int = 64
 
 
-def _variables_by_key(variables):
-    """A checkpointable dict of the raw tf.Variables behind Keras variables, keyed by index and path."""
-    return {f"{i:04d}.{v.path.replace('/', '.')}": v.value for i, v in enumerate(variables)}
+def variables_by_key(variables):
+    """A checkpointable dict of the raw tf.Variables behind Keras variables, keyed by index and path.
+
+    Keras numbers dropout seed generators process-wide (``seed_generator_7``); the number is
+    dropped so that the same model built in another process maps to the same keys.
+    """
+    key = lambda i, v: f"{i:04d}." + re.sub(r"seed_generator_\d+", "seed_generator", v.path).replace("/", ".")
+    return {key(i, v): v.value for i, v in enumerate(variables)}
+
+
+def all_reduce_and_apply(grads, variables, optimizer):
+    """In a replica: sums gradients over replicas (once), then clips and applies them; returns the norm."""
+    grads = tf.distribute.get_replica_context().all_reduce(tf.distribute.ReduceOp.SUM, grads)
+    grad_norm = tf.linalg.global_norm(grads)
+    optimizer.apply(grads, variables)
+    return grad_norm
+
+
+def restore_pretrained_lm(lm: GPTLanguageModel, path: str) -> str:
+    """Loads pre-trained weights into ``lm``; returns what was read.
+
+    ``path``: a pre-training run dir (its latest checkpoint), a checkpoint prefix, or a directory of
+    the GPT-1 release shards (``params_0.npy`` … with ``params_shapes.json``).
+    """
+    if os.path.isfile(os.path.join(path, "params_0.npy")):
+        from gpt_tf.weights import load_gpt1_release
+
+        load_gpt1_release(lm, path)
+        return path
+    prefix = tf.train.latest_checkpoint(os.path.join(path, "checkpoints")) if os.path.isdir(path) else path
+    if not prefix or not tf.io.gfile.exists(prefix + ".index"):
+        raise FileNotFoundError(f"no pre-trained checkpoint at {path} (want a run dir, a ckpt prefix or GPT-1 shards)")
+    tf.train.Checkpoint(model=variables_by_key(lm.variables)).restore(prefix).expect_partial().assert_existing_objects_matched()
+    return prefix
 
 
 class Pretrainer:
@@ -93,8 +125,8 @@ class Pretrainer:
             )
             self.step = tf.Variable(0, dtype=tf.int64, trainable=False, name="global_step")
         self.checkpoint = tf.train.Checkpoint(
-            model=_variables_by_key(self.model.variables),
-            optimizer=_variables_by_key(self.optimizer.variables),
+            model=variables_by_key(self.model.variables),
+            optimizer=variables_by_key(self.optimizer.variables),
             step=self.step,
         )
         ckpt_dir = os.path.join(config.run_dir, "checkpoints")
@@ -146,11 +178,8 @@ class Pretrainer:
                 g, l = micro_grads(xs[i], ys[i])
                 grads = [a + b for a, b in zip(grads, g)]
                 loss_sum += l
-        ctx = tf.distribute.get_replica_context()
-        grads = ctx.all_reduce(tf.distribute.ReduceOp.SUM, grads)
-        loss_sum = ctx.all_reduce(tf.distribute.ReduceOp.SUM, loss_sum)
-        grad_norm = tf.linalg.global_norm(grads)
-        self.optimizer.apply(grads, variables)
+        loss_sum = tf.distribute.get_replica_context().all_reduce(tf.distribute.ReduceOp.SUM, loss_sum)
+        grad_norm = all_reduce_and_apply(grads, variables, self.optimizer)
         return loss_sum / global_tokens, grad_norm
 
     @tf.function

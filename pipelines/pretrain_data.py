@@ -46,6 +46,7 @@ from typing import Optional, Sequence
 import numpy as np
 from tqdm import tqdm
 
+from pipelines.common import commit_dir, hash_unit, tokenizer_files
 from pipelines.books import Book, Skipped, find_book_files, iter_books
 
 FORMAT_VERSION = 1
@@ -129,10 +130,6 @@ def _fingerprint_dir(root: str) -> list:
     return rows
 
 
-def _tokenizer_files(tokenizer_dir: str) -> list[Path]:
-    """The tokenizer's vocabulary/merges files in a folder (*.json and *.bpe), sorted."""
-    folder = Path(tokenizer_dir)
-    return sorted(p for p in folder.iterdir() if p.suffix in (".json", ".bpe")) if folder.is_dir() else []
 
 
 def config_hash(cfg: PretrainConfig) -> str:
@@ -140,7 +137,7 @@ def config_hash(cfg: PretrainConfig) -> str:
     valid = ({"dir": _fingerprint_dir(cfg.valid_dir)} if cfg.valid_dir is not None
              else {"fraction": _valid_fraction(cfg)})
     tokenizer = ({"train_vocab": cfg.train_tokenizer_vocab} if cfg.train_tokenizer_vocab is not None
-                 else {"files": [[p.name, sha256_file(p)] for p in _tokenizer_files(cfg.tokenizer_dir)]})
+                 else {"files": [[p.name, sha256_file(p)] for p in tokenizer_files(cfg.tokenizer_dir)]})
     key = {"format": FORMAT_VERSION, "n_ctx": cfg.n_ctx, "shard_size": cfg.shard_size,
            "separator": SEPARATOR_TOKEN, "input": _fingerprint_dir(cfg.input_dir), "valid": valid,
            "tokenizer": tokenizer}
@@ -151,9 +148,6 @@ def _valid_fraction(cfg: PretrainConfig) -> float:
     return DEFAULT_VALID_FRACTION if cfg.valid_fraction is None else cfg.valid_fraction
 
 
-def _hash_unit(book_id: str) -> float:
-    """Deterministic number in [0, 1) from a book id."""
-    return int(hashlib.sha256(book_id.encode("utf-8")).hexdigest()[:15], 16) / 16.0 ** 15
 
 
 def split_by_hash(books: Sequence[Book], fraction: float) -> tuple[list[Book], list[Book]]:
@@ -164,10 +158,10 @@ def split_by_hash(books: Sequence[Book], fraction: float) -> tuple[list[Book], l
     if len(books) < 2:
         raise PretrainDataError(f"--valid_fraction={fraction} needs at least 2 books, found "
                                 f"{len(books)}; pass --valid_fraction=0 or --valid_dir")
-    chosen = {b.book_id for b in books if _hash_unit(b.book_id) < fraction}
-    chosen = chosen or {min(books, key=lambda b: _hash_unit(b.book_id)).book_id}
+    chosen = {b.book_id for b in books if hash_unit(b.book_id) < fraction}
+    chosen = chosen or {min(books, key=lambda b: hash_unit(b.book_id)).book_id}
     if len(chosen) == len(books):
-        chosen.discard(max(books, key=lambda b: _hash_unit(b.book_id)).book_id)
+        chosen.discard(max(books, key=lambda b: hash_unit(b.book_id)).book_id)
     return [b for b in books if b.book_id not in chosen], [b for b in books if b.book_id in chosen]
 
 
@@ -234,7 +228,7 @@ def load_or_train_tokenizer(cfg: PretrainConfig, train_books: Sequence[Book]):
     if cfg.train_tokenizer_vocab is None:
         return GPTTokenizer.from_dir(cfg.tokenizer_dir), False
     folder = Path(cfg.tokenizer_dir)
-    if _tokenizer_files(cfg.tokenizer_dir) and not cfg.overwrite:
+    if tokenizer_files(cfg.tokenizer_dir) and not cfg.overwrite:
         raise PretrainDataError(f"--tokenizer_dir {folder} already holds a tokenizer; pass --overwrite "
                                 "to retrain it there, or drop --train_tokenizer_vocab to use it")
     folder.mkdir(parents=True, exist_ok=True)
@@ -347,13 +341,6 @@ def _split_manifest(source: str, rows, stream, shards, skipped, cfg) -> dict:
             "skipped": [{"id": s.book_id, "reason": s.reason} for s in skipped]}
 
 
-def _commit(tmp: Path, out: Path) -> None:
-    """Move the finished temp folder into place (replacing an old output) with renames."""
-    old = out.parent / f".{out.name}.old-{os.getpid()}"
-    if out.exists():
-        os.rename(out, old)
-    os.rename(tmp, out)
-    shutil.rmtree(old, ignore_errors=True)
 
 
 def build_pretraining_data(cfg: PretrainConfig) -> dict:
@@ -394,7 +381,7 @@ def build_pretraining_data(cfg: PretrainConfig) -> dict:
         with open(tmp / MANIFEST, "w", encoding="utf-8") as f:
             json.dump(manifest, f, indent=1, ensure_ascii=False)
             f.write("\n")
-        _commit(tmp, out)
+        commit_dir(tmp, out)
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
     return manifest

@@ -1,0 +1,57 @@
+"""Files around a fine-tuning run: which model config a checkpoint implies, run configs, submissions."""
+
+from __future__ import annotations
+
+import csv
+import dataclasses
+import json
+import os
+
+from gpt_tf.config import GPTConfig, get_preset
+from gpt_tf.task_model import task_predictions
+
+# GLUE's submission files: name per task (and eval split) and whether labels are written as ids.
+GLUE_SUBMISSIONS = {
+    "cola": ("CoLA", True), "sst2": ("SST-2", True), "mrpc": ("MRPC", True), "qqp": ("QQP", True),
+    "stsb": ("STS-B", False), "mnli": ("MNLI", False), "qnli": ("QNLI", False), "rte": ("RTE", False),
+}
+
+
+def pretrained_model_config(path: str) -> GPTConfig:
+    """The GPTConfig of a pre-training (or fine-tuning) run dir, a checkpoint prefix or GPT-1 release shards."""
+    if os.path.isfile(os.path.join(path, "params_0.npy")):
+        return get_preset("gpt1")
+    run_dir = path if os.path.isdir(path) else os.path.dirname(os.path.dirname(path))  # run/checkpoints/ckpt-N
+    config_path = os.path.join(run_dir, "model_config.json")
+    if not os.path.isfile(config_path):
+        raise FileNotFoundError(f"{config_path} not found: {path} is not a gpt_tf run (nor GPT-1 release shards)")
+    with open(config_path) as f:
+        return GPTConfig(**json.load(f))
+
+
+def save_run_configs(run_dir: str, model_config: GPTConfig, config) -> None:
+    """``model_config.json`` and ``finetune_config.json``, so eval/predict rebuild the same model."""
+    os.makedirs(run_dir, exist_ok=True)
+    for name, obj in (("model_config.json", model_config), ("finetune_config.json", config)):
+        with open(os.path.join(run_dir, name), "w") as f:
+            json.dump(dataclasses.asdict(obj), f, indent=2, sort_keys=True)
+
+
+def write_submission(tuner, split: str, run_dir: str) -> str:
+    """Predictions for ``split`` as ``index<TAB>prediction`` (GLUE's layout and file names for GLUE tasks)."""
+    task = tuner.task
+    outs, _ = tuner.predict(split)
+    preds = task_predictions(task, outs)
+    name, as_ids = GLUE_SUBMISSIONS.get(task.name, (task.name, False))
+    if task.name == "mnli":
+        name = "MNLI-mm" if "mismatched" in split else "MNLI-m"
+    path = os.path.join(run_dir, f"{name}.{split}.tsv")
+    with open(path, "w", newline="") as f:
+        writer = csv.writer(f, delimiter="\t", lineterminator="\n")
+        writer.writerow(["index", "prediction"])
+        for i, p in enumerate(preds):
+            if task.head == "regression":
+                writer.writerow([i, f"{float(p):.3f}"])
+            else:
+                writer.writerow([i, int(p) if as_ids else task.label_names[int(p)]])
+    return path
