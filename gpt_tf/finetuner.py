@@ -27,7 +27,7 @@ from gpt_tf.optim import WarmupDecay, make_optimizer
 from gpt_tf.strategy import is_chief
 from gpt_tf.task_model import GPTTaskModel, reset_special_embeddings, task_loss, task_predictions, transfer_layers
 from gpt_tf.tasks import TaskSpec
-from gpt_tf.trainer import all_reduce_and_apply, restore_pretrained_lm, variables_by_key
+from gpt_tf.trainer import all_reduce_and_apply, restore_latest, restore_pretrained_lm, variables_by_key
 from pipelines.transforms import num_examples, special_ids_from_config, task_dataset
 
 
@@ -158,11 +158,7 @@ class Finetuner:
         return {split: self.evaluate(split) for split in self.task.eval_splits}
 
     def restore(self) -> int:
-        latest = self.manager.latest_checkpoint
-        if latest:
-            self.checkpoint.restore(latest).assert_existing_objects_matched()
-            self.log(f"resumed from {latest} at step {int(self.step.numpy())}")
-        return int(self.step.numpy())
+        return restore_latest(self.manager, self.step, self.log)
 
     def train(self, progress=True) -> dict:
         """Runs ``epochs`` epochs; evaluates and checkpoints at each epoch's end; returns the last metrics."""

@@ -109,6 +109,16 @@ def _check_flags() -> list[str]:
     return problems
 
 
+def _strategy_and_precision(keras):
+    """The --strategy, and the global Keras dtype policy set to --precision."""
+    from gpt_tf.strategy import make_strategy
+
+    strategy = make_strategy(FLAGS.strategy, FLAGS.num_cpu_devices, FLAGS.tpu, FLAGS.tpu_zone, FLAGS.gcp_project)
+    if FLAGS.precision != "float32":
+        keras.mixed_precision.set_dtype_policy(FLAGS.precision)
+    return strategy
+
+
 def _check_finetune_flags() -> list[str]:
     problems = []
     for name in ("data_dir", "run_dir"):
@@ -146,7 +156,7 @@ def main(argv):
     from gpt_tf.config import get_preset
     from gpt_tf.generate import Sampler
     from gpt_tf.monitor import TrainCallbacks
-    from gpt_tf.strategy import make_strategy, split_cpu
+    from gpt_tf.strategy import split_cpu
     from gpt_tf.tokenizer import GPTTokenizer
     from gpt_tf.trainer import Pretrainer, TrainConfig
 
@@ -166,9 +176,7 @@ def main(argv):
     if model_config.n_ctx != int(manifest["n_ctx"]):
         sys.exit(f"gpt_tf.train: --n_ctx={model_config.n_ctx} but {FLAGS.data_dir} holds {manifest['n_ctx']}-token sequences")
 
-    strategy = make_strategy(FLAGS.strategy, FLAGS.num_cpu_devices, FLAGS.tpu, FLAGS.tpu_zone, FLAGS.gcp_project)
-    if FLAGS.precision != "float32":
-        keras.mixed_precision.set_dtype_policy(FLAGS.precision)
+    strategy = _strategy_and_precision(keras)
     config = TrainConfig(
         data_dir=FLAGS.data_dir, run_dir=FLAGS.run_dir, batch_size=FLAGS.batch_size,
         grad_accum_steps=FLAGS.grad_accum_steps, train_steps=FLAGS.train_steps, learning_rate=FLAGS.learning_rate,
@@ -200,8 +208,9 @@ def main(argv):
         print(FLAGS.prompt + " " + tokenizer.decode(ids), flush=True)
 
 
-def _finetune_model_config(get_preset, GPTConfig, tokenizer_vocab):
+def _finetune_model_config(tokenizer_vocab):
     """The backbone's config: the pre-trained run's, GPT-1's for release shards, else --model's."""
+    from gpt_tf.config import get_preset
     from gpt_tf.finetune_io import pretrained_model_config
 
     if FLAGS.mode in ("eval", "predict") or os.path.isfile(os.path.join(FLAGS.run_dir, "model_config.json")):
@@ -219,10 +228,8 @@ def _finetune_model_config(get_preset, GPTConfig, tokenizer_vocab):
 
 
 def _finetune_main(keras, tf):
-    from gpt_tf.config import GPTConfig, get_preset
     from gpt_tf.finetune_io import save_run_configs, write_submission
     from gpt_tf.finetuner import FinetuneConfig, Finetuner
-    from gpt_tf.strategy import make_strategy
     from pipelines.transforms import load_task_spec
 
     with open(os.path.join(FLAGS.data_dir, "manifest.json")) as f:
@@ -230,10 +237,8 @@ def _finetune_main(keras, tf):
     task = load_task_spec(FLAGS.data_dir)
     if task.name != FLAGS.task:
         sys.exit(f"gpt_tf.train: --task={FLAGS.task} but {FLAGS.data_dir} holds task {task.name!r}")
-    model_config = _finetune_model_config(get_preset, GPTConfig, int(manifest["tokenizer"]["vocab_size"]))
-    strategy = make_strategy(FLAGS.strategy, FLAGS.num_cpu_devices, FLAGS.tpu, FLAGS.tpu_zone, FLAGS.gcp_project)
-    if FLAGS.precision != "float32":
-        keras.mixed_precision.set_dtype_policy(FLAGS.precision)
+    model_config = _finetune_model_config(int(manifest["tokenizer"]["vocab_size"]))
+    strategy = _strategy_and_precision(keras)
     config = FinetuneConfig(
         data_dir=FLAGS.data_dir, run_dir=FLAGS.run_dir, init_checkpoint=FLAGS.init_checkpoint,
         transfer_layers=FLAGS.transfer_layers, batch_size=FLAGS.batch_size, epochs=FLAGS.epochs,

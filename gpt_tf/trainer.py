@@ -79,6 +79,15 @@ def all_reduce_and_apply(grads, variables, optimizer):
     return grad_norm
 
 
+def restore_latest(manager: tf.train.CheckpointManager, step: tf.Variable, log=print) -> int:
+    """Restores ``manager``'s latest checkpoint, if any, every object matched; returns the step."""
+    latest = manager.latest_checkpoint
+    if latest:
+        manager.checkpoint.restore(latest).assert_existing_objects_matched()
+        log(f"resumed from {latest} at step {int(step.numpy())}")
+    return int(step.numpy())
+
+
 def restore_pretrained_lm(lm: GPTLanguageModel, path: str) -> str:
     """Loads pre-trained weights into ``lm``; returns what was read.
 
@@ -202,11 +211,7 @@ class Pretrainer:
     # ------------------------------------------------------------------ public
     def restore(self) -> int:
         """Restores the latest checkpoint if any; returns the step reached."""
-        latest = self.manager.latest_checkpoint
-        if latest:
-            self.checkpoint.restore(latest).assert_existing_objects_matched()
-            self.log(f"resumed from {latest} at step {int(self.step.numpy())}")
-        return int(self.step.numpy())
+        return restore_latest(self.manager, self.step, self.log)
 
     def evaluate(self, max_batches: int = 0) -> dict:
         """Token-level perplexity on the held-out split (whole split unless ``max_batches``)."""
