@@ -139,9 +139,16 @@ def _check_finetune_flags() -> list[str]:
     return problems
 
 
+def _say(message: str) -> None:
+    """Run-level messages (resume, transfer) to stderr; TensorFlow's INFO chatter stays off."""
+    print(message, file=sys.stderr, flush=True)
+
+
 def main(argv):
     if len(argv) > 1:
         raise app.UsageError(f"unexpected arguments: {' '.join(argv[1:])}")
+    if not FLAGS["verbosity"].present:
+        logging.set_verbosity(logging.WARNING)
     if FLAGS.task:
         _apply_finetune_defaults()
     problems = _check_flags()
@@ -149,6 +156,7 @@ def main(argv):
         sys.exit("gpt_tf.train: invalid flags:\n  " + "\n  ".join(problems))
 
     # Imported late: flag errors must show in a second, not after TensorFlow's start-up.
+    os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")  # TF's C++ INFO/WARNING lines; errors still show
     import keras
     import tensorflow as tf
 
@@ -186,7 +194,7 @@ def main(argv):
         eval_batches=FLAGS.eval_batches, sample_every=FLAGS.sample_every, sample_prompt=FLAGS.sample_prompt,
         sample_length=FLAGS.sample_length,
     )
-    trainer = Pretrainer(model_config, config, strategy, log=logging.info)
+    trainer = Pretrainer(model_config, config, strategy, log=_say)
     print(f"model {FLAGS.model}: {model_config.n_params / 1e6:.2f}M parameters, {strategy.num_replicas_in_sync} replica(s), "
           f"{FLAGS.precision}, run dir {FLAGS.run_dir}", flush=True)
 
@@ -246,7 +254,7 @@ def _finetune_main(keras, tf):
         clf_pdrop=FLAGS.clf_pdrop, weight_decay=FLAGS.weight_decay, clip_norm=FLAGS.clip_norm,
         precision=FLAGS.precision, seed=FLAGS.seed, log_every=FLAGS.log_every,
     )
-    tuner = Finetuner(task, model_config, config, strategy, log=logging.info)
+    tuner = Finetuner(task, model_config, config, strategy, log=_say)
     if FLAGS.mode == "train":
         save_run_configs(FLAGS.run_dir, model_config, config)
         results = tuner.train(progress=FLAGS.progress)
