@@ -3,8 +3,11 @@
 from __future__ import annotations
 
 import hashlib
+import logging
 import os
+import shlex
 import shutil
+import sys
 from pathlib import Path
 
 
@@ -26,3 +29,17 @@ def tokenizer_files(tokenizer_dir: str) -> list[Path]:
     """The tokenizer's vocabulary/merges files in a folder (*.json and *.bpe), sorted."""
     folder = Path(tokenizer_dir)
     return sorted(p for p in folder.iterdir() if p.suffix in (".json", ".bpe")) if folder.is_dir() else []
+
+
+def command_line(module: str) -> str:
+    """The command that is running, as a shell line, for manifests."""
+    return shlex.join([sys.executable, "-m", module, *sys.argv[1:]])
+
+
+def run_cli(define_flags, main) -> None:
+    """Entry point of a pipeline CLI: define its absl flags, log plainly, run ``main``."""
+    from absl import app, flags
+
+    define_flags(flags)
+    logging.basicConfig(level=logging.INFO, format="%(message)s")
+    app.run(main)

@@ -39,7 +39,6 @@ import hashlib
 import json
 import logging
 import os
-import shlex
 import shutil
 import sys
 from pathlib import Path
@@ -49,7 +48,7 @@ import numpy as np
 from tqdm import tqdm
 
 from gpt_tf.tasks import TaskSpec, csv_task, get_task
-from pipelines.common import commit_dir, hash_unit, tokenizer_files
+from pipelines.common import command_line, commit_dir, hash_unit, run_cli, tokenizer_files
 from pipelines.pretrain_data import COMPRESSION, MANIFEST, load_manifest, sha256_file
 from pipelines.task_readers import CsvOptions, Example, available_splits, infer_csv_labels, \
     read_examples, split_files
@@ -391,7 +390,7 @@ def main(argv) -> None:
             skip_malformed=f.skip_malformed, holdout_fraction=f.holdout_fraction,
             holdout_split=f.holdout_split, csv_options=csv_options, overwrite=f.overwrite,
             show_progress=f.progress,
-            command=shlex.join([sys.executable, "-m", "pipelines.finetune_data", *sys.argv[1:]]))
+            command=command_line("pipelines.finetune_data"))
     except (ValueError, FileNotFoundError) as err:
         print(f"error: {err}", file=sys.stderr)
         sys.exit(2)
@@ -400,8 +399,4 @@ def main(argv) -> None:
 
 
 if __name__ == "__main__":
-    from absl import app, flags as absl_flags
-
-    _define_flags(absl_flags)
-    logging.basicConfig(level=logging.INFO, format="%(message)s")
-    app.run(main)
+    run_cli(_define_flags, main)

@@ -37,7 +37,6 @@ import logging
 import math
 import os
 import re
-import shlex
 import shutil
 import sys
 from pathlib import Path
@@ -46,7 +45,7 @@ from typing import Optional, Sequence
 import numpy as np
 from tqdm import tqdm
 
-from pipelines.common import commit_dir, hash_unit, tokenizer_files
+from pipelines.common import command_line, commit_dir, hash_unit, run_cli, tokenizer_files
 from pipelines.books import Book, Skipped, find_book_files, iter_books
 
 FORMAT_VERSION = 1
@@ -435,7 +434,7 @@ def main(argv) -> None:
                          n_ctx=f.n_ctx, valid_fraction=f.valid_fraction, valid_dir=f.valid_dir,
                          shard_size=f.shard_size, train_tokenizer_vocab=f.train_tokenizer_vocab,
                          overwrite=f.overwrite, show_progress=f.progress,
-                         command=shlex.join([sys.executable, "-m", "pipelines.pretrain_data", *sys.argv[1:]]))
+                         command=command_line("pipelines.pretrain_data"))
     try:
         manifest = build_pretraining_data(cfg)
     except PretrainDataError as err:
@@ -448,8 +447,4 @@ def main(argv) -> None:
 
 
 if __name__ == "__main__":
-    from absl import app, flags as absl_flags
-
-    _define_flags(absl_flags)
-    logging.basicConfig(level=logging.INFO, format="%(message)s")
-    app.run(main)
+    run_cli(_define_flags, main)
