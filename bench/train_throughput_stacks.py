@@ -104,7 +104,7 @@ def _tf_step(spec, config):
             total, count = compute_loss(model(inputs, training=True), targets)
             loss = total / count
         grads = tape.gradient(loss, variables)
-        optimizer.apply_gradients(zip(grads, variables))
+        optimizer.apply_gradients(zip(grads, variables, strict=True))
         return loss
 
     inputs, targets = (tf.constant(a) for a in random_batch(config.total_vocab, spec["batch"], spec["seq"]))
@@ -204,22 +204,29 @@ def measure_peak(lib, sizes, reps, threads, quiet_share):
     results = {}
     for precision in PRECISIONS:
         for size in sizes:
-            if lib == "tf":
-                import tensorflow as tf
-
-                a = tf.cast(tf.random.normal((size, size)), precision)
-                b = tf.transpose(a)
-                matmul = tf.function(tf.matmul)
-                run = lambda: matmul(a, b).shape  # noqa: E731 (CPU eager results are ready on return)
-            else:
-                import torch
-
-                torch.set_num_threads(threads)
-                a = torch.randn(size, size).to(getattr(torch, precision))
-                b = a.t().contiguous()
-                run = lambda: torch.matmul(a, b).shape  # noqa: E731
+            run = _tf_matmul(size, precision) if lib == "tf" else _torch_matmul(size, precision, threads)
             run()
             stats = [timed(run)[1] for _ in range(reps)]
             quiet = [s for s in stats if s["others_cpu_share"] <= quiet_share] or stats
             results[f"{precision}@{size}"] = 2.0 * size**3 / min(s["s"] for s in quiet)
     return results
+
+
+def _tf_matmul(size, precision):
+    """A callable running one ``size``² TF matmul (CPU eager results are ready when it returns)."""
+    import tensorflow as tf
+
+    a = tf.cast(tf.random.normal((size, size)), precision)
+    b = tf.transpose(a)
+    matmul = tf.function(tf.matmul)
+    return lambda: matmul(a, b).shape
+
+
+def _torch_matmul(size, precision, threads):
+    """A callable running one ``size``² torch matmul on ``threads`` threads."""
+    import torch
+
+    torch.set_num_threads(threads)
+    a = torch.randn(size, size).to(getattr(torch, precision))
+    b = a.t().contiguous()
+    return lambda: torch.matmul(a, b).shape

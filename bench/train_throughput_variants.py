@@ -42,9 +42,10 @@ def _attention_call(opts):
         scale = 1.0 / math.sqrt(head)
         qkv = self.c_attn(x)
         if "split_qkv" in opts:
-            q, k, v = tf.split(qkv, 3, axis=-1)
-            split_heads = lambda t: tf.transpose(tf.reshape(t, (batch, length, self.n_head, head)), (0, 2, 1, 3))
-            q, k, v = split_heads(q), split_heads(k), split_heads(v)
+            q, k, v = (
+                tf.transpose(tf.reshape(t, (batch, length, self.n_head, head)), (0, 2, 1, 3))
+                for t in tf.split(qkv, 3, axis=-1)
+            )
         else:
             qkv = ops.transpose(ops.reshape(qkv, (batch, length, 3, self.n_head, head)), (2, 0, 3, 1, 4))
             q, k, v = qkv[0], qkv[1], qkv[2]
@@ -120,9 +121,17 @@ def _fused_update_step(self, gradient, variable, learning_rate):
     step = tf.cast(self.iterations + 1, dtype)
     beta_1, beta_2 = tf.cast(self.beta_1, dtype), tf.cast(self.beta_2, dtype)
     tf.raw_ops.ResourceApplyAdam(
-        var=variable.handle, m=m.handle, v=v.handle, beta1_power=tf.pow(beta_1, step),
-        beta2_power=tf.pow(beta_2, step), lr=lr, beta1=beta_1, beta2=beta_2,
-        epsilon=tf.cast(self.epsilon, dtype), grad=tf.cast(gradient, dtype), use_locking=False,
+        var=variable.handle,
+        m=m.handle,
+        v=v.handle,
+        beta1_power=tf.pow(beta_1, step),
+        beta2_power=tf.pow(beta_2, step),
+        lr=lr,
+        beta1=beta_1,
+        beta2=beta_2,
+        epsilon=tf.cast(self.epsilon, dtype),
+        grad=tf.cast(gradient, dtype),
+        use_locking=False,
     )
 
 
@@ -155,7 +164,10 @@ def parse(name):
     opts = set() if name in ("", "base") else set(name.split("+"))
     unknown = opts - set(OPTIONS)
     if unknown:
-        raise ValueError(f"unknown variant option(s) {sorted(unknown)}; choose from {sorted(OPTIONS)} joined by '+', or an alias in {sorted(ALIASES)}")
+        raise ValueError(
+            f"unknown variant option(s) {sorted(unknown)}; choose from {sorted(OPTIONS)} joined by '+', "
+            f"or an alias in {sorted(ALIASES)}"
+        )
     return opts
 
 
