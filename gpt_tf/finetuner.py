@@ -6,6 +6,13 @@ warm-up, classifier dropout 0.1, λ = 0.5. The ablations of §5 are options: no 
 
 Like pre-training, it is a custom ``strategy.run`` loop; each update all-reduces once, and the
 losses are scaled by global counts so any number of replicas gives the full-batch update.
+
+Multi-task fine-tuning (§5 suggests it for small sets such as RTE): ``aux_data_dirs`` adds tasks
+that share the backbone, each with its own W_y. Every update draws ONE task's batch, the task
+chosen by a seeded schedule with probabilities ``mixture`` (default: proportional to the tasks'
+training examples, i.e. the datasets concatenated); the update touches the backbone and that
+task's head only. The run lasts ``epochs`` passes over the *primary* task (in expectation), and
+every task is evaluated at each of those epoch boundaries.
 """
 
 from __future__ import annotations
@@ -28,7 +35,7 @@ from gpt_tf.strategy import is_chief
 from gpt_tf.task_model import GPTTaskModel, reset_special_embeddings, task_loss, task_predictions, transfer_layers
 from gpt_tf.tasks import TaskSpec
 from gpt_tf.trainer import all_reduce_and_apply, restore_latest, restore_pretrained_lm, variables_by_key
-from pipelines.transforms import num_examples, special_ids_from_config, task_dataset
+from pipelines.transforms import load_task_spec, num_examples, special_ids_from_config, task_dataset
 
 
 @dataclasses.dataclass(frozen=True)
@@ -51,37 +58,83 @@ class FinetuneConfig:
     seed: int = 0
     log_every: int = 10
     train_split: str = "train"
+    aux_data_dirs: tuple = ()  # multi-task: more tasks' TFRecords, trained together with data_dir's
+    mixture: tuple = ()  # sampling weights for (data_dir, *aux_data_dirs); () = proportional to examples
+
+
+@dataclasses.dataclass
+class _Head:
+    """One task of a (multi-task) run: its spec, records, model (sharing the backbone) and data position."""
+
+    task: TaskSpec
+    data_dir: str
+    model: GPTTaskModel
+    steps_per_epoch: int
+
+
+def mixture_schedule(weights, total_steps: int, seed: int) -> np.ndarray:
+    """Which task (index into ``weights``) each of ``total_steps`` updates trains; deterministic in ``seed``."""
+    p = np.asarray(weights, np.float64)
+    if len(p) == 1:
+        return np.zeros(total_steps, np.int64)
+    return np.random.default_rng(seed).choice(len(p), size=total_steps, p=p / p.sum())
 
 
 class Finetuner:
-    """Builds the task model under ``strategy``, trains it, evaluates it every epoch and predicts."""
+    """Builds the task model(s) under ``strategy``, trains, evaluates every epoch and predicts.
+
+    ``self.task`` / ``self.model`` are the primary task (``config.data_dir``); with
+    ``config.aux_data_dirs`` more heads share ``self.model.backbone`` (see the module doc).
+    """
 
     def __init__(self, task: TaskSpec, model_config: GPTConfig, config: FinetuneConfig, strategy, log=print):
         self.task, self.model_config, self.config, self.strategy, self.log = task, model_config, config, strategy, log
         self.chief = is_chief(strategy)
         if config.batch_size % strategy.num_replicas_in_sync:
             raise ValueError(f"batch_size={config.batch_size} is not divisible by {strategy.num_replicas_in_sync} replicas")
-        n_train = num_examples(config.data_dir, config.train_split)
-        self.steps_per_epoch = n_train // config.batch_size
-        if self.steps_per_epoch == 0:
-            raise ValueError(f"{config.data_dir}: {n_train} training examples make no full batch of {config.batch_size}")
+        data_dirs = (config.data_dir, *config.aux_data_dirs)
+        tasks = (task, *(load_task_spec(d) for d in config.aux_data_dirs))
+        names = [t.name for t in tasks]
+        if len(set(names)) != len(names):
+            raise ValueError(f"each task may appear once in a multi-task run, got {names}")
+        if config.mixture and len(config.mixture) != len(tasks):
+            raise ValueError(f"mixture has {len(config.mixture)} weights for {len(tasks)} tasks {names}")
+        if config.mixture and (min(config.mixture) < 0 or not sum(config.mixture) > 0):
+            raise ValueError(f"mixture weights must be >= 0 with a positive sum, got {config.mixture}")
+        sizes = [num_examples(d, config.train_split) for d in data_dirs]
+        for d, n in zip(data_dirs, sizes):
+            if n < config.batch_size:
+                raise ValueError(f"{d}: {n} training examples make no full batch of {config.batch_size}")
+        self.weights = np.asarray(config.mixture or sizes, np.float64) / float(sum(config.mixture or sizes))
+        # An "epoch" is one pass over the primary task's training set, in expectation.
+        self.steps_per_epoch = math.ceil(sizes[0] // config.batch_size / self.weights[0])
         self.total_steps = self.steps_per_epoch * config.epochs
+        self.schedule = mixture_schedule(self.weights, self.total_steps, config.seed)
         self.special_ids = special_ids_from_config(model_config)
         keras.utils.set_random_seed(config.seed)
         with strategy.scope():
             backbone = GPTBackbone(model_config, dtype=config.precision, name="backbone")
-            self.model = GPTTaskModel(backbone, task, clf_pdrop=config.clf_pdrop, dtype=config.precision)
+            self.heads = [
+                _Head(t, d, GPTTaskModel(backbone, t, clf_pdrop=config.clf_pdrop, dtype=config.precision), n // config.batch_size)
+                for t, d, n in zip(tasks, data_dirs, sizes)
+            ]
+            self.model = self.heads[0].model
             if config.init_checkpoint:
                 self._initialise_from(config.init_checkpoint)
+            variables = _unique(v for h in self.heads for v in h.model.variables)
+            trainable = _unique(v for h in self.heads for v in h.model.trainable_variables)
             warmup = math.ceil(config.warmup_fraction * self.total_steps)
-            self.schedule = WarmupDecay(config.learning_rate, warmup, self.total_steps, "linear")
-            self.optimizer = make_optimizer(self.model.trainable_variables, self.schedule, config.weight_decay,
-                                            config.clip_norm)
+            self.lr_schedule = WarmupDecay(config.learning_rate, warmup, self.total_steps, "linear")
+            self.optimizer = make_optimizer(trainable, self.lr_schedule, config.weight_decay, config.clip_norm)
             self.step = tf.Variable(0, dtype=tf.int64, trainable=False, name="global_step")
-        self.checkpoint = tf.train.Checkpoint(model=variables_by_key(self.model.variables),
+        self.checkpoint = tf.train.Checkpoint(model=variables_by_key(variables),
                                               optimizer=variables_by_key(self.optimizer.variables), step=self.step)
         self.manager = tf.train.CheckpointManager(self.checkpoint, os.path.join(config.run_dir, "checkpoints"),
                                                   max_to_keep=1)
+        self._train_steps = [self._make_train_step(h) for h in self.heads]
+        if len(self.heads) > 1:
+            mix = ", ".join(f"{h.task.name} {w:.3f}" for h, w in zip(self.heads, self.weights))
+            log(f"multi-task: {self.total_steps} updates drawn from {mix}")
 
     def _initialise_from(self, path):
         """Pre-trained LM → backbone (first ``transfer_layers`` blocks), special-token rows re-drawn."""
@@ -93,69 +146,91 @@ class Finetuner:
         self.log(f"initialised from {path}: embeddings + {n} of {self.model_config.n_layer} blocks ({len(copied)} arrays)")
 
     # ------------------------------------------------------------------ data
-    def _dataset(self, split, training, start_step=0):
+    def _dataset(self, head: _Head, split, training, start_batch=0):
         c = self.config
 
         def dataset_fn(ctx):
             batch = ctx.get_per_replica_batch_size(c.batch_size)
-            dataset = task_dataset(self.task, c.data_dir, split, batch, self.model_config.n_ctx, self.special_ids,
+            dataset = task_dataset(head.task, head.data_dir, split, batch, self.model_config.n_ctx, self.special_ids,
                                    shuffle=training, seed=c.seed, repeat=training, drop_remainder=training,
                                    input_context=ctx)
             # The data position follows the step, as in pre-training (see trainer.py).
-            return dataset.skip(start_step * (ctx.num_replicas_in_sync // ctx.num_input_pipelines))
+            return dataset.skip(start_batch * (ctx.num_replicas_in_sync // ctx.num_input_pipelines))
 
         return self.strategy.distribute_datasets_from_function(dataset_fn)
 
     # ------------------------------------------------------------------ steps
-    def _replica_train_step(self, features, label):
-        ctx = tf.distribute.get_replica_context()
-        variables = self.model.trainable_variables
-        lm_coef = self.config.lm_coef
-        with tf.GradientTape() as tape:
-            outputs = self.model(features, training=True, with_lm=bool(lm_coef))
-            parts = task_loss(self.task, outputs, features, label, lm_coef)
-            examples = ctx.all_reduce(tf.distribute.ReduceOp.SUM, parts["examples"])
-            lm_tokens = tf.maximum(ctx.all_reduce(tf.distribute.ReduceOp.SUM, parts["lm_tokens"]), 1.0)
-            task_part = parts["task_sum"] / examples
-            lm_part = parts["lm_sum"] / lm_tokens
-            loss = task_part + lm_coef * lm_part
-        grad_norm = all_reduce_and_apply(tape.gradient(loss, variables), variables, self.optimizer)
-        reduce = lambda t: ctx.all_reduce(tf.distribute.ReduceOp.SUM, t)
-        return reduce(task_part), reduce(lm_part), grad_norm
+    def _make_train_step(self, head: _Head):
+        """One update on a batch of ``head``'s task: backbone + that head (a tf.function per task)."""
+        lm_coef, model, task = self.config.lm_coef, head.model, head.task
 
-    @tf.function
-    def _run_train_step(self, iterator):
-        features, label = next(iterator)
-        task_l, lm_l, grad_norm = self.strategy.run(self._replica_train_step, args=(features, label))
-        self.step.assign_add(1)
-        first = lambda t: self.strategy.experimental_local_results(t)[0]
-        return first(task_l), first(lm_l), first(grad_norm)
+        def replica_step(features, label):
+            ctx = tf.distribute.get_replica_context()
+            variables = model.trainable_variables
+            with tf.GradientTape() as tape:
+                outputs = model(features, training=True, with_lm=bool(lm_coef))
+                parts = task_loss(task, outputs, features, label, lm_coef)
+                examples = ctx.all_reduce(tf.distribute.ReduceOp.SUM, parts["examples"])
+                lm_tokens = tf.maximum(ctx.all_reduce(tf.distribute.ReduceOp.SUM, parts["lm_tokens"]), 1.0)
+                task_part = parts["task_sum"] / examples
+                lm_part = parts["lm_sum"] / lm_tokens
+                loss = task_part + lm_coef * lm_part
+            grad_norm = all_reduce_and_apply(tape.gradient(loss, variables), variables, self.optimizer)
+            reduce = lambda t: ctx.all_reduce(tf.distribute.ReduceOp.SUM, t)
+            return reduce(task_part), reduce(lm_part), grad_norm
 
-    @tf.function
-    def _run_predict_step(self, batch):
-        def replica(features, label):
-            return self.model(features, training=False, with_lm=False)["task"], label
+        @tf.function
+        def run(iterator):
+            features, label = next(iterator)
+            task_l, lm_l, grad_norm = self.strategy.run(replica_step, args=(features, label))
+            self.step.assign_add(1)
+            first = lambda t: self.strategy.experimental_local_results(t)[0]
+            return first(task_l), first(lm_l), first(grad_norm)
 
-        out, label = self.strategy.run(replica, args=batch)
-        return self.strategy.gather(out, axis=0), self.strategy.gather(label, axis=0)
+        return run
+
+    def _predict_step(self, model):
+        @tf.function
+        def run(batch):
+            def replica(features, label):
+                return model(features, training=False, with_lm=False)["task"], label
+
+            out, label = self.strategy.run(replica, args=batch)
+            return self.strategy.gather(out, axis=0), self.strategy.gather(label, axis=0)
+
+        return run
 
     # ------------------------------------------------------------------ public
-    def predict(self, split):
-        """Task outputs and labels for every example of ``split`` (numpy)."""
+    def _head(self, task_name):
+        for head in self.heads:
+            if task_name in (None, head.task.name):
+                return head
+        raise KeyError(f"no task {task_name!r} in this run; have {[h.task.name for h in self.heads]}")
+
+    def predict(self, split, task_name=None):
+        """Task outputs and labels for every example of ``split`` (numpy); the primary task by default."""
+        head = self._head(task_name)
+        step = self._predict_step(head.model)
         outs, labels = [], []
-        for batch in self._dataset(split, training=False):
-            out, label = self._run_predict_step(batch)
+        for batch in self._dataset(head, split, training=False):
+            out, label = step(batch)
             outs.append(out.numpy())
             labels.append(label.numpy())
         return np.concatenate(outs), np.concatenate(labels)
 
-    def evaluate(self, split) -> dict:
+    def evaluate(self, split, task_name=None) -> dict:
         """The task's metrics (the paper's first) on ``split``."""
-        outs, labels = self.predict(split)
-        return {**compute_metrics(self.task, labels, task_predictions(self.task, outs)), "examples": int(len(labels))}
+        task = self._head(task_name).task
+        outs, labels = self.predict(split, task_name)
+        return {**compute_metrics(task, labels, task_predictions(task, outs)), "examples": int(len(labels))}
 
     def evaluate_all(self) -> dict:
-        return {split: self.evaluate(split) for split in self.task.eval_splits}
+        """``{split: metrics}`` for the primary task, plus ``{"<task>/<split>": metrics}`` for the others."""
+        results = {split: self.evaluate(split) for split in self.task.eval_splits}
+        for head in self.heads[1:]:
+            for split in head.task.eval_splits:
+                results[f"{head.task.name}/{split}"] = self.evaluate(split, head.task.name)
+        return results
 
     def restore(self) -> int:
         return restore_latest(self.manager, self.step, self.log)
@@ -165,20 +240,25 @@ class Finetuner:
         c = self.config
         start = self.restore()
         writer = tf.summary.create_file_writer(os.path.join(c.run_dir, "tb")) if self.chief else None
-        iterator = iter(self._dataset(c.train_split, training=True, start_step=start))
-        bar = tqdm(total=self.total_steps, initial=start, desc=f"fine-tuning {self.task.name}", unit="step",
-                   disable=not (progress and self.chief), dynamic_ncols=True)
+        consumed = np.bincount(self.schedule[:start], minlength=len(self.heads))  # batches each task has used
+        iterators = [iter(self._dataset(h, c.train_split, training=True, start_batch=int(n)))
+                     for h, n in zip(self.heads, consumed)]
+        multi = len(self.heads) > 1
+        bar = tqdm(total=self.total_steps, initial=start, desc=f"fine-tuning {'+'.join(h.task.name for h in self.heads)}",
+                   unit="step", disable=not (progress and self.chief), dynamic_ncols=True)
         results = {}
         for step in range(start + 1, self.total_steps + 1):
-            task_l, lm_l, grad_norm = self._run_train_step(iterator)
+            i = int(self.schedule[step - 1])
+            task_l, lm_l, grad_norm = self._train_steps[i](iterators[i])
             bar.update(1)
             if writer and (step % c.log_every == 0 or step == self.total_steps):
                 bar.set_postfix(task_loss=f"{float(task_l):.3f}", lm_loss=f"{float(lm_l):.3f}", refresh=False)
+                prefix = f"train/{self.heads[i].task.name}/" if multi else "train/"
                 with writer.as_default(step=step):
-                    tf.summary.scalar("train/task_loss", task_l)
-                    tf.summary.scalar("train/lm_loss", lm_l)
+                    tf.summary.scalar(prefix + "task_loss", task_l)
+                    tf.summary.scalar(prefix + "lm_loss", lm_l)
                     tf.summary.scalar("train/grad_norm", grad_norm)
-                    tf.summary.scalar("train/learning_rate", self.schedule(step - 1))
+                    tf.summary.scalar("train/learning_rate", self.lr_schedule(step - 1))
             if step % self.steps_per_epoch == 0:
                 results = self.evaluate_all()
                 epoch = step // self.steps_per_epoch
@@ -191,3 +271,13 @@ class Finetuner:
                 self.manager.save(checkpoint_number=step)
         bar.close()
         return results
+
+
+def _unique(variables) -> list:
+    """``variables`` without repeats (the heads share the backbone's), in first-seen order."""
+    seen, out = set(), []
+    for v in variables:
+        if id(v) not in seen:
+            seen.add(id(v))
+            out.append(v)
+    return out

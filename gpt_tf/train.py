@@ -33,6 +33,10 @@ flags.DEFINE_integer("epochs", 3, "Fine-tuning epochs (the paper: 3).")
 flags.DEFINE_float("lm_coef", 0.5, "Fine-tuning: λ of the auxiliary LM loss (the paper: 0.5; 0 disables).")
 flags.DEFINE_float("clf_pdrop", 0.1, "Fine-tuning: classifier dropout (the paper: 0.1).")
 flags.DEFINE_float("warmup_fraction", 0.002, "Fine-tuning: warm-up as a fraction of all updates (the paper: 0.2%).")
+flags.DEFINE_list("aux_data_dirs", [], "Fine-tuning: more tasks' TFRecords trained together with --data_dir's "
+                  "(multi-task: one backbone, one head per task).")
+flags.DEFINE_list("task_mixture", [], "Multi-task: sampling weight per task (--data_dir first, then --aux_data_dirs); "
+                  "empty = proportional to training examples.")
 flags.DEFINE_string("predict_split", "", "--mode=predict: split to predict (default: the task's first eval split).")
 flags.DEFINE_string("model", "tiny", "Model preset: gpt1, small, tiny or test.")
 flags.DEFINE_integer("n_ctx", 0, "Override the preset's context length (0: keep).")
@@ -136,6 +140,17 @@ def _check_finetune_flags() -> list[str]:
         problems.append("--lm_coef must be >= 0, --epochs and --batch_size positive")
     if FLAGS.mode in ("eval", "predict") and FLAGS.run_dir and not os.path.isdir(os.path.join(FLAGS.run_dir, "checkpoints")):
         problems.append(f"--mode={FLAGS.mode} needs a fine-tuned run: no checkpoints in --run_dir={FLAGS.run_dir}")
+    for path in FLAGS.aux_data_dirs:
+        if not os.path.isfile(os.path.join(path, "manifest.json")):
+            problems.append(f"--aux_data_dirs: {path} has no manifest.json; build it with `python -m pipelines.finetune_data`")
+    if FLAGS.task_mixture:
+        try:
+            weights = [float(w) for w in FLAGS.task_mixture]
+        except ValueError:
+            weights = []
+        if len(weights) != 1 + len(FLAGS.aux_data_dirs) or min(weights) < 0 or not sum(weights) > 0:
+            problems.append(f"--task_mixture={','.join(FLAGS.task_mixture)} needs {1 + len(FLAGS.aux_data_dirs)} "
+                            "non-negative numbers with a positive sum (--data_dir first, then --aux_data_dirs)")
     return problems
 
 
@@ -246,6 +261,12 @@ def _finetune_main(keras, tf):
     if task.name != FLAGS.task:
         sys.exit(f"gpt_tf.train: --task={FLAGS.task} but {FLAGS.data_dir} holds task {task.name!r}")
     model_config = _finetune_model_config(int(manifest["tokenizer"]["vocab_size"]))
+    for path in FLAGS.aux_data_dirs:
+        with open(os.path.join(path, "manifest.json")) as f:
+            vocab = int(json.load(f)["tokenizer"]["vocab_size"])
+        if vocab != model_config.vocab_size:
+            sys.exit(f"gpt_tf.train: {path} was tokenized with {vocab} BPE tokens but the model has "
+                     f"{model_config.vocab_size}: rebuild it with the same tokenizer as --data_dir")
     strategy = _strategy_and_precision(keras)
     config = FinetuneConfig(
         data_dir=FLAGS.data_dir, run_dir=FLAGS.run_dir, init_checkpoint=FLAGS.init_checkpoint,
@@ -253,6 +274,7 @@ def _finetune_main(keras, tf):
         learning_rate=FLAGS.learning_rate, warmup_fraction=FLAGS.warmup_fraction, lm_coef=FLAGS.lm_coef,
         clf_pdrop=FLAGS.clf_pdrop, weight_decay=FLAGS.weight_decay, clip_norm=FLAGS.clip_norm,
         precision=FLAGS.precision, seed=FLAGS.seed, log_every=FLAGS.log_every,
+        aux_data_dirs=tuple(FLAGS.aux_data_dirs), mixture=tuple(float(w) for w in FLAGS.task_mixture),
     )
     tuner = Finetuner(task, model_config, config, strategy, log=_say)
     if FLAGS.mode == "train":

@@ -86,10 +86,39 @@ def test_from_scratch_other_task_types(pretrained, shared_data, tmp_path, task, 
     assert metric in split and -1.0 <= split[metric] <= 1.0
 
 
+def test_multitask_heads_share_one_backbone(pretrained, shared_data, tmp_path):
+    _, bpe = pretrained
+    rte = build_task("rte", shared_data / "glue" / "RTE", bpe, tmp_path / "rte", "--max_examples=16")
+    stsb = build_task("stsb", shared_data / "glue" / "STS-B", bpe, tmp_path / "stsb", "--max_examples=16")
+    flags = ["--task=rte", f"--data_dir={rte}", *FT_FLAGS, "--model=test", "--n_ctx=64", "--epochs=1"]
+    last_json = lambda proc: json.loads(proc.stdout.strip().splitlines()[-1])
+    single = last_json(run_cli("gpt_tf.train", *flags, f"--run_dir={tmp_path / 'single'}"))
+    # With STS-B's weight at 0 the multi-task run must be exactly the single-task run, plus an idle head.
+    idle = last_json(run_cli("gpt_tf.train", *flags, f"--aux_data_dirs={stsb}", "--task_mixture=1,0",
+                             f"--run_dir={tmp_path / 'idle'}"))
+    assert idle["dev"] == single["dev"] and "stsb/dev" in idle
+    w_single, w_idle = model_weights(tmp_path / "single", 2), model_weights(tmp_path / "idle", 2)
+    assert len(w_idle) == len(w_single) + 2  # W_y and its bias for STS-B
+    for key, value in w_single.items():
+        assert (w_idle[key] == value).all(), key
+    # Proportional mixture of 16 + 16 examples: one RTE epoch (2 batches) is 4 updates in expectation.
+    proc = run_cli("gpt_tf.train", *flags, f"--aux_data_dirs={stsb}", f"--run_dir={tmp_path / 'both'}")
+    assert "multi-task: 4 updates drawn from rte 0.500, stsb 0.500" in proc.stderr
+    both = last_json(proc)
+    assert -1.0 <= both["stsb/dev"]["pearson"] <= 1.0 and both["stsb/dev"]["examples"] == 16
+    w_both = model_weights(tmp_path / "both", 4)
+    assert any((w_both[k] != v).any() for k, v in w_single.items())
+    evaluated = last_json(run_cli("gpt_tf.train", *flags, f"--aux_data_dirs={stsb}", f"--run_dir={tmp_path / 'both'}",
+                                  "--mode=eval"))
+    assert evaluated["stsb/dev"] == both["stsb/dev"] and evaluated["dev"] == both["dev"]
+
+
 @pytest.mark.parametrize("args, message", [
     (["--task=rte", "--data_dir=/nonexistent", "--run_dir=/tmp/x"], "has no manifest.json"),
     (["--task=rte", "--data_dir=/tmp", "--run_dir=/tmp/x", "--transfer_layers=2"], "--transfer_layers needs"),
     (["--task=rte", "--data_dir=/tmp", "--run_dir=/tmp/x", "--init_checkpoint=/nope"], "does not exist"),
+    (["--task=rte", "--data_dir=/tmp", "--run_dir=/tmp/x", "--aux_data_dirs=/nope"], "/nope has no manifest.json"),
+    (["--task=rte", "--data_dir=/tmp", "--run_dir=/tmp/x", "--task_mixture=1,x"], "--task_mixture=1,x needs 1"),
 ])
 def test_bad_finetune_flags(args, message):
     proc = run_cli("gpt_tf.train", *args, check=False, timeout=60)
