@@ -50,9 +50,13 @@ class TrainCallbacks:
         if (c.sample_every and step % c.sample_every == 0) or final:
             self.sample(step)
         if final:
-            self.bar.close()
-            if self.writer:
-                self.writer.flush()
+            self.close()
+
+    def close(self):
+        """Ends the progress bar and flushes TensorBoard (at the end, or when training stops early)."""
+        self.bar.close()
+        if self.writer:
+            self.writer.flush()
 
     def evaluate(self, step):
         result = self.trainer.evaluate(self.trainer.config.eval_batches)

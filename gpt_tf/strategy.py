@@ -4,14 +4,20 @@
 ``one_device``    ``OneDeviceStrategy`` on the first GPU, else the CPU;
 ``mirrored``      ``MirroredStrategy`` over all local GPUs (or, for tests on a CPU machine, over
                   ``num_cpu_devices`` logical CPU devices);
-``multi_worker``  ``MultiWorkerMirroredStrategy`` from ``TF_CONFIG``;
-``tpu``           ``TPUStrategy`` from a ``TPUClusterResolver``.
+``multi_worker``  ``MultiWorkerMirroredStrategy`` from ``TF_CONFIG`` (``tf_config`` writes one);
+``tpu``           ``TPUStrategy`` from a ``TPUClusterResolver`` (``tpu="local"`` on a TPU VM).
+
+Only the chief writes checkpoints, summaries and exports. Under multi-worker every worker must
+still call ``save`` (TF's collective save), so the others save to a private scratch folder
+(``checkpoint_dirs``); every worker restores from the chief's folder, which must therefore be on
+storage all workers read (a shared file system or ``gs://``).
 """
 
 from __future__ import annotations
 
 import json
 import os
+import tempfile
 
 import tensorflow as tf
 
@@ -24,6 +30,15 @@ def split_cpu(num_devices: int) -> None:
         return
     cpu = tf.config.list_physical_devices("CPU")[0]
     tf.config.set_logical_device_configuration(cpu, [tf.config.LogicalDeviceConfiguration()] * num_devices)
+
+
+def tf_config(workers: list[str], index: int) -> str:
+    """The ``TF_CONFIG`` JSON of worker ``index`` in a cluster of ``workers`` (``host:port`` each; 0 is chief)."""
+    if not workers or any(":" not in w for w in workers):
+        raise ValueError(f"workers must be a non-empty list of host:port, got {workers!r}")
+    if not 0 <= index < len(workers):
+        raise ValueError(f"worker index {index} is not in [0, {len(workers)})")
+    return json.dumps({"cluster": {"worker": list(workers)}, "task": {"type": "worker", "index": index}})
 
 
 def make_strategy(name: str, num_cpu_devices: int = 1, tpu: str = "", tpu_zone: str = "", gcp_project: str = ""):
@@ -57,3 +72,12 @@ def is_chief(strategy) -> bool:
         return True
     task_type, task_id = resolver.task_type, resolver.task_id
     return task_type in (None, "chief") or (task_type == "worker" and task_id == 0 and "chief" not in resolver.cluster_spec().as_dict())
+
+
+def checkpoint_dirs(run_dir: str, strategy) -> tuple[str, str]:
+    """(read, write) checkpoint folders: the chief's ``run_dir/checkpoints`` and, off the chief, a scratch folder."""
+    shared = os.path.join(run_dir, "checkpoints")
+    if is_chief(strategy):
+        return shared, shared
+    scratch = tempfile.mkdtemp(prefix=f"gpt_tf_worker{strategy.cluster_resolver.task_id}_ckpt_")
+    return shared, scratch

@@ -58,6 +58,10 @@ flags.DEFINE_integer("num_cpu_devices", 1, "Split the CPU into this many logical
 flags.DEFINE_string("tpu", "", "TPU name or grpc address, with --strategy=tpu.")
 flags.DEFINE_string("tpu_zone", "", "TPU zone, with --strategy=tpu.")
 flags.DEFINE_string("gcp_project", "", "GCP project, with --strategy=tpu.")
+flags.DEFINE_list("workers", [], "With --strategy=multi_worker: every worker's host:port (the first is chief); "
+                  "writes TF_CONFIG for this process instead of reading it from the environment.")
+flags.DEFINE_integer("worker_index", 0, "With --workers: this process's index in --workers.")
+flags.DEFINE_bool("jit_compile", False, "XLA-compile each replica's forward/backward pass (GPU; TPUs always compile).")
 flags.DEFINE_integer("seed", 0, "Seed for init, dropout and data order.")
 flags.DEFINE_bool("deterministic", False, "Enable TF op determinism (bit-exact resume; slower).")
 flags.DEFINE_integer("log_every", 10, "Log/summary period in steps.")
@@ -100,12 +104,7 @@ def _check_flags() -> list[str]:
         problems.append(f"--batch_size={FLAGS.batch_size} is not divisible by --grad_accum_steps={FLAGS.grad_accum_steps}")
     if FLAGS.warmup_steps < 0 or FLAGS.warmup_steps > FLAGS.train_steps:
         problems.append(f"--warmup_steps={FLAGS.warmup_steps} must be within [0, --train_steps={FLAGS.train_steps}]")
-    if FLAGS.num_cpu_devices > 1 and FLAGS.strategy != "mirrored":
-        problems.append("--num_cpu_devices > 1 only makes sense with --strategy=mirrored")
-    if FLAGS.strategy == "tpu" and not FLAGS.tpu:
-        problems.append("--strategy=tpu needs --tpu")
-    if FLAGS.strategy == "tpu" and FLAGS.precision == "float32":
-        logging.warning("TPUs are fastest with --precision=mixed_bfloat16")
+    problems += _check_strategy_flags()
     if FLAGS.mode in ("eval", "generate") and FLAGS.run_dir and not os.path.isdir(os.path.join(FLAGS.run_dir, "checkpoints")):
         problems.append(f"--mode={FLAGS.mode} needs a trained run: no checkpoints in --run_dir={FLAGS.run_dir}")
     if not 0.0 <= FLAGS.temperature:
@@ -113,10 +112,32 @@ def _check_flags() -> list[str]:
     return problems
 
 
+def _check_strategy_flags() -> list[str]:
+    """--strategy and the flags that describe its devices or cluster (pre-training and fine-tuning)."""
+    problems = []
+    if FLAGS.num_cpu_devices > 1 and FLAGS.strategy != "mirrored":
+        problems.append("--num_cpu_devices > 1 only makes sense with --strategy=mirrored")
+    if FLAGS.strategy == "tpu" and not FLAGS.tpu:
+        problems.append("--strategy=tpu needs --tpu (a TPU name, or `local` on a TPU VM)")
+    if FLAGS.workers and FLAGS.strategy != "multi_worker":
+        problems.append("--workers only makes sense with --strategy=multi_worker")
+    if FLAGS.workers and "TF_CONFIG" in os.environ:
+        problems.append("--workers and the TF_CONFIG environment variable both describe the cluster; give one")
+    if FLAGS.workers and not 0 <= FLAGS.worker_index < len(FLAGS.workers):
+        problems.append(f"--worker_index={FLAGS.worker_index} is not an index of --workers ({len(FLAGS.workers)} given)")
+    if FLAGS.strategy == "multi_worker" and not FLAGS.workers and "TF_CONFIG" not in os.environ:
+        problems.append("--strategy=multi_worker needs the cluster: --workers=host:port,... --worker_index=i, or TF_CONFIG")
+    if FLAGS.strategy == "tpu" and FLAGS.precision == "float32":
+        logging.warning("TPUs are fastest with --precision=mixed_bfloat16")
+    return problems
+
+
 def _strategy_and_precision(keras):
     """The --strategy, and the global Keras dtype policy set to --precision."""
-    from gpt_tf.strategy import make_strategy
+    from gpt_tf.strategy import make_strategy, tf_config
 
+    if FLAGS.workers:
+        os.environ["TF_CONFIG"] = tf_config(FLAGS.workers, FLAGS.worker_index)
     strategy = make_strategy(FLAGS.strategy, FLAGS.num_cpu_devices, FLAGS.tpu, FLAGS.tpu_zone, FLAGS.gcp_project)
     if FLAGS.precision != "float32":
         keras.mixed_precision.set_dtype_policy(FLAGS.precision)
@@ -132,6 +153,7 @@ def _check_finetune_flags() -> list[str]:
         problems.append(f"--data_dir={FLAGS.data_dir} has no manifest.json; build it with `python -m pipelines.finetune_data`")
     if FLAGS.mode == "generate":
         problems.append("--mode=generate is for language models, not with --task")
+    problems += _check_strategy_flags()
     if FLAGS.init_checkpoint and not (os.path.exists(FLAGS.init_checkpoint) or os.path.exists(FLAGS.init_checkpoint + ".index")):
         problems.append(f"--init_checkpoint={FLAGS.init_checkpoint} does not exist")
     if FLAGS.transfer_layers >= 0 and not FLAGS.init_checkpoint:
@@ -179,6 +201,7 @@ def main(argv):
     from gpt_tf.config import get_preset
     from gpt_tf.generate import Sampler
     from gpt_tf.monitor import TrainCallbacks
+    from gpt_tf.preemption import PREEMPTED_EXIT_CODE, Preempted
     from gpt_tf.strategy import split_cpu
     from gpt_tf.tokenizer import GPTTokenizer
     from gpt_tf.trainer import Pretrainer, TrainConfig
@@ -204,10 +227,10 @@ def main(argv):
         data_dir=FLAGS.data_dir, run_dir=FLAGS.run_dir, batch_size=FLAGS.batch_size,
         grad_accum_steps=FLAGS.grad_accum_steps, train_steps=FLAGS.train_steps, learning_rate=FLAGS.learning_rate,
         warmup_steps=FLAGS.warmup_steps, lr_decay=FLAGS.lr_decay, weight_decay=FLAGS.weight_decay,
-        clip_norm=FLAGS.clip_norm, precision=FLAGS.precision, seed=FLAGS.seed, log_every=FLAGS.log_every,
-        checkpoint_every=FLAGS.checkpoint_every, keep_checkpoints=FLAGS.keep_checkpoints, eval_every=FLAGS.eval_every,
-        eval_batches=FLAGS.eval_batches, sample_every=FLAGS.sample_every, sample_prompt=FLAGS.sample_prompt,
-        sample_length=FLAGS.sample_length,
+        clip_norm=FLAGS.clip_norm, precision=FLAGS.precision, jit_compile=FLAGS.jit_compile, seed=FLAGS.seed,
+        log_every=FLAGS.log_every, checkpoint_every=FLAGS.checkpoint_every, keep_checkpoints=FLAGS.keep_checkpoints,
+        eval_every=FLAGS.eval_every, eval_batches=FLAGS.eval_batches, sample_every=FLAGS.sample_every,
+        sample_prompt=FLAGS.sample_prompt, sample_length=FLAGS.sample_length,
     )
     trainer = Pretrainer(model_config, config, strategy, log=_say)
     print(f"model {FLAGS.model}: {model_config.n_params / 1e6:.2f}M parameters, {strategy.num_replicas_in_sync} replica(s), "
@@ -215,7 +238,13 @@ def main(argv):
 
     if FLAGS.mode == "train":
         trainer.save_model_config()
-        result = trainer.train(TrainCallbacks(trainer, tokenizer, progress=FLAGS.progress))
+        callbacks = TrainCallbacks(trainer, tokenizer, progress=FLAGS.progress)
+        try:
+            result = trainer.train(callbacks)
+        except Preempted as stopped:
+            callbacks.close()
+            _say(str(stopped))
+            sys.exit(PREEMPTED_EXIT_CODE)
         print(json.dumps(result), flush=True)
         return
     step = trainer.restore()

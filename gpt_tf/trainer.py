@@ -10,16 +10,24 @@ the step. The data position is a function of the step: the input pipeline is det
 (seeded shuffle, deterministic interleave), so on resume each input pipeline skips the batches
 it had already produced. This works under every strategy (tf.distribute's distributed
 iterators cannot be checkpointed), and a killed run resumes bit-for-bit where its last
-checkpoint was taken.
+checkpoint was taken. On SIGTERM (``gpt_tf.preemption``) every worker finishes the update in
+flight, saves it and raises ``Preempted``, so a preempted run loses no update and repeats no batch.
+
+Only the chief writes checkpoints and summaries (``gpt_tf.strategy.checkpoint_dirs``); every
+worker restores from the chief's. ``jit_compile`` compiles each replica's forward/backward pass
+(and the evaluation forward pass) with XLA; the all-reduce and the optimizer update stay outside,
+where tf.distribute's cross-device collectives run.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import hashlib
 import json
 import math
 import os
 import re
+import shutil
 import time
 
 import keras
@@ -28,8 +36,9 @@ import tensorflow as tf
 from gpt_tf.config import GPTConfig
 from gpt_tf.model import GPTLanguageModel, lm_loss
 from gpt_tf.optim import WarmupDecay, make_optimizer
-from gpt_tf.strategy import is_chief
-from pipelines.reader import pretraining_dataset
+from gpt_tf.preemption import Preempted, StopRequest
+from gpt_tf.strategy import checkpoint_dirs, is_chief
+from pipelines.reader import batches_per_pipeline, pretraining_dataset
 
 
 @dataclasses.dataclass(frozen=True)
@@ -50,6 +59,7 @@ class TrainConfig:
     adam_beta_2: float = 0.999
     adam_epsilon: float = 1e-8
     precision: str = "float32"  # or "mixed_bfloat16"
+    jit_compile: bool = False  # XLA-compile each replica's forward/backward pass
     seed: int = 0
     log_every: int = 10
     checkpoint_every: int = 500
@@ -138,17 +148,25 @@ class Pretrainer:
             optimizer=variables_by_key(self.optimizer.variables),
             step=self.step,
         )
-        ckpt_dir = os.path.join(config.run_dir, "checkpoints")
-        if not self.chief:  # non-chief workers write to a scratch dir (tf.distribute's documented pattern)
-            ckpt_dir = os.path.join(config.run_dir, "tmp", f"worker_{strategy.cluster_resolver.task_id}")
-        self.manager = tf.train.CheckpointManager(self.checkpoint, ckpt_dir, max_to_keep=config.keep_checkpoints)
+        read_dir, self._write_dir = checkpoint_dirs(config.run_dir, strategy)
+        self.manager = tf.train.CheckpointManager(self.checkpoint, self._write_dir, max_to_keep=config.keep_checkpoints)
+        self.read_manager = (self.manager if read_dir == self._write_dir else
+                             tf.train.CheckpointManager(self.checkpoint, read_dir, max_to_keep=config.keep_checkpoints))
+        if config.jit_compile:
+            self._micro_grads = tf.function(self._micro_grads, jit_compile=True)
+            self._replica_eval_step = tf.function(self._replica_eval_step, jit_compile=True)
 
     # ------------------------------------------------------------------ data
-    def _distributed_dataset(self, split, repeat, start_step=0):
-        """The split as per-replica batches; training skips the batches of ``start_step`` updates."""
+    def _distributed_dataset(self, split, repeat, start_step=0, max_steps=0):
+        """The split as per-replica batches; training skips the batches of ``start_step`` updates.
+
+        Without ``repeat``, every input pipeline yields the same number of updates' batches (at most
+        ``max_steps`` if set), so multi-worker evaluation ends on the same step on every worker.
+        """
         c = self.config
 
         def dataset_fn(ctx):
+            per_update = ctx.num_replicas_in_sync // ctx.num_input_pipelines  # batches a pipeline feeds per update
             dataset = pretraining_dataset(
                 c.data_dir,
                 split,
@@ -159,45 +177,51 @@ class Pretrainer:
                 repeat=repeat,
                 input_context=ctx,
             )
-            # Each update takes one batch per replica; a pipeline feeds replicas/pipelines of them.
-            return dataset.skip(start_step * (ctx.num_replicas_in_sync // ctx.num_input_pipelines))
+            if not repeat:
+                batch = ctx.get_per_replica_batch_size(c.batch_size)
+                steps = batches_per_pipeline(c.data_dir, split, batch, ctx.num_input_pipelines) // per_update
+                dataset = dataset.take(per_update * (min(steps, max_steps) if max_steps else steps))
+            return dataset.skip(start_step * per_update)
 
         return self.strategy.distribute_datasets_from_function(dataset_fn)
 
     # ------------------------------------------------------------------ steps
-    def _replica_train_step(self, inputs, targets):
-        model, accum = self.model, self.config.grad_accum_steps
-        variables = model.trainable_variables
+    def _micro_grads(self, x, y):
+        """Gradients of one micro-batch's share of the global mean loss, and its loss sum."""
+        variables = self.model.trainable_variables
+        with tf.GradientTape() as tape:
+            loss_sum, _ = lm_loss(self.model(x, training=True), y)
+            scaled = loss_sum / tf.cast(self.config.batch_size * self.model_config.n_ctx, tf.float32)
+        return tape.gradient(scaled, variables), loss_sum
+
+    def _replica_train_step(self, inputs, targets, stop):
+        accum, variables = self.config.grad_accum_steps, self.model.trainable_variables
         global_tokens = tf.cast(self.config.batch_size * self.model_config.n_ctx, tf.float32)
-
-        def micro_grads(x, y):
-            with tf.GradientTape() as tape:
-                loss_sum, _ = lm_loss(model(x, training=True), y)
-                scaled = loss_sum / global_tokens
-            return tape.gradient(scaled, variables), loss_sum
-
         if accum == 1:
-            grads, loss_sum = micro_grads(inputs, targets)
+            grads, loss_sum = self._micro_grads(inputs, targets)
         else:
             xs = tf.reshape(inputs, (accum, -1, tf.shape(inputs)[-1]))
             ys = tf.reshape(targets, (accum, -1, tf.shape(targets)[-1]))
             grads = [tf.zeros_like(v.value) for v in variables]
             loss_sum = tf.constant(0.0)
             for i in tf.range(accum):
-                g, l = micro_grads(xs[i], ys[i])
+                g, l = self._micro_grads(xs[i], ys[i])
                 grads = [a + b for a, b in zip(grads, g)]
                 loss_sum += l
-        loss_sum = tf.distribute.get_replica_context().all_reduce(tf.distribute.ReduceOp.SUM, loss_sum)
+        # Any worker's stop request reaches every worker with the loss: they all stop after this update.
+        stop = tf.identity(stop)  # placed on this replica's device (collectives need one)
+        loss_sum, stop = tf.distribute.get_replica_context().all_reduce(tf.distribute.ReduceOp.SUM, [loss_sum, stop])
         grad_norm = all_reduce_and_apply(grads, variables, self.optimizer)
-        return loss_sum / global_tokens, grad_norm
+        return loss_sum / global_tokens, grad_norm, stop
 
     @tf.function
-    def _run_train_step(self, iterator):
+    def _run_train_step(self, iterator, stop):
+        """One update; ``stop`` (float32, > 0 to request a stop) comes back summed over all replicas."""
         inputs, targets = next(iterator)
-        loss, grad_norm = self.strategy.run(self._replica_train_step, args=(inputs, targets))
+        loss, grad_norm, stop = self.strategy.run(self._replica_train_step, args=(inputs, targets, stop))
         self.step.assign_add(1)
         first = lambda t: self.strategy.experimental_local_results(t)[0]  # identical on all replicas
-        return first(loss), first(grad_norm)
+        return first(loss), first(grad_norm), first(stop)
 
     def _replica_eval_step(self, inputs, targets):
         return lm_loss(self.model(inputs, training=False), targets)
@@ -210,15 +234,20 @@ class Pretrainer:
 
     # ------------------------------------------------------------------ public
     def restore(self) -> int:
-        """Restores the latest checkpoint if any; returns the step reached."""
-        return restore_latest(self.manager, self.step, self.log)
+        """Restores the chief's latest checkpoint if any; returns the step reached."""
+        return restore_latest(self.read_manager, self.step, self.log)
+
+    def weights_digest(self) -> str:
+        """SHA-256 of the model's weights: equal on every worker of a job whose replicas are in sync."""
+        digest = hashlib.sha256()
+        for variable in self.model.variables:
+            digest.update(variable.numpy().tobytes())
+        return digest.hexdigest()
 
     def evaluate(self, max_batches: int = 0) -> dict:
         """Token-level perplexity on the held-out split (whole split unless ``max_batches``)."""
         loss_sum, tokens = 0.0, 0.0
-        for i, batch in enumerate(self._distributed_dataset("valid", repeat=False)):
-            if max_batches and i >= max_batches:
-                break
+        for batch in self._distributed_dataset("valid", repeat=False, max_steps=max_batches):
             s, n = self._run_eval_step(batch)
             loss_sum, tokens = loss_sum + float(s), tokens + float(n)
         if not tokens:
@@ -227,7 +256,18 @@ class Pretrainer:
         return {"loss": loss, "perplexity": math.exp(loss), "tokens": int(tokens)}
 
     def train(self, callbacks=None) -> dict:
-        """Runs until ``train_steps``; ``callbacks`` is a ``TrainCallbacks`` (summaries, samples, eval)."""
+        """Runs until ``train_steps``; ``callbacks`` is a ``TrainCallbacks`` (summaries, samples, eval).
+
+        Raises ``Preempted`` after saving the step reached when SIGTERM arrives on any worker.
+        """
+        try:
+            with StopRequest() as stop_request:
+                return self._train(stop_request, callbacks)
+        finally:
+            if self._write_dir != self.read_manager.directory:  # a non-chief worker's scratch copy
+                shutil.rmtree(self._write_dir, ignore_errors=True)
+
+    def _train(self, stop_request, callbacks) -> dict:
         c = self.config
         start = self.restore()
         iterator = iter(self._distributed_dataset("train", repeat=True, start_step=start))
@@ -237,7 +277,7 @@ class Pretrainer:
         t0, last = time.perf_counter(), start
         loss = grad_norm = None
         while int(self.step.numpy()) < c.train_steps:
-            loss, grad_norm = self._run_train_step(iterator)
+            loss, grad_norm, stop = self._run_train_step(iterator, tf.constant(float(stop_request.requested)))
             step = int(self.step.numpy())
             if step % c.log_every == 0 or step == c.train_steps:
                 elapsed = time.perf_counter() - t0
@@ -251,11 +291,15 @@ class Pretrainer:
                 if callbacks:
                     callbacks.on_log(step, stats)
                 t0, last = time.perf_counter(), step
-            if step % c.checkpoint_every == 0 or step == c.train_steps:
+            stopping = float(stop) > 0 and step < c.train_steps
+            if step % c.checkpoint_every == 0 or step == c.train_steps or stopping:
                 self.manager.save(checkpoint_number=step)
+            if stopping:
+                raise Preempted(step, os.path.join(self.read_manager.directory, f"ckpt-{step}"))
             if callbacks:
                 callbacks.on_step_end(step, self)
-        return {"step": int(self.step.numpy()), "loss": None if loss is None else float(loss)}
+        return {"step": int(self.step.numpy()), "loss": None if loss is None else float(loss),
+                "weights_sha256": self.weights_digest()}
 
     def save_model_config(self) -> None:
         """Writes ``run_dir/model_config.json`` and ``train_config.json`` (chief only)."""

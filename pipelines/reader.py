@@ -69,6 +69,23 @@ def num_sequences(file_pattern_or_dir: str, split: str) -> int:
     return sum(s["sequences"] for s in manifest["splits"][split]["shards"] if s["file"] in names)
 
 
+def batches_per_pipeline(file_pattern_or_dir: str, split: str, batch_size: int, num_pipelines: int = 1) -> int:
+    """Full batches of `batch_size` that EVERY one of `num_pipelines` input pipelines yields in one pass.
+
+    Mirrors `pretraining_dataset`'s sharding (by file when there are enough files, else by record),
+    from the manifest's counts. Multi-worker evaluation takes this many batches on every worker, so
+    that no worker waits in a collective for a batch another one does not have.
+    """
+    files, manifest = resolve_shards(file_pattern_or_dir, split)
+    counts = {posixpath.basename(s["file"]): s["sequences"] for s in manifest["splits"][split]["shards"]}
+    sizes = [counts[posixpath.basename(f)] for f in files]
+    if len(files) >= num_pipelines:
+        per_pipe = [sum(sizes[k::num_pipelines]) for k in range(num_pipelines)]
+    else:
+        per_pipe = [len(range(k, sum(sizes), num_pipelines)) for k in range(num_pipelines)]
+    return min(per_pipe) // batch_size
+
+
 def parse_batch(serialized: tf.Tensor, n_ctx: int) -> tuple[tf.Tensor, tf.Tensor]:
     """[B] serialized records -> (inputs, targets) int32 [B, n_ctx]."""
     spec = {FEATURE: tf.io.FixedLenFeature([n_ctx + 1], tf.int64)}
