@@ -2,7 +2,7 @@
 
     python -m pipelines.finetune_data --task=sst2 --data_dir=../shared/data/glue/SST-2 \
         --tokenizer_dir=../shared/data/gpt1_bpe --output_dir=DIR [--splits=train,dev] \
-        [--max_examples=N] [--skip_malformed] [--holdout_fraction=F [--holdout_split=val]] \
+        [--max_examples=N] [--train_subsample=N] [--skip_malformed] [--holdout_fraction=F [--holdout_split=val]] \
         [--text_a_column=.. --text_b_column=.. --label_column=.. --label_names=.. --delimiter=..
          --input_type=single --head=classification   (task=csv only)] [--overwrite]
 
@@ -27,6 +27,10 @@ split read, e.g. Story Cloze's `val`) is divided by example id: an example goes 
 sha256(guid) / 2**256 < F (at least one does), else to `train`. This makes the paper's "fine-tune on
 the Story Cloze val set" measurable without its test set; the manifest records the rule.
 
+Subsample (`--train_subsample=N`): the output `train` split keeps the N examples whose sha256(guid)
+is smallest (after any hold-out): a fixed, order-free random sample, unlike --max_examples' first N
+(GLUE train files are grouped by source or genre). The manifest records kept / available counts.
+
 Same inputs -> byte-identical files; output is built in a temp folder and renamed into place; an
 output with the same config hash makes a re-run a no-op (a different one needs --overwrite).
 """
@@ -48,8 +52,9 @@ import numpy as np
 from tqdm import tqdm
 
 from gpt_tf.tasks import TaskSpec, csv_task, get_task
-from pipelines.common import command_line, commit_dir, hash_unit, run_cli, tokenizer_files
+from pipelines.common import command_line, commit_dir, run_cli, tokenizer_files
 from pipelines.pretrain_data import COMPRESSION, MANIFEST, load_manifest, sha256_file
+from pipelines.task_splits import plan_outputs
 from pipelines.task_readers import CsvOptions, Example, available_splits, infer_csv_labels, \
     read_examples, split_files
 
@@ -72,21 +77,6 @@ def _fingerprint(task: TaskSpec, data_dir, splits: Sequence[str]) -> list:
         for path in split_files(task, data_dir, split):
             rows.append([split, path.name, path.stat().st_size, sha256_file(path)])
     return rows
-
-
-def _holdout(examples: list[Example], fraction: float, where: str) -> tuple[list, list]:
-    """(train, dev) by guid hash; at least one example on each side."""
-    if len(examples) < 2:
-        raise ValueError(f"--holdout_fraction needs at least 2 examples in {where}, found {len(examples)}")
-    guids = collections.Counter(e.guid for e in examples)
-    dup = next((g for g, n in guids.items() if n > 1), None)
-    if dup is not None:
-        raise ValueError(f"{where}: guid {dup!r} occurs {guids[dup]} times; a hold-out by guid needs unique ids")
-    chosen = {e.guid for e in examples if hash_unit(e.guid) < fraction}
-    chosen = chosen or {min(guids, key=hash_unit)}
-    if len(chosen) == len(examples):
-        chosen.discard(max(guids, key=hash_unit))
-    return [e for e in examples if e.guid not in chosen], [e for e in examples if e.guid in chosen]
 
 
 def _encode(tokenizer, texts: list[str], desc: str, show_progress: bool) -> list[list[int]]:
@@ -201,31 +191,6 @@ def read_splits(task, data_dir, splits, skip_malformed, max_examples, csv_option
     return examples, skipped
 
 
-def _plan_outputs(task, examples: dict, holdout_fraction: float, holdout_split: Optional[str]):
-    """Output splits {name: examples} (+ hold-out and RACE-all), and the hold-out manifest entry."""
-    out, holdout = dict(examples), None
-    if holdout_fraction:
-        if not 0.0 < holdout_fraction < 1.0:
-            raise ValueError(f"--holdout_fraction must be in (0, 1), got {holdout_fraction}")
-        source = holdout_split or ("train" if "train" in out else next(iter(out)))
-        if source not in out:
-            raise ValueError(f"--holdout_split {source!r} is not among the splits read {sorted(out)}")
-        clash = sorted({"train", "dev"} & (set(out) - {source}))
-        if clash:
-            raise ValueError(f"holding out from {source!r} writes 'train' and 'dev', but split(s) {clash} "
-                             "are also read; pick other --splits")
-        train, dev = _holdout(out.pop(source), holdout_fraction, f"split {source!r}")
-        out["train"], out["dev"] = train, dev
-        holdout = {"source_split": source, "fraction": holdout_fraction, "train": len(train), "dev": len(dev),
-                   "rule": "an example is in dev iff int(sha256(guid).hexdigest()[:15], 16) / 16**15 < fraction"}
-    if task.name == "race":
-        for base in ("train", "dev", "test"):
-            parts = [f"{base}_{lv}" for lv in ("middle", "high")]
-            if base not in out and all(p in out for p in parts):
-                out[base] = out[parts[0]] + out[parts[1]]
-    return out, holdout
-
-
 def _config_hash(task: TaskSpec, data_dir, tokenizer_dir, splits, options: dict) -> str:
     key = {"format": FORMAT_VERSION, "task": task.to_dict(), "options": options,
            "input": _fingerprint(task, data_dir, splits),
@@ -253,7 +218,7 @@ def _existing(out: Path, chash: str, overwrite: bool) -> Optional[dict]:
 
 def build_task_data(task: Union[str, TaskSpec], data_dir, tokenizer_dir, output_dir, *,
                     splits: Optional[Sequence[str]] = None, max_examples: Optional[int] = None,
-                    skip_malformed: bool = False, holdout_fraction: float = 0.0,
+                    train_subsample: Optional[int] = None, skip_malformed: bool = False, holdout_fraction: float = 0.0,
                     holdout_split: Optional[str] = None, csv_options: Optional[CsvOptions] = None,
                     overwrite: bool = False, show_progress: bool = True,
                     command: Optional[str] = None) -> dict:
@@ -266,12 +231,16 @@ def build_task_data(task: Union[str, TaskSpec], data_dir, tokenizer_dir, output_
         raise FileNotFoundError(f"{data_dir}: no split of task {base_task.name!r} found")
     if max_examples is not None and max_examples < 1:
         raise ValueError(f"--max_examples must be positive, got {max_examples}")
+    if train_subsample is not None and train_subsample < 1:
+        raise ValueError(f"--train_subsample must be positive, got {train_subsample}")
     task = _resolve_task(base_task, data_dir, splits, csv_options)
-    options = {"splits": splits, "max_examples": max_examples, "skip_malformed": skip_malformed,
+    options = {"splits": splits, "max_examples": max_examples, "train_subsample": train_subsample,
+               "skip_malformed": skip_malformed,
                "holdout_fraction": holdout_fraction, "holdout_split": holdout_split,
                "csv_options": dataclasses.asdict(csv_options) if csv_options else None}
     examples, skipped = read_splits(task, data_dir, splits, skip_malformed, max_examples, csv_options)
-    outputs, holdout = _plan_outputs(task, examples, holdout_fraction, holdout_split)  # input errors first
+    outputs, holdout, subsample = plan_outputs(task, examples, holdout_fraction, holdout_split,
+                                                train_subsample)  # input errors first
     chash = _config_hash(task, data_dir, tokenizer_dir, splits, options)
     out = Path(output_dir)
     existing = _existing(out, chash, overwrite)
@@ -279,7 +248,7 @@ def build_task_data(task: Union[str, TaskSpec], data_dir, tokenizer_dir, output_
         _log.warning("%s already holds this build (config hash %s); nothing to do", out, chash[:12])
         return existing
     tokenizer = GPTTokenizer.from_dir(tokenizer_dir)
-    records = _tokenize_outputs(tokenizer, examples, outputs, holdout, skipped, str(data_dir), skip_malformed,
+    records = _tokenize_outputs(tokenizer, examples, outputs, holdout, subsample, skipped, str(data_dir), skip_malformed,
                                 show_progress)
     out.parent.mkdir(parents=True, exist_ok=True)
     tmp = out.parent / f".{out.name}.tmp-{os.getpid()}"
@@ -288,7 +257,7 @@ def build_task_data(task: Union[str, TaskSpec], data_dir, tokenizer_dir, output_
     try:
         split_rows = {name: _write_split(task, name, recs, tmp, show_progress) for name, recs in records.items()}
         manifest = _manifest(task, chash, command, options, tokenizer, tokenizer_dir, data_dir,
-                             split_rows, skipped, holdout)
+                             split_rows, skipped, holdout, subsample)
         with open(tmp / MANIFEST, "w", encoding="utf-8") as f:
             json.dump(manifest, f, indent=1, ensure_ascii=False)
             f.write("\n")
@@ -298,8 +267,8 @@ def build_task_data(task: Union[str, TaskSpec], data_dir, tokenizer_dir, output_
     return manifest
 
 
-def _tokenize_outputs(tokenizer, examples: dict, outputs: dict, holdout: Optional[dict], skipped: list,
-                      data_dir: str, skip_malformed: bool, show_progress: bool) -> dict:
+def _tokenize_outputs(tokenizer, examples: dict, outputs: dict, holdout: Optional[dict], subsample: Optional[dict],
+                      skipped: list, data_dir: str, skip_malformed: bool, show_progress: bool) -> dict:
     """{output split: records}: each split read is tokenized once, then shared by the hold-out
     halves and the RACE-all union. Examples dropped for empty tokens are appended to `skipped`."""
     tokenized = {}
@@ -310,6 +279,9 @@ def _tokenize_outputs(tokenizer, examples: dict, outputs: dict, holdout: Optiona
         ids = {r["guid"]: r for r in tokenized[holdout["source_split"]]}
         tokenized.update({s: [ids[e.guid] for e in outputs[s] if e.guid in ids] for s in ("train", "dev")})
         holdout.update(train=len(tokenized["train"]), dev=len(tokenized["dev"]))
+    if subsample and not holdout:  # (a hold-out already took the train records from outputs)
+        kept = {e.guid for e in outputs["train"]}
+        tokenized["train"] = [r for r in tokenized["train"] if r["guid"] in kept]
     return {name: tokenized[name] if name in tokenized else
             [r for part in (f"{name}_middle", f"{name}_high") for r in tokenized[part]] for name in outputs}
 
@@ -322,7 +294,7 @@ def _write_split(task: TaskSpec, name: str, records: list, folder: Path, show_pr
             "sha256": sha256_file(path)}
 
 
-def _manifest(task, chash, command, options, tokenizer, tokenizer_dir, data_dir, splits, skipped, holdout):
+def _manifest(task, chash, command, options, tokenizer, tokenizer_dir, data_dir, splits, skipped, holdout, subsample):
     """The manifest.json content."""
     files = [Path(tokenizer.encoder_path), Path(tokenizer.merges_path)]
     return {
@@ -336,6 +308,7 @@ def _manifest(task, chash, command, options, tokenizer, tokenizer_dir, data_dir,
                       "files": [{"name": p.name, "path": str(p), "sha256": sha256_file(p)} for p in files]},
         "counts": {name: s["examples"] for name, s in splits.items()},
         "holdout": holdout,
+        "train_subsample": subsample,
         "splits": splits,
         "skipped_count": len(skipped),
         "skipped_by_reason": dict(collections.Counter(s["reason"].split(":")[0] for s in skipped)),
@@ -354,6 +327,7 @@ def _define_flags(flags) -> None:
                         required=True)
     flags.DEFINE_list("splits", None, "Splits to read (default: the task's standard splits found).")
     flags.DEFINE_integer("max_examples", None, "Keep the first N examples of each split read.")
+    flags.DEFINE_integer("train_subsample", None, "Keep N train examples, chosen by guid hash (a fixed random sample).")
     flags.DEFINE_boolean("skip_malformed", False, "Skip (and list in the manifest) malformed rows "
                          "instead of failing on the first.")
     flags.DEFINE_float("holdout_fraction", 0.0, "Split --holdout_split into train/dev by guid hash.")
@@ -387,6 +361,7 @@ def main(argv) -> None:
     try:
         manifest = build_task_data(
             task, f.data_dir, f.tokenizer_dir, f.output_dir, splits=f.splits, max_examples=f.max_examples,
+            train_subsample=f.train_subsample,
             skip_malformed=f.skip_malformed, holdout_fraction=f.holdout_fraction,
             holdout_split=f.holdout_split, csv_options=csv_options, overwrite=f.overwrite,
             show_progress=f.progress,

@@ -449,3 +449,22 @@ def test_cli_builds_a_generic_csv_task(tmp_path, tokenizer_dir):
         str(tmp_path / "out"), "dev") == 30
     bad = subprocess.run(cmd[:-2] + ["--text_a_column=nope"], cwd=root, capture_output=True, text=True, timeout=120)
     assert bad.returncode == 2 and "missing column(s) ['nope']" in bad.stderr
+
+
+def test_train_subsample_is_a_fixed_hash_sample(shared_data, tokenizer_dir, tmp_path):
+    rte = shared_data / "glue" / "RTE"
+    m = fd.build_task_data("rte", rte, tokenizer_dir, tmp_path / "a", train_subsample=100, show_progress=False)
+    assert m["counts"] == {"train": 100, "dev": 277}
+    assert m["train_subsample"]["kept"] == 100 and m["train_subsample"]["available"] == 2490
+    guids = [e.guid for e in read_examples(get_task("rte"), rte, "train")[0]]
+    want = set(sorted(guids, key=lambda g: int(hashlib.sha256(g.encode()).hexdigest()[:15], 16))[:100])
+    got = [r["guid"].numpy().decode() for r in read_records(tmp_path / "a/train.tfrecord.gz")]
+    assert set(got) == want and got == [g for g in guids if g in want]  # file order kept
+    # After a hold-out the sample is drawn from what stayed in train.
+    m = fd.build_task_data("rte", rte, tokenizer_dir, tmp_path / "b", splits=["train"], holdout_fraction=0.5,
+                           train_subsample=50, show_progress=False)
+    dev = {r["guid"].numpy().decode() for r in read_records(tmp_path / "b/dev.tfrecord.gz")}
+    train = {r["guid"].numpy().decode() for r in read_records(tmp_path / "b/train.tfrecord.gz")}
+    assert m["counts"]["train"] == 50 and len(train) == 50 and not train & dev
+    with pytest.raises(ValueError, match="--train_subsample must be positive"):
+        fd.build_task_data("rte", rte, tokenizer_dir, tmp_path / "c", train_subsample=0, show_progress=False)
