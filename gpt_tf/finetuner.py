@@ -28,6 +28,7 @@ import tensorflow as tf
 from tqdm.auto import tqdm
 
 from gpt_tf.config import GPTConfig
+from gpt_tf.finetune_io import pretrained_model_config
 from gpt_tf.metrics import compute_metrics
 from gpt_tf.model import GPTBackbone, GPTLanguageModel
 from gpt_tf.optim import WarmupDecay, make_optimizer
@@ -138,7 +139,7 @@ class Finetuner:
 
     def _initialise_from(self, path):
         """Pre-trained LM → backbone (first ``transfer_layers`` blocks), special-token rows re-drawn."""
-        lm = GPTLanguageModel.from_config_preset(self.model_config)
+        lm = GPTLanguageModel.from_config_preset(pretrained_model_config(path))  # its own n_ctx
         restore_pretrained_lm(lm, path)
         n = self.model_config.n_layer if self.config.transfer_layers < 0 else self.config.transfer_layers
         copied = transfer_layers(lm, self.model.backbone, n)

@@ -269,6 +269,10 @@ def _finetune_model_config(tokenizer_vocab):
         config = pretrained_model_config(FLAGS.run_dir)
     elif FLAGS.init_checkpoint:
         config = pretrained_model_config(FLAGS.init_checkpoint)
+        if FLAGS.n_ctx > config.n_ctx:
+            sys.exit(f"gpt_tf.train: --n_ctx={FLAGS.n_ctx} exceeds the pre-trained model's {config.n_ctx} positions")
+        if FLAGS.n_ctx:  # a shorter context for short-text tasks: the first n_ctx position rows are kept
+            config = config.replace(n_ctx=FLAGS.n_ctx)
     else:
         config = get_preset(FLAGS.model, vocab_size=tokenizer_vocab, **({"n_ctx": FLAGS.n_ctx} if FLAGS.n_ctx else {}))
     if FLAGS.dropout >= 0:

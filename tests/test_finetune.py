@@ -45,8 +45,9 @@ def test_rte_from_pretrained_then_eval_and_predict(pretrained, shared_data, tmp_
     data = build_task("rte", shared_data / "glue" / "RTE", bpe, tmp_path / "rte", "--max_examples=48")
     run_dir = tmp_path / "run"
     flags = ["--task=rte", f"--data_dir={data}", f"--run_dir={run_dir}", *FT_FLAGS]
-    proc = run_cli("gpt_tf.train", *flags, f"--init_checkpoint={lm_run}", "--transfer_layers=1")
+    proc = run_cli("gpt_tf.train", *flags, f"--init_checkpoint={lm_run}", "--transfer_layers=1", "--n_ctx=48")
     assert "embeddings + 1 of 2 blocks" in proc.stderr
+    assert json.loads((run_dir / "model_config.json").read_text())["n_ctx"] == 48  # shorter than the LM's 64
     trained = json.loads(proc.stdout.strip().splitlines()[-1])
     assert trained["dev"]["examples"] == 48 and 0.0 <= trained["dev"]["accuracy"] <= 1.0
     evaluated = json.loads(run_cli("gpt_tf.train", *flags, "--mode=eval").stdout.strip().splitlines()[-1])
