@@ -1,0 +1,158 @@
+r"""Export trained models as TF Serving versions: ``<export_base>/<model_name>/<version>/``.
+
+    python -m serving.export --run_dir=runs/finetune_sst2 --export_base=exported
+    python -m serving.export --run_dir=runs/books_tiny --export_base=exported --model_name=books_lm
+
+A fine-tuning run dir (``finetune_config.json``) gives a task model (``serving/task_module.py``:
+text -> probabilities, label ids and names, or the score), restored through
+``gpt_tf.finetuner.Finetuner.restore``; its task and tokenizer come from the task data's
+``manifest.json``. A pre-training run dir (``train_config.json``) or a folder of GPT-1 release
+shards gives a language model (``serving/lm_module.py``). The version is one above the newest
+already there unless ``--version`` says otherwise; it appears atomically.
+
+The SavedModels compute in ``--precision`` (default float32, whatever the run trained in: the
+checkpoints hold float32 weights either way) and always answer in float32.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+import sys
+
+from absl import app, flags
+
+FLAGS = flags.FLAGS
+flags.DEFINE_string("run_dir", None, "Fine-tuning or pre-training run dir, or a folder of GPT-1 release shards.")
+flags.DEFINE_string("export_base", None, "Base path: the version goes to <export_base>/<model_name>/<version>.")
+flags.DEFINE_string("model_name", "", "Servable name (default: the task's name, or 'lm' for a language model).")
+flags.DEFINE_integer("version", 0, "Version number (0: one above the newest in the base path).")
+flags.DEFINE_enum("precision", "float32", ["float32", "mixed_bfloat16"], "Compute precision of the export.")
+flags.DEFINE_string("tokenizer_dir", "", "BPE files (default: the folder the run's data manifest names).")
+flags.DEFINE_string("data_dir", "", "Fine-tuning runs: task data folder (default: the one the run used).")
+flags.DEFINE_integer("lm_top_k", 10, "Language models: next-token guesses returned per text.")
+
+WARMUP_TEXT = "a warm-up request."
+
+
+def _read_json(path: str) -> dict:
+    if not os.path.isfile(path):
+        raise FileNotFoundError(f"{path} not found")
+    with open(path) as f:
+        return json.load(f)
+
+
+def _manifest_tokenizer_dir(data_dir: str) -> str:
+    """The tokenizer folder a data manifest names (relative paths are from the current directory)."""
+    path = os.path.join(data_dir, "manifest.json")
+    tokenizer_dir = _read_json(path)["tokenizer"]["dir"]
+    if not os.path.isdir(tokenizer_dir):
+        raise FileNotFoundError(f"{path} names tokenizer dir {tokenizer_dir!r}, which does not exist here; "
+                                "pass --tokenizer_dir")
+    return tokenizer_dir
+
+
+def load_finetuned(run_dir: str, precision: str = "float32", data_dir: str = ""):
+    """(``GPTTaskModel``, ``TaskSpec``, tokenizer dir) of a fine-tuning run's latest checkpoint."""
+    import tensorflow as tf
+
+    from gpt_tf.finetune_io import pretrained_model_config
+    from gpt_tf.finetuner import FinetuneConfig, Finetuner
+    from pipelines.transforms import load_task_spec
+
+    saved = _read_json(os.path.join(run_dir, "finetune_config.json"))
+    # No pre-trained initialisation (the checkpoint overwrites it) and the export's precision.
+    config = dataclasses.replace(FinetuneConfig(**saved), init_checkpoint="", precision=precision,
+                                 data_dir=data_dir or saved["data_dir"], run_dir=run_dir)
+    task = load_task_spec(config.data_dir)
+    tuner = Finetuner(task, pretrained_model_config(run_dir), config, tf.distribute.get_strategy(), log=lambda _: None)
+    if tuner.restore() == 0:
+        raise FileNotFoundError(f"{run_dir}/checkpoints holds no checkpoint")
+    return tuner.model, task, _manifest_tokenizer_dir(config.data_dir)
+
+
+def load_pretrained(path: str, precision: str = "float32", tokenizer_dir: str = ""):
+    """(``GPTLanguageModel``, tokenizer dir) of a pre-training run dir or GPT-1 release shards."""
+    from gpt_tf.finetune_io import pretrained_model_config
+    from gpt_tf.model import GPTLanguageModel
+    from gpt_tf.trainer import restore_pretrained_lm
+
+    if not tokenizer_dir:
+        if os.path.isfile(os.path.join(path, "params_0.npy")):
+            raise ValueError(f"{path} holds GPT-1 release shards: pass --tokenizer_dir (GPT-1's BPE files)")
+        tokenizer_dir = _manifest_tokenizer_dir(_read_json(os.path.join(path, "train_config.json"))["data_dir"])
+    lm = GPTLanguageModel.from_config_preset(pretrained_model_config(path), dtype=precision)
+    restore_pretrained_lm(lm, path)
+    return lm, tokenizer_dir
+
+
+def task_warmup(model_name: str, task) -> list:
+    """Warm-up records: the text signature at batch 1 and 8, and Classify / Regress once."""
+    from serving.saved_model_io import examples_log, predict_log, text_example
+    from serving.task_module import CHOICES, input_specs
+
+    fields = {name: ([WARMUP_TEXT] * spec.shape[1] if name == CHOICES else WARMUP_TEXT)
+              for name, spec in input_specs(task).items()}
+    records = [predict_log(model_name, "serving_default", {k: [v] * n for k, v in fields.items()}) for n in (1, 8)]
+    regress = task.head == "regression"
+    records.append(examples_log(model_name, "regress" if regress else "classify", [text_example(fields)], regress))
+    return records
+
+
+def export_task_model(model, task, tokenizer_dir: str, base_path: str, model_name: str, version: int = 0) -> str:
+    """Writes a ``GPTTaskModel`` as a servable version; returns its folder."""
+    from gpt_tf.tokenizer import GPTTokenizer
+    from serving.saved_model_io import save_version
+    from serving.task_module import TaskServingModule
+
+    module = TaskServingModule(model, task, GPTTokenizer.from_dir(tokenizer_dir).tf_tokenizer())
+    return save_version(module, module.signatures(), base_path, model_name, version, task_warmup(model_name, task))
+
+
+def export_lm(lm, tokenizer_dir: str, base_path: str, model_name: str, version: int = 0, top_k: int = 10) -> str:
+    """Writes a ``GPTLanguageModel`` as a servable version; returns its folder."""
+    from gpt_tf.tokenizer import GPTTokenizer
+    from serving.lm_module import LMServingModule
+    from serving.saved_model_io import predict_log, save_version
+
+    offline = GPTTokenizer.from_dir(tokenizer_dir)
+    module = LMServingModule(lm, offline.tf_tokenizer(), offline, top_k=top_k)
+    warmup = [predict_log(model_name, "serving_default", {"text": [WARMUP_TEXT] * n}) for n in (1, 8)]
+    return save_version(module, module.signatures(), base_path, model_name, version, warmup)
+
+
+def export_run(run_dir: str, base_path: str, model_name: str = "", version: int = 0, precision: str = "float32",
+               tokenizer_dir: str = "", data_dir: str = "", top_k: int = 10) -> str:
+    """Exports a fine-tuning run, a pre-training run or GPT-1 release shards; returns the version folder."""
+    if os.path.isfile(os.path.join(run_dir, "finetune_config.json")):
+        model, task, run_tokenizer = load_finetuned(run_dir, precision, data_dir)
+        return export_task_model(model, task, tokenizer_dir or run_tokenizer, base_path, model_name or task.name,
+                                 version)
+    if not (os.path.isfile(os.path.join(run_dir, "train_config.json"))
+            or os.path.isfile(os.path.join(run_dir, "params_0.npy"))):
+        raise FileNotFoundError(f"{run_dir}: not a fine-tuning run (finetune_config.json), a pre-training run "
+                                "(train_config.json) nor GPT-1 release shards (params_0.npy)")
+    lm, lm_tokenizer = load_pretrained(run_dir, precision, tokenizer_dir)
+    return export_lm(lm, lm_tokenizer, base_path, model_name or "lm", version, top_k)
+
+
+def main(argv):
+    if len(argv) > 1:
+        raise app.UsageError(f"unexpected arguments: {' '.join(argv[1:])}")
+    missing = [f"--{name}" for name in ("run_dir", "export_base") if not getattr(FLAGS, name)]
+    if missing:
+        sys.exit(f"serving.export: {', '.join(missing)} required")
+    if FLAGS.version < 0:
+        sys.exit("serving.export: --version must be >= 0")
+    os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+    try:
+        path = export_run(FLAGS.run_dir, FLAGS.export_base, FLAGS.model_name, FLAGS.version, FLAGS.precision,
+                          FLAGS.tokenizer_dir, FLAGS.data_dir, FLAGS.lm_top_k)
+    except (FileNotFoundError, FileExistsError, ValueError) as err:
+        sys.exit(f"serving.export: {err}")
+    print(path, flush=True)
+
+
+if __name__ == "__main__":
+    app.run(main)

@@ -1,0 +1,92 @@
+"""A pre-trained GPT language model as a ``tf.Module`` for TF Serving (core TF ops only).
+
+Signatures (B = any batch size >= 1):
+
+* ``serving_default``: ``text`` string ``[B]`` -> ``token_ids`` int32 ``[B, T]`` (the tokens
+  scored, padded with -1), ``lengths`` int32 ``[B]``, ``token_log_probs`` float32 ``[B, T]``
+  (log p(token_t | tokens before it); 0 for the first token, which has no context, and for
+  padding), ``log_prob`` float32 ``[B]`` (their sum), and the model's guesses for the token
+  after the text: ``next_token_ids`` int32 ``[B, k]``, ``next_tokens`` string ``[B, k]``
+  (``</w>`` shown as a trailing space) and ``next_token_log_probs`` float32 ``[B, k]``.
+* ``tokens``: ``input_ids`` int32 ``[B, T]`` (T <= n_ctx) and ``lengths`` int32 ``[B]`` (the
+  real tokens of each row; the rest is padding) -> the same outputs but ``token_ids``.
+
+Probabilities are over the BPE vocabulary only (the special tokens are never predicted, as in
+``gpt_tf.generate``). A text longer than the context keeps its last n_ctx tokens (the model's
+sliding window). A text that encodes to no token, or that is not valid UTF-8, is rejected
+(INVALID_ARGUMENT).
+"""
+
+from __future__ import annotations
+
+import tensorflow as tf
+
+from gpt_tf.tokenizer import END_OF_WORD, GPTTokenizer
+from serving.task_module import check_batch, check_texts, check_tokens
+
+
+class LMServingModule(tf.Module):
+    """``lm`` (a ``GPTLanguageModel``) behind text and token-id signatures."""
+
+    def __init__(self, lm, tokenizer, offline: GPTTokenizer, top_k: int = 10, name=None):
+        super().__init__(name=name)
+        config = lm.config
+        if not 1 <= top_k <= config.vocab_size:
+            raise ValueError(f"top_k must be in [1, {config.vocab_size}], got {top_k}")
+        if tokenizer.vocab_size != config.vocab_size:
+            raise ValueError(f"the tokenizer has {tokenizer.vocab_size} tokens but the model {config.vocab_size}")
+        self.lm, self.tokenizer, self.top_k = lm, tokenizer, top_k
+        self.n_ctx, self.vocab_size = config.n_ctx, config.vocab_size
+        words = sorted(offline.encoder, key=offline.encoder.get)
+        self._vocab = tf.constant([w.replace(END_OF_WORD, " ") for w in words], tf.string)
+
+    def score(self, input_ids, lengths) -> dict:
+        """Outputs for right-padded token ids ``[B, T]`` with ``lengths`` real tokens per row."""
+        logits = tf.cast(self.lm(input_ids, training=False), tf.float32)[..., : self.vocab_size]
+        log_probs = tf.nn.log_softmax(logits, axis=-1)
+        targets = tf.clip_by_value(input_ids[:, 1:], 0, self.vocab_size - 1)
+        scored = tf.gather(log_probs[:, :-1], targets, axis=2, batch_dims=2)
+        length = tf.shape(input_ids)[1]
+        mask = tf.sequence_mask(lengths, length)[:, 1:]
+        token_log_probs = tf.pad(tf.where(mask, scored, 0.0), [[0, 0], [1, 0]])
+        last = tf.gather(log_probs, lengths - 1, axis=1, batch_dims=1)
+        best, best_ids = tf.math.top_k(last, k=self.top_k)
+        best_ids = tf.cast(best_ids, tf.int32)
+        return {"lengths": lengths, "token_log_probs": token_log_probs,
+                "log_prob": tf.reduce_sum(token_log_probs, axis=1), "next_token_ids": best_ids,
+                "next_tokens": tf.gather(self._vocab, best_ids), "next_token_log_probs": best}
+
+    def _serve_text(self, text):
+        checks = check_batch({"text": text}) + check_texts("text", text)
+        with tf.control_dependencies(checks):
+            ids = self.tokenizer(text)
+        with tf.control_dependencies(check_tokens("text", ids)):
+            ids = ids[:, -self.n_ctx:]  # the last n_ctx tokens: the model's sliding window
+        lengths = tf.cast(ids.row_lengths(), tf.int32)
+        out = self.score(ids.to_tensor(default_value=0), lengths)
+        out["token_ids"] = ids.to_tensor(default_value=-1)
+        return out
+
+    def _serve_tokens(self, input_ids, lengths):
+        shape = tf.shape(input_ids)
+        checks = [
+            tf.debugging.assert_positive(shape[0], message="empty batch: send at least one example"),
+            tf.debugging.assert_less_equal(shape[1], self.n_ctx, message=f"input_ids longer than n_ctx={self.n_ctx}"),
+            tf.debugging.assert_equal(tf.shape(lengths), shape[:1], message="lengths must be [batch]"),
+            tf.debugging.assert_positive(lengths, message="lengths must be >= 1"),
+            tf.debugging.assert_less_equal(lengths, shape[1], message="lengths must be <= the length of input_ids"),
+            tf.debugging.assert_non_negative(input_ids, message="input_ids must be >= 0"),
+            tf.debugging.assert_less(input_ids, self.vocab_size, message=f"input_ids must be < {self.vocab_size}"),
+        ]
+        with tf.control_dependencies(checks):
+            return self.score(tf.identity(input_ids), tf.identity(lengths))
+
+    def signatures(self) -> dict:
+        """``{name: ConcreteFunction}`` to pass to ``tf.saved_model.save``."""
+        return {
+            "serving_default": tf.function(self._serve_text).get_concrete_function(
+                tf.TensorSpec([None], tf.string, name="text")),
+            "tokens": tf.function(self._serve_tokens).get_concrete_function(
+                tf.TensorSpec([None, None], tf.int32, name="input_ids"),
+                tf.TensorSpec([None], tf.int32, name="lengths")),
+        }
