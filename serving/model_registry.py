@@ -1,0 +1,128 @@
+"""Which versions are served: the base paths polled, versions loaded, swapped and unloaded.
+
+Like TF Serving's file-system source and availability-preserving policy: every poll lists the
+numeric version folders of each model's base path, loads the versions its version policy wants
+(newest first; a version is loaded, warmed up with its ``tf_serving_warmup_requests``, then made
+available) and only afterwards unloads the versions it no longer wants. A request takes its
+servable under a lock and keeps it until it is answered, so a version swap drops no request.
+A version that fails to load is reported (state END with the error) and not retried.
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+import traceback
+
+from tensorflow_serving.apis import get_model_status_pb2
+
+from serving.errors import not_found
+from serving.saved_model_io import versions
+from serving.servable import Servable
+
+State = get_model_status_pb2.ModelVersionStatus.State
+
+
+class ModelRegistry:
+    """The models of ``configs`` (``serving.server_config.ModelConfig``) and their loaded versions."""
+
+    def __init__(self, configs, batching=None, method_name_check: bool = False, log=print):
+        self.configs = {c.name: c for c in configs}
+        self._batching, self._method_name_check, self._log = batching, method_name_check, log
+        self._lock = threading.Lock()
+        self._available = {name: {} for name in self.configs}  # name -> {version: Servable}
+        self._states = {name: {} for name in self.configs}  # name -> {version: (State, error message)}
+        self._stop = threading.Event()
+        self._thread = None
+
+    # ------------------------------------------------------------------ lifecycle
+    def poll(self) -> None:
+        """One pass over every base path: load wanted versions, then unload unwanted ones."""
+        for name, config in self.configs.items():
+            wanted = config.aspired(versions(config.base_path))
+            for version in sorted(wanted, reverse=True):
+                state = self._states[name].get(version)
+                if state is None or (state[0] == State.END and not state[1]):
+                    self._load(name, version, os.path.join(config.base_path, str(version)))
+            for version in [v for v in list(self._available[name]) if v not in wanted]:
+                self._unload(name, version)
+
+    def _load(self, name: str, version: int, path: str) -> None:
+        self._set_state(name, version, State.LOADING)
+        try:
+            servable = Servable(name, version, path, self._batching, self._method_name_check)
+            warmed = servable.warm_up()
+        except Exception as err:  # noqa: BLE001 -- any failure is this version's status, the server stays up
+            self._log(f"model {name} version {version}: load failed: {err}\n{traceback.format_exc(limit=3)}")
+            self._set_state(name, version, State.END, f"{type(err).__name__}: {err}")
+            return
+        with self._lock:
+            self._available[name][version] = servable
+            self._states[name][version] = (State.AVAILABLE, "")
+        self._log(f"model {name} version {version}: available ({path}, {warmed} warm-up requests)")
+
+    def _unload(self, name: str, version: int) -> None:
+        with self._lock:
+            servable = self._available[name].pop(version)
+            self._states[name][version] = (State.UNLOADING, "")
+        servable.close()
+        self._set_state(name, version, State.END)
+        self._log(f"model {name} version {version}: unloaded")
+
+    def _set_state(self, name: str, version: int, state, error: str = "") -> None:
+        with self._lock:
+            self._states[name][version] = (state, error)
+
+    def start_polling(self, seconds: float) -> None:
+        """Polls every ``seconds`` in a background thread (0: never again)."""
+        if seconds <= 0:
+            return
+
+        def loop():
+            while not self._stop.wait(seconds):
+                try:
+                    self.poll()
+                except Exception:  # noqa: BLE001 -- e.g. a base path on flaky storage; next poll retries
+                    self._log(f"poll failed:\n{traceback.format_exc(limit=3)}")
+
+        self._thread = threading.Thread(target=loop, name="model-poller", daemon=True)
+        self._thread.start()
+
+    def stop(self) -> None:
+        """Stops polling and unloads everything."""
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join()
+        for name in self.configs:
+            for version in list(self._available[name]):
+                self._unload(name, version)
+
+    # ------------------------------------------------------------------ lookups
+    def servable(self, name: str, version: int | None = None, label: str = "") -> Servable:
+        """The servable a request's ModelSpec names (latest available version by default)."""
+        if label:
+            labels = dict(self.configs[name].labels) if name in self.configs else {}
+            if label not in labels:
+                raise not_found(f"Unrecognized servable version label: {label}")
+            version = labels[label]
+        with self._lock:
+            loaded = self._available.get(name, {})
+            if version is None:
+                if not loaded:
+                    raise not_found(f"Servable not found for request: Latest({name})")
+                return loaded[max(loaded)]
+            if version not in loaded:
+                raise not_found(f"Servable not found for request: Specific({name}, {version})")
+            return loaded[version]
+
+    def status(self, name: str, version: int | None = None) -> list:
+        """``[(version, State, error message)]`` of a model, or of one of its versions."""
+        with self._lock:
+            states = dict(self._states.get(name, {}))
+        if version is not None:
+            if version not in states:
+                raise not_found(f"Could not find version {version} of model {name}")
+            return [(version, *states[version])]
+        if not states:
+            raise not_found(f"Could not find any versions of model {name}")
+        return [(v, *states[v]) for v in sorted(states)]
