@@ -1,0 +1,158 @@
+r"""Client for exported models behind stock TF Serving or ``serving.server``, over gRPC or REST.
+
+    python -m serving.client --port=8500 --model_name=sst2 --input="sentence=a gripping, funny film"
+    python -m serving.client --port=8501 --protocol=rest --model_name=rte \
+        --input="premise=A man is sleeping." --input="hypothesis=Somebody rests."
+    python -m serving.client --port=8500 --model_name=story_cloze --input="context=..." \
+        --input='choices=["ending one", "ending two"]'
+
+Repeat an input to send a batch. Prints one JSON object per example: ``label`` and
+``probabilities`` per class (classification, multiple choice), ``score`` (regression), or every
+output of the signature (other models, e.g. the language model).
+
+As a library: ``ServingClient(host, port, protocol).classify_texts("sst2", {"sentence": [...]})``.
+"""
+
+from __future__ import annotations
+
+import http.client
+import json
+import sys
+import threading
+
+import grpc
+import numpy as np
+import tensorflow as tf
+from absl import app, flags
+from tensorflow_serving.apis import predict_pb2, prediction_service_pb2_grpc
+
+from serving.errors import ServingError
+
+FLAGS = flags.FLAGS
+flags.DEFINE_string("host", "127.0.0.1", "Server address.")
+flags.DEFINE_integer("port", 8500, "gRPC port (or REST port with --protocol=rest).")
+flags.DEFINE_enum("protocol", "grpc", ["grpc", "rest"], "API to use.")
+flags.DEFINE_string("model_name", None, "Model to ask.")
+flags.DEFINE_integer("model_version", 0, "Version to ask (0: the latest the server has).")
+flags.DEFINE_multi_string("input", [], "NAME=VALUE (repeat for several inputs and examples; a value starting "
+                          "with '[' is a JSON list, e.g. the choices of a multiple-choice example).")
+flags.DEFINE_float("timeout", 30.0, "Seconds to wait for an answer.")
+
+# HTTP status -> the gRPC code a TF Serving REST error most likely had (serving.errors.HTTP_STATUS reversed).
+_FROM_HTTP = {400: "INVALID_ARGUMENT", 404: "NOT_FOUND", 409: "ABORTED", 411: "INVALID_ARGUMENT",
+              413: "RESOURCE_EXHAUSTED", 429: "RESOURCE_EXHAUSTED", 501: "UNIMPLEMENTED", 503: "UNAVAILABLE",
+              504: "DEADLINE_EXCEEDED"}
+
+
+class ServingClient:
+    """Predict requests to one server; thread-safe (one HTTP connection per thread for REST)."""
+
+    def __init__(self, host: str = "127.0.0.1", port: int = 8500, protocol: str = "grpc", timeout: float = 30.0):
+        if protocol not in ("grpc", "rest"):
+            raise ValueError(f"protocol must be 'grpc' or 'rest', got {protocol!r}")
+        self.host, self.port, self.protocol, self.timeout = host, port, protocol, timeout
+        if protocol == "grpc":
+            self._channel = grpc.insecure_channel(f"{host}:{port}")
+            self._stub = prediction_service_pb2_grpc.PredictionServiceStub(self._channel)
+        self._local = threading.local()
+
+    def close(self) -> None:
+        if self.protocol == "grpc":
+            self._channel.close()
+
+    # ------------------------------------------------------------------ transport
+    def predict(self, model_name: str, inputs: dict, signature: str = "serving_default",
+                version: int | None = None) -> dict:
+        """``{input: list or array}`` -> ``{output: np.ndarray}`` (strings as ``str``)."""
+        if self.protocol == "grpc":
+            request = predict_pb2.PredictRequest()
+            request.model_spec.name, request.model_spec.signature_name = model_name, signature
+            if version:
+                request.model_spec.version.value = version
+            for name, value in inputs.items():
+                request.inputs[name].CopyFrom(tf.make_tensor_proto(value))
+            try:
+                response = self._stub.Predict(request, timeout=self.timeout)
+            except grpc.RpcError as err:
+                raise ServingError(err.code(), err.details()) from None
+            outputs = {k: tf.make_ndarray(v) for k, v in response.outputs.items()}
+        else:
+            path = f"/v1/models/{model_name}" + (f"/versions/{version}" if version else "") + ":predict"
+            body = {"signature_name": signature, "inputs": {k: np.asarray(v).tolist() for k, v in inputs.items()}}
+            outputs = {k: np.asarray(v) for k, v in self._post(path, body)["outputs"].items()}
+        return {k: (np.vectorize(lambda b: b.decode("utf-8") if isinstance(b, bytes) else b, otypes=[object])(v)
+                    if v.dtype == object else v) for k, v in outputs.items()}
+
+    def _post(self, path: str, body: dict) -> dict:
+        data = json.dumps(body).encode("utf-8")
+        for attempt in (0, 1):  # a kept-alive connection the server closed is reopened once
+            conn = getattr(self._local, "conn", None)
+            if conn is None:
+                conn = self._local.conn = http.client.HTTPConnection(self.host, self.port, timeout=self.timeout)
+            try:
+                conn.request("POST", path, data, {"Content-Type": "application/json"})
+                response = conn.getresponse()
+                payload = json.loads(response.read() or b"{}")
+                break
+            except (ConnectionError, http.client.HTTPException):
+                conn.close()
+                self._local.conn = None
+                if attempt:
+                    raise
+        if response.status != 200:
+            code = getattr(grpc.StatusCode, _FROM_HTTP.get(response.status, "INTERNAL"))
+            raise ServingError(code, payload.get("error", f"HTTP {response.status}"))
+        return payload
+
+    # ------------------------------------------------------------------ text in, labels out
+    def classify_texts(self, model_name: str, fields: dict, version: int | None = None) -> list:
+        """Texts (``{field: [text per example]}``) -> one result dict per example; see the module doc."""
+        return results_from_outputs(self.predict(model_name, fields, version=version))
+
+
+def results_from_outputs(outputs: dict) -> list:
+    """Per-example dicts from a ``serving_default`` answer (classification, choice, regression or other)."""
+    if "probabilities" in outputs:
+        return [{"label": str(label), "label_id": int(index),
+                 "probabilities": {str(c): float(p) for c, p in zip(classes, probs)}}
+                for label, index, classes, probs in zip(outputs["label_names"], outputs["label_ids"],
+                                                        outputs["classes"], outputs["probabilities"])]
+    if "score" in outputs:
+        return [{"score": float(s)} for s in outputs["score"]]
+    rows = len(next(iter(outputs.values())))
+    return [{k: v[i].tolist() for k, v in outputs.items()} for i in range(rows)]
+
+
+def parse_inputs(specs: list) -> dict:
+    """``["name=value", ...]`` -> ``{name: [value, ...]}`` (JSON lists for values starting with '[')."""
+    fields = {}
+    for spec in specs:
+        name, sep, value = spec.partition("=")
+        if not sep or not name:
+            raise ValueError(f"--input={spec!r}: expected NAME=VALUE")
+        fields.setdefault(name, []).append(json.loads(value) if value.startswith("[") else value)
+    return fields
+
+
+def main(argv):
+    if len(argv) > 1:
+        raise app.UsageError(f"unexpected arguments: {' '.join(argv[1:])}")
+    if not FLAGS.model_name or not FLAGS.input:
+        sys.exit("serving.client: --model_name and at least one --input are required")
+    try:
+        fields = parse_inputs(FLAGS.input)
+    except ValueError as err:
+        sys.exit(f"serving.client: {err}")
+    client = ServingClient(FLAGS.host, FLAGS.port, FLAGS.protocol, FLAGS.timeout)
+    try:
+        results = client.classify_texts(FLAGS.model_name, fields, FLAGS.model_version or None)
+    except ServingError as err:
+        sys.exit(f"serving.client: {err.code.name}: {err.message}")
+    finally:
+        client.close()
+    for result in results:
+        print(json.dumps(result, ensure_ascii=False), flush=True)
+
+
+if __name__ == "__main__":
+    app.run(main)
