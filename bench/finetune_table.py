@@ -1,0 +1,155 @@
+"""Fine-tuning on real data: a pre-trained LM against the same model from scratch, plus multi-task RTE.
+
+    python -m bench.finetune_table --pretrained=runs/books_tiny --tasks_dir=data/tasks_books \\
+        --out=bench/results/finetune_books_tiny
+
+Every cell is one ``python -m gpt_tf.train --flagfile=configs/finetune_<task>.flags`` run (the
+paper's recipe: lr 6.25e-5, batch 32, 3 epochs, linear decay, 0.2% warm-up, λ 0.5, classifier
+dropout 0.1) in its own process, timed wall-clock, with the exact command recorded. Arms:
+
+* ``pretrained``: ``--init_checkpoint=<pretrained>`` (all blocks transferred);
+* ``scratch``: the same architecture (``--model`` of the pre-trained run) from random init;
+* ``multitask``: RTE with the other GLUE tasks as auxiliary heads (``--aux_data_dirs``), RTE drawn
+  for half of the updates and the others equally for the rest.
+
+Each finished run is appended to ``<out>.jsonl``; a re-run skips those already there, so an
+interrupted table resumes. ``<out>.md`` is rewritten from the JSONL after every run.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import json
+import os
+import shlex
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+# Context per task, from the token lengths in the task manifests (max view lengths: SST-2 73,
+# CoLA 52, STS-B 142, MRPC 135, RTE 370, Story Cloze 94); longer views are truncated by the
+# documented rule of pipelines/transforms.py.
+N_CTX = {"sst2": 64, "cola": 64, "stsb": 96, "mrpc": 128, "rte": 128, "story_cloze": 96}
+MULTITASK_AUX = ("mrpc", "stsb", "sst2", "cola")
+
+
+def run_spec(task: str, arm: str, seed: int, args) -> dict:
+    """The command line of one fine-tuning run."""
+    run_dir = Path(args.runs_root) / f"{task}_{arm}_s{seed}"
+    cmd = [sys.executable, "-m", "gpt_tf.train", f"--flagfile=configs/finetune_{task}.flags",
+           f"--data_dir={Path(args.tasks_dir) / task}", f"--run_dir={run_dir}", f"--n_ctx={N_CTX[task]}",
+           f"--precision={args.precision}", f"--seed={seed}", "--progress=false"]
+    if arm in ("pretrained", "multitask"):
+        cmd.append(f"--init_checkpoint={args.pretrained}")
+    else:
+        cmd.append(f"--model={args.model}")
+    if arm == "multitask":
+        aux = [str(Path(args.tasks_dir) / t) for t in MULTITASK_AUX]
+        cmd += [f"--aux_data_dirs={','.join(aux)}", "--task_mixture=" + ",".join(["0.5"] + ["0.125"] * len(aux))]
+    return {"task": task, "arm": arm, "seed": seed, "run_dir": str(run_dir), "cmd": cmd}
+
+
+def run_one(spec: dict) -> dict:
+    """Runs it; returns the spec with the final metrics and the wall-clock seconds."""
+    env = dict(os.environ, PYTHONPATH=str(ROOT), TF_CPP_MIN_LOG_LEVEL="2")
+    start = time.time()
+    proc = subprocess.run(spec["cmd"], cwd=ROOT, env=env, capture_output=True, text=True)
+    seconds = time.time() - start
+    if proc.returncode != 0:
+        raise RuntimeError(f"{shlex.join(spec['cmd'])} failed ({proc.returncode}):\n{proc.stderr[-3000:]}")
+    metrics = json.loads(proc.stdout.strip().splitlines()[-1])
+    return {**spec, "cmd": shlex.join(spec["cmd"][1:]).replace("-m ", "python -m ", 1), "metrics": metrics,
+            "seconds": round(seconds, 1), "finished": datetime.datetime.now().isoformat(timespec="seconds")}
+
+
+def main_metric(task: str) -> str:
+    return {"cola": "mcc", "stsb": "pearson", "mrpc": "f1"}.get(task, "accuracy")
+
+
+def _dev(record: dict) -> dict:
+    """The primary task's metrics on its first eval split (``dev`` for all tasks here)."""
+    return record["metrics"]["dev"]
+
+
+def markdown(records: list[dict], header: str) -> str:
+    """The results table: per task, pre-trained vs scratch (median over seeds), deltas and times."""
+    by = {}
+    for r in records:
+        by.setdefault((r["task"], r["arm"]), []).append(r)
+    lines = [header, "",
+             "| task | dev metric | pre-trained | from scratch | Δ | multi-task | time pre-trained / scratch |",
+             "|---|---|---:|---:|---:|---:|---|"]
+    deltas = []
+    for task in N_CTX:
+        metric = main_metric(task)
+        cell = {arm: by.get((task, arm), []) for arm in ("pretrained", "scratch", "multitask")}
+        value = {arm: statistics.median(100 * _dev(r)[metric] for r in rs) if rs else None for arm, rs in cell.items()}
+        if value["pretrained"] is None and value["scratch"] is None:
+            continue
+        fmt = lambda v: "–" if v is None else f"{v:.1f}"
+        delta = None if None in (value["pretrained"], value["scratch"]) else value["pretrained"] - value["scratch"]
+        if delta is not None:
+            deltas.append(delta)
+        secs = " / ".join(f"{statistics.median(r['seconds'] for r in cell[a]):.0f} s" if cell[a] else "–"
+                          for a in ("pretrained", "scratch"))
+        lines.append(f"| {task} | {metric} | {fmt(value['pretrained'])} | {fmt(value['scratch'])} | "
+                     f"{'–' if delta is None else f'{delta:+.1f}'} | {fmt(value['multitask'])} | {secs} |")
+    if deltas:
+        lines.append(f"| **mean** | | | | **{statistics.mean(deltas):+.1f}** | | |")
+    lines += ["", "Commands (run from the repository root):", ""]
+    lines += [f"- `{r['cmd']}` — {r['seconds']:.0f} s, dev {json.dumps(_dev(r))}" for r in records]
+    return "\n".join(lines) + "\n"
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--pretrained", required=True, help="pre-training run dir (its latest checkpoint is used)")
+    parser.add_argument("--tasks_dir", required=True, help="folder of task TFRecords built with its tokenizer")
+    parser.add_argument("--out", default="bench/results/finetune_books_tiny", help="output path without extension")
+    parser.add_argument("--runs_root", default="runs/finetune_table")
+    parser.add_argument("--tasks", default=",".join(N_CTX))
+    parser.add_argument("--arms", default="pretrained,scratch,multitask")
+    parser.add_argument("--seeds", default="0")
+    parser.add_argument("--precision", default="mixed_bfloat16")
+    args = parser.parse_args()
+    args.model = _preset_of(args.pretrained)
+    jsonl = Path(args.out + ".jsonl")
+    jsonl.parent.mkdir(parents=True, exist_ok=True)
+    done = [json.loads(line) for line in jsonl.read_text().splitlines()] if jsonl.exists() else []
+    have = {(r["task"], r["arm"], r["seed"]) for r in done}
+    specs = [run_spec(task, arm, int(seed), args) for task in args.tasks.split(",") for arm in args.arms.split(",")
+             for seed in args.seeds.split(",") if arm != "multitask" or task == "rte"]
+    header = (f"Pre-trained: `{args.pretrained}` (preset `{args.model}`); tasks: `{args.tasks_dir}`; "
+              f"precision {args.precision}; {os.cpu_count()} CPU cores.")
+    for i, spec in enumerate(specs, 1):
+        if (spec["task"], spec["arm"], spec["seed"]) in have:
+            continue
+        print(f"[{i}/{len(specs)}] {spec['task']} {spec['arm']} seed {spec['seed']} ...", flush=True)
+        record = run_one(spec)
+        print(f"    {record['seconds']:.0f} s, dev {json.dumps(_dev(record))}", flush=True)
+        done.append(record)
+        with open(jsonl, "a") as f:
+            f.write(json.dumps(record) + "\n")
+        Path(args.out + ".md").write_text(markdown(done, header))
+    Path(args.out + ".md").write_text(markdown(done, header))
+    print(Path(args.out + ".md").read_text())
+
+
+def _preset_of(run_dir: str) -> str:
+    """The preset name whose config the pre-training run used (for the scratch arm's --model)."""
+    from gpt_tf.config import PRESETS
+
+    config = json.loads((Path(run_dir) / "model_config.json").read_text())
+    shape = ("n_embd", "n_layer", "n_head", "d_ff")
+    for name, preset in PRESETS.items():
+        if all(getattr(preset, k) == config[k] for k in shape):
+            return name
+    raise ValueError(f"{run_dir}/model_config.json matches no preset's shape {shape}")
+
+
+if __name__ == "__main__":
+    main()
