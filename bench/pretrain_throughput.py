@@ -16,6 +16,8 @@ measured here, on the same device, in the compute dtype.
     python -m bench.pretrain_throughput --model=small --batch_size=4 --precision=mixed_bfloat16 --jit_compile
 
 Each run appends one row to ``--out`` (JSON) and rewrites the markdown table next to it (``.md``).
+On a shared CPU, "our share of the cores" (process CPU time ÷ wall time × cores, medians) shows how
+much of the machine the run had: other processes took the rest.
 """
 
 from __future__ import annotations
@@ -150,23 +152,25 @@ def run(args) -> dict:
         "ms_per_step_median": 1e3 * statistics.median(seconds), "tokens_per_sec": tokens_per_sec,
         "flops_per_token": flops, "peak_flops": peak, "peak_source": "given" if args.peak_tflops else "measured matmul",
         "mfu": tokens_per_sec * flops / peak,
-        "cpu_s_per_step_median": statistics.median(cpu), "loadavg_start_end": [load_start[0], os.getloadavg()[0]],
+        "cpu_s_per_step_median": statistics.median(cpu), "cores": os.cpu_count(),
+        "loadavg_start_end": [load_start[0], os.getloadavg()[0]],
     }
 
 
 def markdown(rows) -> str:
     lines = [
         "| when (UTC) | device | model | batch × seq | accum | precision | XLA | strategy | tokens/s | ms/step | MFU "
-        "| peak (source) | CPU s/step | load avg start→end |",
-        "|---|---|---|---|---:|---|---|---|---:|---:|---:|---|---:|---|",
+        "| peak (source) | CPU s/step | our share of the cores | load avg start→end |",
+        "|---|---|---|---|---:|---|---|---|---:|---:|---:|---|---:|---:|---|",
     ]
     for r in rows:
+        share = r["cpu_s_per_step_median"] / (r["ms_per_step_median"] / 1e3 * r["cores"])  # < 100%: others ran too
         lines.append(
             f"| {r['when']} | {r['device']} | {r['model']} | {r['batch']} × {r['seq']} | {r['grad_accum_steps']} "
             f"| {r['precision']} | {'on' if r['jit_compile'] else 'off'} | {r['strategy']} ({r['replicas']}) "
             f"| {r['tokens_per_sec']:,.0f} | {r['ms_per_step_median']:,.0f} | {100 * r['mfu']:.1f}% "
             f"| {r['peak_flops'] / 1e12:.3g} TFLOP/s ({r['peak_source']}) | {r['cpu_s_per_step_median']:.2f} "
-            f"| {r['loadavg_start_end'][0]:.1f}→{r['loadavg_start_end'][1]:.1f} |")
+            f"| {share:.0%} | {r['loadavg_start_end'][0]:.1f}→{r['loadavg_start_end'][1]:.1f} |")
     commands = "\n".join(f"    {r['command']}" for r in rows)
     return "\n".join(lines) + f"\n\nCommands:\n\n{commands}\n"
 

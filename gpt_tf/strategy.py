@@ -61,7 +61,12 @@ def make_strategy(name: str, num_cpu_devices: int = 1, tpu: str = "", tpu_zone: 
         return tf.distribute.MultiWorkerMirroredStrategy()
     resolver = tf.distribute.cluster_resolver.TPUClusterResolver(tpu=tpu or None, zone=tpu_zone or None, project=gcp_project or None)
     tf.config.experimental_connect_to_cluster(resolver)
-    tf.tpu.experimental.initialize_tpu_system(resolver)
+    try:
+        tf.tpu.experimental.initialize_tpu_system(resolver)
+    except (tf.errors.InvalidArgumentError, tf.errors.NotFoundError) as e:
+        raise RuntimeError(
+            f"--strategy=tpu --tpu={tpu}: no TPU system could be initialised ({e.message.splitlines()[0][:200]}); "
+            "on a Cloud TPU VM pass --tpu=local and install TensorFlow's TPU build (tensorflow-tpu)") from None
     return tf.distribute.TPUStrategy(resolver)
 
 
