@@ -4,6 +4,11 @@
 3072-wide GELU feed-forward, 512 learned positions, 40,478 BPE tokens, dropout 0.1,
 N(0, 0.02) init. The smaller presets keep every design choice and only shrink sizes,
 so that they train on a 2-core CPU.
+
+``model_type="lstm"`` is the paper's LSTM baseline (§5, Table 5) in the same framework: the same
+embeddings and tied LM head around ``n_layer`` LSTM layers of ``d_ff`` units (``gpt_tf/lstm.py``).
+The ``lstm_<preset>`` presets have one LSTM layer with the embedding width of ``<preset>`` and
+about as many non-embedding parameters as its transformer blocks.
 """
 
 from __future__ import annotations
@@ -13,6 +18,7 @@ import dataclasses
 # Special tokens appended after the BPE vocabulary, in this order (§3.3: start,
 # delimiter and extract tokens; pad for batching fine-tuning inputs).
 SPECIAL_TOKENS = ("start", "delimiter", "extract", "pad")
+MODEL_TYPES = ("gpt", "lstm")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -25,15 +31,18 @@ class GPTConfig:
     n_embd: int = 768
     n_layer: int = 12
     n_head: int = 12
-    d_ff: int = 3072
+    d_ff: int = 3072  # feed-forward width; for model_type "lstm", the LSTM's units
     embd_pdrop: float = 0.1
     attn_pdrop: float = 0.1
     resid_pdrop: float = 0.1
     layer_norm_epsilon: float = 1e-5
     init_std: float = 0.02
+    model_type: str = "gpt"  # "gpt": transformer blocks; "lstm": the LSTM baseline
 
     def __post_init__(self):
         problems = []
+        if self.model_type not in MODEL_TYPES:
+            problems.append(f"model_type={self.model_type!r} is not one of {MODEL_TYPES}")
         if self.n_embd % self.n_head:
             problems.append(f"n_embd={self.n_embd} is not divisible by n_head={self.n_head}")
         for name in ("vocab_size", "n_ctx", "n_embd", "n_layer", "n_head", "d_ff"):
@@ -62,18 +71,22 @@ class GPTConfig:
     def n_params(self) -> int:
         """Number of parameters (the tied LM head counted once)."""
         d, f = self.n_embd, self.d_ff
-        block = 4 * d * d + 4 * d + 2 * d * f + f + d + 4 * d  # attn, mlp, two layer norms
+        if self.model_type == "lstm":  # kernels, recurrent kernels, biases; projection back to d when f != d
+            block = 4 * f * (d + f) + 4 * f + (f * d + d if f != d else 0)
+        else:
+            block = 4 * d * d + 4 * d + 2 * d * f + f + d + 4 * d  # attn, mlp, two layer norms
         return self.total_vocab * d + self.n_ctx * d + self.n_layer * block
 
     def flops_per_token(self, seq_len: int | None = None) -> int:
         """Training FLOPs per token: 6N + 12·L·d·T (PaLM appendix B convention).
 
         N counts the non-embedding weights plus the LM-head matmul (tied embedding);
-        the position table is a lookup and is left out.
+        the position table is a lookup and is left out. An LSTM has no attention term.
         """
         t = seq_len or self.n_ctx
         n = self.n_params - self.n_ctx * self.n_embd
-        return 6 * n + 12 * self.n_layer * self.n_embd * t
+        attention = 12 * self.n_layer * self.n_embd * t if self.model_type == "gpt" else 0
+        return 6 * n + attention
 
     def replace(self, **changes) -> "GPTConfig":
         return dataclasses.replace(self, **changes)
@@ -91,6 +104,11 @@ PRESETS: dict[str, GPTConfig] = {
     "tiny": GPTConfig(vocab_size=8000, n_ctx=128, n_embd=256, n_layer=4, n_head=4, d_ff=1024),
     # For unit tests: trains in seconds.
     "test": GPTConfig(vocab_size=1000, n_ctx=32, n_embd=32, n_layer=2, n_head=4, d_ff=128),
+    # The LSTM baseline, one layer, sized to a preset: its width and ~its non-embedding parameters
+    # (lstm_small 10.64M vs small 10.65M; lstm_tiny 3.17M vs tiny 3.16M).
+    "lstm_small": GPTConfig(vocab_size=16000, n_ctx=256, n_embd=384, n_layer=1, n_head=1, d_ff=1408, model_type="lstm"),
+    "lstm_tiny": GPTConfig(vocab_size=8000, n_ctx=128, n_embd=256, n_layer=1, n_head=1, d_ff=744, model_type="lstm"),
+    "lstm_test": GPTConfig(vocab_size=1000, n_ctx=32, n_embd=32, n_layer=1, n_head=1, d_ff=64, model_type="lstm"),
 }
 
 

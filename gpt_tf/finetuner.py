@@ -30,7 +30,7 @@ from tqdm.auto import tqdm
 from gpt_tf.config import GPTConfig
 from gpt_tf.finetune_io import pretrained_model_config
 from gpt_tf.metrics import compute_metrics
-from gpt_tf.model import GPTBackbone, GPTLanguageModel
+from gpt_tf.model import GPTLanguageModel, make_backbone
 from gpt_tf.optim import WarmupDecay, make_optimizer
 from gpt_tf.strategy import is_chief
 from gpt_tf.task_model import GPTTaskModel, reset_special_embeddings, task_loss, task_predictions, transfer_layers
@@ -114,7 +114,7 @@ class Finetuner:
         self.special_ids = special_ids_from_config(model_config)
         keras.utils.set_random_seed(config.seed)
         with strategy.scope():
-            backbone = GPTBackbone(model_config, dtype=config.precision, name="backbone")
+            backbone = make_backbone(model_config, dtype=config.precision)
             self.heads = [
                 _Head(t, d, GPTTaskModel(backbone, t, clf_pdrop=config.clf_pdrop, dtype=config.precision), n // config.batch_size)
                 for t, d, n in zip(tasks, data_dirs, sizes)

@@ -3,7 +3,8 @@
 Follows keras-hub's split: ``GPTBackbone`` maps token ids to the final block's states (and,
 on request, every block's states for layer-transfer studies); ``GPTLanguageModel`` adds the
 LM head tied to the token embedding (Eq. 2) and is what pre-training optimises (Eq. 1).
-Fine-tuning tasks reuse the backbone.
+Fine-tuning tasks reuse the backbone. ``make_backbone`` picks the transformer or the LSTM
+baseline (``gpt_tf/lstm.py``) from ``config.model_type``.
 """
 
 from __future__ import annotations
@@ -13,6 +14,7 @@ from keras import ops
 
 from gpt_tf.config import GPTConfig
 from gpt_tf.layers import PACKAGE, GPTEmbedding, TransformerBlock
+from gpt_tf.lstm import LSTMBackbone
 
 
 @keras.saving.register_keras_serializable(package=PACKAGE)
@@ -51,6 +53,12 @@ class GPTBackbone(keras.Model):
         return cls(**config)
 
 
+def make_backbone(config: GPTConfig, dtype=None, name="backbone"):
+    """The backbone ``config.model_type`` names: ``GPTBackbone`` ("gpt") or ``LSTMBackbone`` ("lstm")."""
+    cls = LSTMBackbone if config.model_type == "lstm" else GPTBackbone
+    return cls(config, dtype=dtype, name=name)
+
+
 @keras.saving.register_keras_serializable(package=PACKAGE)
 class GPTLanguageModel(keras.Model):
     """The backbone with the tied LM head: token ids → next-token logits ``[batch, length, total_vocab]``."""
@@ -65,7 +73,7 @@ class GPTLanguageModel(keras.Model):
     @classmethod
     def from_config_preset(cls, config: GPTConfig, dtype=None, name="gpt_lm"):
         """Builds a freshly initialised model for ``config`` (dtype e.g. ``"mixed_bfloat16"``)."""
-        return cls(GPTBackbone(config, dtype=dtype, name="backbone"), dtype=dtype, name=name)
+        return cls(make_backbone(config, dtype=dtype), dtype=dtype, name=name)
 
     @property
     def config(self) -> GPTConfig:

@@ -187,8 +187,8 @@ def task_predictions(task, task_out) -> np.ndarray:
 
 
 def _backbone_of(model) -> GPTBackbone:
-    """The backbone of a ``GPTLanguageModel`` / ``GPTTaskModel``, or the backbone itself."""
-    return model if isinstance(model, GPTBackbone) else model.backbone
+    """The backbone of a ``GPTLanguageModel`` / ``GPTTaskModel``, or the backbone itself (GPT or LSTM)."""
+    return getattr(model, "backbone", model)
 
 
 def transfer_layers(src, dst, n_layers: int) -> list[str]:

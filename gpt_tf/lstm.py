@@ -1,0 +1,83 @@
+"""The LSTM baseline of the paper's ablations (§5, Table 5) in the same framework as the transformer.
+
+``LSTMBackbone`` has the interface of ``GPTBackbone`` — ``call(ids)`` → states ``[batch, length,
+n_embd]``, ``.embed`` (the same ``GPTEmbedding``: token + position tables, dropout, and the tied LM
+head ``.embed.logits``), ``.config`` and ``.blocks`` (one ``LSTMBlock`` per layer, for layer
+transfer) — so ``GPTLanguageModel``, ``Pretrainer``, ``GPTTaskModel`` and ``Finetuner`` train it
+unchanged (``--model=lstm_tiny``). The learned position table is kept so that checkpoints, layer
+transfer and ``n_ctx`` work as for the transformer; the recurrence does not need it.
+
+A block is ``dropout(proj(LSTM(x)))``: a left-to-right LSTM of ``config.d_ff`` units (Keras's
+LSTM with its standard initialisation: Glorot kernels, orthogonal recurrent kernels, forget-gate
+bias 1) and, when ``d_ff != n_embd``, a linear projection back to ``n_embd`` (N(0, init_std)) so
+the tied LM head and the task head see ``n_embd``-wide states. It is causal by construction.
+"""
+
+from __future__ import annotations
+
+import keras
+
+from gpt_tf.config import GPTConfig
+from gpt_tf.layers import PACKAGE, Conv1D, Dropout16, GPTEmbedding
+
+
+@keras.saving.register_keras_serializable(package=PACKAGE)
+class LSTMBlock(keras.layers.Layer):
+    """``dropout(proj(LSTM(x)))``, ``[batch, length, n_embd]`` → the same shape."""
+
+    def __init__(self, units, n_embd, resid_pdrop=0.1, init_std=0.02, **kwargs):
+        super().__init__(**kwargs)
+        self.units, self.n_embd, self.resid_pdrop, self.init_std = units, n_embd, resid_pdrop, init_std
+        policy = self.dtype_policy
+        self.lstm = keras.layers.LSTM(units, return_sequences=True, name="lstm", dtype=policy)
+        self.proj = Conv1D(n_embd, init_std, name="c_proj", dtype=policy) if units != n_embd else None
+        self.dropout = Dropout16(resid_pdrop, dtype=policy)
+
+    def build(self, input_shape):
+        self.lstm.build(input_shape)
+        if self.proj is not None:
+            self.proj.build((*input_shape[:-1], self.units))
+
+    def call(self, x, training=False):
+        h = self.lstm(x, training=training)
+        if self.proj is not None:
+            h = self.proj(h)
+        return self.dropout(h, training=training)
+
+    def get_config(self):
+        return {**super().get_config(), "units": self.units, "n_embd": self.n_embd,
+                "resid_pdrop": self.resid_pdrop, "init_std": self.init_std}
+
+
+@keras.saving.register_keras_serializable(package=PACKAGE)
+class LSTMBackbone(keras.Model):
+    """Token ids ``[batch, length]`` (length ≤ n_ctx) → states ``[batch, length, n_embd]`` through LSTM layers."""
+
+    def __init__(self, config: GPTConfig | dict, **kwargs):
+        super().__init__(**kwargs)
+        self.config = config if isinstance(config, GPTConfig) else GPTConfig(**config)
+        c, policy = self.config, self.dtype_policy
+        if c.model_type != "lstm":
+            raise ValueError(f"LSTMBackbone needs model_type='lstm', got {c.model_type!r}")
+        self.embed = GPTEmbedding(c.total_vocab, c.n_ctx, c.n_embd, c.embd_pdrop, c.init_std, name="embed", dtype=policy)
+        self.blocks = [LSTMBlock(c.d_ff, c.n_embd, c.resid_pdrop, c.init_std, name=f"h{i}", dtype=policy)
+                       for i in range(c.n_layer)]
+        self.embed.build()
+        for block in self.blocks:
+            block.build((None, None, c.n_embd))
+        self.built = True
+
+    def call(self, token_ids, training=False, return_all_states=False):
+        h = self.embed(token_ids, training=training)
+        states = []
+        for block in self.blocks:
+            h = block(h, training=training)
+            states.append(h)
+        return states if return_all_states else h
+
+    def get_config(self):
+        return {**super().get_config(), "config": self.config.to_dict()}
+
+    @classmethod
+    def from_config(cls, config):
+        return cls(**config)
