@@ -1,8 +1,10 @@
 """What a pre-training run shows while it trains: a progress bar, TensorBoard, held-out evals, samples.
 
 TensorBoard (``run_dir/tb``): ``train/{loss,perplexity,learning_rate,grad_norm,tokens_per_sec}``,
-``valid/{loss,perplexity}``, ``samples/text`` and the run's hyper-parameters (HParams tab).
-Only the chief worker writes.
+``valid/{loss,perplexity}``, ``samples/text`` and the run's hyper-parameters (HParams tab); with a
+zero-shot suite (``gpt_tf/heuristics.py``), ``zero_shot[_normalized]/<task>`` every ``every`` steps
+and at the end, also appended to ``run_dir/zero_shot.csv`` (a resumed run may repeat the rows of
+steps after its last checkpoint). Only the chief worker writes.
 """
 
 from __future__ import annotations
@@ -16,13 +18,14 @@ from tensorboard.plugins.hparams import api as hp
 from tqdm.auto import tqdm
 
 from gpt_tf.generate import Sampler
+from gpt_tf.heuristics import append_csv, write_summaries
 
 
 class TrainCallbacks:
     """Hooks called by ``Pretrainer.train``; holds the summary writer and the progress bar."""
 
-    def __init__(self, trainer, tokenizer=None, log=print, progress=True):
-        self.trainer, self.tokenizer, self.log = trainer, tokenizer, log
+    def __init__(self, trainer, tokenizer=None, log=print, progress=True, zero_shot=None):
+        self.trainer, self.tokenizer, self.log, self.zero_shot = trainer, tokenizer, log, zero_shot
         c = trainer.config
         self.writer = tf.summary.create_file_writer(os.path.join(c.run_dir, "tb")) if trainer.chief else None
         self.bar = tqdm(total=c.train_steps, initial=int(trainer.step.numpy()), desc="pre-training", unit="step",
@@ -49,6 +52,8 @@ class TrainCallbacks:
             self.evaluate(step)
         if (c.sample_every and step % c.sample_every == 0) or final:
             self.sample(step)
+        if self.zero_shot and ((self.zero_shot.config.every and step % self.zero_shot.config.every == 0) or final):
+            self.evaluate_zero_shot(step)
         if final:
             self.close()
 
@@ -67,6 +72,15 @@ class TrainCallbacks:
                 tf.summary.scalar("valid/loss", result["loss"])
                 tf.summary.scalar("valid/perplexity", result["perplexity"])
         return result
+
+    def evaluate_zero_shot(self, step):
+        """The zero-shot heuristics on the current weights → TensorBoard and ``run_dir/zero_shot.csv``."""
+        rows = self.zero_shot.evaluate(self.trainer.model, step=step)
+        self.bar.write(f"step {step} zero-shot: " + ", ".join(f"{r['task']} {r['metric']} {r['score']:.4f}" for r in rows))
+        if self.writer:
+            write_summaries(self.writer, rows, step)
+            append_csv(os.path.join(self.trainer.config.run_dir, "zero_shot.csv"), rows)
+        return rows
 
     def sample(self, step):
         if self.tokenizer is None:

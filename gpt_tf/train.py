@@ -38,7 +38,8 @@ flags.DEFINE_list("aux_data_dirs", [], "Fine-tuning: more tasks' TFRecords train
 flags.DEFINE_list("task_mixture", [], "Multi-task: sampling weight per task (--data_dir first, then --aux_data_dirs); "
                   "empty = proportional to training examples.")
 flags.DEFINE_string("predict_split", "", "--mode=predict: split to predict (default: the task's first eval split).")
-flags.DEFINE_string("model", "tiny", "Model preset: gpt1, small, tiny or test.")
+flags.DEFINE_string("model", "tiny", "Model preset: gpt1, small, tiny or test; lstm_small, lstm_tiny or lstm_test "
+                    "for the LSTM baseline.")
 flags.DEFINE_integer("n_ctx", 0, "Override the preset's context length (0: keep).")
 flags.DEFINE_float("dropout", -1.0, "Override embedding/attention/residual dropout (-1: keep 0.1).")
 flags.DEFINE_string("data_dir", None, "TFRecords from `python -m pipelines.pretrain_data` (has manifest.json).")
@@ -76,6 +77,12 @@ flags.DEFINE_string("prompt", "", "--mode=generate: the prompt.")
 flags.DEFINE_float("temperature", 1.0, "--mode=generate: sampling temperature (0: greedy).")
 flags.DEFINE_integer("top_k", 40, "--mode=generate: sample among the k likeliest tokens (0: all).")
 flags.DEFINE_bool("progress", True, "Show a progress bar.")
+flags.DEFINE_list("zero_shot_tasks", [], "Pre-training: §5 zero-shot tasks scored during training (gpt_tf/heuristics.py): "
+                  "cola, sst2, race, story_cloze, dprd.")
+flags.DEFINE_list("zero_shot_data_dirs", [], "Each zero-shot task's folder in its official layout, in --zero_shot_tasks order.")
+flags.DEFINE_integer("zero_shot_every", 0, "Zero-shot period in steps (0: at the end only); writes run_dir/zero_shot.csv.")
+flags.DEFINE_integer("zero_shot_max_examples", 0, "Zero-shot: a fixed hash sample of this many examples per split (0: all).")
+flags.DEFINE_string("zero_shot_reference_json", "", "Zero-shot: JSON {task: reference score} for normalised scores.")
 
 
 FINETUNE_DEFAULTS = {"learning_rate": 6.25e-5, "batch_size": 32, "lr_decay": "linear"}
@@ -109,7 +116,23 @@ def _check_flags() -> list[str]:
         problems.append(f"--mode={FLAGS.mode} needs a trained run: no checkpoints in --run_dir={FLAGS.run_dir}")
     if not 0.0 <= FLAGS.temperature:
         problems.append("--temperature must be >= 0")
+    if FLAGS.zero_shot_reference_json and not os.path.isfile(FLAGS.zero_shot_reference_json):
+        problems.append(f"--zero_shot_reference_json={FLAGS.zero_shot_reference_json} does not exist")
+    elif FLAGS.zero_shot_tasks:
+        problems += _zero_shot_config().problems()
     return problems
+
+
+def _zero_shot_config():
+    """The --zero_shot_* flags as a ``ZeroShotConfig`` (no TensorFlow import)."""
+    from gpt_tf.heuristics import ZeroShotConfig
+
+    reference = {}
+    if FLAGS.zero_shot_reference_json:
+        with open(FLAGS.zero_shot_reference_json) as f:
+            reference = {task: float(score) for task, score in json.load(f).items() if task in FLAGS.zero_shot_tasks}
+    return ZeroShotConfig(tasks=tuple(FLAGS.zero_shot_tasks), data_dirs=tuple(FLAGS.zero_shot_data_dirs),
+                          every=FLAGS.zero_shot_every, max_examples=FLAGS.zero_shot_max_examples, reference=reference)
 
 
 def _check_strategy_flags() -> list[str]:
@@ -238,7 +261,12 @@ def main(argv):
 
     if FLAGS.mode == "train":
         trainer.save_model_config()
-        callbacks = TrainCallbacks(trainer, tokenizer, progress=FLAGS.progress)
+        zero_shot = None
+        if FLAGS.zero_shot_tasks:
+            from gpt_tf.heuristics import ZeroShotSuite
+
+            zero_shot = ZeroShotSuite(_zero_shot_config(), tokenizer, bos_id=manifest.get("separator", {}).get("id"))
+        callbacks = TrainCallbacks(trainer, tokenizer, progress=FLAGS.progress, zero_shot=zero_shot)
         try:
             result = trainer.train(callbacks)
         except Preempted as stopped:

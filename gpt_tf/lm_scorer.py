@@ -1,0 +1,77 @@
+"""Log-probability of a continuation given a prefix under a language model, batched (the zero-shot primitive).
+
+    scorer = LMScorer(lm, bos_id=separator_id)
+    sums, counts = scorer.score([(prefix_ids, continuation_ids), ...])
+    # sums[i] = Σ_t log p(continuation_t | bos, prefix, continuation_<t); counts[i] = tokens scored
+
+Each request becomes one sequence ``[bos] + prefix + continuation``; the model reads all but its
+last token and every continuation token is scored against the model's prediction at the position
+before it. Sequences longer than the model's ``n_ctx + 1`` are cut from the LEFT (the start of the
+prefix goes first, e.g. the start of a long RACE article), so the continuation keeps its context
+nearest to it; a continuation longer than ``n_ctx + 1`` tokens keeps only its end scored.
+``bos_id`` (e.g. the pre-training corpus's document separator) makes the first continuation token
+scoreable when the prefix is empty; without it that token is context only and is not counted.
+
+Requests are sorted by length and padded per batch, so batches hold sequences of similar length;
+one ``tf.function`` with a ``[None, None]`` signature serves every batch shape. Log-probabilities are
+computed in float32 (also under ``mixed_bfloat16``) with ``sparse_softmax_cross_entropy_with_logits``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import numpy as np
+import tensorflow as tf
+
+
+class LMScorer:
+    """Sums of continuation-token log-probabilities under ``lm`` (token ids → logits ``[B, T, V]``)."""
+
+    def __init__(self, lm, bos_id: int | None = None, batch_size: int = 32):
+        if batch_size <= 0:
+            raise ValueError(f"batch_size must be positive, got {batch_size}")
+        self.lm, self.bos_id, self.batch_size = lm, bos_id, batch_size
+        self.max_len = lm.config.n_ctx + 1  # tokens per sequence: n_ctx inputs, each with its next token
+        self._scores = tf.function(self._batch_scores, input_signature=[
+            tf.TensorSpec([None, None], tf.int32), tf.TensorSpec([None, None], tf.float32)], reduce_retracing=True)
+
+    def _batch_scores(self, tokens, mask):
+        """``tokens`` [B, L] and ``mask`` [B, L] (1 on scored tokens) → Σ log p per row [B]."""
+        logits = tf.cast(self.lm(tokens[:, :-1], training=False), tf.float32)
+        logp = -tf.nn.sparse_softmax_cross_entropy_with_logits(labels=tokens[:, 1:], logits=logits)
+        return tf.reduce_sum(logp * mask[:, 1:], axis=1)
+
+    def sequence(self, prefix: Sequence[int], continuation: Sequence[int]) -> tuple[list[int], int]:
+        """The (left-truncated) token sequence of one request and how many of its tokens are scored."""
+        head = ([] if self.bos_id is None else [self.bos_id]) + list(prefix)
+        tokens = (head + list(continuation))[-self.max_len:]
+        scored = min(len(continuation), len(tokens) - 1)  # the first token of the sequence has no context
+        return tokens, scored
+
+    def score(self, requests: Sequence[tuple[Sequence[int], Sequence[int]]]) -> tuple[np.ndarray, np.ndarray]:
+        """``(sums, counts)``: per request, the summed log-probability of its continuation tokens and their number."""
+        sequences = [self.sequence(prefix, continuation) for prefix, continuation in requests]
+        for i, (_, scored) in enumerate(sequences):
+            if not scored:
+                raise ValueError(f"request {i}: no continuation token to score (an empty continuation, or one "
+                                 "token with neither a prefix nor a bos_id)")
+        sums = np.zeros(len(sequences), np.float64)
+        counts = np.array([scored for _, scored in sequences], np.int64)
+        order = sorted(range(len(sequences)), key=lambda i: len(sequences[i][0]))
+        for start in range(0, len(order), self.batch_size):
+            rows = order[start:start + self.batch_size]
+            length = max(len(sequences[i][0]) for i in rows)
+            tokens = np.zeros((len(rows), length), np.int32)
+            mask = np.zeros((len(rows), length), np.float32)
+            for r, i in enumerate(rows):
+                seq, scored = sequences[i]
+                tokens[r, :len(seq)] = seq
+                mask[r, len(seq) - scored:len(seq)] = 1.0
+            sums[rows] = self._scores(tf.constant(tokens), tf.constant(mask)).numpy()
+        return sums, counts
+
+    def mean_logprobs(self, requests) -> np.ndarray:
+        """Average log-probability per continuation token of each request."""
+        sums, counts = self.score(requests)
+        return sums / np.maximum(counts, 1)

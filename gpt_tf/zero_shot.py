@@ -1,0 +1,152 @@
+r"""Command line: the §5 zero-shot heuristics (``gpt_tf/heuristics.py``) on a pre-training run's checkpoints.
+
+    python -m gpt_tf.zero_shot --run_dir=runs/books_tiny \
+        --task=cola,sst2,story_cloze --data_dir=../shared/data/glue/CoLA,../shared/data/glue/SST-2,../shared/data/story_cloze \
+        --output_csv=runs/study/zero_shot_books_tiny.csv [--step=N] [--reference_json=ref.json] [--tb_dir=DIR]
+
+Evaluates every checkpoint the run kept (``run_dir/checkpoints``; or only ``--step``), in step order,
+plus (``--include_init``) a fresh initialisation drawn with the run's seed as step 0, and appends one
+CSV row per checkpoint and task (``heuristics.CSV_COLUMNS``); ``--tb_dir`` also gets TensorBoard
+scalars. ``--data_dir`` lists each task's folder in its official layout, in ``--task`` order.
+
+The tokenizer and the beginning-of-text token come from the run: ``train_config.json`` names the
+pre-training data, whose ``manifest.json`` names the tokenizer and the document separator, which
+is put before every scored text (it is what precedes a document in pre-training). The model is
+scored in float32 whatever precision it was trained in. Nothing is written into ``--run_dir``.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import sys
+
+from absl import app, flags, logging
+
+FLAGS = flags.FLAGS
+
+flags.DEFINE_string("run_dir", None, "Pre-training run (model_config.json, train_config.json, checkpoints/).")
+flags.DEFINE_list("task", [], "Zero-shot tasks: cola, sst2, race, story_cloze, dprd.")
+flags.DEFINE_list("data_dir", [], "Each task's folder (or file) in its official layout, in --task order.")
+flags.DEFINE_string("output_csv", None, "CSV the rows are appended to.")
+flags.DEFINE_integer("step", 0, "Evaluate only this checkpoint step (0: every kept checkpoint).")
+flags.DEFINE_bool("include_init", False, "Also score a fresh initialisation with the run's seed, as step 0.")
+flags.DEFINE_string("tb_dir", "", "Also write TensorBoard scalars here (empty: none).")
+flags.DEFINE_string("tokenizer_dir", "", "BPE files (default: the one the run's pre-training manifest names).")
+flags.DEFINE_string("reference_json", "", "JSON {task: reference score} for the normalised score (Fig. 2 right).")
+flags.DEFINE_integer("max_examples", 0, "Score a fixed hash sample of this many examples per split (0: all).")
+flags.DEFINE_float("holdout_fraction", 0.3, "Story Cloze: score the hash hold-out of val that fine-tuning uses as dev.")
+flags.DEFINE_integer("batch_size", 32, "Sequences per LM call.")
+
+
+def run_manifest(run_dir: str) -> dict | None:
+    """The pre-training data manifest of a run (via its train_config.json), or None if it cannot be found."""
+    config_path = os.path.join(run_dir, "train_config.json")
+    if not os.path.isfile(config_path):
+        return None
+    with open(config_path) as f:
+        data_dir = json.load(f).get("data_dir", "")
+    path = os.path.join(data_dir, "manifest.json")
+    if not os.path.isfile(path):
+        return None
+    with open(path) as f:
+        return json.load(f)
+
+
+def kept_checkpoints(run_dir: str, step: int = 0) -> list[tuple[int, str]]:
+    """``[(step, prefix)]`` of the run's kept checkpoints in step order (only ``step`` if non-zero)."""
+    import tensorflow as tf
+
+    ckpt_dir = os.path.join(run_dir, "checkpoints")
+    state = tf.train.get_checkpoint_state(ckpt_dir)
+    prefixes = list(state.all_model_checkpoint_paths) if state else []
+    found = []
+    for prefix in prefixes:
+        match = re.search(r"ckpt-(\d+)$", prefix)
+        if match:
+            found.append((int(match.group(1)), prefix if os.path.isabs(prefix) else os.path.join(ckpt_dir, os.path.basename(prefix))))
+    found.sort()
+    if step:
+        found = [(s, p) for s, p in found if s == step]
+        if not found:
+            raise FileNotFoundError(f"{ckpt_dir}: no kept checkpoint at step {step}")
+    if not found:
+        raise FileNotFoundError(f"{ckpt_dir}: no checkpoints")
+    return found
+
+
+def _check_flags() -> list[str]:
+    problems = [f"--{name} is required" for name in ("run_dir", "output_csv") if not getattr(FLAGS, name)]
+    if not FLAGS.task:
+        problems.append("--task is required (one or more of cola, sst2, race, story_cloze, dprd)")
+    if FLAGS.run_dir and not os.path.isfile(os.path.join(FLAGS.run_dir, "model_config.json")):
+        problems.append(f"--run_dir={FLAGS.run_dir} has no model_config.json: not a gpt_tf pre-training run")
+    if FLAGS.reference_json and not os.path.isfile(FLAGS.reference_json):
+        problems.append(f"--reference_json={FLAGS.reference_json} does not exist")
+    if FLAGS.output_csv and FLAGS.run_dir and os.path.abspath(FLAGS.output_csv).startswith(os.path.abspath(FLAGS.run_dir) + os.sep):
+        problems.append("--output_csv must be outside --run_dir (the run is read, never written)")
+    return problems
+
+
+def main(argv):
+    if len(argv) > 1:
+        raise app.UsageError(f"unexpected arguments: {' '.join(argv[1:])}")
+    if not FLAGS["verbosity"].present:
+        logging.set_verbosity(logging.WARNING)
+    from gpt_tf.heuristics import ZeroShotConfig
+
+    reference = {}
+    if FLAGS.reference_json:
+        with open(FLAGS.reference_json) as f:
+            reference = {k: float(v) for k, v in json.load(f).items() if k in FLAGS.task}
+    config = ZeroShotConfig(tasks=tuple(FLAGS.task), data_dirs=tuple(FLAGS.data_dir), max_examples=FLAGS.max_examples,
+                            holdout_fraction=FLAGS.holdout_fraction, batch_size=FLAGS.batch_size, reference=reference)
+    problems = _check_flags() + config.problems()
+    manifest = run_manifest(FLAGS.run_dir) if FLAGS.run_dir else None
+    if FLAGS.run_dir and not FLAGS.tokenizer_dir and manifest is None:
+        problems.append(f"cannot find the pre-training manifest of {FLAGS.run_dir} (train_config.json → data_dir); "
+                        "give --tokenizer_dir")
+    if problems:
+        sys.exit("gpt_tf.zero_shot: invalid flags:\n  " + "\n  ".join(problems))
+
+    os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+    import keras
+    import tensorflow as tf
+
+    from gpt_tf.finetune_io import pretrained_model_config
+    from gpt_tf.heuristics import ZeroShotSuite, append_csv, write_summaries
+    from gpt_tf.model import GPTLanguageModel
+    from gpt_tf.tokenizer import GPTTokenizer
+    from gpt_tf.trainer import restore_pretrained_lm
+
+    tokenizer = GPTTokenizer.from_dir(FLAGS.tokenizer_dir or manifest["tokenizer"]["dir"])
+    bos_id = (manifest or {}).get("separator", {}).get("id")
+    print(f"beginning-of-text token: {bos_id if bos_id is not None else 'none (first tokens are context only)'}",
+          file=sys.stderr, flush=True)
+    suite = ZeroShotSuite(config, tokenizer, bos_id=bos_id)
+    checkpoints = kept_checkpoints(FLAGS.run_dir, FLAGS.step)
+    with open(os.path.join(FLAGS.run_dir, "train_config.json")) as f:
+        keras.utils.set_random_seed(int(json.load(f).get("seed", 0)))
+    lm = GPTLanguageModel.from_config_preset(pretrained_model_config(FLAGS.run_dir))
+    writer = tf.summary.create_file_writer(FLAGS.tb_dir) if FLAGS.tb_dir else None
+    points = ([(0, None)] if FLAGS.include_init else []) + checkpoints
+    for step, prefix in points:
+        if prefix is not None:
+            restore_pretrained_lm(lm, prefix)
+        rows = suite.evaluate(lm, step=step)
+        append_csv(FLAGS.output_csv, rows)
+        if writer:
+            write_summaries(writer, rows, step)
+        for row in rows:
+            print(json.dumps(row), flush=True)
+    if writer:
+        writer.flush()
+
+
+def run():
+    app.run(main)
+
+
+if __name__ == "__main__":
+    run()
