@@ -29,14 +29,6 @@ from tensorflow_serving.apis import predict_pb2, prediction_service_pb2_grpc
 from serving.errors import ServingError
 
 FLAGS = flags.FLAGS
-flags.DEFINE_string("host", "127.0.0.1", "Server address.")
-flags.DEFINE_integer("port", 8500, "gRPC port (or REST port with --protocol=rest).")
-flags.DEFINE_enum("protocol", "grpc", ["grpc", "rest"], "API to use.")
-flags.DEFINE_string("model_name", None, "Model to ask.")
-flags.DEFINE_integer("model_version", 0, "Version to ask (0: the latest the server has).")
-flags.DEFINE_multi_string("input", [], "NAME=VALUE (repeat for several inputs and examples; a value starting "
-                          "with '[' is a JSON list, e.g. the choices of a multiple-choice example).")
-flags.DEFINE_float("timeout", 30.0, "Seconds to wait for an answer.")
 
 # HTTP status -> the gRPC code a TF Serving REST error most likely had (serving.errors.HTTP_STATUS reversed).
 _FROM_HTTP = {400: "INVALID_ARGUMENT", 404: "NOT_FOUND", 409: "ABORTED", 411: "INVALID_ARGUMENT",
@@ -77,20 +69,24 @@ class ServingClient:
                 raise ServingError(err.code(), err.details()) from None
             outputs = {k: tf.make_ndarray(v) for k, v in response.outputs.items()}
         else:
-            path = f"/v1/models/{model_name}" + (f"/versions/{version}" if version else "") + ":predict"
+            path = f"/v1/models/{model_name}" + (f"/versions/{version}" if version else "")
             body = {"signature_name": signature, "inputs": {k: np.asarray(v).tolist() for k, v in inputs.items()}}
-            outputs = {k: np.asarray(v) for k, v in self._post(path, body)["outputs"].items()}
+            outputs = self._request("POST", path + ":predict", body)["outputs"]
+            if not isinstance(outputs, dict):  # TF Serving leaves out the name of a signature's only output
+                metadata = self._request("GET", path + "/metadata")["metadata"]["signature_def"]["signature_def"]
+                outputs = {next(iter(metadata[signature]["outputs"])): outputs}
+            outputs = {k: np.asarray(v) for k, v in outputs.items()}
         return {k: (np.vectorize(lambda b: b.decode("utf-8") if isinstance(b, bytes) else b, otypes=[object])(v)
                     if v.dtype == object else v) for k, v in outputs.items()}
 
-    def _post(self, path: str, body: dict) -> dict:
-        data = json.dumps(body).encode("utf-8")
+    def _request(self, method: str, path: str, body: dict | None = None) -> dict:
+        data = json.dumps(body).encode("utf-8") if body is not None else None
         for attempt in (0, 1):  # a kept-alive connection the server closed is reopened once
             conn = getattr(self._local, "conn", None)
             if conn is None:
                 conn = self._local.conn = http.client.HTTPConnection(self.host, self.port, timeout=self.timeout)
             try:
-                conn.request("POST", path, data, {"Content-Type": "application/json"})
+                conn.request(method, path, data, {"Content-Type": "application/json"})
                 response = conn.getresponse()
                 payload = json.loads(response.read() or b"{}")
                 break
@@ -134,6 +130,18 @@ def parse_inputs(specs: list) -> dict:
     return fields
 
 
+def define_flags() -> None:
+    """The command line's flags (defined only when run as a command, so the module imports cleanly)."""
+    flags.DEFINE_string("host", "127.0.0.1", "Server address.")
+    flags.DEFINE_integer("port", 8500, "gRPC port (or REST port with --protocol=rest).")
+    flags.DEFINE_enum("protocol", "grpc", ["grpc", "rest"], "API to use.")
+    flags.DEFINE_string("model_name", None, "Model to ask.")
+    flags.DEFINE_integer("model_version", 0, "Version to ask (0: the latest the server has).")
+    flags.DEFINE_multi_string("input", [], "NAME=VALUE (repeat for several inputs and examples; a value starting "
+                              "with '[' is a JSON list, e.g. the choices of a multiple-choice example).")
+    flags.DEFINE_float("timeout", 30.0, "Seconds to wait for an answer.")
+
+
 def main(argv):
     if len(argv) > 1:
         raise app.UsageError(f"unexpected arguments: {' '.join(argv[1:])}")
@@ -155,4 +163,5 @@ def main(argv):
 
 
 if __name__ == "__main__":
+    define_flags()
     app.run(main)

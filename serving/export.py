@@ -24,14 +24,6 @@ import sys
 from absl import app, flags
 
 FLAGS = flags.FLAGS
-flags.DEFINE_string("run_dir", None, "Fine-tuning or pre-training run dir, or a folder of GPT-1 release shards.")
-flags.DEFINE_string("export_base", None, "Base path: the version goes to <export_base>/<model_name>/<version>.")
-flags.DEFINE_string("model_name", "", "Servable name (default: the task's name, or 'lm' for a language model).")
-flags.DEFINE_integer("version", 0, "Version number (0: one above the newest in the base path).")
-flags.DEFINE_enum("precision", "float32", ["float32", "mixed_bfloat16"], "Compute precision of the export.")
-flags.DEFINE_string("tokenizer_dir", "", "BPE files (default: the folder the run's data manifest names).")
-flags.DEFINE_string("data_dir", "", "Fine-tuning runs: task data folder (default: the one the run used).")
-flags.DEFINE_integer("lm_top_k", 10, "Language models: next-token guesses returned per text.")
 
 WARMUP_TEXT = "a warm-up request."
 
@@ -54,7 +46,12 @@ def _manifest_tokenizer_dir(data_dir: str) -> str:
 
 
 def load_finetuned(run_dir: str, precision: str = "float32", data_dir: str = ""):
-    """(``GPTTaskModel``, ``TaskSpec``, tokenizer dir) of a fine-tuning run's latest checkpoint."""
+    """(``GPTTaskModel``, ``TaskSpec``, tokenizer dir) of a fine-tuning run's latest checkpoint.
+
+    The model is built by ``Finetuner`` itself (so a multi-task run gets its shared backbone and
+    every head; the primary task's is returned) and only the model's weights are restored: the
+    optimizer's slots are not needed to serve.
+    """
     import tensorflow as tf
 
     from gpt_tf.finetune_io import pretrained_model_config
@@ -67,8 +64,10 @@ def load_finetuned(run_dir: str, precision: str = "float32", data_dir: str = "")
                                  data_dir=data_dir or saved["data_dir"], run_dir=run_dir)
     task = load_task_spec(config.data_dir)
     tuner = Finetuner(task, pretrained_model_config(run_dir), config, tf.distribute.get_strategy(), log=lambda _: None)
-    if tuner.restore() == 0:
+    latest = tuner.manager.latest_checkpoint
+    if not latest:
         raise FileNotFoundError(f"{run_dir}/checkpoints holds no checkpoint")
+    tf.train.Checkpoint(model=tuner.checkpoint.model).restore(latest).expect_partial().assert_existing_objects_matched()
     return tuner.model, task, _manifest_tokenizer_dir(config.data_dir)
 
 
@@ -137,6 +136,18 @@ def export_run(run_dir: str, base_path: str, model_name: str = "", version: int 
     return export_lm(lm, lm_tokenizer, base_path, model_name or "lm", version, top_k)
 
 
+def define_flags() -> None:
+    """The command line's flags (defined only when run as a command, so the module imports cleanly)."""
+    flags.DEFINE_string("run_dir", None, "Fine-tuning or pre-training run dir, or a folder of GPT-1 release shards.")
+    flags.DEFINE_string("export_base", None, "Base path: the version goes to <export_base>/<model_name>/<version>.")
+    flags.DEFINE_string("model_name", "", "Servable name (default: the task's name, or 'lm' for a language model).")
+    flags.DEFINE_integer("version", 0, "Version number (0: one above the newest in the base path).")
+    flags.DEFINE_enum("precision", "float32", ["float32", "mixed_bfloat16"], "Compute precision of the export.")
+    flags.DEFINE_string("tokenizer_dir", "", "BPE files (default: the folder the run's data manifest names).")
+    flags.DEFINE_string("data_dir", "", "Fine-tuning runs: task data folder (default: the one the run used).")
+    flags.DEFINE_integer("lm_top_k", 10, "Language models: next-token guesses returned per text.")
+
+
 def main(argv):
     if len(argv) > 1:
         raise app.UsageError(f"unexpected arguments: {' '.join(argv[1:])}")
@@ -155,4 +166,5 @@ def main(argv):
 
 
 if __name__ == "__main__":
+    define_flags()
     app.run(main)

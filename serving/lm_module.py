@@ -56,37 +56,38 @@ class LMServingModule(tf.Module):
                 "log_prob": tf.reduce_sum(token_log_probs, axis=1), "next_token_ids": best_ids,
                 "next_tokens": tf.gather(self._vocab, best_ids), "next_token_log_probs": best}
 
-    def _serve_text(self, text):
-        checks = check_batch({"text": text}) + check_texts("text", text)
-        with tf.control_dependencies(checks):
-            ids = self.tokenizer(text)
-        with tf.control_dependencies(check_tokens("text", ids)):
-            ids = ids[:, -self.n_ctx:]  # the last n_ctx tokens: the model's sliding window
-        lengths = tf.cast(ids.row_lengths(), tf.int32)
-        out = self.score(ids.to_tensor(default_value=0), lengths)
-        out["token_ids"] = ids.to_tensor(default_value=-1)
-        return out
-
-    def _serve_tokens(self, input_ids, lengths):
-        shape = tf.shape(input_ids)
-        checks = [
-            tf.debugging.assert_positive(shape[0], message="empty batch: send at least one example"),
-            tf.debugging.assert_less_equal(shape[1], self.n_ctx, message=f"input_ids longer than n_ctx={self.n_ctx}"),
-            tf.debugging.assert_equal(tf.shape(lengths), shape[:1], message="lengths must be [batch]"),
-            tf.debugging.assert_positive(lengths, message="lengths must be >= 1"),
-            tf.debugging.assert_less_equal(lengths, shape[1], message="lengths must be <= the length of input_ids"),
-            tf.debugging.assert_non_negative(input_ids, message="input_ids must be >= 0"),
-            tf.debugging.assert_less(input_ids, self.vocab_size, message=f"input_ids must be < {self.vocab_size}"),
-        ]
-        with tf.control_dependencies(checks):
-            return self.score(tf.identity(input_ids), tf.identity(lengths))
-
     def signatures(self) -> dict:
-        """``{name: ConcreteFunction}`` to pass to ``tf.saved_model.save``."""
+        """``{name: ConcreteFunction}`` to pass to ``tf.saved_model.save`` (the scoring graph traced once)."""
+        score = tf.function(self.score)
+
+        def serve_text(text):
+            checks = check_batch({"text": text}) + check_texts("text", text)
+            with tf.control_dependencies(checks):
+                ids = self.tokenizer(text)
+            with tf.control_dependencies(check_tokens("text", ids)):
+                ids = ids[:, -self.n_ctx:]  # the last n_ctx tokens: the model's sliding window
+            out = dict(score(ids.to_tensor(default_value=0), tf.cast(ids.row_lengths(), tf.int32)))
+            out["token_ids"] = ids.to_tensor(default_value=-1)
+            return out
+
+        def serve_tokens(input_ids, lengths):
+            shape = tf.shape(input_ids)
+            checks = [
+                tf.debugging.assert_positive(shape[0], message="empty batch: send at least one example"),
+                tf.debugging.assert_less_equal(shape[1], self.n_ctx, message=f"input_ids longer than n_ctx={self.n_ctx}"),
+                tf.debugging.assert_equal(tf.shape(lengths), shape[:1], message="lengths must be [batch]"),
+                tf.debugging.assert_positive(lengths, message="lengths must be >= 1"),
+                tf.debugging.assert_less_equal(lengths, shape[1], message="lengths must be <= the length of input_ids"),
+                tf.debugging.assert_non_negative(input_ids, message="input_ids must be >= 0"),
+                tf.debugging.assert_less(input_ids, self.vocab_size, message=f"input_ids must be < {self.vocab_size}"),
+            ]
+            with tf.control_dependencies(checks):
+                return score(tf.identity(input_ids), tf.identity(lengths))
+
         return {
-            "serving_default": tf.function(self._serve_text).get_concrete_function(
+            "serving_default": tf.function(serve_text).get_concrete_function(
                 tf.TensorSpec([None], tf.string, name="text")),
-            "tokens": tf.function(self._serve_tokens).get_concrete_function(
+            "tokens": tf.function(serve_tokens).get_concrete_function(
                 tf.TensorSpec([None, None], tf.int32, name="input_ids"),
                 tf.TensorSpec([None], tf.int32, name="lengths")),
         }

@@ -3,9 +3,10 @@
 Like TF Serving's file-system source and availability-preserving policy: every poll lists the
 numeric version folders of each model's base path, loads the versions its version policy wants
 (newest first; a version is loaded, warmed up with its ``tf_serving_warmup_requests``, then made
-available) and only afterwards unloads the versions it no longer wants. A request takes its
-servable under a lock and keeps it until it is answered, so a version swap drops no request.
-A version that fails to load is reported (state END with the error) and not retried.
+available) and only once one of those is available unloads the versions it no longer wants. A
+request takes its servable under a lock and keeps it until it is answered, so a version swap
+drops no request. A version that fails to load is reported (state END with the error) and not
+retried; the versions already serving stay.
 """
 
 from __future__ import annotations
@@ -44,8 +45,10 @@ class ModelRegistry:
                 state = self._states[name].get(version)
                 if state is None or (state[0] == State.END and not state[1]):
                     self._load(name, version, os.path.join(config.base_path, str(version)))
-            for version in [v for v in list(self._available[name]) if v not in wanted]:
-                self._unload(name, version)
+            # Availability first: the old versions go once a wanted one serves (or none is on disk any more).
+            if not wanted or any(v in self._available[name] for v in wanted):
+                for version in [v for v in list(self._available[name]) if v not in wanted]:
+                    self._unload(name, version)
 
     def _load(self, name: str, version: int, path: str) -> None:
         self._set_state(name, version, State.LOADING)

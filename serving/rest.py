@@ -6,8 +6,8 @@
 
 Paths, bodies and errors follow TF Serving (``http_rest_api_handler.cc``): errors are
 ``{"error": "<message>"}`` with the HTTP code of their status (``serving.errors.HTTP_STATUS``).
-A body over ``max_request_bytes`` is refused with 413 before it is read, one without a
-Content-Length with 411.
+A body over ``max_request_bytes`` is refused with 413 (read and dropped, never kept), one
+without a Content-Length with 411.
 """
 
 from __future__ import annotations
@@ -115,7 +115,8 @@ class RestServer:
                         self.close_connection = True
                         return self._reply(411, {"error": "a POST needs a Content-Length header"})
                     if int(length) > max_request_bytes:
-                        self.close_connection = True  # the body is not read
+                        self.close_connection = True
+                        self._discard(int(length))
                         return self._reply(413, {"error": f"request body of {length} bytes exceeds the server's "
                                                           f"limit of {max_request_bytes} bytes"})
                     return self._reply(200, api.post(path, self.rfile.read(int(length))))
@@ -123,6 +124,15 @@ class RestServer:
                     return self._reply(err.http_status, {"error": err.message})
                 except Exception as err:  # noqa: BLE001 -- reported to the client; the server stays up
                     return self._reply(500, {"error": f"{type(err).__name__}: {err}"})
+
+            def _discard(self, length: int) -> None:
+                """Reads a refused body without keeping it (up to 16 limits), so the client gets the answer."""
+                left = min(length, 16 * max_request_bytes)
+                while left > 0:
+                    chunk = self.rfile.read(min(left, 1 << 16))
+                    if not chunk:
+                        return
+                    left -= len(chunk)
 
             def do_GET(self):  # noqa: N802 -- http.server's naming
                 self._handle("GET")

@@ -24,21 +24,6 @@ from concurrent import futures
 from absl import app, flags
 
 FLAGS = flags.FLAGS
-flags.DEFINE_integer("port", 8500, "gRPC port (0: any free port).")
-flags.DEFINE_integer("rest_api_port", 8501, "REST port (0: no REST API).")
-flags.DEFINE_string("host", "127.0.0.1", "Address to listen on (0.0.0.0: every interface).")
-flags.DEFINE_string("model_name", "default", "Name of the model served from --model_base_path.")
-flags.DEFINE_string("model_base_path", "", "Folder of numbered SavedModel versions of one model.")
-flags.DEFINE_string("model_config_file", "", "ModelServerConfig text proto listing several models.")
-flags.DEFINE_bool("enable_batching", False, "Batch concurrent requests to the same signature.")
-flags.DEFINE_string("batching_parameters_file", "", "BatchingParameters text proto (with --enable_batching).")
-flags.DEFINE_float("file_system_poll_wait_seconds", 1.0, "Seconds between polls of the base paths (0: load once).")
-flags.DEFINE_integer("max_request_bytes", 4 * 1024 * 1024, "Largest request accepted, gRPC message or REST body.")
-flags.DEFINE_integer("grpc_max_threads", 32, "Threads answering gRPC calls.")
-flags.DEFINE_bool("enable_signature_method_name_check", False, "Classify/Regress only on signatures with their "
-                  "method name (TF Serving's flag, off by default there too).")
-flags.DEFINE_integer("tensorflow_intra_op_parallelism", 0, "Threads per op (0: TensorFlow's default).")
-flags.DEFINE_integer("tensorflow_inter_op_parallelism", 0, "Ops run in parallel (0: TensorFlow's default).")
 
 
 def _check_flags() -> list:
@@ -59,6 +44,25 @@ def _check_flags() -> list:
 
 def _say(message: str) -> None:
     print(f"serving.server: {message}", file=sys.stderr, flush=True)
+
+
+def define_flags() -> None:
+    """The command line's flags (defined only when run as a command, so the module imports cleanly)."""
+    flags.DEFINE_integer("port", 8500, "gRPC port (0: any free port).")
+    flags.DEFINE_integer("rest_api_port", 8501, "REST port (0: no REST API).")
+    flags.DEFINE_string("host", "127.0.0.1", "Address to listen on (0.0.0.0: every interface).")
+    flags.DEFINE_string("model_name", "default", "Name of the model served from --model_base_path.")
+    flags.DEFINE_string("model_base_path", "", "Folder of numbered SavedModel versions of one model.")
+    flags.DEFINE_string("model_config_file", "", "ModelServerConfig text proto listing several models.")
+    flags.DEFINE_bool("enable_batching", False, "Batch concurrent requests to the same signature.")
+    flags.DEFINE_string("batching_parameters_file", "", "BatchingParameters text proto (with --enable_batching).")
+    flags.DEFINE_float("file_system_poll_wait_seconds", 1.0, "Seconds between polls of the base paths (0: load once).")
+    flags.DEFINE_integer("max_request_bytes", 4 * 1024 * 1024, "Largest request accepted, gRPC message or REST body.")
+    flags.DEFINE_integer("grpc_max_threads", 32, "Threads answering gRPC calls.")
+    flags.DEFINE_bool("enable_signature_method_name_check", False, "Classify/Regress only on signatures with their "
+                      "method name (TF Serving's flag, off by default there too).")
+    flags.DEFINE_integer("tensorflow_intra_op_parallelism", 0, "Threads per op (0: TensorFlow's default).")
+    flags.DEFINE_integer("tensorflow_inter_op_parallelism", 0, "Ops run in parallel (0: TensorFlow's default).")
 
 
 def main(argv):
@@ -126,4 +130,5 @@ def main(argv):
 
 
 if __name__ == "__main__":
+    define_flags()
     app.run(main)

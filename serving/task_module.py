@@ -164,43 +164,44 @@ class TaskServingModule(tf.Module):
         ]
 
     # ---------------------------------------------------------------- signatures
-    def _serve_text(self, **fields):
-        return self.predict_tokens(*self.features(fields))
+    def signatures(self) -> dict:
+        """``{name: ConcreteFunction}`` to pass to ``tf.saved_model.save``.
 
-    def _serve_features(self, **fields):
-        input_ids, extract_index = self.features(fields)
-        return {"input_ids": input_ids, "extract_index": extract_index}
-
-    def _serve_tokens(self, input_ids, extract_index):
-        with tf.control_dependencies(self._check_token_inputs(input_ids, extract_index)):
-            return self.predict_tokens(tf.identity(input_ids), tf.identity(extract_index))
-
-    def _parse_examples(self, inputs):
+        The text -> features and features -> outputs graphs are traced once and called by every
+        signature (one copy of each in the SavedModel).
+        """
+        features, predict = tf.function(self.features), tf.function(self.predict_tokens)
         specs = input_specs(self.task)
         parse = {name: tf.io.FixedLenFeature(spec.shape[1:], tf.string) for name, spec in specs.items()}
-        return tf.io.parse_example(inputs, parse)
 
-    def _classify(self, inputs):
-        out = self._serve_text(**self._parse_examples(inputs))
-        return {"classes": out["classes"], "scores": out["probabilities"]}
+        def serve_text(**fields):
+            return predict(*features(fields))
 
-    def _regress(self, inputs):
-        return {"outputs": self._serve_text(**self._parse_examples(inputs))["score"]}
+        def serve_features(**fields):
+            input_ids, extract_index = features(fields)
+            return {"input_ids": input_ids, "extract_index": extract_index}
 
-    def signatures(self) -> dict:
-        """``{name: ConcreteFunction}`` to pass to ``tf.saved_model.save``."""
-        specs = input_specs(self.task)
-        k = self.views
-        examples = tf.TensorSpec([None], tf.string, name="inputs")
+        def serve_tokens(input_ids, extract_index):
+            with tf.control_dependencies(self._check_token_inputs(input_ids, extract_index)):
+                return predict(tf.identity(input_ids), tf.identity(extract_index))
+
+        def classify(inputs):
+            out = serve_text(**tf.io.parse_example(inputs, parse))
+            return {"classes": out["classes"], "scores": out["probabilities"]}
+
+        def regress(inputs):
+            return {"outputs": serve_text(**tf.io.parse_example(inputs, parse))["score"]}
+
+        k, examples = self.views, tf.TensorSpec([None], tf.string, name="inputs")
         out = {
-            "serving_default": tf.function(self._serve_text).get_concrete_function(**specs),
-            "features": tf.function(self._serve_features).get_concrete_function(**specs),
-            "tokens": tf.function(self._serve_tokens).get_concrete_function(
+            "serving_default": tf.function(serve_text).get_concrete_function(**specs),
+            "features": tf.function(serve_features).get_concrete_function(**specs),
+            "tokens": tf.function(serve_tokens).get_concrete_function(
                 input_ids=tf.TensorSpec([None, k, None], tf.int32, name="input_ids"),
                 extract_index=tf.TensorSpec([None, k], tf.int32, name="extract_index")),
         }
         if self.task.head == "regression":
-            out["regress"] = tf.function(self._regress).get_concrete_function(examples)
+            out["regress"] = tf.function(regress).get_concrete_function(examples)
         else:
-            out["classify"] = tf.function(self._classify).get_concrete_function(examples)
+            out["classify"] = tf.function(classify).get_concrete_function(examples)
         return out
