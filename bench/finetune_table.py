@@ -19,60 +19,25 @@ interrupted table resumes. ``<out>.md`` is rewritten from the JSONL after every 
 from __future__ import annotations
 
 import argparse
-import datetime
 import json
 import os
-import shlex
 import statistics
-import subprocess
-import sys
-import time
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
-# Context per task, from the token lengths in the task manifests (max view lengths: SST-2 73,
-# CoLA 52, STS-B 142, MRPC 135, RTE 370, Story Cloze 94); longer views are truncated by the
-# documented rule of pipelines/transforms.py.
-N_CTX = {"sst2": 64, "cola": 64, "stsb": 96, "mrpc": 128, "rte": 128, "story_cloze": 96}
+from bench.finetune_runs import N_CTX, append_ledger, dev_metrics, finetune_spec, load_ledger, main_metric, run_one
+
 MULTITASK_AUX = ("mrpc", "stsb", "sst2", "cola")
 
 
 def run_spec(task: str, arm: str, seed: int, args) -> dict:
     """The command line of one fine-tuning run."""
-    run_dir = Path(args.runs_root) / f"{task}_{arm}_s{seed}"
-    cmd = [sys.executable, "-m", "gpt_tf.train", f"--flagfile=configs/finetune_{task}.flags",
-           f"--data_dir={Path(args.tasks_dir) / task}", f"--run_dir={run_dir}", f"--n_ctx={N_CTX[task]}",
-           f"--precision={args.precision}", f"--seed={seed}", "--progress=false"]
-    if arm in ("pretrained", "multitask"):
-        cmd.append(f"--init_checkpoint={args.pretrained}")
-    else:
-        cmd.append(f"--model={args.model}")
+    extra = []
     if arm == "multitask":
         aux = [str(Path(args.tasks_dir) / t) for t in MULTITASK_AUX]
-        cmd += [f"--aux_data_dirs={','.join(aux)}", "--task_mixture=" + ",".join(["0.5"] + ["0.125"] * len(aux))]
-    return {"task": task, "arm": arm, "seed": seed, "run_dir": str(run_dir), "cmd": cmd}
-
-
-def run_one(spec: dict) -> dict:
-    """Runs it; returns the spec with the final metrics and the wall-clock seconds."""
-    env = dict(os.environ, PYTHONPATH=str(ROOT), TF_CPP_MIN_LOG_LEVEL="2")
-    start = time.time()
-    proc = subprocess.run(spec["cmd"], cwd=ROOT, env=env, capture_output=True, text=True)
-    seconds = time.time() - start
-    if proc.returncode != 0:
-        raise RuntimeError(f"{shlex.join(spec['cmd'])} failed ({proc.returncode}):\n{proc.stderr[-3000:]}")
-    metrics = json.loads(proc.stdout.strip().splitlines()[-1])
-    return {**spec, "cmd": shlex.join(spec["cmd"][1:]).replace("-m ", "python -m ", 1), "metrics": metrics,
-            "seconds": round(seconds, 1), "finished": datetime.datetime.now().isoformat(timespec="seconds")}
-
-
-def main_metric(task: str) -> str:
-    return {"cola": "mcc", "stsb": "pearson", "mrpc": "f1"}.get(task, "accuracy")
-
-
-def _dev(record: dict) -> dict:
-    """The primary task's metrics on its first eval split (``dev`` for all tasks here)."""
-    return record["metrics"]["dev"]
+        extra = [f"--aux_data_dirs={','.join(aux)}", "--task_mixture=" + ",".join(["0.5"] + ["0.125"] * len(aux))]
+    return finetune_spec(task, arm, seed, runs_root=args.runs_root, tasks_dir=args.tasks_dir, precision=args.precision,
+                         init_checkpoint=args.pretrained if arm in ("pretrained", "multitask") else "",
+                         model=args.model, extra=extra)
 
 
 def markdown(records: list[dict], header: str) -> str:
@@ -87,7 +52,7 @@ def markdown(records: list[dict], header: str) -> str:
     for task in N_CTX:
         metric = main_metric(task)
         cell = {arm: by.get((task, arm), []) for arm in ("pretrained", "scratch", "multitask")}
-        value = {arm: statistics.median(100 * _dev(r)[metric] for r in rs) if rs else None for arm, rs in cell.items()}
+        value = {arm: statistics.median(100 * dev_metrics(r)[metric] for r in rs) if rs else None for arm, rs in cell.items()}
         if value["pretrained"] is None and value["scratch"] is None:
             continue
         fmt = lambda v: "–" if v is None else f"{v:.1f}"
@@ -101,7 +66,7 @@ def markdown(records: list[dict], header: str) -> str:
     if deltas:
         lines.append(f"| **mean** | | | | **{statistics.mean(deltas):+.1f}** | | |")
     lines += ["", "Commands (run from the repository root):", ""]
-    lines += [f"- `{r['cmd']}` — {r['seconds']:.0f} s, dev {json.dumps(_dev(r))}" for r in records]
+    lines += [f"- `{r['cmd']}` — {r['seconds']:.0f} s, dev {json.dumps(dev_metrics(r))}" for r in records]
     return "\n".join(lines) + "\n"
 
 
@@ -119,7 +84,7 @@ def main():
     args.model = _preset_of(args.pretrained)
     jsonl = Path(args.out + ".jsonl")
     jsonl.parent.mkdir(parents=True, exist_ok=True)
-    done = [json.loads(line) for line in jsonl.read_text().splitlines()] if jsonl.exists() else []
+    done = load_ledger(jsonl)
     have = {(r["task"], r["arm"], r["seed"]) for r in done}
     specs = [run_spec(task, arm, int(seed), args) for task in args.tasks.split(",") for arm in args.arms.split(",")
              for seed in args.seeds.split(",") if arm != "multitask" or task == "rte"]
@@ -130,10 +95,9 @@ def main():
             continue
         print(f"[{i}/{len(specs)}] {spec['task']} {spec['arm']} seed {spec['seed']} ...", flush=True)
         record = run_one(spec)
-        print(f"    {record['seconds']:.0f} s, dev {json.dumps(_dev(record))}", flush=True)
+        print(f"    {record['seconds']:.0f} s, dev {json.dumps(dev_metrics(record))}", flush=True)
         done.append(record)
-        with open(jsonl, "a") as f:
-            f.write(json.dumps(record) + "\n")
+        append_ledger(jsonl, record)
         Path(args.out + ".md").write_text(markdown(done, header))
     Path(args.out + ".md").write_text(markdown(done, header))
     print(Path(args.out + ".md").read_text())

@@ -1,0 +1,96 @@
+"""What every fine-tuning table shares: one run's command, running it timed, a resumable ledger, medians.
+
+``bench/finetune_table.py`` (pre-trained vs scratch) and ``bench/study.py`` (the §5 analysis) build
+their runs with ``finetune_spec`` and run them with ``run_one``; each finished run is one JSON line
+of a ledger, so an interrupted table resumes where it stopped.
+"""
+
+from __future__ import annotations
+
+import datetime
+import json
+import os
+import shlex
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+# Context per task, from the token lengths in the task manifests (max view lengths: SST-2 73,
+# CoLA 52, STS-B 142, MRPC 135, RTE 370, Story Cloze 94); longer views are truncated by the
+# documented rule of pipelines/transforms.py.
+N_CTX = {"sst2": 64, "cola": 64, "stsb": 96, "mrpc": 128, "rte": 128, "story_cloze": 96}
+
+
+def finetune_spec(task: str, arm: str, seed: int, *, runs_root, tasks_dir, precision: str,
+                  init_checkpoint: str = "", model: str = "", extra=()) -> dict:
+    """One ``python -m gpt_tf.train --task`` run (the paper's recipe from ``configs/finetune_<task>.flags``).
+
+    ``init_checkpoint`` (a pre-training run) or ``model`` (a preset, from scratch); ``extra``: more flags.
+    """
+    run_dir = Path(runs_root) / f"{task}_{arm}_s{seed}"
+    cmd = [sys.executable, "-m", "gpt_tf.train", f"--flagfile=configs/finetune_{task}.flags",
+           f"--data_dir={Path(tasks_dir) / task}", f"--run_dir={run_dir}", f"--n_ctx={N_CTX[task]}",
+           f"--precision={precision}", f"--seed={seed}", "--progress=false"]
+    cmd.append(f"--init_checkpoint={init_checkpoint}" if init_checkpoint else f"--model={model}")
+    return {"task": task, "arm": arm, "seed": seed, "run_dir": str(run_dir), "cmd": cmd + list(extra)}
+
+
+def run_command(cmd: list[str]) -> tuple[str, float]:
+    """Runs ``cmd`` from the repository root; returns its stdout and wall-clock seconds (raises on failure)."""
+    env = dict(os.environ, PYTHONPATH=str(ROOT), TF_CPP_MIN_LOG_LEVEL="2")
+    start = time.time()
+    proc = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True)
+    seconds = time.time() - start
+    if proc.returncode != 0:
+        raise RuntimeError(f"{shlex.join(cmd)} failed ({proc.returncode}):\n{proc.stderr[-3000:]}")
+    return proc.stdout, seconds
+
+
+def shown_command(cmd: list[str]) -> str:
+    """The command as a user types it from the repository root (``python -m ...``)."""
+    return shlex.join(cmd[1:]).replace("-m ", "python -m ", 1)
+
+
+def run_one(spec: dict) -> dict:
+    """Runs it; returns the spec with the final metrics and the wall-clock seconds."""
+    stdout, seconds = run_command(spec["cmd"])
+    metrics = json.loads(stdout.strip().splitlines()[-1])
+    return {**spec, "cmd": shown_command(spec["cmd"]), "metrics": metrics,
+            "seconds": round(seconds, 1), "finished": datetime.datetime.now().isoformat(timespec="seconds")}
+
+
+def main_metric(task: str) -> str:
+    """The task's headline metric (the first of its ``TaskSpec.metrics``: Matthews for CoLA, F1 for MRPC, ...)."""
+    from gpt_tf.tasks import get_task
+
+    return get_task(task).metrics[0]
+
+
+def dev_metrics(record: dict) -> dict:
+    """The primary task's metrics on its first eval split (``dev`` for all tasks here)."""
+    return record["metrics"]["dev"]
+
+
+def dev_score(record: dict) -> float:
+    """The task's headline dev metric, in percent."""
+    return 100 * dev_metrics(record)[main_metric(record["task"])]
+
+
+def load_ledger(path: Path) -> list[dict]:
+    """The records of finished runs (one JSON object per line), or [] when there is no ledger yet."""
+    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()] if path.exists() else []
+
+
+def append_ledger(path: Path, record: dict) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with open(path, "a") as f:
+        f.write(json.dumps(record) + "\n")
+
+
+def median_spread(values) -> tuple[float, float, float] | None:
+    """(median, min, max) of ``values``, or None when there are none."""
+    values = list(values)
+    return (statistics.median(values), min(values), max(values)) if values else None
