@@ -94,3 +94,15 @@ def median_spread(values) -> tuple[float, float, float] | None:
     """(median, min, max) of ``values``, or None when there are none."""
     values = list(values)
     return (statistics.median(values), min(values), max(values)) if values else None
+
+
+def preset_of(run_dir: str) -> str:
+    """The preset name whose config the pre-training run used (for the scratch arm's --model)."""
+    from gpt_tf.config import PRESETS, GPTConfig
+
+    config = GPTConfig(**json.loads((Path(run_dir) / "model_config.json").read_text()))
+    shape = ("n_embd", "n_layer", "n_head", "d_ff", "model_type")
+    for name, preset in PRESETS.items():
+        if all(getattr(preset, k) == getattr(config, k) for k in shape):
+            return name
+    raise ValueError(f"{run_dir}/model_config.json matches no preset's shape {shape}")

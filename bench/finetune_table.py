@@ -24,7 +24,8 @@ import os
 import statistics
 from pathlib import Path
 
-from bench.finetune_runs import N_CTX, append_ledger, dev_metrics, finetune_spec, load_ledger, main_metric, run_one
+from bench.finetune_runs import (N_CTX, append_ledger, dev_metrics, finetune_spec, load_ledger, main_metric, preset_of,
+                                 run_one)
 
 MULTITASK_AUX = ("mrpc", "stsb", "sst2", "cola")
 
@@ -81,7 +82,7 @@ def main():
     parser.add_argument("--seeds", default="0")
     parser.add_argument("--precision", default="mixed_bfloat16")
     args = parser.parse_args()
-    args.model = _preset_of(args.pretrained)
+    args.model = preset_of(args.pretrained)
     jsonl = Path(args.out + ".jsonl")
     jsonl.parent.mkdir(parents=True, exist_ok=True)
     done = load_ledger(jsonl)
@@ -101,18 +102,6 @@ def main():
         Path(args.out + ".md").write_text(markdown(done, header))
     Path(args.out + ".md").write_text(markdown(done, header))
     print(Path(args.out + ".md").read_text())
-
-
-def _preset_of(run_dir: str) -> str:
-    """The preset name whose config the pre-training run used (for the scratch arm's --model)."""
-    from gpt_tf.config import PRESETS
-
-    config = json.loads((Path(run_dir) / "model_config.json").read_text())
-    shape = ("n_embd", "n_layer", "n_head", "d_ff")
-    for name, preset in PRESETS.items():
-        if all(getattr(preset, k) == config[k] for k in shape):
-            return name
-    raise ValueError(f"{run_dir}/model_config.json matches no preset's shape {shape}")
 
 
 if __name__ == "__main__":

@@ -1,0 +1,247 @@
+r"""The paper's §5 analysis at a CPU scale, in one command: ablations, layer transfer, zero-shot, figures.
+
+    python -m bench.study --pretrained=runs/books_tiny --tasks_dir=data/tasks_books --scale=cpu
+    python -m bench.study --pretrained=runs/books_tiny --scale=smoke --out_dir=/tmp/study_smoke \
+        --runs_root=runs/study_smoke                      # minutes: checks the pipeline end to end
+
+Phases, each a subprocess whose command, output and wall-clock time go to ``<runs_root>/study.jsonl``
+(a re-run skips what is recorded there, so an interrupted study resumes):
+
+1. task data: ``--tasks_dir`` as built, or (``--train_subsample=N``) the official files under
+   ``--data_root`` rebuilt with the pre-trained run's tokenizer, N train examples by guid hash;
+2. the LSTM baseline (Table 5): ``--lstm_run``, or pre-trained here with ``--model=lstm_<preset>`` on the
+   same data and recipe as ``--pretrained`` (its ``train_config.json``), for ``--lstm_steps`` updates, the
+   warm-up and checkpoint period scaled by ``lstm_steps / train_steps``;
+3. fine-tuning (``bench/finetune_runs.py``, the paper's recipe): per task and seed the arms ``full``
+   (all blocks transferred, λ 0.5), ``scratch`` (no pre-training), ``lm0`` (λ = 0) and ``lstm``, plus
+   ``transfer<k>`` for k = 0 … n_layer − 1 blocks on the layer-transfer tasks (k = n_layer is ``full``);
+4. zero-shot (``python -m gpt_tf.zero_shot``) on every kept checkpoint of both pre-training runs and
+   on their initialisation (step 0);
+5. ``<out_dir>/results.md`` and the figures ``layer_transfer.png``, ``zero_shot.png``, ``ablations.png``
+   (``bench/study_report.py``), rewritten from the ledger after every run.
+
+``--scale`` picks defaults for the knobs that set the cost (tasks, seeds, layers, epochs, train
+subsample, zero-shot sample, LSTM steps); any knob given on the command line wins. One ``--runs_root``
+holds one configuration: a different one is refused (pick another ``--runs_root``).
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import json
+import os
+import shlex
+import sys
+import time
+from pathlib import Path
+
+from bench.finetune_runs import (ROOT, append_ledger, finetune_spec, load_ledger, preset_of, run_command, run_one,
+                                 shown_command)
+
+# Where each task's official files sit under --data_root (the layout of ../shared/data).
+OFFICIAL = {"sst2": "glue/SST-2", "cola": "glue/CoLA", "mrpc": "glue/MRPC", "stsb": "glue/STS-B", "rte": "glue/RTE",
+            "story_cloze": "story_cloze"}
+STORY_CLOZE_HOLDOUT = 0.3  # as data/tasks_books/story_cloze: the part of val that is dev
+SCALES = {
+    # End to end in minutes: 3 tasks, 1 seed, 64 training examples, 1 epoch, a 20-step LSTM.
+    "smoke": {"tasks": "sst2,rte,story_cloze", "transfer_tasks": "sst2,rte,story_cloze", "seeds": "0", "layers": "0,2",
+              "epochs": 1, "train_subsample": 64, "zero_shot_tasks": "cola,sst2,story_cloze",
+              "zero_shot_max_examples": 64, "lstm_steps": 20},
+    # The study: every task with training data here, 3 seeds, every layer count, the paper's 3 epochs.
+    "cpu": {"tasks": "cola,sst2,mrpc,stsb,rte,story_cloze", "transfer_tasks": "sst2,rte,story_cloze", "seeds": "0,1,2",
+            "layers": "all", "epochs": 3, "train_subsample": 0, "zero_shot_tasks": "cola,sst2,story_cloze",
+            "zero_shot_max_examples": 0, "lstm_steps": 0},
+}
+ARMS = ("full", "scratch", "lm0", "lstm")
+
+
+def parse_args(argv=None):
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--pretrained", required=True, help="the transformer's pre-training run dir")
+    parser.add_argument("--tasks_dir", default="", help="task TFRecords built with the run's tokenizer "
+                        "(needed unless --train_subsample rebuilds them)")
+    parser.add_argument("--data_root", default="../shared/data", help="official task files (GLUE, Story Cloze)")
+    parser.add_argument("--out_dir", default="docs", help="results.md and the PNG figures")
+    parser.add_argument("--runs_root", default="runs/study", help="runs, task data and the ledger study.jsonl")
+    parser.add_argument("--scale", default="cpu", choices=sorted(SCALES))
+    parser.add_argument("--lstm_run", default="", help="an LSTM pre-training run to use instead of training one")
+    parser.add_argument("--race_dir", default="", help="RACE in its official layout, for zero-shot (optional)")
+    parser.add_argument("--dprd_dir", default="", help="DPRD (train.c.txt/test.c.txt), for zero-shot (optional)")
+    parser.add_argument("--precision", default="mixed_bfloat16", help="fine-tuning precision")
+    for knob in ("tasks", "transfer_tasks", "seeds", "layers", "zero_shot_tasks"):
+        parser.add_argument(f"--{knob}", default=None, help=f"comma list (default: the scale's, {SCALES['cpu'][knob]!r})")
+    for knob in ("epochs", "train_subsample", "zero_shot_max_examples", "lstm_steps"):
+        parser.add_argument(f"--{knob}", type=int, default=None, help=f"default: the scale's ({SCALES['cpu'][knob]} for cpu)")
+    return parser.parse_args(argv)
+
+
+def resolve_plan(args, n_layer: int, pretrain_steps: int) -> dict:
+    """The study's configuration: the scale's knobs with the command line's overrides, lists expanded."""
+    plan = {k: (getattr(args, k) if getattr(args, k) is not None else v) for k, v in SCALES[args.scale].items()}
+    plan["layers"] = list(range(n_layer + 1)) if plan["layers"] == "all" else [int(k) for k in plan["layers"].split(",")]
+    for key in ("tasks", "transfer_tasks", "zero_shot_tasks"):
+        plan[key] = [t for t in plan[key].split(",") if t]
+    plan["zero_shot_tasks"] += [t for t, d in (("race", args.race_dir), ("dprd", args.dprd_dir)) if d]
+    plan["seeds"] = [int(s) for s in plan["seeds"].split(",")]
+    plan["lstm_steps"] = plan["lstm_steps"] or pretrain_steps
+    problems = [f"unknown task {t!r}; tasks with training data: {sorted(OFFICIAL)}"
+                for t in plan["tasks"] + plan["transfer_tasks"] if t not in OFFICIAL]
+    problems += [f"--layers: {k} is not within 0..{n_layer}" for k in plan["layers"] if not 0 <= k <= n_layer]
+    if problems:
+        sys.exit("bench.study: " + "; ".join(problems))
+    return plan
+
+
+def _json(path) -> dict:
+    return json.loads(Path(path).read_text())
+
+
+def task_data(plan: dict, args, tokenizer_dir: str, ledger: Path) -> str:
+    """The folder of task TFRecords: --tasks_dir, or the official files rebuilt with a train subsample."""
+    if not plan["train_subsample"]:
+        missing = [t for t in set(plan["tasks"] + plan["transfer_tasks"])
+                   if not (Path(args.tasks_dir or "/nonexistent") / t / "manifest.json").is_file()]
+        if missing:
+            sys.exit(f"bench.study: --tasks_dir={args.tasks_dir!r} lacks {sorted(missing)} "
+                     "(build them with pipelines.finetune_data, or give --train_subsample)")
+        return args.tasks_dir
+    out = Path(args.runs_root) / f"tasks_sub{plan['train_subsample']}"
+    for task in sorted(set(plan["tasks"] + plan["transfer_tasks"])):
+        if (out / task / "manifest.json").is_file():
+            continue
+        cmd = [sys.executable, "-m", "pipelines.finetune_data", f"--task={task}",
+               f"--data_dir={Path(args.data_root) / OFFICIAL[task]}", f"--tokenizer_dir={tokenizer_dir}",
+               f"--output_dir={out / task}", "--noprogress", f"--train_subsample={plan['train_subsample']}"]
+        if task == "story_cloze":
+            cmd.append(f"--holdout_fraction={STORY_CLOZE_HOLDOUT}")
+        _, seconds = run_command(cmd)
+        append_ledger(ledger, {"kind": "task_data", "task": task, "cmd": shown_command(cmd), "seconds": round(seconds, 1)})
+    return str(out)
+
+
+def lstm_pretrain_cmd(args, train_config: dict, preset: str, steps: int) -> tuple[str, list[str]]:
+    """The LSTM baseline's pre-training: the transformer run's data and recipe, ``steps`` updates."""
+    scale = steps / train_config["train_steps"]
+    run_dir = Path(args.runs_root) / f"lstm_{preset}"
+    same = ("data_dir", "batch_size", "grad_accum_steps", "learning_rate", "lr_decay", "weight_decay", "clip_norm",
+            "precision", "seed", "keep_checkpoints", "eval_batches")
+    cmd = [sys.executable, "-m", "gpt_tf.train", f"--model=lstm_{preset}", f"--run_dir={run_dir}",
+           f"--train_steps={steps}", f"--warmup_steps={min(steps, max(0, round(train_config['warmup_steps'] * scale)))}",
+           f"--checkpoint_every={max(1, round(train_config['checkpoint_every'] * scale))}", "--progress=false",
+           *(f"--{k}={train_config[k]}" for k in same)]
+    return str(run_dir), cmd
+
+
+def finetune_specs(plan: dict, args, tasks_dir: str, preset: str, lstm_run: str) -> list[dict]:
+    """Every fine-tuning run of the study (see the module doc), in the order they run."""
+    common = dict(runs_root=Path(args.runs_root) / "finetune", tasks_dir=tasks_dir, precision=args.precision)
+    epochs = [f"--epochs={plan['epochs']}"]
+    arms = {"full": (args.pretrained, []), "scratch": ("", []), "lm0": (args.pretrained, ["--lm_coef=0"]),
+            "lstm": (lstm_run, [])}
+    n_layer = plan["n_layer"]
+    specs = []
+    for seed in plan["seeds"]:
+        for task in plan["tasks"]:
+            for arm in ARMS:
+                init, extra = arms[arm]
+                specs.append(finetune_spec(task, arm, seed, init_checkpoint=init, model=preset, extra=extra + epochs,
+                                           **common))
+        for task in plan["transfer_tasks"]:
+            if task not in plan["tasks"]:  # its k = n_layer point is the full arm
+                specs.append(finetune_spec(task, "full", seed, init_checkpoint=args.pretrained, extra=epochs, **common))
+            for k in plan["layers"]:
+                if k < n_layer:
+                    specs.append(finetune_spec(task, f"transfer{k}", seed, init_checkpoint=args.pretrained,
+                                               extra=[f"--transfer_layers={k}"] + epochs, **common))
+    return specs
+
+
+def zero_shot_cmd(run_dir: str, plan: dict, args, out_csv: Path) -> list[str]:
+    dirs = {"race": args.race_dir, "dprd": args.dprd_dir,
+            **{t: str(Path(args.data_root) / OFFICIAL[t]) for t in ("cola", "sst2", "story_cloze")}}
+    tasks = plan["zero_shot_tasks"]
+    return [sys.executable, "-m", "gpt_tf.zero_shot", f"--run_dir={run_dir}", f"--task={','.join(tasks)}",
+            f"--data_dir={','.join(dirs[t] for t in tasks)}", "--include_init", f"--output_csv={out_csv}",
+            f"--max_examples={plan['zero_shot_max_examples']}", f"--holdout_fraction={STORY_CLOZE_HOLDOUT}"]
+
+
+def _check_configuration(runs_root: Path, config: dict) -> None:
+    """One configuration per runs_root: the first run records it; a different one later is refused."""
+    path = runs_root / "study_config.json"
+    if path.is_file():
+        before = _json(path)
+        changed = sorted(k for k in set(before) | set(config) if before.get(k) != config.get(k))
+        if changed:
+            sys.exit(f"bench.study: {runs_root} holds a study with another configuration ({', '.join(changed)} "
+                     "differ); use another --runs_root")
+    else:
+        runs_root.mkdir(parents=True, exist_ok=True)
+        path.write_text(json.dumps(config, indent=2, sort_keys=True))
+
+
+def main(argv=None):
+    from bench.study_report import write_report
+
+    args = parse_args(argv)
+    started = time.time()
+    model_config, train_config = _json(Path(args.pretrained) / "model_config.json"), _json(Path(args.pretrained) / "train_config.json")
+    preset = preset_of(args.pretrained)
+    plan = resolve_plan(args, model_config["n_layer"], train_config["train_steps"])
+    plan["n_layer"] = model_config["n_layer"]
+    tokenizer_dir = _json(Path(train_config["data_dir"]) / "manifest.json")["tokenizer"]["dir"]
+    runs_root, ledger = Path(args.runs_root), Path(args.runs_root) / "study.jsonl"
+    config = {"pretrained": args.pretrained, "preset": preset, "tasks_dir": args.tasks_dir, "data_root": args.data_root,
+              "lstm_run": args.lstm_run, "precision": args.precision, "race_dir": args.race_dir,
+              "dprd_dir": args.dprd_dir, **plan}
+    _check_configuration(runs_root, config)
+    done = load_ledger(ledger)
+    key = lambda r: (r["kind"], r.get("task"), r.get("arm"), r.get("seed"), r.get("model"))
+    have = {key(r) for r in done}
+    command = shlex.join(["python", "-m", "bench.study", *(argv if argv is not None else sys.argv[1:])])
+    tasks_dir = task_data(plan, args, tokenizer_dir, ledger)
+    done = load_ledger(ledger)  # with the task-data builds
+    report = lambda: write_report(done, config, Path(args.out_dir), command, time.time() - started, tasks_dir)
+
+    def record(entry):
+        done.append(entry)
+        append_ledger(ledger, entry)
+        report()
+
+    lstm_run = args.lstm_run
+    if not lstm_run:
+        lstm_run, cmd = lstm_pretrain_cmd(args, train_config, preset, plan["lstm_steps"])
+        if ("pretrain", None, None, None, "lstm") not in have:
+            print(f"pre-training the LSTM baseline: {shown_command(cmd)}", flush=True)
+            stdout, seconds = run_command(cmd)
+            record({"kind": "pretrain", "model": "lstm", "run_dir": lstm_run, "cmd": shown_command(cmd),
+                    "result": json.loads(stdout.strip().splitlines()[-1]), "seconds": round(seconds, 1)})
+    for model, run_dir in (("transformer", args.pretrained), ("lstm", lstm_run)):
+        if ("zero_shot", None, None, None, model) in have:
+            continue
+        out = runs_root / f"zero_shot_{model}.csv"
+        partial = out.with_suffix(".partial.csv")
+        partial.unlink(missing_ok=True)
+        cmd = zero_shot_cmd(run_dir, plan, args, partial)
+        print(f"zero-shot over the kept checkpoints of {run_dir} ...", flush=True)
+        _, seconds = run_command(cmd)
+        os.replace(partial, out)
+        record({"kind": "zero_shot", "model": model, "run_dir": run_dir, "csv": str(out), "cmd": shown_command(cmd),
+                "seconds": round(seconds, 1)})
+    specs = finetune_specs(plan, args, tasks_dir, preset, lstm_run)
+    for i, spec in enumerate(specs, 1):
+        if ("finetune", spec["task"], spec["arm"], spec["seed"], None) in have:
+            continue
+        print(f"[{i}/{len(specs)}] {spec['task']} {spec['arm']} seed {spec['seed']} ...", flush=True)
+        result = run_one(spec)
+        print(f"    {result['seconds']:.0f} s, dev {json.dumps(result['metrics']['dev'])}", flush=True)
+        record({"kind": "finetune", **result})
+    report()
+    total = sum(r.get("seconds", 0) for r in done)
+    print(f"done {datetime.datetime.now().isoformat(timespec='seconds')}: this invocation {time.time() - started:.0f} s, "
+          f"all recorded runs {total:.0f} s; see {Path(args.out_dir) / 'results.md'}", flush=True)
+
+
+if __name__ == "__main__":
+    os.chdir(ROOT)
+    main()

@@ -1,0 +1,236 @@
+"""The study's report: ``results.md`` (tables, checks of the paper's claims, configuration, commands) and figures.
+
+Everything here is computed from the ledger of ``bench/study.py`` (fine-tuning records, the zero-shot
+CSVs, the LSTM pre-training record); nothing is typed in by hand. Cells are the median over seeds
+with the range (min–max) when there are several. Figures follow the paper's Fig. 2 (left: dev score
+against the number of transferred layers; right: zero-shot score over pre-training, transformer
+solid, LSTM dashed) and Table 5 (bars per ablation arm), drawn with matplotlib's Agg backend.
+
+Zero-shot normalisation (Fig. 2 right): ``(score − chance) / (reference − chance)`` with the
+reference the ``full`` arm's median dev score on the same task, when that is at least
+``MIN_MARGIN`` above chance; otherwise (no fine-tuning of that task, or a fine-tuned score too near
+chance to divide by) a perfect score, 1.0, and the table says so.
+"""
+
+from __future__ import annotations
+
+import csv
+import datetime
+import json
+import os
+import subprocess
+from pathlib import Path
+
+from bench.finetune_runs import dev_score, main_metric, median_spread
+from gpt_tf.heuristics import HEURISTICS
+from gpt_tf.metrics import spearman
+
+ARM_LABELS = {"full": "Transformer w/ aux LM (full)", "scratch": "Transformer w/o pre-training",
+              "lm0": "Transformer w/o aux LM (λ = 0)", "lstm": "LSTM w/ aux LM"}
+MIN_MARGIN = 0.05
+
+
+def _cell(stats) -> str:
+    if stats is None:
+        return "–"
+    median, low, high = stats
+    return f"{median:.1f}" if low == high else f"{median:.1f} ({low:.1f}–{high:.1f})"
+
+
+def finetune_scores(records) -> dict:
+    """{(task, arm): [dev score in % per seed]} of the fine-tuning records."""
+    out = {}
+    for r in records:
+        if r["kind"] == "finetune":
+            out.setdefault((r["task"], r["arm"]), []).append(dev_score(r))
+    return out
+
+
+def _median(scores, task, arm):
+    stats = median_spread(scores.get((task, arm), []))
+    return None if stats is None else stats[0]
+
+
+def train_sizes(tasks_dir: str, tasks) -> dict:
+    sizes = {}
+    for task in tasks:
+        path = Path(tasks_dir) / task / "manifest.json"
+        if path.is_file():
+            sizes[task] = json.loads(path.read_text())["counts"].get("train")
+    return sizes
+
+
+def _rho(xs, ys) -> str:
+    return f"{spearman(xs, ys):+.2f}" if len(xs) >= 3 else "n/a (< 3 points)"
+
+
+def ablation_section(scores, tasks, sizes) -> list[str]:
+    head = " | ".join(f"{t} ({main_metric(t)})" for t in tasks)
+    lines = ["## Ablations (Table 5)", "", f"| method | avg | {head} |", "|---|---:|" + "---:|" * len(tasks)]
+    for arm, label in ARM_LABELS.items():
+        medians = [_median(scores, t, arm) for t in tasks]
+        avg = sum(medians) / len(medians) if medians and None not in medians else None
+        cells = " | ".join(_cell(median_spread(scores.get((t, arm), []))) for t in tasks)
+        lines.append(f"| {label} | {'–' if avg is None else f'{avg:.1f}'} | {cells} |")
+    deltas = {t: _median(scores, t, "full") - _median(scores, t, "scratch") for t in tasks
+              if None not in (_median(scores, t, "full"), _median(scores, t, "scratch"))}
+    if deltas:
+        mean = sum(deltas.values()) / len(deltas)
+        wins = sum(d > 0 for d in deltas.values())
+        lines += ["", f"**Pre-training vs none:** mean Δ = **{mean:+.1f}** points over {len(deltas)} tasks "
+                  f"(better on {wins} of {len(deltas)}); the paper: +14.8 on its 9 tasks."]
+    rows = sorted((sizes.get(t) or 0, t) for t in tasks if None not in (_median(scores, t, "full"), _median(scores, t, "lm0")))
+    if rows:
+        lines += ["", "### λ (the auxiliary LM objective) against training-set size", "",
+                  "| task | train examples | λ = 0.5 | λ = 0 | Δ (aux LM) |", "|---|---:|---:|---:|---:|"]
+        gains = []
+        for size, t in rows:
+            full, lm0 = _median(scores, t, "full"), _median(scores, t, "lm0")
+            gains.append(full - lm0)
+            lines.append(f"| {t} | {size:,} | {full:.1f} | {lm0:.1f} | {full - lm0:+.1f} |")
+        lines += ["", f"Spearman ρ(train size, Δ aux LM) = {_rho([s for s, _ in rows], gains)}; the paper: the "
+                  "auxiliary objective helps the larger datasets (NLI, QQP) more than the smaller ones."]
+    return lines
+
+
+def layer_section(scores, tasks, layers, n_layer) -> list[str]:
+    ks = sorted(set(layers) | {n_layer})
+    arm = lambda k: "full" if k == n_layer else f"transfer{k}"
+    lines = ["## Layer transfer (Fig. 2 left)", "", "![layer transfer](layer_transfer.png)", "",
+             "| blocks transferred | " + " | ".join(tasks) + " |", "|---:|" + "---:|" * len(tasks)]
+    for k in ks:
+        label = f"{k} (embeddings only)" if k == 0 else f"{k} (all)" if k == n_layer else str(k)
+        lines.append(f"| {label} | " + " | ".join(_cell(median_spread(scores.get((t, arm(k)), []))) for t in tasks) + " |")
+    checks = []
+    for t in tasks:
+        points = [(k, _median(scores, t, arm(k))) for k in ks if _median(scores, t, arm(k)) is not None]
+        if len(points) >= 2:
+            rise = points[-1][1] - points[0][1]
+            checks.append(f"{t}: {points[-1][0]} vs {points[0][0]} blocks {rise:+.1f} points, "
+                          f"ρ(blocks, score) = {_rho([k for k, _ in points], [v for _, v in points])}")
+    if checks:
+        lines += ["", "Does the curve rise with layers? " + "; ".join(checks) + ". The paper: every transferred "
+                  "layer helps, up to 9% on MultiNLI for full transfer."]
+    return lines
+
+
+def read_zero_shot(records) -> dict:
+    """{model: {(task, step): row}} from the zero-shot CSVs (the last row of a (task, step) wins)."""
+    out = {}
+    for r in records:
+        if r["kind"] == "zero_shot" and Path(r["csv"]).is_file():
+            with open(r["csv"]) as f:
+                for row in csv.DictReader(f):
+                    out.setdefault(r["model"], {})[(row["task"], int(row["step"]))] = row
+    return out
+
+
+def zero_shot_references(scores, tasks) -> dict:
+    """{task: (reference, source)} for the normalisation (see the module doc)."""
+    refs = {}
+    for t in tasks:
+        full = _median(scores, t, "full")
+        chance = HEURISTICS[t].chance
+        if full is not None and full / 100 - chance >= MIN_MARGIN:
+            refs[t] = (full / 100, "fine-tuned (full, median)")
+        else:
+            refs[t] = (1.0, "perfect score (no usable fine-tuned score)")
+    return refs
+
+
+def _normalised(row, reference):
+    return (float(row["score"]) - float(row["chance"])) / (reference - float(row["chance"]))
+
+
+def zero_shot_section(zs, refs) -> list[str]:
+    tasks = sorted({t for rows in zs.values() for t, _ in rows})
+    lines = ["## Zero-shot over pre-training (Fig. 2 right)", "", "![zero-shot](zero_shot.png)", "",
+             "Raw score (normalised in brackets). References: " +
+             "; ".join(f"{t} {refs[t][0]:.3f} ({refs[t][1]})" for t in tasks) + ".", "",
+             "| model | step | " + " | ".join(tasks) + " |", "|---|---:|" + "---:|" * len(tasks)]
+    checks = []
+    for model, rows in sorted(zs.items(), reverse=True):
+        steps = sorted({s for _, s in rows})
+        for s in steps:
+            cells = [f"{float(rows[(t, s)]['score']):.3f} [{_normalised(rows[(t, s)], refs[t][0]):+.2f}]"
+                     if (t, s) in rows else "–" for t in tasks]
+            lines.append(f"| {model} | {s} | " + " | ".join(cells) + " |")
+        for t in tasks:
+            pts = [(s, float(rows[(t, s)]["score"])) for s in steps if (t, s) in rows]
+            if pts:
+                checks.append(f"{model} {t}: ρ(step, score) = {_rho([s for s, _ in pts], [v for _, v in pts])}")
+    if checks:
+        lines += ["", "Do the zero-shot scores rise over pre-training? " + "; ".join(checks) +
+                  ". The paper: they rise steadily, and the LSTM's vary more."]
+    return lines
+
+
+def departures(config, train_config, model_config, sizes) -> list[str]:
+    tokens = train_config["train_steps"] * train_config["batch_size"] * model_config["n_ctx"]
+    sub = f"{config['train_subsample']:,} training examples per task (hash sample)" if config["train_subsample"] else \
+        "the task data as built in `" + config["tasks_dir"] + "` (" + ", ".join(f"{t} {n:,}" for t, n in sizes.items()) + ")"
+    return ["## Where this small scale departs from the paper", "",
+            f"- Model: preset `{config['preset']}` ({model_config['n_layer']} blocks × {model_config['n_embd']} dims, "
+            f"n_ctx {model_config['n_ctx']}, {model_config['vocab_size']:,} BPE tokens), not 12 × 768 with 40k BPE.",
+            f"- Pre-training: {train_config['train_steps']:,} updates of {train_config['batch_size']} × "
+            f"{model_config['n_ctx']} tokens ({tokens / 1e6:.1f}M tokens) on Gutenberg books, not 100 epochs of "
+            "BooksCorpus (~800M words) with 64 × 512-token batches.",
+            f"- Fine-tuning: {sub}, {config['epochs']} epoch(s), seeds {config['seeds']}, shorter contexts "
+            "(bench/finetune_runs.N_CTX), precision " + config["precision"] + "; dev sets, not test sets."
+            + (" Story Cloze is scored on a 30% hold-out of its val file (the paper fine-tunes on val and tests on "
+               "test)." if "story_cloze" in config["tasks"] + config["zero_shot_tasks"] else ""),
+            f"- The LSTM baseline: one layer with about the transformer's non-embedding parameters "
+            f"(`lstm_{config['preset']}`), pre-trained {config['lstm_steps']:,} updates with the same recipe; the paper's "
+            "had 2048 units.",
+            "- Zero-shot: " + ", ".join(config["zero_shot_tasks"]) + (f" on a {config['zero_shot_max_examples']}-example "
+            "hash sample per split" if config["zero_shot_max_examples"] else "") + "; RACE and DPRD only when their "
+            "files are given (not in ../shared/data). The normalising reference is this model's own fine-tuned score, "
+            "not the 2018 state of the art.",
+            "- Hardware: 2 shared CPU cores (other jobs ran at the same time), so times are contended."]
+
+
+def _git_revision() -> str:
+    try:
+        rev = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True, check=True).stdout.strip()
+        dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], capture_output=True, text=True).stdout
+        return rev + (" (with uncommitted changes)" if dirty.strip() else "")
+    except (OSError, subprocess.CalledProcessError):
+        return "unknown"
+
+
+def write_report(records, config, out_dir: Path, command: str, seconds: float, tasks_dir: str) -> None:
+    """Writes ``out_dir/results.md`` and the PNG figures from the study's records."""
+    from bench.study_figures import ablation_figure, layer_figure, zero_shot_figure
+
+    out_dir.mkdir(parents=True, exist_ok=True)
+    pre = Path(config["pretrained"])
+    train_config = json.loads((pre / "train_config.json").read_text())
+    model_config = json.loads((pre / "model_config.json").read_text())
+    scores, sizes = finetune_scores(records), train_sizes(tasks_dir, config["tasks"])
+    zs = read_zero_shot(records)
+    refs = zero_shot_references(scores, sorted({t for rows in zs.values() for t, _ in rows}))
+    by_kind = {}
+    for r in records:
+        by_kind[r["kind"]] = by_kind.get(r["kind"], 0.0) + r.get("seconds", 0.0)
+    now = datetime.datetime.now().isoformat(timespec="seconds")
+    lines = ["# The paper's §5 analysis at a small, CPU scale", "",
+             f"Produced by `{command}` (last written {now}, revision {_git_revision()}, {os.cpu_count()} CPU cores, "
+             f"load average {os.getloadavg()[0]:.1f} at writing). Recorded compute: "
+             + ", ".join(f"{k} {v / 3600:.2f} h" for k, v in sorted(by_kind.items()))
+             + f" (total {sum(by_kind.values()) / 3600:.2f} h, excluding the transformer's own pre-training); "
+             f"this invocation {seconds / 3600:.2f} h. {sum(r['kind'] == 'finetune' for r in records)} fine-tuning runs.", ""]
+    lines += ablation_section(scores, config["tasks"], sizes) + ["", "![ablations](ablations.png)", ""]
+    lines += layer_section(scores, config["transfer_tasks"], config["layers"], config["n_layer"]) + [""]
+    if zs:
+        lines += zero_shot_section(zs, refs) + [""]
+    lines += departures(config, train_config, model_config, sizes) + [""]
+    lines += ["## Configuration", "", "```json", json.dumps({"study": config, "pretrained_train_config": train_config,
+              "pretrained_model_config": model_config}, indent=1, sort_keys=True), "```", "",
+              "## Runs (from the repository root)", ""]
+    lines += [f"- `{r['cmd']}` — {r['seconds']:.0f} s" + (f", dev {json.dumps(r['metrics']['dev'])}" if r["kind"] == "finetune" else "")
+              for r in records]
+    (out_dir / "results.md").write_text("\n".join(lines) + "\n")
+    ablation_figure(scores, config["tasks"], ARM_LABELS, out_dir / "ablations.png")
+    layer_figure(scores, config["transfer_tasks"], config["layers"], config["n_layer"], out_dir / "layer_transfer.png")
+    if zs:
+        zero_shot_figure(zs, refs, out_dir / "zero_shot.png")
