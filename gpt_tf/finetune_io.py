@@ -37,8 +37,11 @@ def save_run_configs(run_dir: str, model_config: GPTConfig, config) -> None:
             json.dump(dataclasses.asdict(obj), f, indent=2, sort_keys=True)
 
 
-def write_submission(tuner, split: str, run_dir: str) -> str:
-    """Predictions for ``split`` as ``index<TAB>prediction`` (GLUE's layout and file names for GLUE tasks)."""
+def write_submission(tuner, split: str, run_dir: str, write: bool = True) -> str:
+    """Predictions for ``split`` as ``index<TAB>prediction`` (GLUE's layout and file names for GLUE tasks).
+
+    Every worker must call it (prediction is collective); only those with ``write`` write the file.
+    """
     task = tuner.task
     outs, _ = tuner.predict(split)
     preds = task_predictions(task, outs)
@@ -46,6 +49,8 @@ def write_submission(tuner, split: str, run_dir: str) -> str:
     if task.name == "mnli":
         name = "MNLI-mm" if "mismatched" in split else "MNLI-m"
     path = os.path.join(run_dir, f"{name}.{split}.tsv")
+    if not write:
+        return path
     with open(path, "w", newline="") as f:
         writer = csv.writer(f, delimiter="\t", lineterminator="\n")
         writer.writerow(["index", "prediction"])

@@ -21,6 +21,7 @@ import dataclasses
 import json
 import math
 import os
+import shutil
 
 import keras
 import numpy as np
@@ -32,7 +33,7 @@ from gpt_tf.finetune_io import pretrained_model_config
 from gpt_tf.metrics import compute_metrics
 from gpt_tf.model import GPTLanguageModel, make_backbone
 from gpt_tf.optim import WarmupDecay, make_optimizer
-from gpt_tf.strategy import is_chief
+from gpt_tf.strategy import checkpoint_dirs, is_chief
 from gpt_tf.task_model import GPTTaskModel, reset_special_embeddings, task_loss, task_predictions, transfer_layers
 from gpt_tf.tasks import TaskSpec
 from gpt_tf.trainer import all_reduce_and_apply, restore_latest, restore_pretrained_lm, variables_by_key
@@ -130,8 +131,11 @@ class Finetuner:
             self.step = tf.Variable(0, dtype=tf.int64, trainable=False, name="global_step")
         self.checkpoint = tf.train.Checkpoint(model=variables_by_key(variables),
                                               optimizer=variables_by_key(self.optimizer.variables), step=self.step)
-        self.manager = tf.train.CheckpointManager(self.checkpoint, os.path.join(config.run_dir, "checkpoints"),
-                                                  max_to_keep=1)
+        # Only the chief writes run_dir/checkpoints; other workers save to scratch and read the chief's.
+        read_dir, self._write_dir = checkpoint_dirs(config.run_dir, strategy)
+        self.manager = tf.train.CheckpointManager(self.checkpoint, self._write_dir, max_to_keep=1)
+        self.read_manager = (self.manager if read_dir == self._write_dir else
+                             tf.train.CheckpointManager(self.checkpoint, read_dir, max_to_keep=1))
         self._train_steps = [self._make_train_step(h) for h in self.heads]
         if len(self.heads) > 1:
             mix = ", ".join(f"{h.task.name} {w:.3f}" for h, w in zip(self.heads, self.weights))
@@ -234,10 +238,17 @@ class Finetuner:
         return results
 
     def restore(self) -> int:
-        return restore_latest(self.manager, self.step, self.log)
+        return restore_latest(self.read_manager, self.step, self.log)
 
     def train(self, progress=True) -> dict:
         """Runs ``epochs`` epochs; evaluates and checkpoints at each epoch's end; returns the last metrics."""
+        try:
+            return self._train(progress)
+        finally:
+            if self._write_dir != self.read_manager.directory:  # a non-chief worker's scratch copy
+                shutil.rmtree(self._write_dir, ignore_errors=True)
+
+    def _train(self, progress) -> dict:
         c = self.config
         start = self.restore()
         writer = tf.summary.create_file_writer(os.path.join(c.run_dir, "tb")) if self.chief else None

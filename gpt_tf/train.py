@@ -339,17 +339,20 @@ def _finetune_main(keras, tf):
     )
     tuner = Finetuner(task, model_config, config, strategy, log=_say)
     if FLAGS.mode == "train":
-        save_run_configs(FLAGS.run_dir, model_config, config)
+        if tuner.chief:
+            save_run_configs(FLAGS.run_dir, model_config, config)
         results = tuner.train(progress=FLAGS.progress)
     else:
         step = tuner.restore()
         if FLAGS.mode == "predict":
             split = FLAGS.predict_split or task.eval_splits[0]
-            print(write_submission(tuner, split, FLAGS.run_dir), flush=True)
+            path = write_submission(tuner, split, FLAGS.run_dir, write=tuner.chief)
+            print(path, flush=True)
             return
         results = {"step": step, **tuner.evaluate_all()}
-    with open(os.path.join(FLAGS.run_dir, "metrics.json"), "w") as f:
-        json.dump({"task": task.name, **results}, f, indent=2)
+    if tuner.chief:  # every worker computed the results; one writes them
+        with open(os.path.join(FLAGS.run_dir, "metrics.json"), "w") as f:
+            json.dump({"task": task.name, **results}, f, indent=2)
     print(json.dumps(results), flush=True)
 
 

@@ -114,6 +114,26 @@ def test_multitask_heads_share_one_backbone(pretrained, shared_data, tmp_path):
     assert evaluated["stsb/dev"] == both["stsb/dev"] and evaluated["dev"] == both["dev"]
 
 
+def test_two_workers_fine_tune_together_and_only_the_chief_writes(pretrained, shared_data, tmp_path):
+    from tests.test_scale import ENV, finish, free_ports, start
+
+    _, bpe = pretrained
+    rte = build_task("rte", shared_data / "glue" / "RTE", bpe, tmp_path / "rte", "--max_examples=16")
+    run_dir, scratch = tmp_path / "run", tmp_path / "scratch"
+    scratch.mkdir()
+    workers = ",".join(f"127.0.0.1:{p}" for p in free_ports(2))
+    args = ["--task=rte", f"--data_dir={rte}", f"--run_dir={run_dir}", *FT_FLAGS, "--model=test", "--n_ctx=64",
+            "--epochs=1", "--strategy=multi_worker", f"--workers={workers}"]
+    results = finish([start([*args, f"--worker_index={i}"], {**ENV, "TMPDIR": str(scratch)}) for i in range(2)])
+    for code, _, err in results:
+        assert code == 0, err[-3000:]
+    finals = [json.loads(out.strip().splitlines()[-1]) for _, out, _ in results]
+    assert finals[0] == finals[1] and finals[0]["dev"]["examples"] == 16  # the eval is gathered from both
+    assert sorted(p.name for p in run_dir.iterdir()) == ["checkpoints", "finetune_config.json", "metrics.json",
+                                                         "model_config.json", "tb"]
+    assert not list(scratch.glob("gpt_tf_worker*")), "the non-chief worker left its scratch checkpoints"
+
+
 @pytest.mark.parametrize("args, message", [
     (["--task=rte", "--data_dir=/nonexistent", "--run_dir=/tmp/x"], "has no manifest.json"),
     (["--task=rte", "--data_dir=/tmp", "--run_dir=/tmp/x", "--transfer_layers=2"], "--transfer_layers needs"),
