@@ -19,7 +19,8 @@ def _style(ax, xlabel, ylabel, title):
     ax.set_ylabel(ylabel)
     ax.set_title(title, fontsize=10)
     ax.grid(alpha=0.3)
-    ax.legend(fontsize=8, frameon=False)
+    if ax.get_legend_handles_labels()[0]:
+        ax.legend(fontsize=8, frameon=False)
 
 
 def _save(fig, path):
