@@ -18,7 +18,8 @@ from __future__ import annotations
 import keras
 
 from gpt_tf.config import GPTConfig
-from gpt_tf.layers import PACKAGE, Conv1D, Dropout16, GPTEmbedding
+from gpt_tf.layers import PACKAGE, Conv1D, Dropout16
+from gpt_tf.model import GPTBackbone
 
 
 @keras.saving.register_keras_serializable(package=PACKAGE)
@@ -50,34 +51,15 @@ class LSTMBlock(keras.layers.Layer):
 
 
 @keras.saving.register_keras_serializable(package=PACKAGE)
-class LSTMBackbone(keras.Model):
+class LSTMBackbone(GPTBackbone):
     """Token ids ``[batch, length]`` (length ≤ n_ctx) → states ``[batch, length, n_embd]`` through LSTM layers."""
 
     def __init__(self, config: GPTConfig | dict, **kwargs):
-        super().__init__(**kwargs)
-        self.config = config if isinstance(config, GPTConfig) else GPTConfig(**config)
-        c, policy = self.config, self.dtype_policy
-        if c.model_type != "lstm":
-            raise ValueError(f"LSTMBackbone needs model_type='lstm', got {c.model_type!r}")
-        self.embed = GPTEmbedding(c.total_vocab, c.n_ctx, c.n_embd, c.embd_pdrop, c.init_std, name="embed", dtype=policy)
-        self.blocks = [LSTMBlock(c.d_ff, c.n_embd, c.resid_pdrop, c.init_std, name=f"h{i}", dtype=policy)
-                       for i in range(c.n_layer)]
-        self.embed.build()
-        for block in self.blocks:
-            block.build((None, None, c.n_embd))
-        self.built = True
+        config = config if isinstance(config, GPTConfig) else GPTConfig(**config)
+        if config.model_type != "lstm":
+            raise ValueError(f"LSTMBackbone needs model_type='lstm', got {config.model_type!r}")
+        super().__init__(config, **kwargs)
 
-    def call(self, token_ids, training=False, return_all_states=False):
-        h = self.embed(token_ids, training=training)
-        states = []
-        for block in self.blocks:
-            h = block(h, training=training)
-            states.append(h)
-        return states if return_all_states else h
-
-    def get_config(self):
-        return {**super().get_config(), "config": self.config.to_dict()}
-
-    @classmethod
-    def from_config(cls, config):
-        return cls(**config)
+    def make_block(self, i):
+        c = self.config
+        return LSTMBlock(c.d_ff, c.n_embd, c.resid_pdrop, c.init_std, name=f"h{i}", dtype=self.dtype_policy)

@@ -14,7 +14,6 @@ from keras import ops
 
 from gpt_tf.config import GPTConfig
 from gpt_tf.layers import PACKAGE, GPTEmbedding, TransformerBlock
-from gpt_tf.lstm import LSTMBackbone
 
 
 @keras.saving.register_keras_serializable(package=PACKAGE)
@@ -26,16 +25,17 @@ class GPTBackbone(keras.Model):
         self.config = config if isinstance(config, GPTConfig) else GPTConfig(**config)
         c, policy = self.config, self.dtype_policy
         self.embed = GPTEmbedding(c.total_vocab, c.n_ctx, c.n_embd, c.embd_pdrop, c.init_std, name="embed", dtype=policy)
-        self.blocks = [
-            TransformerBlock(
-                c.n_head, c.d_ff, c.attn_pdrop, c.resid_pdrop, c.layer_norm_epsilon, c.init_std, name=f"h{i}", dtype=policy
-            )
-            for i in range(c.n_layer)
-        ]
+        self.blocks = [self.make_block(i) for i in range(c.n_layer)]
         self.embed.build()
         for block in self.blocks:
             block.build((None, None, c.n_embd))
         self.built = True
+
+    def make_block(self, i):
+        """Block ``i``: a post-LN transformer block (the LSTM baseline overrides this)."""
+        c = self.config
+        return TransformerBlock(c.n_head, c.d_ff, c.attn_pdrop, c.resid_pdrop, c.layer_norm_epsilon, c.init_std,
+                                name=f"h{i}", dtype=self.dtype_policy)
 
     def call(self, token_ids, training=False, return_all_states=False):
         h = self.embed(token_ids, training=training)
@@ -55,6 +55,8 @@ class GPTBackbone(keras.Model):
 
 def make_backbone(config: GPTConfig, dtype=None, name="backbone"):
     """The backbone ``config.model_type`` names: ``GPTBackbone`` ("gpt") or ``LSTMBackbone`` ("lstm")."""
+    from gpt_tf.lstm import LSTMBackbone  # it subclasses GPTBackbone
+
     cls = LSTMBackbone if config.model_type == "lstm" else GPTBackbone
     return cls(config, dtype=dtype, name=name)
 
