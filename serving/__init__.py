@@ -1,5 +1,13 @@
-"""Export and serving (TF Serving SavedModels, gRPC/REST server, client): see WORKSPACE.md.
+"""Export and serving: TF Serving SavedModels, a TF Serving API server (gRPC + REST), a client.
 
-Built on the in-graph tokenizer (`gpt_tf.tf_tokenizer`), which uses core TensorFlow ops only so
-that exported SavedModels load in stock TF Serving.
+Export (imports the model code):
+    ``export`` (CLI) -> ``task_module`` / ``lm_module`` (the signatures, core TF ops only, built on
+    ``gpt_tf.tf_tokenizer`` and ``pipelines.transforms``) -> ``saved_model_io`` (versions, method
+    names, warm-up records).
+Server (imports only tensorflow, grpcio and tensorflow-serving-api):
+    ``server`` (CLI) -> ``server_config`` (models.config, batching file) -> ``model_registry``
+    (version polling and swaps) -> ``servable`` (one version; TF Serving's request checks) ->
+    ``batcher``; front ends ``grpc_service`` and ``rest`` (+ ``rest_json``); ``requests`` and
+    ``errors`` convert protos and status codes.
+Client: ``client`` (library and CLI), for this server or stock TF Serving.
 """

@@ -2,10 +2,13 @@
 
 A request waits in a queue; a batch thread takes the oldest request and every queued request
 that can join it (same input names, dtypes and non-batch dimensions) up to ``max_batch_size``
-rows, waiting at most ``batch_timeout_micros`` after the oldest arrived for more to come. With
-the default timeout of 0 a lone request runs at once, and requests that arrive while a batch
-runs form the next one. The batch's inputs are concatenated along dimension 0, run once, and
-the outputs split back. If a merged run fails (say one request holds a text the graph rejects),
+rows. Requests that arrive while a batch runs form the next one. Unlike TF Serving, which waits
+up to ``batch_timeout_micros`` for every batch to fill, the thread waits (at most that long after
+the oldest request arrived) only for the rows it expects: those of the batch it just answered
+(their clients are likely to send again) plus those that were queued then. A lone client never
+waits, and N concurrent clients are gathered into batches of N instead of the first to come
+back running alone. With a timeout of 0 nothing waits. The batch's inputs are concatenated along dimension 0, run once, and the outputs split
+back. If a merged run fails (say one request holds a text the graph rejects),
 each request is re-run on its own so that only the bad one gets the error. Requests of 0 rows or
 of more than ``max_batch_size`` rows bypass the queue and run alone.
 """
@@ -56,6 +59,7 @@ class Batcher:
         self._run, self.params = run, params
         self._queue: collections.deque = collections.deque()
         self._queued_rows = 0
+        self._expected = 1  # rows the next batch waits for (see the module doc)
         self._cond = threading.Condition()
         self._closed = False
         self._threads = [threading.Thread(target=self._loop, name=f"{name}-{i}", daemon=True)
@@ -112,7 +116,7 @@ class Batcher:
             batch = [first]
             rows = self._take(batch, first.rows)
             deadline = first.arrived + self.params.batch_timeout_micros / 1e6
-            while rows < self.params.max_batch_size and not self._closed:
+            while rows < min(self._expected, self.params.max_batch_size) and not self._closed:
                 remaining = deadline - time.monotonic()
                 if remaining <= 0:
                     break
@@ -126,6 +130,8 @@ class Batcher:
             if not batch:
                 return
             self._execute(batch)
+            with self._cond:
+                self._expected = sum(t.rows for t in batch) + self._queued_rows
 
     def _execute(self, batch: list) -> None:
         if len(batch) > 1:

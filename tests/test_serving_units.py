@@ -65,6 +65,28 @@ def test_batcher_merges_concurrent_requests_and_splits_the_answers():
     assert max(run.sizes) > 1 and sum(run.sizes) == 7  # the requests behind the first one shared runs
 
 
+def test_batcher_waits_only_for_the_rows_it_expects():
+    run = Doubler(seconds=0.02)
+    batcher = Batcher(run, BatchingParameters(max_batch_size=8, batch_timeout_micros=300_000))
+    for _ in range(3):
+        start = time.perf_counter()
+        batcher({"x": np.ones([1], np.float32)})
+        assert time.perf_counter() - start < 0.15  # a lone client does not wait for the 0.3 s timeout
+
+    def client():
+        for _ in range(5):
+            batcher({"x": np.ones([1], np.float32)})
+
+    threads = [threading.Thread(target=client) for _ in range(4)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    batcher.close()
+    sizes = run.sizes[3:]
+    assert sum(sizes) == 20 and sizes.count(4) >= 4, sizes  # clients answered together are batched together
+
+
 def test_batcher_isolates_a_failing_request():
     run = Doubler()
     batcher = Batcher(run, BatchingParameters(max_batch_size=8))
@@ -107,7 +129,7 @@ def test_shipped_config_files_parse():
     assert [(c.name, c.base_path, c.policy, c.num_versions) for c in configs] == [
         ("sst2", "/models/sst2", "latest", 1), ("lm", "/models/lm", "latest", 1)]
     assert read_batching_parameters(str(ROOT / "serving" / "batching_parameters.txt")) == BatchingParameters(
-        max_batch_size=32, batch_timeout_micros=0, max_enqueued_batches=100, num_batch_threads=1)
+        max_batch_size=32, batch_timeout_micros=2000, max_enqueued_batches=100, num_batch_threads=1)
 
 
 def test_config_errors_name_the_file_and_field(tmp_path):
