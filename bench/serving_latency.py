@@ -1,0 +1,281 @@
+"""Serving latency and throughput: gRPC (``serving.server``, batching on and off) vs the SavedModel in process.
+
+Single-sentence classification (an SST-2 head on the ``small`` preset by default, GPT-1's 40,478-token
+BPE, random weights: speed does not depend on them) at ~128 tokens per request, one example per
+request. In one run it measures, at each concurrency (default 1 and 8, one thread per client):
+
+* ``in-process``: ``tf.saved_model.load(...).signatures["serving_default"]`` called from the threads;
+* ``grpc-batched``: ``python -m serving.server --enable_batching`` with
+  ``serving/batching_parameters.txt``, one gRPC channel per client thread;
+* ``grpc-unbatched``: the same server without batching;
+* ``in-process-batch`` (at the highest concurrency N only): one thread calling the SavedModel with
+  N texts at a time, i.e. what a perfectly filled server-side batch costs; its throughput (in
+  examples/s) bounds what batching can gain over N unbatched clients.
+
+The three are measured in interleaved rounds (each round runs every configuration once) so that a
+load change on a shared machine hits them alike; each measurement also records the share of the
+machine's CPU that other processes used meanwhile (from /proc). The texts are real SST-2 training
+sentences joined to 120-128 BPE tokens, so a request's view is ~128 tokens plus <s> and <e>.
+
+    python -m bench.serving_latency                      # writes bench/results/serving_latency.{json,md}
+    python -m bench.serving_latency --preset=tiny --requests=200 --rounds=2
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import json
+import os
+import platform
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from pathlib import Path
+
+import numpy as np
+
+ROOT = Path(__file__).resolve().parents[1]
+DATA = ROOT.parent / "shared" / "data"
+CONFIGS = ("in-process", "grpc-batched", "grpc-unbatched")
+BATCH = "in-process-batch"
+
+
+def sst2_texts(tokenizer, count: int, low: int, high: int) -> list:
+    """``count`` distinct texts of ``low``..``high`` tokens made of consecutive SST-2 training sentences."""
+    rows = (DATA / "glue" / "SST-2" / "train.tsv").read_text(encoding="utf-8").splitlines()[1:]
+    sentences = [row.split("\t")[0].strip() for row in rows if row.count("\t") == 1]
+    texts, current = [], []
+    for sentence in sentences:
+        n = len(tokenizer.encode(" ".join(current + [sentence])))
+        if n <= high:
+            current.append(sentence)
+            if n >= low:
+                texts.append(" ".join(current))
+                current = []
+        else:
+            current = []
+        if len(texts) == count:
+            return texts
+    raise ValueError(f"SST-2 gave only {len(texts)} texts of {low}..{high} tokens")
+
+
+class CpuMeter:
+    """Share of the machine's CPU used by processes other than ``pids`` between start() and stop()."""
+
+    def __init__(self, pids):
+        self.pids = pids
+
+    @staticmethod
+    def _busy():
+        fields = [int(x) for x in open("/proc/stat").readline().split()[1:]]
+        return sum(fields) - fields[3] - fields[4]  # all but idle and iowait, in ticks
+
+    def _ours(self):
+        total = 0
+        for pid in self.pids:
+            try:
+                stat = open(f"/proc/{pid}/stat").read().rsplit(")", 1)[1].split()
+                total += int(stat[11]) + int(stat[12])  # utime + stime (+ their threads)
+            except OSError:
+                pass
+        return total
+
+    def start(self):
+        self._t, self._b, self._o = time.monotonic(), self._busy(), self._ours()
+
+    def stop(self) -> float:
+        ticks = os.sysconf("SC_CLK_TCK") * (time.monotonic() - self._t) * os.cpu_count()
+        others = (self._busy() - self._b) - (self._ours() - self._o)
+        return max(0.0, others / ticks)
+
+
+def run_load(call, requests: int, concurrency: int) -> tuple:
+    """Latencies (s) of ``requests`` calls spread over ``concurrency`` threads, and the wall time.
+
+    ``call(k, i)`` sends request ``i`` from thread ``k``."""
+    latencies, errors = [], []
+    per_thread = requests // concurrency
+
+    def worker(k):
+        own = []
+        for i in range(per_thread):
+            t0 = time.perf_counter()
+            try:
+                call(k, k * per_thread + i)
+            except Exception as err:  # noqa: BLE001 -- counted and reported
+                errors.append(repr(err))
+            own.append(time.perf_counter() - t0)
+        latencies.extend(own)
+
+    threads = [threading.Thread(target=worker, args=(k,)) for k in range(concurrency)]
+    start = time.perf_counter()
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    wall = time.perf_counter() - start
+    if errors:
+        raise RuntimeError(f"{len(errors)} failed requests, e.g. {errors[0]}")
+    return latencies, wall
+
+
+def start_server(base: Path, name: str, batching: bool, port: int):
+    args = [sys.executable, "-m", "serving.server", f"--model_base_path={base / name}", f"--model_name={name}",
+            f"--port={port}", "--rest_api_port=0", "--file_system_poll_wait_seconds=0"]
+    if batching:
+        args += ["--enable_batching", f"--batching_parameters_file={ROOT / 'serving' / 'batching_parameters.txt'}"]
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "TF_CPP_MIN_LOG_LEVEL": "2"}
+    proc = subprocess.Popen(args, cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
+    line = proc.stdout.readline()
+    if "gRPC on" not in line:
+        raise RuntimeError(f"serving.server did not start: {line!r}")
+    return proc, int(line.split("gRPC on ")[1].split(",")[0].rsplit(":", 1)[1])
+
+
+def grpc_caller(port: int, name: str, concurrency: int, texts: list):
+    import grpc
+    import tensorflow as tf
+    from tensorflow_serving.apis import predict_pb2, prediction_service_pb2_grpc
+
+    stubs = [prediction_service_pb2_grpc.PredictionServiceStub(grpc.insecure_channel(f"127.0.0.1:{port}"))
+             for _ in range(concurrency)]
+
+    def call(k, i):
+        request = predict_pb2.PredictRequest()
+        request.model_spec.name = name
+        request.inputs["sentence"].CopyFrom(tf.make_tensor_proto([texts[i % len(texts)]]))
+        stubs[k].Predict(request, timeout=120)
+
+    return call
+
+
+def cpu_model() -> str:
+    for line in open("/proc/cpuinfo"):
+        if line.startswith("model name"):
+            return line.split(":", 1)[1].strip()
+    return platform.machine()
+
+
+def summary(latencies, wall, others) -> dict:
+    ms = np.asarray(latencies) * 1e3
+    return {"requests": len(ms), "p50_ms": float(np.percentile(ms, 50)), "p99_ms": float(np.percentile(ms, 99)),
+            "mean_ms": float(ms.mean()), "throughput_rps": len(ms) / wall, "others_cpu": others}
+
+
+def markdown(report: dict) -> str:
+    r = report["results"]
+    lines = [f"Measured {report['date']} on {report['machine']} ({report['cpus']} CPUs); model `{report['preset']}` preset "
+             f"({report['params'] / 1e6:.1f}M parameters, GPT-1 BPE), SST-2 head, random weights; "
+             f"{report['tokens_min']}-{report['tokens_max']} text tokens per request (+ <s>, <e>); "
+             f"{report['rounds']} interleaved rounds.", "",
+             f"Command: `{report['command']}`", "",
+             "| configuration | concurrency | requests | p50 ms | p99 ms | p99 / p50 | throughput req/s | others' CPU |",
+             "|---|---:|---:|---:|---:|---:|---:|---:|"]
+    many = max(report["concurrency"])
+    for c in report["concurrency"]:
+        for name in CONFIGS + ((BATCH,) if c == many else ()):
+            s = r[f"{name}@{c}"]
+            label = f"{name} (calls of {many} texts; examples/s)" if name == BATCH else name
+            lines.append(f"| {label} | {1 if name == BATCH else c} | {s['requests']} | {s['p50_ms']:.1f} | "
+                         f"{s['p99_ms']:.1f} | {s['p99_ms'] / s['p50_ms']:.2f} | {s['throughput_rps']:.1f} | "
+                         f"{s['others_cpu']:.0%} |")
+    checks = report["checks"]
+    lines += ["", "| aim | measured | met |", "|---|---:|---|"]
+    for key, (value, aim, met) in checks.items():
+        lines.append(f"| {key} (aim {aim}) | {value:.2f} | {'yes' if met else 'no'} |")
+    for key, value in report["ceiling"].items():
+        lines.append(f"| batching's ceiling: {key} | {value:.2f} | |")
+    return "\n".join(lines) + "\n"
+
+
+def main(argv=None):
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--preset", default="small")
+    parser.add_argument("--requests", type=int, default=120, help="requests per configuration, concurrency, round")
+    parser.add_argument("--rounds", type=int, default=6)
+    parser.add_argument("--concurrency", default="1,8")
+    parser.add_argument("--warmup", type=int, default=16, help="untimed requests per configuration first")
+    parser.add_argument("--tokens", default="120,128", help="text length range in BPE tokens")
+    parser.add_argument("--out", default=str(ROOT / "bench" / "results" / "serving_latency.json"))
+    args = parser.parse_args(argv)
+    os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+    import tensorflow as tf
+
+    from gpt_tf.config import get_preset
+    from gpt_tf.model import GPTBackbone
+    from gpt_tf.task_model import GPTTaskModel
+    from gpt_tf.tasks import get_task
+    from gpt_tf.tokenizer import GPTTokenizer
+    from serving.export import export_task_model
+
+    concurrency = [int(c) for c in args.concurrency.split(",")]
+    low, high = (int(x) for x in args.tokens.split(","))
+    tokenizer = GPTTokenizer.from_dir(DATA / "gpt1_bpe")
+    texts = sst2_texts(tokenizer, 64, low, high)
+    config = get_preset(args.preset, vocab_size=tokenizer.vocab_size)
+    base = Path(tempfile.mkdtemp(prefix="serving_bench_"))
+    task = get_task("sst2")
+    export_task_model(GPTTaskModel(GPTBackbone(config, name="backbone"), task), task, str(DATA / "gpt1_bpe"),
+                      str(base), "sst2")
+    signature = tf.saved_model.load(str(base / "sst2" / "1")).signatures["serving_default"]
+    servers = {"grpc-batched": start_server(base, "sst2", True, 0), "grpc-unbatched": start_server(base, "sst2", False, 0)}
+    try:
+        many = max(concurrency)
+        callers = {"in-process": lambda k, i: signature(sentence=tf.constant([texts[i % len(texts)]])),
+                   BATCH: lambda k, i: signature(sentence=tf.constant([texts[(i * many + j) % len(texts)]
+                                                                       for j in range(many)]))}
+        meter_pids = [os.getpid()] + [proc.pid for proc, _ in servers.values()]
+        samples = {f"{n}@{c}": ([], 0.0, []) for n in CONFIGS for c in concurrency}
+        samples[f"{BATCH}@{many}"] = ([], 0.0, [])
+        for c in concurrency:
+            for name, (_, port) in servers.items():
+                callers[(name, c)] = grpc_caller(port, "sst2", c, texts)
+        for rnd in range(args.rounds):
+            for c in concurrency:
+                for name in CONFIGS + ((BATCH,) if c == many else ()):
+                    call = callers[name] if name in callers else callers[(name, c)]
+                    threads, requests = (1, args.requests // c) if name == BATCH else (c, args.requests)
+                    if rnd == 0:
+                        run_load(call, max(args.warmup, threads), threads)
+                    meter = CpuMeter(meter_pids)
+                    meter.start()
+                    latencies, wall = run_load(call, requests, threads)
+                    others = meter.stop()
+                    got = samples[f"{name}@{c}"]
+                    samples[f"{name}@{c}"] = (got[0] + latencies, got[1] + wall, got[2] + [others])
+                    print(f"round {rnd + 1} {name} x{c}: p50 {np.percentile(latencies, 50) * 1e3:.1f} ms, "
+                          f"{len(latencies) / wall:.1f} calls/s, others' CPU {others:.0%}", flush=True)
+    finally:
+        for proc, _ in servers.values():
+            proc.terminate()
+            proc.wait(timeout=60)
+    results = {k: summary(lat, wall, float(np.mean(o))) for k, (lat, wall, o) in samples.items()}
+    results[f"{BATCH}@{many}"]["throughput_rps"] *= many  # examples/s: each call carries `many` texts
+    one, many = min(concurrency), max(concurrency)
+    ratio_p50 = results[f"grpc-batched@{one}"]["p50_ms"] / results[f"in-process@{one}"]["p50_ms"]
+    tail = results[f"grpc-batched@{one}"]["p99_ms"] / results[f"grpc-batched@{one}"]["p50_ms"]
+    gain = results[f"grpc-batched@{many}"]["throughput_rps"] / results[f"grpc-unbatched@{many}"]["throughput_rps"]
+    ceiling = results[f"{BATCH}@{many}"]["throughput_rps"] / results[f"in-process@{many}"]["throughput_rps"]
+    report = {
+        "date": datetime.datetime.now().strftime("%Y-%m-%d %H:%M"), "machine": cpu_model(),
+        "cpus": os.cpu_count(), "preset": args.preset, "params": config.n_params, "tokens_min": low, "tokens_max": high,
+        "rounds": args.rounds, "concurrency": concurrency, "command": "python -m bench.serving_latency " + " ".join(
+            sys.argv[1:] if argv is None else argv),
+        "results": results,
+        "checks": {f"gRPC p50 / in-process p50 at concurrency {one}": (ratio_p50, "<= 1.1", ratio_p50 <= 1.1),
+                   f"gRPC p99 / p50 at concurrency {one}": (tail, "<= 1.5", tail <= 1.5),
+                   f"batched / unbatched throughput at concurrency {many}": (gain, ">= 1.5", gain >= 1.5)},
+        "ceiling": {f"in-process one batch of {many} / {many} in-process threads, examples/s": ceiling},
+    }
+    out = Path(args.out)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps(report, indent=1) + "\n")
+    out.with_suffix(".md").write_text(markdown(report))
+    print(markdown(report))
+
+
+if __name__ == "__main__":
+    main()
