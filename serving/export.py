@@ -21,7 +21,7 @@ import json
 import os
 import sys
 
-from absl import app, flags
+from absl import app, flags, logging
 
 FLAGS = flags.FLAGS
 
@@ -151,6 +151,8 @@ def define_flags() -> None:
 def main(argv):
     if len(argv) > 1:
         raise app.UsageError(f"unexpected arguments: {' '.join(argv[1:])}")
+    if not FLAGS["verbosity"].present:
+        logging.set_verbosity(logging.WARNING)  # TensorFlow's INFO chatter off unless asked for
     missing = [f"--{name}" for name in ("run_dir", "export_base") if not getattr(FLAGS, name)]
     if missing:
         sys.exit(f"serving.export: {', '.join(missing)} required")

@@ -21,7 +21,7 @@ import sys
 import threading
 from concurrent import futures
 
-from absl import app, flags
+from absl import app, flags, logging
 
 FLAGS = flags.FLAGS
 
@@ -68,6 +68,8 @@ def define_flags() -> None:
 def main(argv):
     if len(argv) > 1:
         raise app.UsageError(f"unexpected arguments: {' '.join(argv[1:])}")
+    if not FLAGS["verbosity"].present:
+        logging.set_verbosity(logging.WARNING)  # TensorFlow's INFO chatter off unless asked for
     problems = _check_flags()
     if problems:
         sys.exit("serving.server: invalid flags:\n  " + "\n  ".join(problems))
