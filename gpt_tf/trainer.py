@@ -74,10 +74,11 @@ class TrainConfig:
 def variables_by_key(variables):
     """A checkpointable dict of the raw tf.Variables behind Keras variables, keyed by index and path.
 
-    Keras numbers dropout seed generators process-wide (``seed_generator_7``); the number is
-    dropped so that the same model built in another process maps to the same keys.
+    Keras numbers dropout seed generators and optimizers process-wide (``seed_generator_7``,
+    ``gpt_adam_w_1``); the number is dropped so that the same model and optimizer built in another
+    process (or built twice in one) map to the same keys.
     """
-    key = lambda i, v: f"{i:04d}." + re.sub(r"seed_generator_\d+", "seed_generator", v.path).replace("/", ".")
+    key = lambda i, v: f"{i:04d}." + re.sub(r"(seed_generator|gpt_adam_w)_\d+", r"\1", v.path).replace("/", ".")
     return {key(i, v): v.value for i, v in enumerate(variables)}
 
 

@@ -90,3 +90,14 @@ def test_keras_file_round_trip(model, ids, tmp_path):
     assert isinstance(loaded, GPTLanguageModel)
     assert loaded.config == model.config
     np.testing.assert_array_equal(_np(loaded(ids)), _np(model(ids)))
+
+
+def test_checkpoint_keys_do_not_depend_on_what_the_process_built_before(model):
+    from gpt_tf.optim import make_optimizer
+    from gpt_tf.trainer import variables_by_key
+
+    first, second = (make_optimizer(model.trainable_variables, 1e-3) for _ in range(2))  # gpt_adam_w, gpt_adam_w_1
+    assert second.variables[0].path != first.variables[0].path
+    assert list(variables_by_key(first.variables)) == list(variables_by_key(second.variables))
+    other = GPTLanguageModel.from_config(model.get_config())  # new dropout seed generators
+    assert list(variables_by_key(other.variables)) == list(variables_by_key(model.variables))
