@@ -66,12 +66,11 @@ class FinetuneConfig:
 
 @dataclasses.dataclass
 class _Head:
-    """One task of a (multi-task) run: its spec, records, model (sharing the backbone) and data position."""
+    """One task of a (multi-task) run: its spec, records and model (sharing the backbone)."""
 
     task: TaskSpec
     data_dir: str
     model: GPTTaskModel
-    steps_per_epoch: int
 
 
 def mixture_schedule(weights, total_steps: int, seed: int) -> np.ndarray:
@@ -117,8 +116,8 @@ class Finetuner:
         with strategy.scope():
             backbone = make_backbone(model_config, dtype=config.precision)
             self.heads = [
-                _Head(t, d, GPTTaskModel(backbone, t, clf_pdrop=config.clf_pdrop, dtype=config.precision), n // config.batch_size)
-                for t, d, n in zip(tasks, data_dirs, sizes)
+                _Head(t, d, GPTTaskModel(backbone, t, clf_pdrop=config.clf_pdrop, dtype=config.precision))
+                for t, d in zip(tasks, data_dirs)
             ]
             self.model = self.heads[0].model
             if config.init_checkpoint:
@@ -137,6 +136,7 @@ class Finetuner:
         self.read_manager = (self.manager if read_dir == self._write_dir else
                              tf.train.CheckpointManager(self.checkpoint, read_dir, max_to_keep=1))
         self._train_steps = [self._make_train_step(h) for h in self.heads]
+        self._predict_steps = {h.task.name: self._predict_step(h.model) for h in self.heads}  # traced once each
         if len(self.heads) > 1:
             mix = ", ".join(f"{h.task.name} {w:.3f}" for h, w in zip(self.heads, self.weights))
             log(f"multi-task: {self.total_steps} updates drawn from {mix}")
@@ -215,7 +215,7 @@ class Finetuner:
     def predict(self, split, task_name=None):
         """Task outputs and labels for every example of ``split`` (numpy); the primary task by default."""
         head = self._head(task_name)
-        step = self._predict_step(head.model)
+        step = self._predict_steps[head.task.name]
         outs, labels = [], []
         for batch in self._dataset(head, split, training=False):
             out, label = step(batch)
