@@ -49,6 +49,37 @@ def run_command(cmd: list[str]) -> tuple[str, float]:
     return proc.stdout, seconds
 
 
+class BackgroundCommand:
+    """A command running beside others (``start_command``); ``wait`` returns what ``run_command`` would."""
+
+    def __init__(self, cmd: list[str], log: Path):
+        self.cmd, self.log, self.out = cmd, Path(log), Path(log).with_suffix(".stdout")
+        self.log.parent.mkdir(parents=True, exist_ok=True)
+        env = dict(os.environ, PYTHONPATH=str(ROOT), TF_CPP_MIN_LOG_LEVEL="2")
+        self.start = time.time()
+        with open(self.out, "w") as out, open(self.log, "w") as err:
+            self.proc = subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=out, stderr=err, text=True)
+
+    def stop(self) -> None:
+        """SIGTERM (a trainer saves a checkpoint and exits), then waits for it."""
+        if self.proc.poll() is None:
+            self.proc.terminate()
+            self.proc.wait()
+
+    def wait(self) -> tuple[str, float]:
+        returncode = self.proc.wait()
+        seconds = time.time() - self.start
+        if returncode != 0:
+            tail = self.log.read_text()[-3000:]
+            raise RuntimeError(f"{shlex.join(self.cmd)} failed ({returncode}); its log {self.log} ends:\n{tail}")
+        return self.out.read_text(), seconds
+
+
+def start_command(cmd: list[str], log) -> BackgroundCommand:
+    """Starts ``cmd`` from the repository root in the background, stderr to ``log``, stdout beside it."""
+    return BackgroundCommand(cmd, log)
+
+
 def shown_command(cmd: list[str]) -> str:
     """The command as a user types it from the repository root (``python -m ...``)."""
     return shlex.join(cmd[1:]).replace("-m ", "python -m ", 1)

@@ -10,14 +10,16 @@ Phases, each a subprocess whose command, output and wall-clock time go to ``<run
 
 1. task data: ``--tasks_dir`` as built, or (``--train_subsample=N``) the official files under
    ``--data_root`` rebuilt with the pre-trained run's tokenizer, N train examples by guid hash;
-2. the LSTM baseline (Table 5): ``--lstm_run``, or pre-trained here with ``--model=lstm_<preset>`` on the
-   same data and recipe as ``--pretrained`` (its ``train_config.json``), for ``--lstm_steps`` updates, the
-   warm-up and checkpoint period scaled by ``lstm_steps / train_steps``;
+2. zero-shot (``python -m gpt_tf.zero_shot``) on every kept checkpoint of the transformer's pre-training
+   and on its initialisation (step 0);
 3. fine-tuning (``bench/finetune_runs.py``, the paper's recipe): per task and seed the arms ``full``
-   (all blocks transferred, λ 0.5), ``scratch`` (no pre-training), ``lm0`` (λ = 0) and ``lstm``, plus
+   (all blocks transferred, λ 0.5), ``scratch`` (no pre-training) and ``lm0`` (λ = 0), plus
    ``transfer<k>`` for k = 0 … n_layer − 1 blocks on the layer-transfer tasks (k = n_layer is ``full``);
-4. zero-shot (``python -m gpt_tf.zero_shot``) on every kept checkpoint of both pre-training runs and
-   on their initialisation (step 0);
+4. the LSTM baseline (Table 5): ``--lstm_run``, or pre-trained here with ``--model=lstm_<preset>`` on the
+   same data and recipe as ``--pretrained`` (its ``train_config.json``), for ``--lstm_steps`` updates, the
+   warm-up and checkpoint period scaled by ``lstm_steps / train_steps``. It runs in the background from
+   the start, beside phases 2–3 (its log: ``<runs_root>/lstm_<preset>.log``); then its zero-shot and its
+   fine-tuning arm ``lstm``;
 5. ``<out_dir>/results.md`` and the figures ``layer_transfer.png``, ``zero_shot.png``, ``ablations.png``
    (``bench/study_report.py``), rewritten from the ledger after every run.
 
@@ -38,7 +40,7 @@ import time
 from pathlib import Path
 
 from bench.finetune_runs import (ROOT, append_ledger, finetune_spec, load_ledger, preset_of, run_command, run_one,
-                                 shown_command)
+                                 shown_command, start_command)
 
 # Where each task's official files sit under --data_root (the layout of ../shared/data).
 OFFICIAL = {"sst2": "glue/SST-2", "cola": "glue/CoLA", "mrpc": "glue/MRPC", "stsb": "glue/STS-B", "rte": "glue/RTE",
@@ -216,17 +218,9 @@ def main(argv=None):
         append_ledger(ledger, entry)
         report()
 
-    lstm_run = args.lstm_run
-    if not lstm_run:
-        lstm_run, cmd = lstm_pretrain_cmd(args, train_config, preset, plan["lstm_steps"])
-        if ("pretrain", None, None, None, "lstm") not in have:
-            print(f"pre-training the LSTM baseline: {shown_command(cmd)}", flush=True)
-            stdout, seconds = run_command(cmd)
-            record({"kind": "pretrain", "model": "lstm", "run_dir": lstm_run, "cmd": shown_command(cmd),
-                    "result": json.loads(stdout.strip().splitlines()[-1]), "seconds": round(seconds, 1)})
-    for model, run_dir in (("transformer", args.pretrained), ("lstm", lstm_run)):
+    def zero_shot(model, run_dir):
         if ("zero_shot", None, None, None, model) in have:
-            continue
+            return
         out = runs_root / f"zero_shot_{model}.csv"
         partial = out.with_suffix(".partial.csv")
         partial.unlink(missing_ok=True)
@@ -236,14 +230,39 @@ def main(argv=None):
         os.replace(partial, out)
         record({"kind": "zero_shot", "model": model, "run_dir": run_dir, "csv": str(out), "cmd": shown_command(cmd),
                 "seconds": round(seconds, 1)})
-    specs = finetune_specs(plan, args, tasks_dir, preset, lstm_run)
-    for i, spec in enumerate(specs, 1):
-        if ("finetune", spec["task"], spec["arm"], spec["seed"], None) in have:
-            continue
-        print(f"[{i}/{len(specs)}] {spec['task']} {spec['arm']} seed {spec['seed']} ...", flush=True)
-        result = run_one(spec)
-        print(f"    {result['seconds']:.0f} s, dev {json.dumps(result['metrics']['dev'])}", flush=True)
-        record({"kind": "finetune", **result})
+
+    def finetune(specs, total):
+        for spec in specs:
+            if ("finetune", spec["task"], spec["arm"], spec["seed"], None) in have:
+                continue
+            print(f"[{spec['index']}/{total}] {spec['task']} {spec['arm']} seed {spec['seed']} ...", flush=True)
+            result = run_one({k: v for k, v in spec.items() if k != "index"})
+            print(f"    {result['seconds']:.0f} s, dev {json.dumps(result['metrics']['dev'])}", flush=True)
+            record({"kind": "finetune", **result})
+
+    # The LSTM's pre-training is mostly sequential (one small matmul per time step), so it runs in the
+    # background beside the transformer's zero-shot and fine-tuning runs; the LSTM's own runs come after it.
+    lstm_run, lstm_job = args.lstm_run, None
+    if not lstm_run:
+        lstm_run, cmd = lstm_pretrain_cmd(args, train_config, preset, plan["lstm_steps"])
+        if ("pretrain", None, None, None, "lstm") not in have:
+            log = runs_root / f"lstm_{preset}.log"
+            print(f"pre-training the LSTM baseline in the background (log: {log}): {shown_command(cmd)}", flush=True)
+            lstm_job = start_command(cmd, log)
+    specs = [{**spec, "index": i} for i, spec in enumerate(finetune_specs(plan, args, tasks_dir, preset, lstm_run), 1)]
+    try:
+        zero_shot("transformer", args.pretrained)
+        finetune([s for s in specs if s["arm"] != "lstm"], len(specs))
+    finally:
+        if lstm_job is not None and sys.exc_info()[0] is not None:
+            lstm_job.stop()  # SIGTERM: the trainer saves its step; a re-run of the study resumes it
+    if lstm_job is not None:
+        print("waiting for the LSTM baseline's pre-training ...", flush=True)
+        stdout, seconds = lstm_job.wait()
+        record({"kind": "pretrain", "model": "lstm", "run_dir": lstm_run, "cmd": shown_command(cmd),
+                "result": json.loads(stdout.strip().splitlines()[-1]), "seconds": round(seconds, 1)})
+    zero_shot("lstm", lstm_run)
+    finetune([s for s in specs if s["arm"] == "lstm"], len(specs))
     report()
     total = sum(r.get("seconds", 0) for r in done)
     print(f"done {datetime.datetime.now().isoformat(timespec='seconds')}: this invocation {time.time() - started:.0f} s, "
