@@ -21,7 +21,6 @@ import dataclasses
 import json
 import math
 import os
-import shutil
 
 import keras
 import numpy as np
@@ -33,7 +32,7 @@ from gpt_tf.finetune_io import pretrained_model_config
 from gpt_tf.metrics import compute_metrics
 from gpt_tf.model import GPTLanguageModel, make_backbone
 from gpt_tf.optim import WarmupDecay, make_optimizer
-from gpt_tf.strategy import checkpoint_dirs, is_chief
+from gpt_tf.strategy import checkpoint_managers, is_chief, remove_scratch
 from gpt_tf.task_model import GPTTaskModel, reset_special_embeddings, task_loss, task_predictions, transfer_layers
 from gpt_tf.tasks import TaskSpec
 from gpt_tf.trainer import all_reduce_and_apply, restore_latest, restore_pretrained_lm, variables_by_key
@@ -131,10 +130,7 @@ class Finetuner:
         self.checkpoint = tf.train.Checkpoint(model=variables_by_key(variables),
                                               optimizer=variables_by_key(self.optimizer.variables), step=self.step)
         # Only the chief writes run_dir/checkpoints; other workers save to scratch and read the chief's.
-        read_dir, self._write_dir = checkpoint_dirs(config.run_dir, strategy)
-        self.manager = tf.train.CheckpointManager(self.checkpoint, self._write_dir, max_to_keep=1)
-        self.read_manager = (self.manager if read_dir == self._write_dir else
-                             tf.train.CheckpointManager(self.checkpoint, read_dir, max_to_keep=1))
+        self.manager, self.read_manager = checkpoint_managers(self.checkpoint, config.run_dir, strategy, 1)
         self._train_steps = [self._make_train_step(h) for h in self.heads]
         self._predict_steps = {h.task.name: self._predict_step(h.model) for h in self.heads}  # traced once each
         if len(self.heads) > 1:
@@ -245,8 +241,7 @@ class Finetuner:
         try:
             return self._train(progress)
         finally:
-            if self._write_dir != self.read_manager.directory:  # a non-chief worker's scratch copy
-                shutil.rmtree(self._write_dir, ignore_errors=True)
+            remove_scratch(self.manager, self.read_manager)
 
     def _train(self, progress) -> dict:
         c = self.config

@@ -27,7 +27,6 @@ import json
 import math
 import os
 import re
-import shutil
 import time
 
 import keras
@@ -37,7 +36,7 @@ from gpt_tf.config import GPTConfig
 from gpt_tf.model import GPTLanguageModel, lm_loss
 from gpt_tf.optim import WarmupDecay, make_optimizer
 from gpt_tf.preemption import Preempted, StopRequest
-from gpt_tf.strategy import checkpoint_dirs, is_chief
+from gpt_tf.strategy import checkpoint_managers, is_chief, remove_scratch
 from pipelines.reader import batches_per_pipeline, pretraining_dataset
 
 
@@ -149,10 +148,7 @@ class Pretrainer:
             optimizer=variables_by_key(self.optimizer.variables),
             step=self.step,
         )
-        read_dir, self._write_dir = checkpoint_dirs(config.run_dir, strategy)
-        self.manager = tf.train.CheckpointManager(self.checkpoint, self._write_dir, max_to_keep=config.keep_checkpoints)
-        self.read_manager = (self.manager if read_dir == self._write_dir else
-                             tf.train.CheckpointManager(self.checkpoint, read_dir, max_to_keep=config.keep_checkpoints))
+        self.manager, self.read_manager = checkpoint_managers(self.checkpoint, config.run_dir, strategy, config.keep_checkpoints)
         if config.jit_compile:
             self._micro_grads = tf.function(self._micro_grads, jit_compile=True)
             self._replica_eval_step = tf.function(self._replica_eval_step, jit_compile=True)
@@ -265,8 +261,7 @@ class Pretrainer:
             with StopRequest() as stop_request:
                 return self._train(stop_request, callbacks)
         finally:
-            if self._write_dir != self.read_manager.directory:  # a non-chief worker's scratch copy
-                shutil.rmtree(self._write_dir, ignore_errors=True)
+            remove_scratch(self.manager, self.read_manager)
 
     def _train(self, stop_request, callbacks) -> dict:
         c = self.config
