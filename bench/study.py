@@ -4,6 +4,7 @@ r"""The paper's §5 analysis at a CPU scale, in one command: ablations, layer tr
     python -m bench.study --pretrained=runs/books_tiny --tasks_dir=data/tasks_books --scale=cpu_full_data
     python -m bench.study --pretrained=runs/books_tiny --scale=smoke --out_dir=/tmp/study_smoke \
         --runs_root=runs/study_smoke                      # minutes: checks the pipeline end to end
+    python -m bench.study ... --part=0/2 & python -m bench.study ... --part=1/2   # two processes side by side
 
 Phases, each a subprocess whose command, output and wall-clock time go to ``<runs_root>/study.jsonl``
 (a re-run skips what is recorded there, so an interrupted study resumes):
@@ -77,6 +78,9 @@ def parse_args(argv=None):
     parser.add_argument("--race_dir", default="", help="RACE in its official layout, for zero-shot (optional)")
     parser.add_argument("--dprd_dir", default="", help="DPRD (train.c.txt/test.c.txt), for zero-shot (optional)")
     parser.add_argument("--precision", default="mixed_bfloat16", help="fine-tuning precision")
+    parser.add_argument("--part", default="0/1", help="i/n: this process runs the i-th of n interleaved parts of "
+                        "the transformer's fine-tuning runs, beside the others (same command, other --part); "
+                        "part 0 also builds the task data, runs zero-shot and does the whole LSTM baseline")
     for knob in ("tasks", "transfer_tasks", "seeds", "layers", "zero_shot_tasks"):
         parser.add_argument(f"--{knob}", default=None, help=f"comma list (default: the scale's, {SCALES['cpu'][knob]!r})")
     for knob in ("epochs", "train_subsample", "zero_shot_max_examples", "lstm_steps"):
@@ -105,7 +109,22 @@ def _json(path) -> dict:
     return json.loads(Path(path).read_text())
 
 
-def task_data(plan: dict, args, tokenizer_dir: str, ledger: Path) -> str:
+def parse_part(text: str) -> tuple[int, int]:
+    try:
+        part, parts = (int(x) for x in text.split("/"))
+    except ValueError:
+        part = parts = -1
+    if not 0 <= part < parts:
+        sys.exit(f"bench.study: --part={text!r} is not i/n with 0 <= i < n")
+    return part, parts
+
+
+def part_of(specs: list, part: int, parts: int) -> list:
+    """The ``part``-th of ``parts`` interleaved parts (each gets every kind of run, so they end together)."""
+    return specs[part::parts]
+
+
+def task_data(plan: dict, args, tokenizer_dir: str, ledger: Path, build: bool = True) -> str:
     """The folder of task TFRecords: --tasks_dir, or the official files rebuilt with a train subsample."""
     if not plan["train_subsample"]:
         if not args.tasks_dir:
@@ -120,6 +139,8 @@ def task_data(plan: dict, args, tokenizer_dir: str, ledger: Path) -> str:
     for task in sorted(set(plan["tasks"] + plan["transfer_tasks"])):
         if (out / task / "manifest.json").is_file():
             continue
+        if not build:
+            sys.exit(f"bench.study: {out / task} is not built yet; start --part=0/n first")
         cmd = [sys.executable, "-m", "pipelines.finetune_data", f"--task={task}",
                f"--data_dir={Path(args.data_root) / OFFICIAL[task]}", f"--tokenizer_dir={tokenizer_dir}",
                f"--output_dir={out / task}", "--noprogress", f"--train_subsample={plan['train_subsample']}"]
@@ -194,6 +215,7 @@ def main(argv=None):
     from bench.study_report import write_report
 
     args = parse_args(argv)
+    part, parts = parse_part(args.part)
     started = time.time()
     model_config, train_config = _json(Path(args.pretrained) / "model_config.json"), _json(Path(args.pretrained) / "train_config.json")
     preset = preset_of(args.pretrained)
@@ -209,13 +231,13 @@ def main(argv=None):
     key = lambda r: (r["kind"], r.get("task"), r.get("arm"), r.get("seed"), r.get("model"))
     have = {key(r) for r in done}
     command = shlex.join(["python", "-m", "bench.study", *(argv if argv is not None else sys.argv[1:])])
-    tasks_dir = task_data(plan, args, tokenizer_dir, ledger)
+    tasks_dir = task_data(plan, args, tokenizer_dir, ledger, build=part == 0)
     done = load_ledger(ledger)  # with the task-data builds
     report = lambda: write_report(done, config, Path(args.out_dir), command, time.time() - started, tasks_dir)
 
     def record(entry):
-        done.append(entry)
         append_ledger(ledger, entry)
+        done[:] = load_ledger(ledger)  # with what other parts recorded meanwhile
         report()
 
     def zero_shot(model, run_dir):
@@ -245,14 +267,16 @@ def main(argv=None):
     lstm_run, lstm_job = args.lstm_run, None
     if not lstm_run:
         lstm_run, cmd = lstm_pretrain_cmd(args, train_config, preset, plan["lstm_steps"])
-        if ("pretrain", None, None, None, "lstm") not in have:
+        if ("pretrain", None, None, None, "lstm") not in have and part == 0:
             log = runs_root / f"lstm_{preset}.log"
             print(f"pre-training the LSTM baseline in the background (log: {log}): {shown_command(cmd)}", flush=True)
             lstm_job = start_command(cmd, log)
     specs = [{**spec, "index": i} for i, spec in enumerate(finetune_specs(plan, args, tasks_dir, preset, lstm_run), 1)]
+    transformer_specs = part_of([s for s in specs if s["arm"] != "lstm"], part, parts)
     try:
-        zero_shot("transformer", args.pretrained)
-        finetune([s for s in specs if s["arm"] != "lstm"], len(specs))
+        if part == 0:
+            zero_shot("transformer", args.pretrained)
+        finetune(transformer_specs, len(specs))
     finally:
         if lstm_job is not None and sys.exc_info()[0] is not None:
             lstm_job.stop()  # SIGTERM: the trainer saves its step; a re-run of the study resumes it
@@ -261,8 +285,10 @@ def main(argv=None):
         stdout, seconds = lstm_job.wait()
         record({"kind": "pretrain", "model": "lstm", "run_dir": lstm_run, "cmd": shown_command(cmd),
                 "result": json.loads(stdout.strip().splitlines()[-1]), "seconds": round(seconds, 1)})
-    zero_shot("lstm", lstm_run)
-    finetune([s for s in specs if s["arm"] == "lstm"], len(specs))
+    if part == 0:
+        zero_shot("lstm", lstm_run)
+        finetune([s for s in specs if s["arm"] == "lstm"], len(specs))
+    done[:] = load_ledger(ledger)
     report()
     total = sum(r.get("seconds", 0) for r in done)
     print(f"done {datetime.datetime.now().isoformat(timespec='seconds')}: this invocation {time.time() - started:.0f} s, "

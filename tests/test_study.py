@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from bench.study import finetune_specs, lstm_pretrain_cmd, parse_args, resolve_plan
+from bench.study import finetune_specs, lstm_pretrain_cmd, parse_args, parse_part, part_of, resolve_plan
 from bench.study_report import write_report
 
 TRAIN_CONFIG = {"data_dir": "data/books_tiny", "batch_size": 32, "grad_accum_steps": 1, "learning_rate": 3e-4,
@@ -114,3 +114,14 @@ def test_a_runs_root_keeps_one_configuration(tmp_path):
     _check_configuration(Path(tmp_path), {"epochs": 3, "seeds": [0]})
     with pytest.raises(SystemExit, match="epochs differ"):
         _check_configuration(Path(tmp_path), {"epochs": 1, "seeds": [0]})
+
+
+def test_parts_split_the_runs_without_overlap():
+    specs = [{"index": i} for i in range(1, 24)]
+    parts = [part_of(specs, i, 3) for i in range(3)]
+    assert sorted(s["index"] for p in parts for s in p) == list(range(1, 24))
+    assert [len(p) for p in parts] == [8, 8, 7]
+    assert parse_part("1/2") == (1, 2)
+    for bad in ("2/2", "x", "1"):
+        with pytest.raises(SystemExit, match="--part"):
+            parse_part(bad)
