@@ -60,6 +60,9 @@ class BackgroundCommand:
         with open(self.out, "w") as out, open(self.log, "w") as err:
             self.proc = subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=out, stderr=err, text=True)
 
+    def finished(self) -> bool:
+        return self.proc.poll() is not None
+
     def stop(self) -> None:
         """SIGTERM (a trainer saves a checkpoint and exits), then waits for it."""
         if self.proc.poll() is None:

@@ -164,8 +164,21 @@ def lstm_pretrain_cmd(args, train_config: dict, preset: str, steps: int) -> tupl
     return str(run_dir), cmd
 
 
+def coarse_to_fine(layers: list[int], n_layer: int) -> list[int]:
+    """``layers`` ordered so each next k is the farthest from those already run (and from n_layer, the
+    full arm): 0, n/2, n/4, 3n/4, ... — a curve cut short by time still spans 0 … n."""
+    left, have, order = sorted(k for k in layers if k < n_layer), [n_layer], []
+    while left:
+        k = max(left, key=lambda x: (min(abs(x - h) for h in have), -x))
+        order.append(k)
+        have.append(k)
+        left.remove(k)
+    return order
+
+
 def finetune_specs(plan: dict, args, tasks_dir: str, preset: str, lstm_run: str) -> list[dict]:
-    """Every fine-tuning run of the study (see the module doc), in the order they run."""
+    """Every fine-tuning run of the study (see the module doc), in the order they run: the ablation arms of
+    every seed first, then the layer-transfer points coarse to fine, each over the seeds."""
     common = dict(runs_root=Path(args.runs_root) / "finetune", tasks_dir=tasks_dir, precision=args.precision)
     epochs = [f"--epochs={plan['epochs']}"]
     arms = {"full": (args.pretrained, []), "scratch": ("", []), "lm0": (args.pretrained, ["--lm_coef=0"]),
@@ -181,10 +194,11 @@ def finetune_specs(plan: dict, args, tasks_dir: str, preset: str, lstm_run: str)
         for task in plan["transfer_tasks"]:
             if task not in plan["tasks"]:  # its k = n_layer point is the full arm
                 specs.append(finetune_spec(task, "full", seed, init_checkpoint=args.pretrained, extra=epochs, **common))
-            for k in plan["layers"]:
-                if k < n_layer:
-                    specs.append(finetune_spec(task, f"transfer{k}", seed, init_checkpoint=args.pretrained,
-                                               extra=[f"--transfer_layers={k}"] + epochs, **common))
+    for k in coarse_to_fine(plan["layers"], n_layer):
+        for seed in plan["seeds"]:
+            for task in plan["transfer_tasks"]:
+                specs.append(finetune_spec(task, f"transfer{k}", seed, init_checkpoint=args.pretrained,
+                                           extra=[f"--transfer_layers={k}"] + epochs, **common))
     return specs
 
 
@@ -253,41 +267,52 @@ def main(argv=None):
         record({"kind": "zero_shot", "model": model, "run_dir": run_dir, "csv": str(out), "cmd": shown_command(cmd),
                 "seconds": round(seconds, 1)})
 
-    def finetune(specs, total):
-        for spec in specs:
+    lstm_run, lstm_job = args.lstm_run, None
+
+    def lstm_arm():
+        """The LSTM's zero-shot and fine-tuning runs, once its pre-training (if running here) has ended."""
+        nonlocal lstm_job
+        if lstm_job is not None:
+            stdout, seconds = lstm_job.wait()
+            lstm_job = None
+            record({"kind": "pretrain", "model": "lstm", "run_dir": lstm_run, "cmd": shown_command(lstm_cmd),
+                    "result": json.loads(stdout.strip().splitlines()[-1]), "seconds": round(seconds, 1)})
+        zero_shot("lstm", lstm_run)
+        finetune([s for s in specs if s["arm"] == "lstm"], len(specs))
+
+    def finetune(specs_, total):
+        for spec in specs_:
+            if lstm_job is not None and lstm_job.finished():
+                lstm_arm()  # as soon as it can: the LSTM's runs must not be the ones cut short by time
             if ("finetune", spec["task"], spec["arm"], spec["seed"], None) in have:
                 continue
             print(f"[{spec['index']}/{total}] {spec['task']} {spec['arm']} seed {spec['seed']} ...", flush=True)
             result = run_one({k: v for k, v in spec.items() if k != "index"})
             print(f"    {result['seconds']:.0f} s, dev {json.dumps(result['metrics']['dev'])}", flush=True)
             record({"kind": "finetune", **result})
+            have.add(("finetune", spec["task"], spec["arm"], spec["seed"], None))
 
     # The LSTM's pre-training is mostly sequential (one small matmul per time step), so it runs in the
-    # background beside the transformer's zero-shot and fine-tuning runs; the LSTM's own runs come after it.
-    lstm_run, lstm_job = args.lstm_run, None
+    # background beside the transformer's zero-shot and fine-tuning runs; the LSTM's own runs follow it.
     if not lstm_run:
-        lstm_run, cmd = lstm_pretrain_cmd(args, train_config, preset, plan["lstm_steps"])
+        lstm_run, lstm_cmd = lstm_pretrain_cmd(args, train_config, preset, plan["lstm_steps"])
         if ("pretrain", None, None, None, "lstm") not in have and part == 0:
             log = runs_root / f"lstm_{preset}.log"
-            print(f"pre-training the LSTM baseline in the background (log: {log}): {shown_command(cmd)}", flush=True)
-            lstm_job = start_command(cmd, log)
+            print(f"pre-training the LSTM baseline in the background (log: {log}): {shown_command(lstm_cmd)}",
+                  flush=True)
+            lstm_job = start_command(lstm_cmd, log)
     specs = [{**spec, "index": i} for i, spec in enumerate(finetune_specs(plan, args, tasks_dir, preset, lstm_run), 1)]
     transformer_specs = part_of([s for s in specs if s["arm"] != "lstm"], part, parts)
     try:
         if part == 0:
             zero_shot("transformer", args.pretrained)
         finetune(transformer_specs, len(specs))
+        if part == 0:
+            print("the LSTM baseline's zero-shot and fine-tuning ...", flush=True)
+            lstm_arm()
     finally:
         if lstm_job is not None and sys.exc_info()[0] is not None:
             lstm_job.stop()  # SIGTERM: the trainer saves its step; a re-run of the study resumes it
-    if lstm_job is not None:
-        print("waiting for the LSTM baseline's pre-training ...", flush=True)
-        stdout, seconds = lstm_job.wait()
-        record({"kind": "pretrain", "model": "lstm", "run_dir": lstm_run, "cmd": shown_command(cmd),
-                "result": json.loads(stdout.strip().splitlines()[-1]), "seconds": round(seconds, 1)})
-    if part == 0:
-        zero_shot("lstm", lstm_run)
-        finetune([s for s in specs if s["arm"] == "lstm"], len(specs))
     done[:] = load_ledger(ledger)
     report()
     total = sum(r.get("seconds", 0) for r in done)

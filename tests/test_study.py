@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from bench.study import finetune_specs, lstm_pretrain_cmd, parse_args, parse_part, part_of, resolve_plan
+from bench.study import coarse_to_fine, finetune_specs, lstm_pretrain_cmd, parse_args, parse_part, part_of, resolve_plan
 from bench.study_report import write_report
 
 TRAIN_CONFIG = {"data_dir": "data/books_tiny", "batch_size": 32, "grad_accum_steps": 1, "learning_rate": 3e-4,
@@ -125,3 +125,12 @@ def test_parts_split_the_runs_without_overlap():
     for bad in ("2/2", "x", "1"):
         with pytest.raises(SystemExit, match="--part"):
             parse_part(bad)
+
+
+def test_layer_transfer_runs_coarse_to_fine_after_the_ablations():
+    assert coarse_to_fine([0, 1, 2, 3, 4], 4) == [0, 2, 1, 3]
+    assert coarse_to_fine([0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12], 12)[:3] == [0, 6, 3]
+    args, plan = _plan("--tasks=rte", "--transfer_tasks=rte", "--seeds=0,1", "--layers=all")
+    arms = [(s["arm"], s["seed"]) for s in finetune_specs(plan, args, "data/t", "tiny", "runs/lstm")]
+    assert arms[:8] == [(a, s) for s in (0, 1) for a in ("full", "scratch", "lm0", "lstm")]
+    assert arms[8:12] == [("transfer0", 0), ("transfer0", 1), ("transfer2", 0), ("transfer2", 1)]
