@@ -267,11 +267,12 @@ def main(argv=None):
         record({"kind": "zero_shot", "model": model, "run_dir": run_dir, "csv": str(out), "cmd": shown_command(cmd),
                 "seconds": round(seconds, 1)})
 
-    lstm_run, lstm_job = args.lstm_run, None
+    lstm_run, lstm_job, lstm_done = args.lstm_run, None, part != 0  # part 0 alone does the LSTM
 
     def lstm_arm():
         """The LSTM's zero-shot and fine-tuning runs, once its pre-training (if running here) has ended."""
-        nonlocal lstm_job
+        nonlocal lstm_job, lstm_done
+        lstm_done = True
         if lstm_job is not None:
             stdout, seconds = lstm_job.wait()
             lstm_job = None
@@ -282,7 +283,7 @@ def main(argv=None):
 
     def finetune(specs_, total):
         for spec in specs_:
-            if lstm_job is not None and lstm_job.finished():
+            if not lstm_done and (lstm_job is None or lstm_job.finished()):
                 lstm_arm()  # as soon as it can: the LSTM's runs must not be the ones cut short by time
             if ("finetune", spec["task"], spec["arm"], spec["seed"], None) in have:
                 continue
@@ -307,7 +308,7 @@ def main(argv=None):
         if part == 0:
             zero_shot("transformer", args.pretrained)
         finetune(transformer_specs, len(specs))
-        if part == 0:
+        if not lstm_done:
             print("the LSTM baseline's zero-shot and fine-tuning ...", flush=True)
             lstm_arm()
     finally:
