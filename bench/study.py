@@ -78,6 +78,7 @@ def parse_args(argv=None):
     parser.add_argument("--race_dir", default="", help="RACE in its official layout, for zero-shot (optional)")
     parser.add_argument("--dprd_dir", default="", help="DPRD (train.c.txt/test.c.txt), for zero-shot (optional)")
     parser.add_argument("--precision", default="mixed_bfloat16", help="fine-tuning precision")
+    parser.add_argument("--report_only", action="store_true", help="rewrite <out_dir> from the ledger; run nothing")
     parser.add_argument("--part", default="0/1", help="i/n: this process runs the i-th of n interleaved parts of "
                         "the transformer's fine-tuning runs, beside the others (same command, other --part); "
                         "part 0 also builds the task data, runs zero-shot and does the whole LSTM baseline")
@@ -244,10 +245,16 @@ def main(argv=None):
     done = load_ledger(ledger)
     key = lambda r: (r["kind"], r.get("task"), r.get("arm"), r.get("seed"), r.get("model"))
     have = {key(r) for r in done}
-    command = shlex.join(["python", "-m", "bench.study", *(argv if argv is not None else sys.argv[1:])])
-    tasks_dir = task_data(plan, args, tokenizer_dir, ledger, build=part == 0)
+    command = shlex.join(["python", "-m", "bench.study",  # the runs' command: --report_only runs none
+                          *(a for a in (argv if argv is not None else sys.argv[1:]) if a != "--report_only")])
+    tasks_dir = task_data(plan, args, tokenizer_dir, ledger, build=part == 0 and not args.report_only)
     done = load_ledger(ledger)  # with the task-data builds
-    report = lambda: write_report(done, config, Path(args.out_dir), command, time.time() - started, tasks_dir)
+    report = lambda: write_report(done, config, Path(args.out_dir), command,
+                                  None if args.report_only else time.time() - started, tasks_dir)
+    if args.report_only:
+        report()
+        print(f"rewrote {Path(args.out_dir) / 'results.md'} from {ledger} ({len(done)} records)")
+        return
 
     def record(entry):
         append_ledger(ledger, entry)

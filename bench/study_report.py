@@ -88,8 +88,12 @@ def ablation_section(scores, tasks, sizes) -> list[str]:
             full, lm0 = _median(scores, t, "full"), _median(scores, t, "lm0")
             gains.append(full - lm0)
             lines.append(f"| {t} | {size:,} | {full:.1f} | {lm0:.1f} | {full - lm0:+.1f} |")
-        lines += ["", f"Spearman ρ(train size, Δ aux LM) = {_rho([s for s, _ in rows], gains)}; the paper: the "
-                  "auxiliary objective helps the larger datasets (NLI, QQP) more than the smaller ones."]
+        paper = "the paper: the auxiliary objective helps the larger datasets (NLI, QQP) more than the smaller ones."
+        if len({size for size, _ in rows}) == 1:
+            lines += ["", f"Every task here was fine-tuned on the same {rows[0][0]:,} examples, so this table shows "
+                      f"λ's effect at one size only, not a trend with size; {paper}"]
+        else:
+            lines += ["", f"Spearman ρ(train size, Δ aux LM) = {_rho([s for s, _ in rows], gains)}; {paper}"]
     return lines
 
 
@@ -198,6 +202,17 @@ def _git_revision() -> str:
         return "unknown"
 
 
+def wall_clock(records) -> str:
+    """The fine-tuning runs' span of wall-clock time (runs overlap with --part and the LSTM's pre-training)."""
+    spans = [(datetime.datetime.fromisoformat(r["finished"]) - datetime.timedelta(seconds=r["seconds"]),
+              datetime.datetime.fromisoformat(r["finished"])) for r in records if r.get("finished")]
+    if not spans:
+        return ""
+    start, end = min(a for a, _ in spans), max(b for _, b in spans)
+    return (f"; the fine-tuning runs span {start:%Y-%m-%d %H:%M}–{end:%H:%M} of wall-clock time "
+            f"({(end - start).total_seconds() / 3600:.2f} h)")
+
+
 def write_report(records, config, out_dir: Path, command: str, seconds: float, tasks_dir: str) -> None:
     """Writes ``out_dir/results.md`` and the PNG figures from the study's records."""
     from bench.study_figures import ablation_figure, layer_figure, zero_shot_figure
@@ -217,8 +232,9 @@ def write_report(records, config, out_dir: Path, command: str, seconds: float, t
              f"Produced by `{command}` (last written {now}, revision {_git_revision()}, {os.cpu_count()} CPU cores, "
              f"load average {os.getloadavg()[0]:.1f} at writing). Recorded compute: "
              + ", ".join(f"{k} {v / 3600:.2f} h" for k, v in sorted(by_kind.items()))
-             + f" (total {sum(by_kind.values()) / 3600:.2f} h, excluding the transformer's own pre-training); "
-             f"this invocation {seconds / 3600:.2f} h. {sum(r['kind'] == 'finetune' for r in records)} fine-tuning runs.", ""]
+             + f" (total {sum(by_kind.values()) / 3600:.2f} h, excluding the transformer's own pre-training)"
+             + wall_clock(records) + ("" if seconds is None else f"; this invocation {seconds / 3600:.2f} h")
+             + f". {sum(r['kind'] == 'finetune' for r in records)} fine-tuning runs.", ""]
     lines += ablation_section(scores, config["tasks"], sizes) + ["", "![ablations](ablations.png)", ""]
     lines += layer_section(scores, config["transfer_tasks"], config["layers"], config["n_layer"]) + [""]
     if zs:
