@@ -80,7 +80,8 @@ def parse_args(argv=None):
     parser.add_argument("--precision", default="mixed_bfloat16", help="fine-tuning precision")
     parser.add_argument("--report_only", action="store_true", help="rewrite <out_dir> from the ledger; run nothing")
     parser.add_argument("--part", default="0/1", help="i/n: this process runs the i-th of n interleaved parts of "
-                        "the transformer's fine-tuning runs, beside the others (same command, other --part); "
+                        "the transformer's fine-tuning runs not yet recorded, beside the others (start them "
+                        "together: same command, other --part); "
                         "part 0 also builds the task data, runs zero-shot and does the whole LSTM baseline")
     for knob in ("tasks", "transfer_tasks", "seeds", "layers", "zero_shot_tasks"):
         parser.add_argument(f"--{knob}", default=None, help=f"comma list (default: the scale's, {SCALES['cpu'][knob]!r})")
@@ -310,7 +311,9 @@ def main(argv=None):
                   flush=True)
             lstm_job = start_command(lstm_cmd, log)
     specs = [{**spec, "index": i} for i, spec in enumerate(finetune_specs(plan, args, tasks_dir, preset, lstm_run), 1)]
-    transformer_specs = part_of([s for s in specs if s["arm"] != "lstm"], part, parts)
+    # The runs not yet recorded, split: parts started together (same ledger) take disjoint shares.
+    transformer_specs = part_of([s for s in specs if s["arm"] != "lstm" and
+                                 ("finetune", s["task"], s["arm"], s["seed"], None) not in have], part, parts)
     try:
         if part == 0:
             zero_shot("transformer", args.pretrained)
