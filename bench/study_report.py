@@ -30,11 +30,14 @@ ARM_LABELS = {"full": "Transformer w/ aux LM (full)", "scratch": "Transformer w/
 MIN_MARGIN = 0.05
 
 
-def _cell(stats) -> str:
+def _cell(values, n_seeds: int) -> str:
+    """Median (min–max) over seeds, and how many seeds when fewer than the study's."""
+    stats = median_spread(values)
     if stats is None:
         return "–"
     median, low, high = stats
-    return f"{median:.1f}" if low == high else f"{median:.1f} ({low:.1f}–{high:.1f})"
+    text = f"{median:.1f}" if low == high else f"{median:.1f} ({low:.1f}–{high:.1f})"
+    return text if len(values) >= n_seeds else text + f" [{len(values)} of {n_seeds} seeds]"
 
 
 def finetune_scores(records) -> dict:
@@ -64,13 +67,13 @@ def _rho(xs, ys) -> str:
     return f"{spearman(xs, ys):+.2f}" if len(xs) >= 3 else "n/a (< 3 points)"
 
 
-def ablation_section(scores, tasks, sizes) -> list[str]:
+def ablation_section(scores, tasks, sizes, n_seeds: int) -> list[str]:
     head = " | ".join(f"{t} ({main_metric(t)})" for t in tasks)
     lines = ["## Ablations (Table 5)", "", f"| method | avg | {head} |", "|---|---:|" + "---:|" * len(tasks)]
     for arm, label in ARM_LABELS.items():
         medians = [_median(scores, t, arm) for t in tasks]
         avg = sum(medians) / len(medians) if medians and None not in medians else None
-        cells = " | ".join(_cell(median_spread(scores.get((t, arm), []))) for t in tasks)
+        cells = " | ".join(_cell(scores.get((t, arm), []), n_seeds) for t in tasks)
         lines.append(f"| {label} | {'–' if avg is None else f'{avg:.1f}'} | {cells} |")
     deltas = {t: _median(scores, t, "full") - _median(scores, t, "scratch") for t in tasks
               if None not in (_median(scores, t, "full"), _median(scores, t, "scratch"))}
@@ -97,14 +100,14 @@ def ablation_section(scores, tasks, sizes) -> list[str]:
     return lines
 
 
-def layer_section(scores, tasks, layers, n_layer) -> list[str]:
+def layer_section(scores, tasks, layers, n_layer, n_seeds: int) -> list[str]:
     ks = sorted(set(layers) | {n_layer})
     arm = lambda k: "full" if k == n_layer else f"transfer{k}"
     lines = ["## Layer transfer (Fig. 2 left)", "", "![layer transfer](layer_transfer.png)", "",
              "| blocks transferred | " + " | ".join(tasks) + " |", "|---:|" + "---:|" * len(tasks)]
     for k in ks:
         label = f"{k} (embeddings only)" if k == 0 else f"{k} (all)" if k == n_layer else str(k)
-        lines.append(f"| {label} | " + " | ".join(_cell(median_spread(scores.get((t, arm(k)), []))) for t in tasks) + " |")
+        lines.append(f"| {label} | " + " | ".join(_cell(scores.get((t, arm(k)), []), n_seeds) for t in tasks) + " |")
     checks = []
     for t in tasks:
         points = [(k, _median(scores, t, arm(k))) for k in ks if _median(scores, t, arm(k)) is not None]
@@ -235,8 +238,8 @@ def write_report(records, config, out_dir: Path, command: str, seconds: float, t
              + f" (total {sum(by_kind.values()) / 3600:.2f} h, excluding the transformer's own pre-training)"
              + wall_clock(records) + ("" if seconds is None else f"; this invocation {seconds / 3600:.2f} h")
              + f". {sum(r['kind'] == 'finetune' for r in records)} fine-tuning runs.", ""]
-    lines += ablation_section(scores, config["tasks"], sizes) + ["", "![ablations](ablations.png)", ""]
-    lines += layer_section(scores, config["transfer_tasks"], config["layers"], config["n_layer"]) + [""]
+    lines += ablation_section(scores, config["tasks"], sizes, len(config["seeds"])) + ["", "![ablations](ablations.png)", ""]
+    lines += layer_section(scores, config["transfer_tasks"], config["layers"], config["n_layer"], len(config["seeds"])) + [""]
     if zs:
         lines += zero_shot_section(zs, refs) + [""]
     lines += departures(config, train_config, model_config, sizes) + [""]

@@ -96,7 +96,7 @@ def test_report_tables_checks_and_figures(tmp_path):
     out = tmp_path / "docs"
     write_report(records, config, out, "python -m bench.study --scale=cpu", 42.0, str(tmp_path / "tasks"))
     md = (out / "results.md").read_text()
-    assert "| Transformer w/ aux LM (full) | 70.5 | 61.0 (60.0–62.0) | 80.0 |" in md
+    assert "| Transformer w/ aux LM (full) | 70.5 | 61.0 (60.0–62.0) | 80.0 [1 of 3 seeds] |" in md
     assert "mean Δ = **+7.5** points over 2 tasks (better on 2 of 2)" in md  # rte 61 − 50, sst2 80 − 76
     assert "| rte | 2,490 | 61.0 | 62.0 | -1.0 |" in md and "| 4 (all) | 61.0 (60.0–62.0) |" in md
     assert "rte: 4 vs 0 blocks +9.0 points" in md
