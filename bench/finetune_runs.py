@@ -38,11 +38,14 @@ def finetune_spec(task: str, arm: str, seed: int, *, runs_root, tasks_dir, preci
     return {"task": task, "arm": arm, "seed": seed, "run_dir": str(run_dir), "cmd": cmd + list(extra)}
 
 
+def _child_env() -> dict:
+    return dict(os.environ, PYTHONPATH=str(ROOT), TF_CPP_MIN_LOG_LEVEL="2")
+
+
 def run_command(cmd: list[str]) -> tuple[str, float]:
     """Runs ``cmd`` from the repository root; returns its stdout and wall-clock seconds (raises on failure)."""
-    env = dict(os.environ, PYTHONPATH=str(ROOT), TF_CPP_MIN_LOG_LEVEL="2")
     start = time.time()
-    proc = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True)
+    proc = subprocess.run(cmd, cwd=ROOT, env=_child_env(), capture_output=True, text=True)
     seconds = time.time() - start
     if proc.returncode != 0:
         raise RuntimeError(f"{shlex.join(cmd)} failed ({proc.returncode}):\n{proc.stderr[-3000:]}")
@@ -50,15 +53,15 @@ def run_command(cmd: list[str]) -> tuple[str, float]:
 
 
 class BackgroundCommand:
-    """A command running beside others (``start_command``); ``wait`` returns what ``run_command`` would."""
+    """Starts ``cmd`` from the repository root beside others, stderr to ``log``, stdout beside it;
+    ``wait`` returns what ``run_command`` would."""
 
-    def __init__(self, cmd: list[str], log: Path):
+    def __init__(self, cmd: list[str], log):
         self.cmd, self.log, self.out = cmd, Path(log), Path(log).with_suffix(".stdout")
         self.log.parent.mkdir(parents=True, exist_ok=True)
-        env = dict(os.environ, PYTHONPATH=str(ROOT), TF_CPP_MIN_LOG_LEVEL="2")
         self.start = time.time()
         with open(self.out, "w") as out, open(self.log, "w") as err:
-            self.proc = subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=out, stderr=err, text=True)
+            self.proc = subprocess.Popen(cmd, cwd=ROOT, env=_child_env(), stdout=out, stderr=err, text=True)
 
     def finished(self) -> bool:
         return self.proc.poll() is not None
@@ -76,11 +79,6 @@ class BackgroundCommand:
             tail = self.log.read_text()[-3000:]
             raise RuntimeError(f"{shlex.join(self.cmd)} failed ({returncode}); its log {self.log} ends:\n{tail}")
         return self.out.read_text(), seconds
-
-
-def start_command(cmd: list[str], log) -> BackgroundCommand:
-    """Starts ``cmd`` from the repository root in the background, stderr to ``log``, stdout beside it."""
-    return BackgroundCommand(cmd, log)
 
 
 def shown_command(cmd: list[str]) -> str:

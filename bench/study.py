@@ -40,8 +40,8 @@ import sys
 import time
 from pathlib import Path
 
-from bench.finetune_runs import (ROOT, append_ledger, finetune_spec, load_ledger, preset_of, run_command, run_one,
-                                 shown_command, start_command)
+from bench.finetune_runs import (ROOT, BackgroundCommand, append_ledger, finetune_spec, load_ledger, preset_of,
+                                 run_command, run_one, shown_command)
 
 # Where each task's official files sit under --data_root (the layout of ../shared/data).
 OFFICIAL = {"sst2": "glue/SST-2", "cola": "glue/CoLA", "mrpc": "glue/MRPC", "stsb": "glue/STS-B", "rte": "glue/RTE",
@@ -246,6 +246,7 @@ def main(argv=None):
     done = load_ledger(ledger)
     key = lambda r: (r["kind"], r.get("task"), r.get("arm"), r.get("seed"), r.get("model"))
     have = {key(r) for r in done}
+    spec_key = lambda spec: key({"kind": "finetune", **spec})  # a fine-tuning run's key in the ledger
     command = shlex.join(["python", "-m", "bench.study",  # the runs' command: --report_only runs none
                           *(a for a in (argv if argv is not None else sys.argv[1:]) if a != "--report_only")])
     tasks_dir = task_data(plan, args, tokenizer_dir, ledger, build=part == 0 and not args.report_only)
@@ -293,13 +294,13 @@ def main(argv=None):
         for spec in specs_:
             if not lstm_done and (lstm_job is None or lstm_job.finished()):
                 lstm_arm()  # as soon as it can: the LSTM's runs must not be the ones cut short by time
-            if ("finetune", spec["task"], spec["arm"], spec["seed"], None) in have:
+            if spec_key(spec) in have:
                 continue
             print(f"[{spec['index']}/{total}] {spec['task']} {spec['arm']} seed {spec['seed']} ...", flush=True)
             result = run_one({k: v for k, v in spec.items() if k != "index"})
             print(f"    {result['seconds']:.0f} s, dev {json.dumps(result['metrics']['dev'])}", flush=True)
             record({"kind": "finetune", **result})
-            have.add(("finetune", spec["task"], spec["arm"], spec["seed"], None))
+            have.add(spec_key(spec))
 
     # The LSTM's pre-training is mostly sequential (one small matmul per time step), so it runs in the
     # background beside the transformer's zero-shot and fine-tuning runs; the LSTM's own runs follow it.
@@ -309,11 +310,10 @@ def main(argv=None):
             log = runs_root / f"lstm_{preset}.log"
             print(f"pre-training the LSTM baseline in the background (log: {log}): {shown_command(lstm_cmd)}",
                   flush=True)
-            lstm_job = start_command(lstm_cmd, log)
+            lstm_job = BackgroundCommand(lstm_cmd, log)
     specs = [{**spec, "index": i} for i, spec in enumerate(finetune_specs(plan, args, tasks_dir, preset, lstm_run), 1)]
     # The runs not yet recorded, split: parts started together (same ledger) take disjoint shares.
-    transformer_specs = part_of([s for s in specs if s["arm"] != "lstm" and
-                                 ("finetune", s["task"], s["arm"], s["seed"], None) not in have], part, parts)
+    transformer_specs = part_of([s for s in specs if s["arm"] != "lstm" and spec_key(s) not in have], part, parts)
     try:
         if part == 0:
             zero_shot("transformer", args.pretrained)
@@ -321,9 +321,10 @@ def main(argv=None):
         if not lstm_done:
             print("the LSTM baseline's zero-shot and fine-tuning ...", flush=True)
             lstm_arm()
-    finally:
-        if lstm_job is not None and sys.exc_info()[0] is not None:
+    except BaseException:
+        if lstm_job is not None:
             lstm_job.stop()  # SIGTERM: the trainer saves its step; a re-run of the study resumes it
+        raise
     done[:] = load_ledger(ledger)
     report()
     total = sum(r.get("seconds", 0) for r in done)

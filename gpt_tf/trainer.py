@@ -13,7 +13,7 @@ iterators cannot be checkpointed), and a killed run resumes bit-for-bit where it
 checkpoint was taken. On SIGTERM (``gpt_tf.preemption``) every worker finishes the update in
 flight, saves it and raises ``Preempted``, so a preempted run loses no update and repeats no batch.
 
-Only the chief writes checkpoints and summaries (``gpt_tf.strategy.checkpoint_dirs``); every
+Only the chief writes checkpoints and summaries (``gpt_tf.strategy.checkpoint_managers``); every
 worker restores from the chief's. ``jit_compile`` compiles each replica's forward/backward pass
 (and the evaluation forward pass) with XLA; the all-reduce and the optimizer update stay outside,
 where tf.distribute's cross-device collectives run.
