@@ -1,0 +1,253 @@
+"""Pre-trains the project's GPT on an accelerator that has PyTorch but no TensorFlow, with the reference model.
+
+    python -m bench.torch_pretrain --tokens=<export>.npz --out_dir=/tmp/run \\
+        --model=tiny --batch_size=128 --learning_rate=1e-3 --epochs=8
+
+Why it exists: the lent GPU machines (see README "Pre-training on a lent GPU") run a fixed image with
+PyTorch and `transformers` but no TensorFlow, and reach no package registry; TensorFlow's wheel is far
+over what can be carried there. The model trained here is `transformers`' ``OpenAIGPTLMHeadModel`` with
+the preset's sizes: the reference implementation that ``tests/test_weights.py`` proves equal to
+``gpt_tf.model.GPTLanguageModel`` (logits to 1e-5 on the same weights). The recipe is the project's
+pre-training recipe (``gpt_tf.optim``): AdamW with decoupled weight decay 0.01 on rank >= 2 weights only,
+global-norm clipping 1.0, linear warm-up then cosine decay to 0, dropout 0.1, N(0, 0.02) init, the LM
+loss over (n_ctx + 1)-token windows at stride n_ctx of the token stream, exactly the records that
+``pipelines.pretrain_data`` writes (``bench.torch_pretrain_io export`` turns those records back into the
+stream). Each epoch visits every window once in a seeded order.
+
+Writes into ``--out_dir``: ``log.jsonl`` (train loss, and held-out loss / perplexity against tokens seen at
+every evaluation), and ``weights-<step>.part<k>.npz`` (an ``OpenAIGPTLMHeadModel`` state dict in files of at most 15 MiB; float16 for the
+intermediate checkpoints kept for the zero-shot curve, float32 for the last). ``bench.torch_pretrain_io
+import`` turns them into a gpt_tf run folder.
+
+Only numpy, absl, torch and transformers are imported: no TensorFlow, no gpt_tf.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import re
+import time
+
+import numpy as np
+from absl import app, flags
+
+# The presets of gpt_tf/config.py that this script can build (GPT-1's d_ff is always 4 * n_embd,
+# which is also what transformers' OpenAIGPT hard-codes). Kept equal by tests/test_torch_pretrain.py.
+PRESETS = {
+    "gpt1": dict(n_ctx=512, n_embd=768, n_layer=12, n_head=12),
+    "small": dict(n_ctx=256, n_embd=384, n_layer=6, n_head=6),
+    "tiny": dict(n_ctx=128, n_embd=256, n_layer=4, n_head=4),
+    "test": dict(n_ctx=32, n_embd=32, n_layer=2, n_head=4),
+}
+
+FLAGS = flags.FLAGS
+
+
+OWN_FLAGS = ("tokens", "out_dir", "model", "batch_size", "learning_rate", "warmup_fraction", "epochs", "weight_decay",
+             "clip_norm", "dropout", "evals", "eval_windows", "keep", "seed", "budget_minutes", "compile")
+PART_BYTES = 15 * 2**20  # files of at most this size (the device tool returns files of up to 16 MiB)
+
+
+def define_flags():
+    flags.DEFINE_string("tokens", None, "npz of bench.torch_pretrain_io export (train / valid streams + meta).")
+    flags.DEFINE_string("out_dir", None, "Where log.jsonl and weights-<step>.part<k>.npz go.")
+    flags.DEFINE_enum("model", "tiny", sorted(PRESETS), "Preset sizes (gpt_tf/config.py).")
+    flags.DEFINE_integer("batch_size", 128, "Sequences per update.")
+    flags.DEFINE_float("learning_rate", 1e-3, "Peak learning rate.")
+    flags.DEFINE_float("warmup_fraction", 0.02, "Warm-up updates as a fraction of all updates.")
+    flags.DEFINE_float("epochs", 1.0, "Passes over the training windows (fractions allowed).")
+    flags.DEFINE_float("weight_decay", 0.01, "Decoupled weight decay on rank >= 2 weights.")
+    flags.DEFINE_float("clip_norm", 1.0, "Global gradient-norm clip.")
+    flags.DEFINE_float("dropout", 0.1, "Residual, attention and embedding dropout.")
+    flags.DEFINE_integer("evals", 24, "Held-out evaluations, evenly spaced in updates (the curve's points).")
+    flags.DEFINE_integer("eval_windows", 4096, "Held-out windows per evaluation (0: all).")
+    flags.DEFINE_integer("keep", 3, "Intermediate checkpoints kept (float16), evenly spaced; the last is float32.")
+    flags.DEFINE_integer("seed", 0, "Init, dropout and data-order seed.")
+    flags.DEFINE_float("budget_minutes", 0.0, "Fit the schedule into this wall time (a timed probe picks the "
+                       "number of updates, at most --epochs' worth); 0: run --epochs.")
+    flags.DEFINE_bool("compile", True, "torch.compile the model (CUDA only).")
+
+
+def windows(stream: np.ndarray, n_ctx: int) -> np.ndarray:
+    """All (n_ctx + 1)-token windows at stride n_ctx, as pipelines.pretrain_data writes them."""
+    n = max(0, (len(stream) - 1) // n_ctx)
+    index = np.arange(n)[:, None] * n_ctx + np.arange(n_ctx + 1)[None, :]
+    return stream[index]
+
+
+def lr_at(step: int, peak: float, warmup: int, total: int) -> float:
+    """gpt_tf.optim.WarmupDecay (cosine): linear warm-up from 0, then cosine to 0 at ``total``."""
+    if warmup and step < warmup:
+        return peak * step / warmup
+    frac = min(max((step - warmup) / max(total - warmup, 1), 0.0), 1.0)
+    return peak * 0.5 * (1.0 + math.cos(math.pi * frac))
+
+
+def build_model(torch, transformers, preset: str, vocab_size: int, dropout: float):
+    sizes = PRESETS[preset]
+    config = transformers.OpenAIGPTConfig(
+        vocab_size=vocab_size, n_positions=sizes["n_ctx"], n_embd=sizes["n_embd"], n_layer=sizes["n_layer"],
+        n_head=sizes["n_head"], afn="gelu", resid_pdrop=dropout, embd_pdrop=dropout, attn_pdrop=dropout,
+        layer_norm_epsilon=1e-5, initializer_range=0.02)
+    return transformers.OpenAIGPTLMHeadModel(config)
+
+
+def param_groups(model, weight_decay: float):
+    """Decay on rank >= 2 weights only (the release's rule; gpt_tf.optim.make_optimizer)."""
+    decay = [p for p in model.parameters() if p.ndim >= 2]
+    rest = [p for p in model.parameters() if p.ndim < 2]
+    return [{"params": decay, "weight_decay": weight_decay}, {"params": rest, "weight_decay": 0.0}]
+
+
+def save_weights(torch, model, out_dir: str, step: int, dtype) -> list[str]:
+    """The state dict as ``weights-<step>.part<k>.npz`` files of at most PART_BYTES each; returns their paths.
+
+    ``lm_head.weight`` (tied to ``tokens_embed.weight``) and the causal-mask buffers are left out.
+    """
+    state = {k: v.detach().float().cpu().numpy().astype(dtype) for k, v in model.state_dict().items()
+             if not re.search(r"\.attn\.(bias|masked_bias)$", k) and k != "lm_head.weight"}
+    parts, size = [{}], 0
+    for key, value in state.items():
+        if parts[-1] and size + value.nbytes > PART_BYTES:
+            parts.append({})
+            size = 0
+        parts[-1][key], size = value, size + value.nbytes
+    paths = [os.path.join(out_dir, f"weights-{step}.part{k}.npz") for k in range(len(parts))]
+    for path, part in zip(paths, parts):
+        np.savez(path, **part)
+    return paths
+
+
+class Run:
+    """Model, optimizer, data and the update step of one pre-training run."""
+
+    def __init__(self, torch, transformers):
+        self.torch = torch
+        torch.manual_seed(FLAGS.seed)
+        self.device = "cuda" if torch.cuda.is_available() else "cpu"
+        data = np.load(FLAGS.tokens)
+        self.meta = json.loads(str(data["meta"]))
+        self.n_ctx = PRESETS[FLAGS.model]["n_ctx"]
+        self.train = windows(data["train"].astype(np.int64), self.n_ctx)
+        valid = windows(data["valid"].astype(np.int64), self.n_ctx)
+        if FLAGS.eval_windows:
+            valid = valid[np.random.default_rng(1234).permutation(len(valid))[: FLAGS.eval_windows]]
+        self.valid = valid
+        self.steps_per_epoch = len(self.train) // FLAGS.batch_size
+        self.model = build_model(torch, transformers, FLAGS.model, self.meta["vocab_size"], FLAGS.dropout).to(self.device)
+        self.initial_state = {k: v.clone() for k, v in self.model.state_dict().items()}
+        self.forward = torch.compile(self.model) if FLAGS.compile and self.device == "cuda" else self.model
+        self.autocast = torch.autocast(self.device, dtype=torch.bfloat16, enabled=self.device == "cuda")
+        self.reset()
+
+    def reset(self):
+        """Initial weights, fresh Adam moments and the seeded data order (after a timing probe)."""
+        self.model.load_state_dict(self.initial_state)
+        self.torch.manual_seed(FLAGS.seed)
+        self.optimizer = self.torch.optim.AdamW(param_groups(self.model, FLAGS.weight_decay), lr=FLAGS.learning_rate,
+                                                betas=(0.9, 0.999), eps=1e-8, fused=self.device == "cuda")
+        self.rng, self.order = np.random.default_rng(FLAGS.seed), np.zeros([0], np.int64)
+
+    def loss_of(self, batch):
+        x = self.torch.from_numpy(batch).to(self.device, non_blocking=True)
+        with self.autocast:
+            logits = self.forward(x[:, :-1]).logits
+        return self.torch.nn.functional.cross_entropy(logits.float().reshape(-1, logits.shape[-1]), x[:, 1:].reshape(-1))
+
+    def next_batch(self):
+        if len(self.order) < FLAGS.batch_size:  # a new epoch: every window once, in a seeded order
+            self.order = np.concatenate([self.order, self.rng.permutation(len(self.train))])
+        batch, self.order = self.train[self.order[: FLAGS.batch_size]], self.order[FLAGS.batch_size:]
+        return batch
+
+    def update(self, lr):
+        for group in self.optimizer.param_groups:
+            group["lr"] = lr
+        loss = self.loss_of(self.next_batch())
+        self.optimizer.zero_grad(set_to_none=True)
+        loss.backward()
+        self.torch.nn.utils.clip_grad_norm_(self.model.parameters(), FLAGS.clip_norm)
+        self.optimizer.step()
+        return loss.detach()
+
+    def evaluate(self):
+        self.model.eval()
+        total = 0.0
+        with self.torch.no_grad():
+            for i in range(0, len(self.valid), 256):
+                chunk = self.valid[i:i + 256]
+                total += float(self.loss_of(chunk)) * len(chunk)
+        self.model.train()
+        return total / len(self.valid)
+
+    def seconds_per_update(self, warm=20, timed=60):
+        """A timing probe (compilation included in ``warm``); the run is reset afterwards."""
+        for _ in range(warm):
+            self.update(FLAGS.learning_rate * 0.01)
+        self.evaluate()  # compiles the evaluation graph too
+        if self.device == "cuda":
+            self.torch.cuda.synchronize()
+        start = time.time()
+        for _ in range(timed):
+            self.update(FLAGS.learning_rate * 0.01)
+        if self.device == "cuda":
+            self.torch.cuda.synchronize()
+        seconds = (time.time() - start) / timed
+        self.reset()
+        return seconds
+
+
+def main(argv):
+    del argv
+    import torch
+    import transformers
+
+    wall = time.time()
+    run = Run(torch, transformers)
+    total = max(1, int(FLAGS.epochs * run.steps_per_epoch))
+    probe = None
+    if FLAGS.budget_minutes:  # fit the whole schedule (so that it anneals to 0) into the budget
+        probe = run.seconds_per_update()
+        left = 60 * FLAGS.budget_minutes - (time.time() - wall)
+        total = max(1, min(total, int(0.85 * left / probe)))  # 15% for evaluations and checkpoints
+    warmup = int(FLAGS.warmup_fraction * total)
+    os.makedirs(FLAGS.out_dir, exist_ok=True)
+    log = open(os.path.join(FLAGS.out_dir, "log.jsonl"), "w")
+    setting = {name: getattr(FLAGS, name) for name in OWN_FLAGS}
+    setting.update(windows=len(run.train), steps=total, warmup=warmup, meta=run.meta, seconds_per_update=probe,
+                   torch=torch.__version__, transformers=transformers.__version__,
+                   device=torch.cuda.get_device_name() if run.device == "cuda" else "cpu")
+    log.write(json.dumps({"setting": setting}) + "\n")
+
+    def record(step, train_loss, held, start):
+        row = {"step": step, "tokens": step * FLAGS.batch_size * run.n_ctx, "epoch": step / run.steps_per_epoch,
+               "train_loss": train_loss, "valid_loss": held, "valid_ppl": math.exp(held),
+               "lr": lr_at(step, FLAGS.learning_rate, warmup, total), "seconds": time.time() - start}
+        log.write(json.dumps(row) + "\n")
+        log.flush()
+        print(json.dumps(row), flush=True)
+
+    start = time.time()
+    first = run.evaluate()  # the untrained model: the curve's first point
+    record(0, first, first, start)
+    eval_at = {round(total * k / FLAGS.evals) for k in range(1, FLAGS.evals + 1)}
+    keep_at = {round(total * k / (FLAGS.keep + 1)) for k in range(1, FLAGS.keep + 1)} - {total}
+    running = []
+    for step in range(1, total + 1):
+        running.append(run.update(lr_at(step - 1, FLAGS.learning_rate, warmup, total)))
+        if step in eval_at or step == total:
+            record(step, float(torch.stack(running).mean()), run.evaluate(), start)
+            running = []
+        if step in keep_at:
+            save_weights(torch, run.model, FLAGS.out_dir, step, np.float16)
+    save_weights(torch, run.model, FLAGS.out_dir, total, np.float32)
+    log.write(json.dumps({"done": total, "seconds": time.time() - start, "wall_seconds": time.time() - wall}) + "\n")
+    log.close()
+
+
+if __name__ == "__main__":
+    define_flags()
+    flags.mark_flags_as_required(["tokens", "out_dir"])
+    app.run(main)

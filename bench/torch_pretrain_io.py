@@ -1,0 +1,190 @@
+"""The TensorFlow side of `bench.torch_pretrain`: token streams out, a gpt_tf run folder back in.
+
+    # 1. here: the pre-training records as two token streams (uint16) for the accelerator
+    python -m bench.torch_pretrain_io --action=export --data_dir=data/books_tiny --tokens=.gpu/books_tiny.npz
+    # 2. there: python -m bench.torch_pretrain --tokens=.gpu/books_tiny.npz --out_dir=$OUT/run ...
+    # 3. here: its weights as a gpt_tf pre-training run, usable by --init_checkpoint, zero-shot, eval, export
+    python -m bench.torch_pretrain_io --action=import --weights_dir=<out_dir> --data_dir=data/books_tiny \\
+        --run_dir=runs/books_tiny --model=tiny --plot=docs/books_pretraining.png
+
+Export reads the records of ``pipelines.pretrain_data`` and rebuilds each split's stream (window i holds
+stream[i*n_ctx : i*n_ctx + n_ctx + 1], so the stream is the first window plus every next window but its
+first token): the accelerator then cuts exactly the same windows.
+
+Import loads every ``weights-<step>.part*.npz`` (``gpt_tf.weights.load_hf_state_dict``: shapes checked,
+tied head checked) into a ``Pretrainer`` of the run's config and saves it as that run's checkpoint
+``ckpt-<step>``, so the run folder looks like one ``gpt_tf.train`` wrote. The Adam moments are not
+carried over (a resumed run restarts them from zero). ``train_config.json`` states the recipe that ran;
+``provenance.json`` says where and how, with the accelerator's log; the held-out perplexity curve goes to
+TensorBoard (``<run_dir>/tb/eval``) and, with ``--plot``, to a PNG.
+"""
+
+from __future__ import annotations
+
+import glob
+import json
+import os
+import re
+
+import numpy as np
+from absl import app, flags
+
+FLAGS = flags.FLAGS
+
+
+def define_flags():
+    flags.DEFINE_enum("action", None, ["export", "import"], "export: records -> streams; import: weights -> run.")
+    flags.DEFINE_string("data_dir", None, "A pipelines.pretrain_data output folder.")
+    flags.DEFINE_string("tokens", "", "export: the npz to write.")
+    flags.DEFINE_string("weights_dir", "", "import: bench.torch_pretrain's --out_dir (log.jsonl, weights-*.npz).")
+    flags.DEFINE_string("run_dir", "", "import: the gpt_tf run folder to create.")
+    flags.DEFINE_string("model", "tiny", "import: the preset the accelerator trained.")
+    flags.DEFINE_string("plot", "", "import: also draw held-out perplexity against tokens seen into this PNG.")
+
+
+def split_stream(data_dir: str, split: str) -> np.ndarray:
+    """The token stream whose stride-n_ctx windows are the split's records."""
+    import tensorflow as tf
+
+    from pipelines.pretrain_data import COMPRESSION, FEATURE
+    from pipelines.reader import resolve_shards
+
+    files, manifest = resolve_shards(data_dir, split)
+    n_ctx = manifest["config"]["n_ctx"]
+    spec = {FEATURE: tf.io.FixedLenFeature([n_ctx + 1], tf.int64)}
+    records = tf.data.TFRecordDataset(files, compression_type=COMPRESSION).batch(4096)
+    pieces = []
+    for batch in records:
+        windows = tf.io.parse_example(batch, spec)[FEATURE].numpy()
+        if not pieces:
+            pieces.append(windows[:1, :1].ravel())
+        pieces.append(windows[:, 1:].ravel())
+    stream = np.concatenate(pieces)
+    if stream.max() >= 2**16:
+        raise ValueError(f"{data_dir}: token id {stream.max()} does not fit uint16")
+    return stream.astype(np.uint16)
+
+
+def export(data_dir: str, out: str) -> dict:
+    from pipelines.reader import read_manifest
+
+    manifest = read_manifest(data_dir)
+    streams = {split: split_stream(data_dir, split) for split in ("train", "valid")}
+    meta = {"data_dir": data_dir, "n_ctx": manifest["config"]["n_ctx"], "vocab_size": manifest["tokenizer"]["vocab_size"],
+            "config_hash": manifest.get("config_hash"), "tokenizer": manifest["tokenizer"],
+            "tokens": {k: int(len(v)) for k, v in streams.items()}}
+    os.makedirs(os.path.dirname(out) or ".", exist_ok=True)
+    np.savez_compressed(out, meta=json.dumps(meta), **streams)
+    return meta
+
+
+def read_log(weights_dir: str) -> tuple[dict, list[dict]]:
+    """(the run's setting, its evaluation rows) from log.jsonl."""
+    setting, rows = {}, []
+    with open(os.path.join(weights_dir, "log.jsonl")) as f:
+        for line in f:
+            row = json.loads(line)
+            setting = row["setting"] if "setting" in row else setting
+            if "valid_ppl" in row:
+                rows.append(row)
+    return setting, rows
+
+
+def checkpoint_steps(weights_dir: str) -> dict[int, list[str]]:
+    """step -> its weight part files, in step order."""
+    steps: dict[int, list[str]] = {}
+    for path in glob.glob(os.path.join(weights_dir, "weights-*.part*.npz")):
+        step = int(re.match(r"weights-(\d+)\.part\d+\.npz", os.path.basename(path)).group(1))
+        steps.setdefault(step, []).append(path)
+    if not steps:
+        raise FileNotFoundError(f"{weights_dir}: no weights-<step>.part<k>.npz files")
+    return {s: sorted(steps[s]) for s in sorted(steps)}
+
+
+def import_run(weights_dir: str, data_dir: str, run_dir: str, model: str) -> dict:
+    import tensorflow as tf
+
+    from gpt_tf.config import get_preset
+    from gpt_tf.trainer import Pretrainer, TrainConfig
+    from gpt_tf.weights import load_hf_state_dict
+    from pipelines.reader import read_manifest
+
+    setting, rows = read_log(weights_dir)
+    manifest = read_manifest(data_dir)
+    if setting.get("meta", {}).get("tokenizer", {}).get("sha256") not in (None, manifest["tokenizer"].get("sha256")):
+        raise ValueError(f"{weights_dir} was trained on another tokenizer than {data_dir}'s")
+    config = get_preset(model, vocab_size=manifest["tokenizer"]["vocab_size"], n_ctx=manifest["config"]["n_ctx"])
+    steps = checkpoint_steps(weights_dir)
+    train_config = TrainConfig(
+        data_dir=data_dir, run_dir=run_dir, batch_size=setting["batch_size"], train_steps=setting["steps"],
+        learning_rate=setting["learning_rate"], warmup_steps=setting["warmup"], lr_decay="cosine",
+        weight_decay=setting["weight_decay"], clip_norm=setting["clip_norm"], precision="mixed_bfloat16",
+        seed=setting["seed"], keep_checkpoints=len(steps))
+    trainer = Pretrainer(config, train_config, tf.distribute.get_strategy(), log=lambda *_: None)
+    for step, parts in steps.items():
+        state = {}
+        for path in parts:
+            with np.load(path) as part:
+                state.update({k: part[k].astype(np.float32) for k in part.files})
+        load_hf_state_dict(trainer.model, state)
+        trainer.step.assign(step)
+        trainer.manager.save(checkpoint_number=step)
+    trainer.save_model_config()
+    writer = tf.summary.create_file_writer(os.path.join(run_dir, "tb", "eval"))
+    with writer.as_default():
+        for row in rows:
+            tf.summary.scalar("perplexity", row["valid_ppl"], step=row["step"])
+            tf.summary.scalar("loss", row["valid_loss"], step=row["step"])
+    writer.flush()
+    provenance = {"trained_by": "bench.torch_pretrain (transformers OpenAIGPTLMHeadModel, the reference that "
+                                "tests/test_weights.py proves equal to gpt_tf's model)",
+                  "setting": setting, "curve": rows, "checkpoints": list(steps)}
+    with open(os.path.join(run_dir, "provenance.json"), "w") as f:
+        json.dump(provenance, f, indent=2)
+    return {"run_dir": run_dir, "checkpoints": list(steps), "final_ppl": rows[-1]["valid_ppl"] if rows else None}
+
+
+def plot_curve(rows: list[dict], setting: dict, path: str) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(6.4, 4.0), dpi=120)
+    tokens = [r["tokens"] / 1e6 for r in rows]
+    ax.plot(tokens, [r["valid_ppl"] for r in rows], marker="o", ms=3, label="held-out books")
+    ax.plot(tokens, [float(np.exp(r["train_loss"])) for r in rows], ls="--", lw=1, label="training batches (dropout on)")
+    epoch_tokens = rows[-1]["tokens"] / rows[-1]["epoch"] / 1e6 if rows and rows[-1]["epoch"] else 0
+    for k in range(1, int(rows[-1]["epoch"]) + 1 if rows else 0):
+        ax.axvline(k * epoch_tokens, color="0.85", lw=0.8, zorder=0)
+    ax.set_yscale("log")
+    ax.set_xlabel("tokens seen (millions; grey lines: epochs)")
+    ax.set_ylabel("perplexity")
+    ax.set_title(f"{setting.get('model', '')} on the shared books: held-out perplexity {rows[-1]['valid_ppl']:.1f}")
+    ax.grid(True, which="both", alpha=0.3)
+    ax.legend()
+    fig.tight_layout()
+    fig.savefig(path)
+
+
+def main(argv):
+    del argv
+    if FLAGS.action == "export":
+        if not FLAGS.tokens:
+            raise app.UsageError("--action=export needs --tokens")
+        print(json.dumps(export(FLAGS.data_dir, FLAGS.tokens)))
+        return
+    if not (FLAGS.weights_dir and FLAGS.run_dir):
+        raise app.UsageError("--action=import needs --weights_dir and --run_dir")
+    if os.path.exists(os.path.join(FLAGS.run_dir, "checkpoints")):
+        raise app.UsageError(f"{FLAGS.run_dir} already has checkpoints; import into a new run folder")
+    print(json.dumps(import_run(FLAGS.weights_dir, FLAGS.data_dir, FLAGS.run_dir, FLAGS.model)))
+    if FLAGS.plot:
+        setting, rows = read_log(FLAGS.weights_dir)
+        plot_curve(rows, setting, FLAGS.plot)
+
+
+if __name__ == "__main__":
+    define_flags()
+    flags.mark_flags_as_required(["action", "data_dir"])
+    app.run(main)

@@ -1,0 +1,116 @@
+"""Pre-training on a GPU machine without TensorFlow (bench.torch_pretrain) and back into a gpt_tf run.
+
+Records -> token streams -> a few PyTorch reference updates -> weights imported as a gpt_tf run whose
+model gives the reference's logits, and whose windows are exactly the records.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+ENV = {**os.environ, "PYTHONPATH": str(ROOT), "TF_CPP_MIN_LOG_LEVEL": "2"}
+
+
+def run_module(module, *args):
+    proc = subprocess.run([sys.executable, "-m", module, *args], cwd=ROOT, env=ENV, capture_output=True, text=True,
+                          timeout=300)
+    assert proc.returncode == 0, f"{module} failed:\n{proc.stdout}\n{proc.stderr[-3000:]}"
+    return proc.stdout
+
+
+def test_presets_match_gpt_tf():
+    from bench.torch_pretrain import PRESETS
+    from gpt_tf.config import get_preset
+
+    for name, sizes in PRESETS.items():
+        config = get_preset(name)
+        assert {k: getattr(config, k) for k in sizes} == sizes, name
+        assert config.d_ff == 4 * config.n_embd, f"{name}: transformers' OpenAIGPT hard-codes d_ff = 4 * n_embd"
+
+
+def test_lr_schedule_matches_gpt_tf():
+    import tensorflow as tf
+
+    from bench.torch_pretrain import lr_at
+    from gpt_tf.optim import WarmupDecay
+
+    ours = WarmupDecay(1e-3, 10, 100, "cosine")
+    for step in (0, 1, 5, 10, 11, 50, 99, 100):
+        assert lr_at(step, 1e-3, 10, 100) == pytest.approx(float(ours(tf.constant(step))), rel=1e-5, abs=1e-9)
+
+
+@pytest.fixture(scope="module")
+def records(shared_data, tmp_path_factory):
+    """pipelines.pretrain_data over the two smallest train books and the smallest valid book."""
+    books = tmp_path_factory.mktemp("books")
+    index = [line.split("\t") for line in (shared_data / "books" / "index.tsv").read_text().splitlines()[1:]]
+    smallest = sorted((int(row[4]), row[0], row[1]) for row in index)
+    for split, count in (("train", 2), ("valid", 1)):
+        (books / split).mkdir()
+        for _, book_id, book_split in [r for r in smallest if r[2] == split][:count]:
+            src = shared_data / "books" / book_split / f"{book_id}.txt"
+            (books / split / src.name).write_bytes(src.read_bytes())
+    out = tmp_path_factory.mktemp("data") / "tfrecords"
+    run_module("pipelines.pretrain_data", f"--input_dir={books / 'train'}", f"--valid_dir={books / 'valid'}",
+               f"--output_dir={out}", f"--tokenizer_dir={out.parent / 'bpe'}", "--train_tokenizer_vocab=300",
+               "--n_ctx=32")
+    return out
+
+
+def test_reference_run_round_trip(records, tmp_path):
+    torch = pytest.importorskip("torch")
+    transformers = pytest.importorskip("transformers")
+    import tensorflow as tf
+
+    from bench.torch_pretrain import PRESETS, build_model, windows
+    from bench.torch_pretrain_io import export, import_run
+    from gpt_tf.config import GPTConfig
+    from gpt_tf.model import GPTLanguageModel
+    from gpt_tf.trainer import restore_pretrained_lm
+    from pipelines.pretrain_data import COMPRESSION, FEATURE
+
+    tokens = tmp_path / "tokens.npz"
+    meta = export(str(records), str(tokens))
+    streams = np.load(tokens)
+    # The streams' stride-n_ctx windows are exactly the records, in order.
+    spec = {FEATURE: tf.io.FixedLenFeature([33], tf.int64)}
+    files = sorted(str(p) for p in records.glob("train-*.tfrecord.gz"))
+    first = [tf.io.parse_single_example(r, spec)[FEATURE].numpy() for r in tf.data.TFRecordDataset(files, COMPRESSION)]
+    np.testing.assert_array_equal(windows(streams["train"].astype(np.int64), 32), np.stack(first))
+    assert meta["tokens"]["train"] == len(streams["train"])
+
+    out = tmp_path / "gpu"
+    run_module("bench.torch_pretrain", f"--tokens={tokens}", f"--out_dir={out}", "--model=test", "--batch_size=8",
+               "--epochs=2", "--evals=2", "--eval_windows=64", "--keep=1")
+    log = [json.loads(line) for line in (out / "log.jsonl").read_text().splitlines()]
+    steps = log[0]["setting"]["steps"]
+    assert log[-1]["done"] == steps and [r["step"] for r in log if "valid_ppl" in r][-1] == steps
+
+    run_dir = tmp_path / "run"
+    summary = import_run(str(out), str(records), str(run_dir), "test")
+    assert summary["checkpoints"][-1] == steps and len(summary["checkpoints"]) == 2
+
+    # The imported gpt_tf model computes the reference's logits from the saved weights.
+    reference = build_model(torch, transformers, "test", meta["vocab_size"], 0.0).eval()
+    state = {}
+    for part in sorted(out.glob(f"weights-{steps}.part*.npz")):
+        state.update({k: torch.from_numpy(v) for k, v in np.load(part).items()})
+    missing, unexpected = reference.load_state_dict(state, strict=False)
+    assert not unexpected and all(k == "lm_head.weight" or k.endswith("attn.bias") for k in missing), missing
+    reference.tie_weights()
+    config = GPTConfig(**json.loads((run_dir / "model_config.json").read_text()))
+    assert config.n_ctx == PRESETS["test"]["n_ctx"] and config.vocab_size == meta["vocab_size"]
+    ours = GPTLanguageModel.from_config_preset(config)
+    restore_pretrained_lm(ours, str(run_dir))
+    ids = streams["valid"][:32].astype(np.int32)[None]
+    with torch.no_grad():
+        theirs = reference(torch.from_numpy(ids.astype(np.int64))).logits.numpy()
+    np.testing.assert_allclose(np.asarray(ours(ids))[..., : meta["vocab_size"]], theirs, atol=1e-4)
