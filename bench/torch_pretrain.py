@@ -46,7 +46,8 @@ FLAGS = flags.FLAGS
 
 
 OWN_FLAGS = ("tokens", "out_dir", "model", "batch_size", "learning_rate", "warmup_fraction", "epochs", "weight_decay",
-             "clip_norm", "dropout", "evals", "eval_windows", "keep", "seed", "budget_minutes", "compile")
+             "clip_norm", "dropout", "evals", "eval_windows", "keep", "seed", "budget_minutes", "compile",
+             "probe_after")
 PART_BYTES = 15 * 2**20  # files of at most this size (the device tool returns files of up to 16 MiB)
 
 
@@ -68,6 +69,8 @@ def define_flags():
     flags.DEFINE_float("budget_minutes", 0.0, "Fit the schedule into this wall time (a timed probe picks the "
                        "number of updates, at most --epochs' worth); 0: run --epochs.")
     flags.DEFINE_bool("compile", True, "torch.compile the model (CUDA only).")
+    flags.DEFINE_float("probe_after", 0.0, "With --budget_minutes: start timing this many seconds after start-up "
+                       "(runs started side by side: once all of them have compiled).")
 
 
 def windows(stream: np.ndarray, n_ctx: int) -> np.ndarray:
@@ -153,7 +156,14 @@ class Run:
     def loss_of(self, batch):
         x = self.torch.from_numpy(batch).to(self.device, non_blocking=True)
         with self.autocast:
-            logits = self.forward(x[:, :-1]).logits
+            try:
+                logits = self.forward(x[:, :-1]).logits
+            except Exception as error:  # noqa: BLE001 - torch.compile fails lazily, at the first call
+                if self.forward is self.model:
+                    raise
+                print(f"torch.compile failed ({type(error).__name__}: {error}); running eagerly", flush=True)
+                self.forward = self.model
+                logits = self.forward(x[:, :-1]).logits
         return self.torch.nn.functional.cross_entropy(logits.float().reshape(-1, logits.shape[-1]), x[:, 1:].reshape(-1))
 
     def next_batch(self):
@@ -182,11 +192,13 @@ class Run:
         self.model.train()
         return total / len(self.valid)
 
-    def seconds_per_update(self, warm=20, timed=60):
-        """A timing probe (compilation included in ``warm``); the run is reset afterwards."""
+    def seconds_per_update(self, wall, warm=20, timed=100):
+        """A timing probe, started ``--probe_after`` seconds after ``wall`` (so that runs started side by side
+        are all compiled and stepping when they time themselves); the run is reset afterwards."""
         for _ in range(warm):
             self.update(FLAGS.learning_rate * 0.01)
         self.evaluate()  # compiles the evaluation graph too
+        time.sleep(max(0.0, FLAGS.probe_after - (time.time() - wall)))
         if self.device == "cuda":
             self.torch.cuda.synchronize()
         start = time.time()
@@ -209,9 +221,10 @@ def main(argv):
     total = max(1, int(FLAGS.epochs * run.steps_per_epoch))
     probe = None
     if FLAGS.budget_minutes:  # fit the whole schedule (so that it anneals to 0) into the budget
-        probe = run.seconds_per_update()
+        probe = run.seconds_per_update(wall)
         left = 60 * FLAGS.budget_minutes - (time.time() - wall)
         total = max(1, min(total, int(0.85 * left / probe)))  # 15% for evaluations and checkpoints
+    deadline = wall + 60 * FLAGS.budget_minutes * 1.1 if FLAGS.budget_minutes else float("inf")
     warmup = int(FLAGS.warmup_fraction * total)
     os.makedirs(FLAGS.out_dir, exist_ok=True)
     log = open(os.path.join(FLAGS.out_dir, "log.jsonl"), "w")
@@ -234,16 +247,22 @@ def main(argv):
     record(0, first, first, start)
     eval_at = {round(total * k / FLAGS.evals) for k in range(1, FLAGS.evals + 1)}
     keep_at = {round(total * k / (FLAGS.keep + 1)) for k in range(1, FLAGS.keep + 1)} - {total}
-    running = []
-    for step in range(1, total + 1):
+    running, step = [], 0
+    while step < total:
+        step += 1
         running.append(run.update(lr_at(step - 1, FLAGS.learning_rate, warmup, total)))
-        if step in eval_at or step == total:
+        late = time.time() > deadline  # the probe misjudged the speed: stop, before the schedule's end
+        if step in eval_at or step == total or late:
             record(step, float(torch.stack(running).mean()), run.evaluate(), start)
             running = []
-        if step in keep_at:
+        if step in keep_at and not late:
             save_weights(torch, run.model, FLAGS.out_dir, step, np.float16)
-    save_weights(torch, run.model, FLAGS.out_dir, total, np.float32)
-    log.write(json.dumps({"done": total, "seconds": time.time() - start, "wall_seconds": time.time() - wall}) + "\n")
+        if late:
+            print(f"stopped at update {step} of {total}: over 110% of --budget_minutes", flush=True)
+            break
+    save_weights(torch, run.model, FLAGS.out_dir, step, np.float32)
+    log.write(json.dumps({"done": step, "of": total, "seconds": time.time() - start,
+                          "wall_seconds": time.time() - wall}) + "\n")
     log.close()
 
 

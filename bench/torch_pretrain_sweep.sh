@@ -13,7 +13,7 @@ work=${TMPDIR:-/tmp}/torch_pretrain_sweep
 rm -rf "$work" && mkdir -p "$work"
 for lr in "$@"; do
   python3 -m bench.torch_pretrain --tokens="$tokens" --out_dir="$work/lr$lr" --model="$preset" --batch_size="$batch" \
-    --learning_rate="$lr" --epochs=100 --budget_minutes="$budget" > "$work/lr$lr.out" 2>&1 &
+    --learning_rate="$lr" --epochs=100 --budget_minutes="$budget" --probe_after=90 > "$work/lr$lr.out" 2>&1 &
 done
 status=0
 wait || status=$?
@@ -30,7 +30,7 @@ with open(os.path.join(out, "sweep.jsonl"), "w") as sweep:
         for row in rows:
             sweep.write(json.dumps({"run": run, **row}) + "\n")
         ppl = [r["valid_ppl"] for r in rows if "valid_ppl" in r]
-        if any("done" in r for r in rows) and ppl:
+        if any("done" in r for r in rows) and ppl:  # finished (a run that stopped late still counts)
             final[run] = ppl[-1]
 print("final held-out perplexity:", json.dumps(final))
 best = min(final, key=final.get)
