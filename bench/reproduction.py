@@ -1,0 +1,181 @@
+"""Does pre-training pay off? Recipe sweeps per arm, then the 3-seed table and test-set predictions.
+
+    # 1. sweep a recipe grid on dev, seed 0, for each arm (each arm gets its own sweep)
+    python -m bench.reproduction --stage=sweep --arm=scratch --tasks=rte,mrpc \\
+        --grid="learning_rate=2.5e-4,1e-3;epochs=3,6"
+    python -m bench.reproduction --stage=sweep --arm=pretrained --tasks=rte,mrpc --grid="..."
+    # 2. each (task, arm) with its best dev recipe, seeds 0-2 (seed 0 is the sweep's run, not redone)
+    python -m bench.reproduction --stage=table --seeds=0,1,2
+    # 3. seed 0 of each arm predicts the unlabeled test files (GLUE submission layout)
+    python -m bench.reproduction --stage=predict
+    # 4. only rewrite the report from the ledger
+    python -m bench.reproduction --stage=report
+
+Every run is one ``python -m gpt_tf.train --task`` process (``bench.finetune_runs.finetune_spec``: the
+task's flagfile, the arm's initialisation, then the recipe's flags), timed wall-clock; each finished run is
+one line of the ledger (``--ledger``, with the commit that ran it), keyed by (task, arm, seed, recipe), so an
+interrupted stage resumes and a run already in the ledger is never redone. The choice of recipe reads dev scores only; the test
+files are predicted once, by the chosen recipe's seed-0 run, and never scored here.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+import statistics
+import subprocess
+from pathlib import Path
+
+from absl import app, flags
+
+from bench.finetune_runs import (N_CTX, ROOT, append_ledger, dev_score, finetune_spec, load_ledger, main_metric, median_spread,
+                                 run_command, run_one, shown_command)
+
+FLAGS = flags.FLAGS
+ARMS = ("pretrained", "scratch")
+# The recipe knobs a grid may name, with the gpt_tf.train flag each sets.
+KNOBS = ("learning_rate", "epochs", "lm_coef", "warmup_fraction", "batch_size", "clf_pdrop", "weight_decay")
+# Issue 13's goals for the pre-trained arm on dev (headline metric, in percent).
+GOALS = {"sst2": 82, "cola": 15, "mrpc": 82, "stsb": 50, "rte": 56, "story_cloze": 62}
+
+
+def define_flags():
+    flags.DEFINE_enum("stage", None, ["sweep", "table", "predict", "report"], "What to run (see the module doc).")
+    flags.DEFINE_enum("arm", "pretrained", ARMS, "--stage=sweep: which arm's grid this is.")
+    flags.DEFINE_list("tasks", list(N_CTX), "Tasks (their folders under --tasks_dir).")
+    flags.DEFINE_string("grid", "", "--stage=sweep: 'knob=v1,v2;knob=v3' over " + ", ".join(KNOBS) + ".")
+    flags.DEFINE_list("seeds", ["0", "1", "2"], "--stage=table: seeds per cell.")
+    flags.DEFINE_string("pretrained", "runs/books_tiny", "The pre-training run the pretrained arm starts from.")
+    flags.DEFINE_string("model", "tiny", "The preset of the scratch arm (the pre-trained run's shape).")
+    flags.DEFINE_string("tasks_dir", "data/tasks_books", "Task TFRecords built with the pre-trained run's BPE.")
+    flags.DEFINE_string("runs_root", "runs/reproduction", "Where the fine-tuning runs go.")
+    flags.DEFINE_string("ledger", "bench/results/reproduction.jsonl", "The ledger; the report goes beside it (.md).")
+    flags.DEFINE_string("predictions_dir", "bench/results/test_predictions", "--stage=predict: <arm>/<file>.tsv.")
+    flags.DEFINE_string("precision", "float32", "Fine-tuning precision flag.")
+
+
+def parse_grid(text: str) -> list[dict]:
+    """'a=1,2;b=3' -> [{a: 1, b: 3}, {a: 2, b: 3}] (values as gpt_tf.train flag strings)."""
+    recipes = [{}]
+    for part in filter(None, (p.strip() for p in text.split(";"))):
+        name, _, values = part.partition("=")
+        if name not in KNOBS or not values:
+            raise ValueError(f"--grid: {part!r} is not knob=v1,v2 with a knob among {KNOBS}")
+        recipes = [{**r, name: v.strip()} for r in recipes for v in values.split(",")]
+    return recipes
+
+
+def key(record: dict) -> tuple:
+    return record["task"], record["arm"], record["seed"], json.dumps(record["recipe"], sort_keys=True)
+
+
+def spec(task: str, arm: str, seed: int, recipe: dict) -> dict:
+    name = "_".join(f"{k}{v}" for k, v in sorted(recipe.items())) or "default"
+    s = finetune_spec(task, arm, seed, runs_root=Path(FLAGS.runs_root) / name, tasks_dir=FLAGS.tasks_dir,
+                      precision=FLAGS.precision, init_checkpoint=FLAGS.pretrained if arm == "pretrained" else "",
+                      model=FLAGS.model, extra=[f"--{k}={v}" for k, v in sorted(recipe.items())])
+    return {**s, "recipe": recipe}
+
+
+def best_recipes(records: list[dict]) -> dict:
+    """(task, arm) -> the recipe with the best seed-0 dev score among the sweep's runs."""
+    best = {}
+    for r in records:
+        if r["stage"] != "sweep" or r["seed"] != 0:
+            continue
+        cell = (r["task"], r["arm"])
+        if cell not in best or dev_score(r) > dev_score(best[cell]):
+            best[cell] = r
+    return {cell: r["recipe"] for cell, r in best.items()}
+
+
+def run_all(specs: list[dict], stage: str, records: list[dict]) -> None:
+    commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, capture_output=True, text=True).stdout.strip()
+    have = {key(r) for r in records}
+    todo = [s for s in specs if key(s) not in have]
+    print(f"{stage}: {len(specs)} runs, {len(specs) - len(todo)} already in {FLAGS.ledger}", flush=True)
+    for i, s in enumerate(todo, 1):
+        print(f"[{i}/{len(todo)}] {s['task']} {s['arm']} seed {s['seed']} {s['recipe']} ...", flush=True)
+        record = {**run_one(s), "stage": stage, "commit": commit}
+        print(f"    {record['seconds']:.0f} s, dev {main_metric(s['task'])} {dev_score(record):.1f}", flush=True)
+        records.append(record)
+        append_ledger(Path(FLAGS.ledger), record)
+        write_report(records)
+
+
+def predict(records: list[dict]) -> None:
+    """Seed 0 of each arm's chosen recipe writes the test split's submission file."""
+    chosen = best_recipes(records)
+    for (task, arm), recipe in sorted(chosen.items()):
+        run = next((r for r in records if key(r) == key({"task": task, "arm": arm, "seed": 0, "recipe": recipe})), None)
+        cmd = spec(task, arm, 0, recipe)["cmd"] + ["--mode=predict", "--predict_split=test"]
+        stdout, _ = run_command(cmd)
+        written = Path(stdout.strip().splitlines()[-1])  # --mode=predict prints the file it wrote
+        out = Path(FLAGS.predictions_dir) / arm / f"{written.name.split('.')[0]}.tsv"
+        out.parent.mkdir(parents=True, exist_ok=True)
+        shutil.copy(written, out)
+        print(f"{task} {arm}: {shown_command(cmd)} -> {out} (dev {dev_score(run):.1f})", flush=True)
+
+
+def _cell(records, task, arm, recipe):
+    runs = [r for r in records if (r["task"], r["arm"]) == (task, arm) and r["recipe"] == recipe]
+    return {r["seed"]: r for r in runs}
+
+
+def write_report(records: list[dict]) -> None:
+    """bench/results/reproduction.md: the table (median, min-max over seeds), then every sweep."""
+    chosen = best_recipes(records)
+    lines = ["# Pre-trained vs from scratch, each arm with its own recipe chosen on dev", "",
+             "Written by `python -m bench.reproduction --stage=report` from `" + FLAGS.ledger + "`.", "",
+             "| task | metric | goal | pre-trained median [min–max] | seeds | from scratch median [min–max] | seeds "
+             "| Δ median | s/run (pre / scratch) |", "|---|---|---:|---|---:|---|---:|---:|---|"]
+    deltas = []
+    for task in N_CTX:
+        cells = {arm: _cell(records, task, arm, chosen[(task, arm)]) for arm in ARMS if (task, arm) in chosen}
+        if not cells:
+            continue
+        stats = {arm: median_spread(dev_score(r) for r in runs.values()) for arm, runs in cells.items()}
+        fmt = lambda s: "–" if not s else f"{s[0]:.1f} [{s[1]:.1f}–{s[2]:.1f}]"
+        delta = stats["pretrained"][0] - stats["scratch"][0] if stats.get("pretrained") and stats.get("scratch") else None
+        if delta is not None:
+            deltas.append(delta)
+        secs = " / ".join(f"{statistics.median(r['seconds'] for r in cells[a].values()):.0f}" if cells.get(a) else "–"
+                          for a in ARMS)
+        lines.append(f"| {task} | {main_metric(task)} | {GOALS[task]} | {fmt(stats.get('pretrained'))} | "
+                     f"{len(cells.get('pretrained', {}))} | {fmt(stats.get('scratch'))} | {len(cells.get('scratch', {}))} "
+                     f"| {'–' if delta is None else f'{delta:+.1f}'} | {secs} |")
+    if deltas:
+        lines.append(f"| **mean Δ** ({len(deltas)} tasks) | | 10 | | | | | **{statistics.mean(deltas):+.1f}** | |")
+    lines += ["", "Chosen recipes (best seed-0 dev score of each arm's sweep):", ""]
+    lines += [f"- {task} {arm}: `{json.dumps(recipe, sort_keys=True)}`" for (task, arm), recipe in sorted(chosen.items())]
+    lines += ["", "## Every run", "", "| stage | task | arm | seed | recipe | dev | seconds |", "|---|---|---|---:|---|---:|---:|"]
+    for r in records:
+        lines.append(f"| {r['stage']} | {r['task']} | {r['arm']} | {r['seed']} | `{json.dumps(r['recipe'], sort_keys=True)}` "
+                     f"| {dev_score(r):.1f} | {r['seconds']:.0f} |")
+    lines += ["", "Commands: each run's exact `cmd` is in the ledger."]
+    Path(FLAGS.ledger).with_suffix(".md").write_text("\n".join(lines) + "\n")
+
+
+def main(argv):
+    del argv
+    records = load_ledger(Path(FLAGS.ledger))
+    if FLAGS.stage == "sweep":
+        recipes = parse_grid(FLAGS.grid)
+        run_all([spec(t, FLAGS.arm, 0, r) for t in FLAGS.tasks for r in recipes], "sweep", records)
+    elif FLAGS.stage == "table":
+        chosen = best_recipes(records)
+        missing = [f"{t}/{a}" for t in FLAGS.tasks for a in ARMS if (t, a) not in chosen]
+        if missing:
+            raise app.UsageError(f"no sweep yet for {', '.join(missing)}: run --stage=sweep first")
+        specs = [spec(t, a, int(s), chosen[(t, a)]) for t in FLAGS.tasks for a in ARMS for s in FLAGS.seeds]
+        run_all(specs, "table", records)
+    elif FLAGS.stage == "predict":
+        predict(records)
+    write_report(records)
+    print(Path(FLAGS.ledger).with_suffix(".md").read_text())
+
+
+if __name__ == "__main__":
+    define_flags()
+    flags.mark_flag_as_required("stage")
+    app.run(main)
