@@ -144,25 +144,46 @@ def import_run(weights_dir: str, data_dir: str, run_dir: str, model: str) -> dic
     return {"run_dir": run_dir, "checkpoints": list(steps), "final_ppl": rows[-1]["valid_ppl"] if rows else None}
 
 
-def plot_curve(rows: list[dict], setting: dict, path: str) -> None:
+def read_sweep(weights_dir: str) -> dict[str, list[dict]]:
+    """run name -> its evaluation rows, from the sweep's ``sweep.jsonl`` (empty when there is none)."""
+    path = os.path.join(weights_dir, "sweep.jsonl")
+    runs: dict[str, list[dict]] = {}
+    if os.path.isfile(path):
+        with open(path) as f:
+            for row in map(json.loads, f):
+                if "valid_ppl" in row:
+                    runs.setdefault(row["run"], []).append(row)
+    return runs
+
+
+def plot_curve(rows: list[dict], setting: dict, path: str, sweep: dict[str, list[dict]] | None = None) -> None:
+    """Held-out perplexity against tokens seen: the kept run bold, the sweep's other runs thin."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    fig, ax = plt.subplots(figsize=(6.4, 4.0), dpi=120)
+    fig, ax = plt.subplots(figsize=(7.0, 4.2), dpi=120)
+    kept = f"lr{setting.get('learning_rate')}"
+    for name, other in sorted((sweep or {}).items()):
+        if abs(float(name[2:]) - float(setting.get("learning_rate", 0))) > 1e-12:
+            ax.plot([r["tokens"] / 1e6 for r in other], [r["valid_ppl"] for r in other], lw=1, alpha=0.7,
+                    label=f"lr {name[2:]}: {other[-1]['valid_ppl']:.1f}")
     tokens = [r["tokens"] / 1e6 for r in rows]
-    ax.plot(tokens, [r["valid_ppl"] for r in rows], marker="o", ms=3, label="held-out books")
-    ax.plot(tokens, [float(np.exp(r["train_loss"])) for r in rows], ls="--", lw=1, label="training batches (dropout on)")
+    ax.plot(tokens, [r["valid_ppl"] for r in rows], marker="o", ms=3, lw=2, color="C0",
+            label=f"{kept.replace('lr', 'lr ')} (kept): {rows[-1]['valid_ppl']:.1f}")
+    ax.plot(tokens, [float(np.exp(r["train_loss"])) for r in rows], ls="--", lw=1, color="C0",
+            label="kept run, training batches (dropout on)")
     epoch_tokens = rows[-1]["tokens"] / rows[-1]["epoch"] / 1e6 if rows and rows[-1]["epoch"] else 0
     for k in range(1, int(rows[-1]["epoch"]) + 1 if rows else 0):
         ax.axvline(k * epoch_tokens, color="0.85", lw=0.8, zorder=0)
     ax.set_yscale("log")
     ax.set_xlabel("tokens seen (millions; grey lines: epochs)")
-    ax.set_ylabel("perplexity")
-    ax.set_title(f"{setting.get('model', '')} on the shared books: held-out perplexity {rows[-1]['valid_ppl']:.1f}")
+    ax.set_ylabel("held-out perplexity")
+    ax.set_title(f"{setting.get('model', '')} pre-trained on the shared books (batch {setting.get('batch_size')} "
+                 f"x {setting.get('meta', {}).get('n_ctx')})")
     ax.grid(True, which="both", alpha=0.3)
-    ax.legend()
+    ax.legend(fontsize=8)
     fig.tight_layout()
     fig.savefig(path)
 
@@ -181,7 +202,7 @@ def main(argv):
     print(json.dumps(import_run(FLAGS.weights_dir, FLAGS.data_dir, FLAGS.run_dir, FLAGS.model)))
     if FLAGS.plot:
         setting, rows = read_log(FLAGS.weights_dir)
-        plot_curve(rows, setting, FLAGS.plot)
+        plot_curve(rows, setting, FLAGS.plot, read_sweep(FLAGS.weights_dir))
 
 
 if __name__ == "__main__":
