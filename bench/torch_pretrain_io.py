@@ -101,6 +101,11 @@ def checkpoint_steps(weights_dir: str) -> dict[int, list[str]]:
     return {s: sorted(steps[s]) for s in sorted(steps)}
 
 
+def tokenizer_digests(tokenizer: dict) -> dict:
+    """{file name: sha256} of a manifest's tokenizer entry."""
+    return {f["name"]: f["sha256"] for f in tokenizer.get("files", [])}
+
+
 def import_run(weights_dir: str, data_dir: str, run_dir: str, model: str) -> dict:
     import tensorflow as tf
 
@@ -111,8 +116,10 @@ def import_run(weights_dir: str, data_dir: str, run_dir: str, model: str) -> dic
 
     setting, rows = read_log(weights_dir)
     manifest = read_manifest(data_dir)
-    if setting.get("meta", {}).get("tokenizer", {}).get("sha256") not in (None, manifest["tokenizer"].get("sha256")):
-        raise ValueError(f"{weights_dir} was trained on another tokenizer than {data_dir}'s")
+    trained_on = tokenizer_digests(setting.get("meta", {}).get("tokenizer", {}))
+    if trained_on != tokenizer_digests(manifest["tokenizer"]):
+        raise ValueError(f"{weights_dir} was trained on tokenizer files {trained_on}, but {data_dir} was built with "
+                         f"{tokenizer_digests(manifest['tokenizer'])}: rebuild it with the run's BPE files")
     config = get_preset(model, vocab_size=manifest["tokenizer"]["vocab_size"], n_ctx=manifest["config"]["n_ctx"])
     steps = checkpoint_steps(weights_dir)
     train_config = TrainConfig(

@@ -94,6 +94,13 @@ def test_reference_run_round_trip(records, tmp_path):
     steps = log[0]["setting"]["steps"]
     assert log[-1]["done"] == steps and [r["step"] for r in log if "valid_ppl" in r][-1] == steps
 
+    # Weights trained on other BPE files are refused.
+    other = tmp_path / "other"
+    other.mkdir()
+    (other / "log.jsonl").write_text((out / "log.jsonl").read_text().replace(meta["tokenizer"]["files"][0]["sha256"], "0" * 64))
+    with pytest.raises(ValueError, match="another tokenizer|tokenizer files"):
+        import_run(str(other), str(records), str(tmp_path / "refused"), "test")
+
     run_dir = tmp_path / "run"
     summary = import_run(str(out), str(records), str(run_dir), "test")
     assert summary["checkpoints"][-1] == steps and len(summary["checkpoints"]) == 2
