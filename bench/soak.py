@@ -14,7 +14,8 @@ in beside version 1 (atomic rename) and the server swaps to it under load.
 Reported (stdout and ``--output`` JSON): requests, outcomes by kind and status, good requests that
 failed, p50 / p99 latency of the good requests, the server's RSS, threads and open files at
 start (models loaded), after warm-up (``--warmup_fraction`` of the time) and at the end, and the
-size of the server's log. Every request goes to 127.0.0.1.
+size of the server's log. Then ``--hold`` connections send a partial header and hold it: how many
+the server refuses at once, its threads and open files meanwhile. Every request goes to 127.0.0.1.
 """
 
 from __future__ import annotations
@@ -160,6 +161,37 @@ EXPECTED = {"rest_predict": "200", "grpc_predict": "grpc OK", "bad_json": "400",
             "grpc_bad_utf8": "grpc INVALID_ARGUMENT", "big_bad_json": "400", "big_ragged": "400"}
 
 
+def hold_partial_headers(port: int, pid: int, count: int) -> dict:
+    """Opens ``count`` connections that each send a partial header and hold it (bounded: 2 s per connect).
+
+    Reports how many the server refused at once (503 or closed within 1 s), its threads and open
+    files while they are held, and how many connects waited (a full listen backlog drops SYNs)."""
+    held, refused, connects = [], 0, []
+    try:
+        for _ in range(count):
+            start = time.perf_counter()
+            s = socket.create_connection((HOST, port), timeout=2)
+            connects.append(time.perf_counter() - start)
+            s.sendall(f"POST {_PREDICT} HTTP/1.1\r\nHo".encode())
+            held.append(s)
+        time.sleep(1.0)
+        during = server_stats(pid)
+        for s in held:
+            s.setblocking(False)
+            try:
+                answer = s.recv(64)
+                refused += answer == b"" or answer.startswith(b"HTTP/1.1 503")
+            except BlockingIOError:
+                pass
+            except OSError:
+                refused += 1
+    finally:
+        for s in held:
+            s.close()
+    return {"connections": count, "refused_within_1s": refused, "connects_over_500ms": sum(c > 0.5 for c in connects),
+            "slowest_connect_ms": round(1000 * max(connects, default=0), 1), "server_while_held": during}
+
+
 # ------------------------------------------------------------------------------------------ the run
 def export_model(base: Path, tokenizer_dir: str) -> None:
     """Version 1 of ``sst2``: the ``test`` preset, random weights, GPT-1's BPE."""
@@ -235,6 +267,7 @@ def main(argv=None) -> dict:
     parser.add_argument("--warmup_fraction", type=float, default=0.2)
     parser.add_argument("--kinds", default=",".join(dict.fromkeys(KINDS)), help="request kinds to send (default: all)")
     parser.add_argument("--no_swap", action="store_true", help="no version swap (memory under one version only)")
+    parser.add_argument("--hold", type=int, default=500, help="then hold this many partial headers (0: skip)")
     parser.add_argument("--tokenizer_dir", default=str(ROOT.parent / "shared" / "data" / "gpt1_bpe"))
     parser.add_argument("--output", default="")
     parser.add_argument("--server_flag", action="append", default=[], help="extra serving.server flag (repeatable)")
@@ -280,6 +313,8 @@ def run(args, proc, work: Path, grpc_port: int, rest_port: int) -> dict:
     for t in threads:
         t.join(timeout=max(1.0, deadline - time.monotonic() + 60))
     snapshots["end"] = {**server_stats(proc.pid), "requests": len(results)}
+    if args.hold:
+        snapshots["partial_headers_held"] = hold_partial_headers(rest_port, proc.pid, args.hold)
     versions = sum((c.versions for c in clients), collections.Counter())
     report = summarize(results, snapshots, work / "server.log", versions,
                        f"{args.concurrency} clients, {args.minutes} min, warm-up {args.warmup_fraction:.0%}")

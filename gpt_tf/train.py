@@ -214,9 +214,9 @@ def main(argv):
     if problems:
         flag_checks.fail("gpt_tf.train", problems)
 
-    data_problems = _data_problems()
-    setup = None if FLAGS.task else _pretrain_setup()
-    problems = data_problems + (setup[-1] if setup else [])
+    problems = _data_problems()  # first: the pre-training set-up below reads the tokenizer files
+    setup = None if problems or FLAGS.task else _pretrain_setup()
+    problems += setup[-1] if setup else []
     if problems:
         flag_checks.fail("gpt_tf.train", problems, "cannot start, nothing was written")
 

@@ -6,7 +6,8 @@
   and go make the process grow, see ``bench/soak.py``), each serving one connection at a time;
 * at most ``num_threads`` more accepted connections waiting for a worker; past that a new
   connection is answered ``503`` at once and closed (``shed``), never queued without bound;
-* a listen backlog of ``backlog`` (``socketserver``'s default is 5, so a burst waited on SYN retries);
+* a listen backlog of ``backlog`` (``socketserver``'s default is 5, so a burst waited on SYN retries;
+  the kernel caps it at ``net.core.somaxconn``);
 * a deadline per request: its request line, headers and body must all arrive within
   ``timeout`` seconds of the worker starting to wait for it (so an idle keep-alive connection
   is closed after ``timeout`` too); a client that sends a partial header and holds it, or
@@ -23,6 +24,7 @@ import ctypes
 import io
 import queue
 import socket
+import sys
 import threading
 import time
 from http.server import BaseHTTPRequestHandler, HTTPServer
@@ -65,9 +67,9 @@ def release_freed_memory(min_interval: float = 1.0) -> None:
 class _DeadlineReader(io.RawIOBase):
     """A socket's read side that raises ``TimeoutError`` once ``deadline`` (monotonic) has passed."""
 
-    def __init__(self, sock: socket.socket):
+    def __init__(self, sock: socket.socket, write_timeout: float):
         super().__init__()
-        self._sock, self.deadline = sock, float("inf")
+        self._sock, self._write_timeout, self.deadline = sock, write_timeout, float("inf")
 
     def readable(self) -> bool:
         return True
@@ -77,7 +79,10 @@ class _DeadlineReader(io.RawIOBase):
         if left <= 0:
             raise TimeoutError("request deadline passed")
         self._sock.settimeout(left)
-        return self._sock.recv_into(buffer)
+        try:
+            return self._sock.recv_into(buffer)
+        finally:
+            self._sock.settimeout(self._write_timeout)  # the answer gets the full timeout
 
 
 class DeadlineHandler(BaseHTTPRequestHandler):
@@ -88,9 +93,9 @@ class DeadlineHandler(BaseHTTPRequestHandler):
     def setup(self) -> None:
         self.connection = self.request
         self.connection.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, True)
-        self._reader = _DeadlineReader(self.connection)
-        self.rfile = io.BufferedReader(self._reader, 1 << 16)
         self.connection.settimeout(self.server.timeout)  # writes: a client that stops reading
+        self._reader = _DeadlineReader(self.connection, self.server.timeout)
+        self.rfile = io.BufferedReader(self._reader, 1 << 16)
         self.wfile = self.connection.makefile("wb", 0)
 
     def handle_one_request(self) -> None:
@@ -113,7 +118,7 @@ class BoundedHTTPServer(HTTPServer):
 
     daemon_threads = True
 
-    def __init__(self, address, handler, num_threads: int = 32, timeout: float = 30.0, backlog: int = 128,
+    def __init__(self, address, handler, num_threads: int = 32, timeout: float = 30.0, backlog: int = 1024,
                  log=print):
         if num_threads < 1 or timeout <= 0 or backlog < 1:
             raise ValueError(f"num_threads={num_threads}, timeout={timeout} and backlog={backlog} must be positive")
@@ -153,8 +158,6 @@ class BoundedHTTPServer(HTTPServer):
                 self.shutdown_request(request)
 
     def handle_error(self, request, client_address) -> None:
-        import sys
-
         err = sys.exc_info()[1]
         if isinstance(err, CLIENT_GONE):
             return

@@ -6,8 +6,9 @@
 
 Paths, bodies and errors follow TF Serving (``http_rest_api_handler.cc``): errors are
 ``{"error": "<message>"}`` with the HTTP code of their status (``serving.errors.HTTP_STATUS``).
-A body over ``max_request_bytes`` is refused with 413 from its Content-Length alone (the body
-is never read; the connection is closed), one without a Content-Length with 411. JSON nested
+A body over ``max_request_bytes`` is refused with 413 from its Content-Length alone (answered
+before any of it is read; what the client still sends is discarded for at most a second, then the
+connection closes), one without a Content-Length with 411. JSON nested
 deeper than ``rest_json.MAX_JSON_DEPTH`` is refused with 400 before it is parsed.
 """
 
@@ -17,6 +18,7 @@ import contextlib
 import json
 import re
 import threading
+import time
 import urllib.parse
 
 from google.protobuf import json_format
@@ -129,18 +131,22 @@ class RestServer:
                 self.wfile.write(data)
 
             def _refuse(self, status: int, message: str) -> None:
-                """Answers from the headers alone and closes: the body is never read."""
+                """Answers from the headers alone, then closes: the body is never read into memory."""
                 self.close_connection = True
                 self._reply(status, {"error": message})
-                self._drop_buffered()
+                self._linger()
 
-            def _drop_buffered(self) -> None:
-                """Discards what already arrived (no waiting), so closing does not reset the answer away."""
+            def _linger(self, seconds: float = 1.0) -> None:
+                """Discards what the client still sends, for at most ``seconds`` and 4 × ``max_request_bytes``,
+                so that a client busy sending its body reads the answer instead of a connection reset."""
+                left, deadline = max(4 * max_request_bytes, 1 << 24), time.monotonic() + seconds
                 try:
-                    self.connection.setblocking(False)
-                    for _ in range(16):
-                        if not self.connection.recv(1 << 16):
+                    while left > 0 and time.monotonic() < deadline:
+                        self.connection.settimeout(max(0.01, deadline - time.monotonic()))
+                        chunk = self.connection.recv(min(left, 1 << 16))
+                        if not chunk:
                             return
+                        left -= len(chunk)
                 except OSError:
                     pass
 

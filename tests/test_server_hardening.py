@@ -168,6 +168,13 @@ def test_413_comes_from_the_content_length_alone(server):
     answer = request(port, post("/v1/models/sst2:predict", b"", length=999_999_999))  # the body never comes
     assert answer.startswith(b"HTTP/1.1 413") and b"999999999 bytes exceeds" in answer, answer
     assert time.monotonic() - start < TIMEOUT_MS / 1000  # answered before any read of the body could time out
+    import http.client
+
+    conn = http.client.HTTPConnection(HOST, port, timeout=30)  # a client that sends its 3 MB body anyway
+    conn.request("POST", "/v1/models/sst2:predict", b"x" * 3_000_000)
+    response = conn.getresponse()
+    assert response.status == 413 and b"3000000 bytes exceeds" in response.read()
+    conn.close()
 
 
 def test_slow_clients_time_out_and_excess_connections_get_503(server):
