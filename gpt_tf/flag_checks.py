@@ -59,7 +59,7 @@ NUMERIC = {
     "n_ctx": Rule(lo=2, sentinel=0), "dropout": Rule(lo=0, hi=1, hi_open=True, sentinel=-1),
     # optimisation
     "batch_size": POSITIVE, "grad_accum_steps": POSITIVE, "train_steps": POSITIVE,
-    "learning_rate": Rule(lo=1e-12, hi=10.0), "warmup_steps": NON_NEGATIVE, "weight_decay": Rule(lo=0, hi=1),
+    "learning_rate": Rule(lo=0, hi=10.0), "warmup_steps": NON_NEGATIVE, "weight_decay": Rule(lo=0, hi=1),
     "clip_norm": NON_NEGATIVE, "seed": Rule(lo=0, hi=2**32 - 1),
     # fine-tuning
     "epochs": POSITIVE, "lm_coef": NON_NEGATIVE, "clf_pdrop": PROBABILITY, "warmup_fraction": Rule(lo=0, hi=1),

@@ -117,3 +117,13 @@ def test_bad_values_exit_2_with_one_line_each_before_tensorflow(tmp_path):
 def test_combinations_are_checked_too_and_exit_2(tmp_path):
     proc = run_train("--batch_size=6", "--grad_accum_steps=4", f"--data_dir={tmp_path}", f"--run_dir={tmp_path / 'r'}")
     assert proc.returncode == 2 and "not divisible" in proc.stderr and "tensorflow imported: False" in proc.stderr
+
+
+@pytest.mark.parametrize("flagfile", sorted(p.name for p in (ROOT / "configs").glob("*.flags")))
+def test_the_shipped_flagfiles_break_no_rule(flagfile):
+    FLAGS.unparse_flags()
+    try:
+        flag_checks.lenient_parser("gpt_tf.train")(["gpt_tf.train", f"--flagfile={ROOT / 'configs' / flagfile}"])
+        assert flag_checks.problems(FLAGS) == []
+    finally:
+        FLAGS.unparse_flags()
