@@ -142,13 +142,21 @@ def server(tmp_path_factory):
 
 
 def request(port, data: bytes, timeout: float = 10.0) -> bytes:
-    """Raw bytes to the server on a fresh connection; the first bytes of its answer (b'' if closed)."""
+    """Raw bytes to the server on a fresh connection; its answer, headers and body (b'' if closed at once)."""
+    answer = b""
     with socket.create_connection((HOST, port), timeout=timeout) as s:
         s.sendall(data)
         try:
-            return s.recv(4096)
+            while True:  # until the body announced by Content-Length is in, or the server closes
+                chunk = s.recv(65536)
+                answer += chunk
+                head, _, body = answer.partition(b"\r\n\r\n")
+                length = [int(line.split(b":")[1]) for line in head.split(b"\r\n")
+                          if line.lower().startswith(b"content-length:")]
+                if not chunk or (length and len(body) >= length[0]):
+                    return answer
         except ConnectionResetError:
-            return b""
+            return answer
 
 
 def post(path: str, body: bytes, length=None) -> bytes:
