@@ -7,7 +7,10 @@ import dataclasses
 import json
 import os
 
+from typing import Optional
+
 from gpt_tf.config import GPTConfig, get_preset
+from gpt_tf.run_dir import DATA_FILE, write_json_atomic
 from gpt_tf.task_model import task_predictions
 
 # GLUE's submission files: name per task (and eval split) and whether labels are written as ids.
@@ -29,12 +32,13 @@ def pretrained_model_config(path: str) -> GPTConfig:
         return GPTConfig(**json.load(f))
 
 
-def save_run_configs(run_dir: str, model_config: GPTConfig, config) -> None:
-    """``model_config.json`` and ``finetune_config.json``, so eval/predict rebuild the same model."""
-    os.makedirs(run_dir, exist_ok=True)
+def save_run_configs(run_dir: str, model_config: GPTConfig, config, data: Optional[dict] = None) -> None:
+    """``model_config.json``, ``finetune_config.json`` (so eval/predict rebuild the same model) and
+    ``data.json`` (the data's identity, ``gpt_tf.run_dir``), each written atomically."""
     for name, obj in (("model_config.json", model_config), ("finetune_config.json", config)):
-        with open(os.path.join(run_dir, name), "w") as f:
-            json.dump(dataclasses.asdict(obj), f, indent=2, sort_keys=True)
+        write_json_atomic(os.path.join(run_dir, name), dataclasses.asdict(obj))
+    if data is not None:
+        write_json_atomic(os.path.join(run_dir, DATA_FILE), data)
 
 
 def write_submission(tuner, split: str, run_dir: str, write: bool = True) -> str:

@@ -35,7 +35,8 @@ from gpt_tf.optim import WarmupDecay, make_optimizer
 from gpt_tf.strategy import checkpoint_managers, is_chief, remove_scratch
 from gpt_tf.task_model import GPTTaskModel, reset_special_embeddings, task_loss, task_predictions, transfer_layers
 from gpt_tf.tasks import TaskSpec
-from gpt_tf.trainer import all_reduce_and_apply, restore_latest, restore_pretrained_lm, variables_by_key
+from gpt_tf.trainer import (all_reduce_and_apply, named_data_error, restore_latest, restore_pretrained_lm,
+                            variables_by_key)
 from pipelines.transforms import load_task_spec, num_examples, special_ids_from_config, task_dataset
 
 
@@ -256,7 +257,10 @@ class Finetuner:
         results = {}
         for step in range(start + 1, self.total_steps + 1):
             i = int(self.schedule[step - 1])
-            task_l, lm_l, grad_norm = self._train_steps[i](iterators[i])
+            try:
+                task_l, lm_l, grad_norm = self._train_steps[i](iterators[i])
+            except tf.errors.DataLossError as err:
+                raise named_data_error(err, [self.heads[i].data_dir]) from None
             bar.update(1)
             if writer and (step % c.log_every == 0 or step == self.total_steps):
                 bar.set_postfix(task_loss=f"{float(task_l):.3f}", lm_loss=f"{float(lm_l):.3f}", refresh=False)

@@ -22,6 +22,9 @@ import sys
 
 from absl import app, flags, logging
 
+from gpt_tf import flag_checks
+from gpt_tf.run_dir import DATA_FILE, data_identity, resume_problems, write_json_atomic
+
 FLAGS = flags.FLAGS
 
 flags.DEFINE_enum("mode", "train", ["train", "eval", "generate", "predict"], "What to do.")
@@ -43,6 +46,8 @@ flags.DEFINE_string("model", "tiny", "Model preset: gpt1, small, tiny or test; l
 flags.DEFINE_integer("n_ctx", 0, "Override the preset's context length (0: keep).")
 flags.DEFINE_float("dropout", -1.0, "Override embedding/attention/residual dropout (-1: keep 0.1).")
 flags.DEFINE_string("data_dir", None, "TFRecords from `python -m pipelines.pretrain_data` (has manifest.json).")
+flags.DEFINE_bool("verify_data", True, "Check every data file's sha256 against its manifest before training or "
+                  "evaluating (false: skip, for huge sets).")
 flags.DEFINE_string("tokenizer_dir", "", "BPE files (encoder json + .bpe); default: the one manifest.json names.")
 flags.DEFINE_string("run_dir", None, "Where checkpoints, TensorBoard logs and configs go.")
 flags.DEFINE_integer("batch_size", 64, "Global batch size in sequences (the paper: 64).")
@@ -105,17 +110,13 @@ def _check_flags() -> list[str]:
             problems.append(f"--{name} is required")
     if FLAGS.data_dir and not os.path.isfile(os.path.join(FLAGS.data_dir, "manifest.json")):
         problems.append(f"--data_dir={FLAGS.data_dir} has no manifest.json; build it with `python -m pipelines.pretrain_data`")
-    if FLAGS.batch_size <= 0 or FLAGS.grad_accum_steps <= 0 or FLAGS.train_steps <= 0:
-        problems.append("--batch_size, --grad_accum_steps and --train_steps must be positive")
-    elif FLAGS.batch_size % FLAGS.grad_accum_steps:
+    if FLAGS.batch_size > 0 and FLAGS.grad_accum_steps > 0 and FLAGS.batch_size % FLAGS.grad_accum_steps:
         problems.append(f"--batch_size={FLAGS.batch_size} is not divisible by --grad_accum_steps={FLAGS.grad_accum_steps}")
     if FLAGS.warmup_steps < 0 or FLAGS.warmup_steps > FLAGS.train_steps:
         problems.append(f"--warmup_steps={FLAGS.warmup_steps} must be within [0, --train_steps={FLAGS.train_steps}]")
     problems += _check_strategy_flags()
     if FLAGS.mode in ("eval", "generate") and FLAGS.run_dir and not os.path.isdir(os.path.join(FLAGS.run_dir, "checkpoints")):
         problems.append(f"--mode={FLAGS.mode} needs a trained run: no checkpoints in --run_dir={FLAGS.run_dir}")
-    if not 0.0 <= FLAGS.temperature:
-        problems.append("--temperature must be >= 0")
     if FLAGS.zero_shot_reference_json and not os.path.isfile(FLAGS.zero_shot_reference_json):
         problems.append(f"--zero_shot_reference_json={FLAGS.zero_shot_reference_json} does not exist")
     elif FLAGS.zero_shot_tasks:
@@ -181,8 +182,6 @@ def _check_finetune_flags() -> list[str]:
         problems.append(f"--init_checkpoint={FLAGS.init_checkpoint} does not exist")
     if FLAGS.transfer_layers >= 0 and not FLAGS.init_checkpoint:
         problems.append("--transfer_layers needs --init_checkpoint (without it nothing is transferred)")
-    if FLAGS.lm_coef < 0 or FLAGS.epochs <= 0 or FLAGS.batch_size <= 0:
-        problems.append("--lm_coef must be >= 0, --epochs and --batch_size positive")
     if FLAGS.mode in ("eval", "predict") and FLAGS.run_dir and not os.path.isdir(os.path.join(FLAGS.run_dir, "checkpoints")):
         problems.append(f"--mode={FLAGS.mode} needs a fine-tuned run: no checkpoints in --run_dir={FLAGS.run_dir}")
     for path in FLAGS.aux_data_dirs:
@@ -211,9 +210,15 @@ def main(argv):
         logging.set_verbosity(logging.WARNING)
     if FLAGS.task:
         _apply_finetune_defaults()
-    problems = _check_flags()
+    problems = flag_checks.problems(FLAGS) + _check_flags()  # value rules (one table), then combinations
     if problems:
-        sys.exit("gpt_tf.train: invalid flags:\n  " + "\n  ".join(problems))
+        flag_checks.fail("gpt_tf.train", problems)
+
+    problems = _data_problems()  # first: the pre-training set-up below reads the tokenizer files
+    setup = None if problems or FLAGS.task else _pretrain_setup()
+    problems += setup[-1] if setup else []
+    if problems:
+        flag_checks.fail("gpt_tf.train", problems, "cannot start, nothing was written")
 
     # Imported late: flag errors must show in a second, not after TensorFlow's start-up.
     os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")  # TF's C++ INFO/WARNING lines; errors still show
@@ -221,46 +226,26 @@ def main(argv):
     import tensorflow as tf
 
     from gpt_tf.baselines import unigram_perplexity
-    from gpt_tf.config import get_preset
     from gpt_tf.generate import Sampler
     from gpt_tf.monitor import TrainCallbacks
     from gpt_tf.preemption import PREEMPTED_EXIT_CODE, Preempted
     from gpt_tf.strategy import split_cpu
-    from gpt_tf.tokenizer import GPTTokenizer
-    from gpt_tf.trainer import Pretrainer, TrainConfig
+    from gpt_tf.trainer import DataError, Pretrainer, TrainConfig
 
     if FLAGS.deterministic:
         tf.config.experimental.enable_op_determinism()
     split_cpu(FLAGS.num_cpu_devices)
     if FLAGS.task:
         return _finetune_main(keras, tf)
-    with open(os.path.join(FLAGS.data_dir, "manifest.json")) as f:
-        manifest = json.load(f)
-    tokenizer_dir = FLAGS.tokenizer_dir or manifest["tokenizer"]["dir"]
-    tokenizer = GPTTokenizer.from_dir(tokenizer_dir)
-    overrides = {"vocab_size": tokenizer.vocab_size, "n_ctx": FLAGS.n_ctx or int(manifest["n_ctx"])}
-    if FLAGS.dropout >= 0:
-        overrides.update(embd_pdrop=FLAGS.dropout, attn_pdrop=FLAGS.dropout, resid_pdrop=FLAGS.dropout)
-    model_config = get_preset(FLAGS.model, **overrides)
-    if model_config.n_ctx != int(manifest["n_ctx"]):
-        sys.exit(f"gpt_tf.train: --n_ctx={model_config.n_ctx} but {FLAGS.data_dir} holds {manifest['n_ctx']}-token sequences")
-
+    manifest, tokenizer, model_config, train_kwargs, _ = setup
     strategy = _strategy_and_precision(keras)
-    config = TrainConfig(
-        data_dir=FLAGS.data_dir, run_dir=FLAGS.run_dir, batch_size=FLAGS.batch_size,
-        grad_accum_steps=FLAGS.grad_accum_steps, train_steps=FLAGS.train_steps, learning_rate=FLAGS.learning_rate,
-        warmup_steps=FLAGS.warmup_steps, lr_decay=FLAGS.lr_decay, weight_decay=FLAGS.weight_decay,
-        clip_norm=FLAGS.clip_norm, precision=FLAGS.precision, jit_compile=FLAGS.jit_compile, seed=FLAGS.seed,
-        log_every=FLAGS.log_every, checkpoint_every=FLAGS.checkpoint_every, keep_checkpoints=FLAGS.keep_checkpoints,
-        eval_every=FLAGS.eval_every, eval_batches=FLAGS.eval_batches, sample_every=FLAGS.sample_every,
-        sample_prompt=FLAGS.sample_prompt, sample_length=FLAGS.sample_length,
-    )
+    config = TrainConfig(**train_kwargs)
     trainer = Pretrainer(model_config, config, strategy, log=_say)
     print(f"model {FLAGS.model}: {model_config.n_params / 1e6:.2f}M parameters, {strategy.num_replicas_in_sync} replica(s), "
           f"{FLAGS.precision}, run dir {FLAGS.run_dir}", flush=True)
 
     if FLAGS.mode == "train":
-        trainer.save_model_config()
+        trainer.save_model_config(data_identity(data=manifest))
         zero_shot = None
         if FLAGS.zero_shot_tasks:
             from gpt_tf.heuristics import ZeroShotSuite
@@ -273,19 +258,71 @@ def main(argv):
             callbacks.close()
             _say(str(stopped))
             sys.exit(PREEMPTED_EXIT_CODE)
+        except DataError as err:
+            sys.exit(f"gpt_tf.train: {err}")
         print(json.dumps(result), flush=True)
         return
     step = trainer.restore()
     if FLAGS.mode == "eval":
-        result = {"step": step, **trainer.evaluate(), **unigram_perplexity(FLAGS.data_dir, model_config.n_ctx, tokenizer.vocab_size)}
+        try:
+            held_out = trainer.evaluate()
+        except DataError as err:
+            sys.exit(f"gpt_tf.train: {err}")
+        result = {"step": step, **held_out, **unigram_perplexity(FLAGS.data_dir, model_config.n_ctx, tokenizer.vocab_size)}
         if trainer.chief:
-            with open(os.path.join(FLAGS.run_dir, f"eval_step{step}.json"), "w") as f:
-                json.dump(result, f, indent=2)
+            write_json_atomic(os.path.join(FLAGS.run_dir, f"eval_step{step}.json"), result)
         print(json.dumps(result), flush=True)
     else:
         sampler = Sampler(trainer.model, model_config.vocab_size, model_config.n_ctx)
         ids = sampler.sample(tokenizer.encode(FLAGS.prompt), FLAGS.sample_length, FLAGS.temperature, FLAGS.top_k, FLAGS.seed)
         print(FLAGS.prompt + " " + tokenizer.decode(ids), flush=True)
+
+
+def _data_problems() -> list[str]:
+    """The data folders' files against their manifests (``--verify_data``) and tokenizer (both modes)."""
+    from pipelines.common import data_file_problems, read_manifest_json, tokenizer_problems
+
+    problems = []
+    for data_dir in [FLAGS.data_dir, *FLAGS.aux_data_dirs]:
+        manifest = read_manifest_json(data_dir)
+        tokenizer_dir = (FLAGS.tokenizer_dir if data_dir == FLAGS.data_dir else "") or manifest["tokenizer"]["dir"]
+        if not FLAGS.task or os.path.isdir(tokenizer_dir):  # fine-tuning reads ids only; export needs the files
+            problems += tokenizer_problems(manifest, tokenizer_dir, data_dir)
+        if FLAGS.verify_data and FLAGS.mode in ("train", "eval"):
+            problems += data_file_problems(data_dir, manifest)
+    return problems
+
+
+def _train_kwargs() -> dict:
+    """``TrainConfig``'s fields from the flags (a dict: compared with a run's before TensorFlow starts)."""
+    names = ("batch_size", "grad_accum_steps", "train_steps", "learning_rate", "warmup_steps", "lr_decay",
+             "weight_decay", "clip_norm", "precision", "jit_compile", "seed", "log_every", "checkpoint_every",
+             "keep_checkpoints", "eval_every", "eval_batches", "sample_every", "sample_prompt", "sample_length")
+    return {"data_dir": FLAGS.data_dir, "run_dir": FLAGS.run_dir, **{name: FLAGS[name].value for name in names}}
+
+
+def _pretrain_setup():
+    """(manifest, tokenizer, model config, TrainConfig fields, problems), all found before TensorFlow starts."""
+    import dataclasses
+
+    from gpt_tf.config import get_preset
+    from gpt_tf.tokenizer import GPTTokenizer
+    from pipelines.common import read_manifest_json
+
+    manifest = read_manifest_json(FLAGS.data_dir)
+    tokenizer = GPTTokenizer.from_dir(FLAGS.tokenizer_dir or manifest["tokenizer"]["dir"])
+    overrides = {"vocab_size": tokenizer.vocab_size, "n_ctx": FLAGS.n_ctx or int(manifest["n_ctx"])}
+    if FLAGS.dropout >= 0:
+        overrides.update(embd_pdrop=FLAGS.dropout, attn_pdrop=FLAGS.dropout, resid_pdrop=FLAGS.dropout)
+    model_config = get_preset(FLAGS.model, **overrides)
+    problems = []
+    if model_config.n_ctx != int(manifest["n_ctx"]):
+        problems.append(f"--n_ctx={model_config.n_ctx} but {FLAGS.data_dir} holds {manifest['n_ctx']}-token sequences")
+    kwargs = _train_kwargs()
+    configs = {"model_config.json": dataclasses.asdict(model_config)}
+    if FLAGS.mode == "train":
+        configs.update({"train_config.json": kwargs, DATA_FILE: data_identity(data=manifest)})
+    return manifest, tokenizer, model_config, kwargs, problems + resume_problems(FLAGS.run_dir, configs)
 
 
 def _finetune_model_config(tokenizer_vocab):
@@ -314,21 +351,24 @@ def _finetune_model_config(tokenizer_vocab):
 def _finetune_main(keras, tf):
     from gpt_tf.finetune_io import save_run_configs, write_submission
     from gpt_tf.finetuner import FinetuneConfig, Finetuner
+    from gpt_tf.trainer import DataError
     from pipelines.transforms import load_task_spec
 
-    with open(os.path.join(FLAGS.data_dir, "manifest.json")) as f:
-        manifest = json.load(f)
+    import dataclasses
+
+    from pipelines.common import read_manifest_json
+
+    manifest = read_manifest_json(FLAGS.data_dir)
     task = load_task_spec(FLAGS.data_dir)
     if task.name != FLAGS.task:
         sys.exit(f"gpt_tf.train: --task={FLAGS.task} but {FLAGS.data_dir} holds task {task.name!r}")
     model_config = _finetune_model_config(int(manifest["tokenizer"]["vocab_size"]))
-    for path in FLAGS.aux_data_dirs:
-        with open(os.path.join(path, "manifest.json")) as f:
-            vocab = int(json.load(f)["tokenizer"]["vocab_size"])
+    aux = {f"aux_{i}": read_manifest_json(path) for i, path in enumerate(FLAGS.aux_data_dirs)}
+    for path, aux_manifest in zip(FLAGS.aux_data_dirs, aux.values()):
+        vocab = int(aux_manifest["tokenizer"]["vocab_size"])
         if vocab != model_config.vocab_size:
             sys.exit(f"gpt_tf.train: {path} was tokenized with {vocab} BPE tokens but the model has "
                      f"{model_config.vocab_size}: rebuild it with the same tokenizer as --data_dir")
-    strategy = _strategy_and_precision(keras)
     config = FinetuneConfig(
         data_dir=FLAGS.data_dir, run_dir=FLAGS.run_dir, init_checkpoint=FLAGS.init_checkpoint,
         transfer_layers=FLAGS.transfer_layers, batch_size=FLAGS.batch_size, epochs=FLAGS.epochs,
@@ -337,11 +377,20 @@ def _finetune_main(keras, tf):
         precision=FLAGS.precision, seed=FLAGS.seed, log_every=FLAGS.log_every,
         aux_data_dirs=tuple(FLAGS.aux_data_dirs), mixture=tuple(float(w) for w in FLAGS.task_mixture),
     )
-    tuner = Finetuner(task, model_config, config, strategy, log=_say)
+    data = data_identity(data=manifest, **aux)
+    if FLAGS.mode == "train":
+        problems = resume_problems(FLAGS.run_dir, {"model_config.json": dataclasses.asdict(model_config),
+                                                   "finetune_config.json": dataclasses.asdict(config), DATA_FILE: data})
+        if problems:
+            flag_checks.fail("gpt_tf.train", problems, "cannot start, nothing was written")
+    tuner = Finetuner(task, model_config, config, _strategy_and_precision(keras), log=_say)
     if FLAGS.mode == "train":
         if tuner.chief:
-            save_run_configs(FLAGS.run_dir, model_config, config)
-        results = tuner.train(progress=FLAGS.progress)
+            save_run_configs(FLAGS.run_dir, model_config, config, data)
+        try:
+            results = tuner.train(progress=FLAGS.progress)
+        except DataError as err:
+            sys.exit(f"gpt_tf.train: {err}")
     else:
         step = tuner.restore()
         if FLAGS.mode == "predict":
@@ -351,13 +400,12 @@ def _finetune_main(keras, tf):
             return
         results = {"step": step, **tuner.evaluate_all()}
     if tuner.chief:  # every worker computed the results; one writes them
-        with open(os.path.join(FLAGS.run_dir, "metrics.json"), "w") as f:
-            json.dump({"task": task.name, **results}, f, indent=2)
+        write_json_atomic(os.path.join(FLAGS.run_dir, "metrics.json"), {"task": task.name, **results})
     print(json.dumps(results), flush=True)
 
 
 def run():
-    app.run(main)
+    app.run(main, flags_parser=flag_checks.lenient_parser("gpt_tf.train"))
 
 
 if __name__ == "__main__":

@@ -23,7 +23,6 @@ from __future__ import annotations
 
 import dataclasses
 import hashlib
-import json
 import math
 import os
 import re
@@ -36,6 +35,7 @@ from gpt_tf.config import GPTConfig
 from gpt_tf.model import GPTLanguageModel, lm_loss
 from gpt_tf.optim import WarmupDecay, make_optimizer
 from gpt_tf.preemption import Preempted, StopRequest
+from gpt_tf.run_dir import DATA_FILE, write_json_atomic
 from gpt_tf.strategy import checkpoint_managers, is_chief, remove_scratch
 from pipelines.reader import batches_per_pipeline, pretraining_dataset
 
@@ -68,6 +68,26 @@ class TrainConfig:
     sample_every: int = 0  # 0: only at the end
     sample_prompt: str = ""
     sample_length: int = 64
+
+
+class DataError(RuntimeError):
+    """A data file could not be read during training (e.g. a corrupt shard); the message names it."""
+
+
+def named_data_error(err: tf.errors.OpError, data_dirs) -> DataError:
+    """``err`` (tf.data's ``DataLossError``, which names no file) as a ``DataError`` naming the bad file(s).
+
+    The files are found by their sha256 against the manifests. Raised from the failed step, before
+    its update is applied or any checkpoint is saved, so the last checkpoint predates the bad read.
+    """
+    from pipelines.common import data_file_problems, read_manifest_json
+
+    bad = [line for d in data_dirs for line in data_file_problems(d, read_manifest_json(d))]
+    where = "; ".join(bad[:3]) + (f"; and {len(bad) - 3} more" if len(bad) > 3 else "")
+    where = where or f"a file under {', '.join(map(str, data_dirs))} (each one's sha256 still matches)"
+    detail = err.message.strip().splitlines()[0][:200]
+    return DataError(f"reading the data failed: {where} [{type(err).__name__}: {detail}]; "
+                     "no checkpoint was written after the failed read")
 
 
 def variables_by_key(variables):
@@ -244,9 +264,12 @@ class Pretrainer:
     def evaluate(self, max_batches: int = 0) -> dict:
         """Token-level perplexity on the held-out split (whole split unless ``max_batches``)."""
         loss_sum, tokens = 0.0, 0.0
-        for batch in self._distributed_dataset("valid", repeat=False, max_steps=max_batches):
-            s, n = self._run_eval_step(batch)
-            loss_sum, tokens = loss_sum + float(s), tokens + float(n)
+        try:
+            for batch in self._distributed_dataset("valid", repeat=False, max_steps=max_batches):
+                s, n = self._run_eval_step(batch)
+                loss_sum, tokens = loss_sum + float(s), tokens + float(n)
+        except tf.errors.DataLossError as err:
+            raise named_data_error(err, [self.config.data_dir]) from None
         if not tokens:
             raise ValueError(f"held-out split of {self.config.data_dir} gave no full batch of {self.config.batch_size}")
         loss = loss_sum / tokens
@@ -273,7 +296,10 @@ class Pretrainer:
         t0, last = time.perf_counter(), start
         loss = grad_norm = None
         while int(self.step.numpy()) < c.train_steps:
-            loss, grad_norm, stop = self._run_train_step(iterator, tf.constant(float(stop_request.requested)))
+            try:
+                loss, grad_norm, stop = self._run_train_step(iterator, tf.constant(float(stop_request.requested)))
+            except tf.errors.DataLossError as err:
+                raise named_data_error(err, [c.data_dir]) from None
             step = int(self.step.numpy())
             if step % c.log_every == 0 or step == c.train_steps:
                 elapsed = time.perf_counter() - t0
@@ -297,11 +323,11 @@ class Pretrainer:
         return {"step": int(self.step.numpy()), "loss": None if loss is None else float(loss),
                 "weights_sha256": self.weights_digest()}
 
-    def save_model_config(self) -> None:
-        """Writes ``run_dir/model_config.json`` and ``train_config.json`` (chief only)."""
+    def save_model_config(self, data: dict | None = None) -> None:
+        """Writes ``run_dir/model_config.json``, ``train_config.json`` and ``data.json`` atomically (chief only)."""
         if not self.chief:
             return
-        os.makedirs(self.config.run_dir, exist_ok=True)
         for name, obj in (("model_config.json", self.model_config), ("train_config.json", self.config)):
-            with open(os.path.join(self.config.run_dir, name), "w") as f:
-                json.dump(dataclasses.asdict(obj), f, indent=2, sort_keys=True)
+            write_json_atomic(os.path.join(self.config.run_dir, name), dataclasses.asdict(obj))
+        if data is not None:
+            write_json_atomic(os.path.join(self.config.run_dir, DATA_FILE), data)

@@ -107,8 +107,15 @@ def main(argv):
     if FLAGS.run_dir and not FLAGS.tokenizer_dir and manifest is None:
         problems.append(f"cannot find the pre-training manifest of {FLAGS.run_dir} (train_config.json → data_dir); "
                         "give --tokenizer_dir")
+    if manifest is not None:
+        from pipelines.common import tokenizer_problems
+
+        problems += tokenizer_problems(manifest, FLAGS.tokenizer_dir or manifest["tokenizer"]["dir"],
+                                       f"the pre-training data of {FLAGS.run_dir}")
     if problems:
-        sys.exit("gpt_tf.zero_shot: invalid flags:\n  " + "\n  ".join(problems))
+        from gpt_tf.flag_checks import fail
+
+        fail("gpt_tf.zero_shot", problems)
 
     os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
     import keras

@@ -4,10 +4,15 @@
 order and yields, for every `*.txt` file, either a `Book` (decoded, cleaned text) or a `Skipped`
 entry that says why the file was left out (empty, binary, unreadable, nothing left after cleaning).
 
-Decoding (`decode_bytes`), decided per file and recorded in `Book.encoding`:
+Decoding (`decode_book`), decided per file and recorded in `Book.encoding` (and, when the file is
+not clean, `Book.replaced_bytes` and `Book.encoding_note`, which the manifest keeps):
   * UTF-8 BOM -> 'utf-8-sig'; UTF-16 BOM -> 'utf-16'.
   * strict UTF-8 -> 'utf-8' (plain ASCII is reported as 'utf-8' too).
-  * otherwise a legacy 8-bit code page. Bytes 0x80-0x9F are C1 control characters in latin-1 but
+  * mostly UTF-8 -> 'utf-8' with each invalid byte sequence replaced by U+FFFD and the invalid bytes
+    counted: a file whose valid multi-byte UTF-8 characters outnumber its invalid bytes is UTF-8 with
+    a few stray bytes (one stray byte must not turn every real accented letter into mojibake).
+  * otherwise (invalid bytes at least as many as valid multi-byte characters: a legacy file) a
+    legacy 8-bit code page, with the counts that decided it in the note. Bytes 0x80-0x9F are C1 control characters in latin-1 but
     printable punctuation in cp1252 (0x93/0x94 curly quotes, 0x97 em dash, ...), which is what they
     mean in real-world text, so a file with such bytes is 'cp1252' -- unless it has one of the five
     bytes cp1252 leaves undefined (0x81 0x8D 0x8F 0x90 0x9D), then it cannot be cp1252 and is
@@ -34,6 +39,8 @@ _BINARY_SAMPLE_BYTES = 1 << 16
 _MAX_CONTROL_RATIO = 0.01
 _C1_RANGE = re.compile(rb"[\x80-\x9f]")
 _CP1252_UNDEFINED = re.compile(rb"[\x81\x8d\x8f\x90\x9d]")
+_SURROGATES = re.compile("[\udc80-\udcff]")
+_NON_ASCII = re.compile("[^\x00-\x7f]")
 
 # Header ends: the header runs up to and including the first line matching the first marker kind
 # (in this priority order) that occurs in the file. Each marker: (name, a lower-case keyword it
@@ -80,6 +87,8 @@ class Book:
     encoding: str  # 'utf-8', 'utf-8-sig', 'utf-16', 'cp1252' or 'latin-1'
     header: Optional[str] = None  # name of the Gutenberg header marker found, None if none
     footer: Optional[str] = None  # name of the Gutenberg footer marker found, None if none
+    replaced_bytes: int = 0  # invalid UTF-8 bytes replaced by U+FFFD (a mostly-UTF-8 file)
+    encoding_note: Optional[str] = None  # how the encoding was decided, when the file was not clean UTF-8
 
 
 @dataclasses.dataclass(frozen=True)
@@ -132,21 +141,51 @@ def _decode_legacy(data: bytes) -> tuple[str, str]:
     return data.decode("latin-1"), "latin-1"
 
 
-def decode_bytes(data: bytes) -> tuple[str, str]:
-    """Decode a text file's bytes; returns (text, encoding name). Raises UnicodeDecodeError only
-    for a UTF-16 BOM followed by invalid UTF-16."""
+@dataclasses.dataclass(frozen=True)
+class Decoded:
+    """A file's text and how it was read."""
+
+    text: str
+    encoding: str
+    replaced_bytes: int = 0  # invalid UTF-8 bytes replaced by U+FFFD
+    note: Optional[str] = None  # why, when the file was not clean UTF-8
+
+
+def _utf8_or_legacy(body: bytes, name: str) -> Decoded:
+    """Bytes that are not strict UTF-8: mostly UTF-8 (bad bytes replaced) or a legacy code page."""
+    escaped = body.decode("utf-8", errors="surrogateescape")  # each invalid byte -> one U+DC80..U+DCFF
+    invalid = len(_SURROGATES.findall(escaped))
+    valid = len(_NON_ASCII.findall(escaped)) - invalid  # valid multi-byte characters
+    if valid > invalid:
+        note = (f"not strict UTF-8: {invalid} invalid byte(s) replaced by U+FFFD ({valid} valid multi-byte "
+                "characters outnumber them)")
+        return Decoded(body.decode("utf-8", errors="replace"), name, invalid, note)
+    text, legacy = _decode_legacy(body)
+    return Decoded(text, legacy, 0, f"not UTF-8: {invalid} invalid byte(s), {valid} valid multi-byte "
+                                    f"character(s); read as {legacy}")
+
+
+def decode_book(data: bytes) -> Decoded:
+    """Decode a text file's bytes (see the module doc). Raises UnicodeDecodeError only for a UTF-16
+    BOM followed by invalid UTF-16."""
     if data.startswith(codecs.BOM_UTF8):
         body = data[len(codecs.BOM_UTF8):]
         try:
-            return body.decode("utf-8"), "utf-8-sig"
+            return Decoded(body.decode("utf-8"), "utf-8-sig")
         except UnicodeDecodeError:
-            return _decode_legacy(body)
+            return _utf8_or_legacy(body, "utf-8-sig")
     if data.startswith((codecs.BOM_UTF16_LE, codecs.BOM_UTF16_BE)):
-        return data.decode("utf-16"), "utf-16"
+        return Decoded(data.decode("utf-16"), "utf-16")
     try:
-        return data.decode("utf-8"), "utf-8"
+        return Decoded(data.decode("utf-8"), "utf-8")
     except UnicodeDecodeError:
-        return _decode_legacy(data)
+        return _utf8_or_legacy(data, "utf-8")
+
+
+def decode_bytes(data: bytes) -> tuple[str, str]:
+    """(text, encoding name) of ``decode_book``."""
+    decoded = decode_book(data)
+    return decoded.text, decoded.encoding
 
 
 def normalize_newlines(text: str) -> str:
@@ -249,13 +288,13 @@ def load_book(path: Union[str, Path], root: Union[str, Path]) -> Union[Book, Ski
     if reason:
         return Skipped(str(path), book_id, reason)
     try:
-        text, encoding = decode_bytes(data)
+        decoded = decode_book(data)
     except UnicodeDecodeError as err:
         return Skipped(str(path), book_id, f"undecodable: {err}")
-    body, header, footer = clean_text(text)
+    body, header, footer = clean_text(decoded.text)
     if not body:
         return Skipped(str(path), book_id, "no text left after removing the Project Gutenberg header/licence")
-    return Book(str(path), book_id, body, encoding, header, footer)
+    return Book(str(path), book_id, body, decoded.encoding, header, footer, decoded.replaced_bytes, decoded.note)
 
 
 def iter_books(root: Union[str, Path]) -> Iterator[Union[Book, Skipped]]:

@@ -3,17 +3,169 @@
 from __future__ import annotations
 
 import hashlib
+import json
 import logging
 import os
+import re
 import shlex
 import shutil
 import sys
 from pathlib import Path
+from typing import Optional
+
+MANIFEST = "manifest.json"
+MAX_PIECE_CHARS = 1 << 15  # longer texts are tokenized in pieces cut at spaces
+_ENCODE_BUDGET_CHARS = 1 << 18  # characters per encode_batch call (~30 MB of tokenizer memory)
 
 
 def hash_unit(key: str) -> float:
     """Deterministic number in [0, 1) from a string id (sha256, first 60 bits)."""
     return int(hashlib.sha256(key.encode("utf-8")).hexdigest()[:15], 16) / 16.0 ** 15
+
+
+def split_at_spaces(text: str, max_chars: int = MAX_PIECE_CHARS) -> list[str]:
+    """``text`` cut at spaces into pieces of at most ``max_chars`` (a longer run without a space is cut anyway).
+
+    Words are space-separated pieces for the tokenizer, so the tokens of the pieces, concatenated,
+    are the text's (a cut through a word of over ``max_chars`` characters changes that word only).
+    """
+    if len(text) <= max_chars:
+        return [text]
+    pieces, start = [], 0
+    while len(text) - start > max_chars:
+        cut = text.rfind(" ", start, start + max_chars + 1)
+        if cut <= start:
+            pieces.append(text[start:start + max_chars])
+            start += max_chars
+        else:
+            pieces.append(text[start:cut])
+            start = cut + 1
+    pieces.append(text[start:])
+    return pieces
+
+
+def encode_pieces(tokenizer, texts, max_chars: int = MAX_PIECE_CHARS, budget: int = _ENCODE_BUDGET_CHARS):
+    """Yields ``(index of the text, token ids)`` for each piece of each text, in order.
+
+    Memory stays bounded whatever the texts' lengths: each text is cut at spaces into pieces of at
+    most ``max_chars`` characters, and ``encode_batch`` sees about ``budget`` characters at a time
+    (the tokenizer takes ~130 bytes per character: a 10 MB line in one call took 1.3 GB).
+    """
+    batch, owners, size = [], [], 0
+    for i, text in enumerate(texts):
+        for piece in split_at_spaces(text, max_chars):
+            batch.append(piece)
+            owners.append(i)
+            size += len(piece)
+            if size >= budget:
+                yield from zip(owners, tokenizer.encode_batch(batch))
+                batch, owners, size = [], [], 0
+    if batch:
+        yield from zip(owners, tokenizer.encode_batch(batch))
+
+
+def encode_texts(tokenizer, texts: list[str]) -> list[list[int]]:
+    """Token ids of each text, through ``encode_pieces`` (bounded memory)."""
+    out = [[] for _ in texts]
+    for i, ids in encode_pieces(tokenizer, texts):
+        out[i].extend(ids)
+    return out
+
+
+def sha256_file(path) -> str:
+    """Hex sha256 of a file's bytes (``gs://`` and other remote paths through ``tf.io.gfile``)."""
+    digest = hashlib.sha256()
+    if "://" in str(path):
+        import tensorflow as tf
+
+        opener = tf.io.gfile.GFile(str(path), "rb")
+    else:
+        opener = open(path, "rb")
+    with opener as f:
+        for chunk in iter(lambda: f.read(1 << 20), b""):
+            digest.update(chunk)
+    return digest.hexdigest()
+
+
+def read_manifest_json(data_dir) -> dict:
+    """``data_dir/manifest.json`` (local or remote); ValueError naming the file if it is not valid JSON."""
+    path = f"{str(data_dir).rstrip('/')}/{MANIFEST}"
+    if "://" in path:
+        import tensorflow as tf
+
+        with tf.io.gfile.GFile(path, "r") as f:
+            text = f.read()
+    else:
+        with open(path, encoding="utf-8") as f:
+            text = f.read()
+    try:
+        return json.loads(text)
+    except ValueError as err:
+        raise ValueError(f"{path}: not valid JSON ({err})") from None
+
+
+def _data_files(manifest: dict) -> list[dict]:
+    """Every ``{"file", "sha256", ...}`` entry of a pre-training (shards) or fine-tuning (splits) manifest."""
+    entries = []
+    for split in manifest.get("splits", {}).values():
+        entries += split.get("shards", [split] if "file" in split else [])
+    return [e for e in entries if "sha256" in e]
+
+
+def data_file_problems(data_dir, manifest: dict, names: Optional[set] = None) -> list[str]:
+    """One line per data file (shard) of ``manifest`` that is missing or whose sha256 differs from it."""
+    out = []
+    for entry in _data_files(manifest):
+        if names is not None and entry["file"] not in names:
+            continue
+        path = f"{str(data_dir).rstrip('/')}/{entry['file']}"
+        try:
+            digest = sha256_file(path)
+        except OSError as err:
+            out.append(f"{path}: unreadable ({err.strerror or err})")
+            continue
+        if digest != entry["sha256"]:
+            out.append(f"{path}: corrupt: its sha256 is {digest[:12]}…, the manifest says {entry['sha256'][:12]}… "
+                       "(rebuild the data, or copy the file again)")
+    return out
+
+
+def tokenizer_problems(manifest: dict, tokenizer_dir, data_dir) -> list[str]:
+    """One line per tokenizer file that differs from the one ``data_dir``'s manifest was built with."""
+    out = []
+    for entry in manifest.get("tokenizer", {}).get("files", []):
+        path = Path(tokenizer_dir) / entry["name"]
+        if not path.is_file():
+            out.append(f"{path}: missing; {data_dir}/{MANIFEST} was tokenized with it")
+        elif sha256_file(path) != entry["sha256"]:
+            out.append(f"{path} is not the tokenizer {data_dir} was built with (sha256 {sha256_file(path)[:12]}… vs "
+                       f"{entry['sha256'][:12]}… in its {MANIFEST}): was it retrained with --overwrite? Rebuild the "
+                       "data with this tokenizer, or point --tokenizer_dir at the original")
+    return out
+
+
+def remove_stale_temps(parent: Path, name: str, log=logging.getLogger(__name__).warning) -> list[Path]:
+    """Deletes ``parent/.{name}.tmp-PID`` / ``.old-PID`` folders whose process is gone (a killed build's)."""
+    removed = []
+    pattern = re.compile(rf"\.{re.escape(name)}\.(tmp|old)-(\d+)")
+    for path in sorted(parent.iterdir()) if parent.is_dir() else []:
+        match = pattern.fullmatch(path.name)
+        if match and not pid_alive(int(match.group(2))):
+            shutil.rmtree(path, ignore_errors=True)
+            log("removed %s, left by process %s that no longer runs", path, match.group(2))
+            removed.append(path)
+    return removed
+
+
+def pid_alive(pid: int) -> bool:
+    """True if a process with this id runs on this machine (a reused id counts as alive: nothing is removed)."""
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
 
 
 def commit_dir(tmp: Path, out: Path) -> None:

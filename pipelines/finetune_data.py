@@ -52,7 +52,7 @@ import numpy as np
 from tqdm import tqdm
 
 from gpt_tf.tasks import TaskSpec, csv_task, get_task
-from pipelines.common import command_line, commit_dir, run_cli, tokenizer_files
+from pipelines.common import command_line, commit_dir, encode_texts, remove_stale_temps, run_cli, tokenizer_files
 from pipelines.pretrain_data import COMPRESSION, MANIFEST, load_manifest, sha256_file
 from pipelines.task_splits import plan_outputs
 from pipelines.task_readers import CsvOptions, Example, available_splits, infer_csv_labels, \
@@ -85,7 +85,7 @@ def _encode(tokenizer, texts: list[str], desc: str, show_progress: bool) -> list
     out = []
     with tqdm(total=len(unique), desc=desc, unit="text", disable=not show_progress or not unique) as bar:
         for i in range(0, len(unique), _ENCODE_CHUNK):
-            out.extend(tokenizer.encode_batch(unique[i: i + _ENCODE_CHUNK]))
+            out.extend(encode_texts(tokenizer, unique[i: i + _ENCODE_CHUNK]))
             bar.update(min(_ENCODE_CHUNK, len(unique) - i))
     ids = dict(zip(unique, out))
     return [ids[t] for t in texts]
@@ -251,6 +251,7 @@ def build_task_data(task: Union[str, TaskSpec], data_dir, tokenizer_dir, output_
     records = _tokenize_outputs(tokenizer, examples, outputs, holdout, subsample, skipped, str(data_dir), skip_malformed,
                                 show_progress)
     out.parent.mkdir(parents=True, exist_ok=True)
+    remove_stale_temps(out.parent, out.name)
     tmp = out.parent / f".{out.name}.tmp-{os.getpid()}"
     shutil.rmtree(tmp, ignore_errors=True)
     tmp.mkdir()

@@ -45,12 +45,12 @@ from typing import Optional, Sequence
 import numpy as np
 from tqdm import tqdm
 
-from pipelines.common import command_line, commit_dir, hash_unit, run_cli, tokenizer_files
+from pipelines.common import (MANIFEST, command_line, commit_dir, encode_pieces, hash_unit, remove_stale_temps,
+                              run_cli, sha256_file, tokenizer_files)
 from pipelines.books import Book, Skipped, find_book_files, iter_books
 
 FORMAT_VERSION = 1
 FEATURE = "input_ids"
-MANIFEST = "manifest.json"
 SEPARATOR_TOKEN = "\n</w>"
 COMPRESSION = "GZIP"
 DEFAULT_VALID_FRACTION = 0.05
@@ -107,15 +107,6 @@ def validate_config(cfg: PretrainConfig) -> None:
     if cfg.train_tokenizer_vocab is None and not Path(cfg.tokenizer_dir).is_dir():
         raise PretrainDataError(f"--tokenizer_dir: folder {cfg.tokenizer_dir!r} does not exist "
                                 "(pass --train_tokenizer_vocab=N to train one there)")
-
-
-def sha256_file(path: Path) -> str:
-    """Hex sha256 of a file's bytes."""
-    digest = hashlib.sha256()
-    with open(path, "rb") as f:
-        for chunk in iter(lambda: f.read(1 << 20), b""):
-            digest.update(chunk)
-    return digest.hexdigest()
 
 
 def _fingerprint_dir(root: str) -> list:
@@ -196,14 +187,16 @@ def text_blocks(text: str, max_chars: int = _BLOCK_CHARS) -> list[str]:
 
 
 def encode_book(tokenizer, text: str, newline_id: int) -> np.ndarray:
-    """Tokens of one book (int32), via one encode_batch call over its blocks."""
-    ids: list[int] = []
-    for block_ids in tokenizer.encode_batch(text_blocks(text)):
-        if block_ids:
-            if ids:
-                ids.append(newline_id)
-            ids.extend(block_ids)
-    return np.asarray(ids, dtype=np.int32)
+    """Tokens of one book (int32): its blocks joined by the newline token, in bounded memory
+    (``pipelines.common.encode_pieces``: a line longer than a block is tokenized in pieces)."""
+    parts, last = [], -1
+    for block, ids in encode_pieces(tokenizer, text_blocks(text)):
+        if ids:
+            if parts and block != last:
+                parts.append(np.asarray([newline_id], np.int32))
+            parts.append(np.asarray(ids, np.int32))
+            last = block
+    return np.concatenate(parts) if parts else np.zeros([0], np.int32)
 
 
 def separator_id(tokenizer) -> int:
@@ -256,7 +249,9 @@ def tokenize_split(tokenizer, books: Sequence[Book], sep: int, name: str, show_p
         total += len(ids)
         bar.set_postfix(tokens=total)
         rows.append({"id": book.book_id, "encoding": book.encoding, "tokens": int(len(ids)),
-                     "chars": len(book.text), "header": book.header, "footer": book.footer})
+                     "chars": len(book.text), "header": book.header, "footer": book.footer,
+                     **({"replaced_bytes": book.replaced_bytes} if book.replaced_bytes else {}),
+                     **({"encoding_note": book.encoding_note} if book.encoding_note else {})})
     return (np.concatenate(pieces) if pieces else np.zeros([0], np.int32)), rows
 
 
@@ -336,6 +331,7 @@ def _split_manifest(source: str, rows, stream, shards, skipped, cfg) -> dict:
             "separator_tokens": max(0, len(rows) - 1), "stream_tokens": int(len(stream)),
             "sequences": n_seq, "dropped_tail_tokens": int(len(stream)) - (n_seq * cfg.n_ctx + 1 if n_seq else 0),
             "encodings": dict(sorted(collections.Counter(r["encoding"] for r in rows).items())),
+            "replaced_bytes": sum(r.get("replaced_bytes", 0) for r in rows),
             "num_shards": len(shards), "shards": shards, "books": rows,
             "skipped": [{"id": s.book_id, "reason": s.reason} for s in skipped]}
 
@@ -361,6 +357,7 @@ def build_pretraining_data(cfg: PretrainConfig) -> dict:
     sep = separator_id(tokenizer)
     out = Path(cfg.output_dir)
     out.parent.mkdir(parents=True, exist_ok=True)
+    remove_stale_temps(out.parent, out.name)
     tmp = out.parent / f".{out.name}.tmp-{os.getpid()}"
     shutil.rmtree(tmp, ignore_errors=True)
     tmp.mkdir()

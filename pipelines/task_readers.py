@@ -23,7 +23,7 @@ Formats (`path_or_dir` is the dataset's folder, or one file to read for any spli
 Conventions. Labels are class indices into `task.label_names` (a float score for STS-B / regression
 csv). A gold label '-' (SNLI/MNLI: no annotator consensus) is always skipped, as the official
 evaluation does, and counted in `skipped`. A malformed row (wrong column count, unknown label, empty
-text, non-numeric or out-of-range score, bad JSON) raises `ValueError("{file}:{line}: ...")`, or with
+text, non-numeric or out-of-range score, bad JSON, bytes that are not UTF-8) raises `ValueError("{file}:{line}: ...")`, or with
 `skip_malformed=True` is skipped and counted. Nothing is dropped silently.
 """
 
@@ -33,6 +33,7 @@ import csv
 import dataclasses
 import json
 import math
+import re
 from pathlib import Path
 from typing import Optional, Union
 
@@ -59,6 +60,7 @@ _COLA_NO_HEADER = ("source", "label", "mark", "sentence")
 _STORY_COLUMNS = ("InputStoryid", "InputSentence1", "InputSentence2", "InputSentence3", "InputSentence4",
                   "RandomFifthSentenceQuiz1", "RandomFifthSentenceQuiz2")
 _STORY_LABEL = "AnswerRightEnding"
+_ESCAPED_BYTE = re.compile("[\udc80-\udcff]")  # a byte that is not UTF-8, read with errors="surrogateescape"
 
 
 @dataclasses.dataclass(frozen=True)
@@ -107,7 +109,11 @@ class _Rows:
 
 
 class _BadRow(Exception):
-    """Raised inside a row parser; turned into `_Rows.bad` by the caller."""
+    """Raised inside a row parser; turned into `_Rows.bad` by the caller (at ``line`` when it knows it)."""
+
+    def __init__(self, reason: str, line: int = 1):
+        super().__init__(reason)
+        self.line = line
 
 
 def _text(value: Optional[str], what: str) -> str:
@@ -147,9 +153,19 @@ def _one_file(folder: Path, names: list[str], split: str) -> Path:
     raise FileNotFoundError(f"{folder}: no file for split {split!r}; looked for {', '.join(names)}")
 
 
+def _bad_utf8(fields) -> Optional[str]:
+    """Why a row read with ``errors="surrogateescape"`` is not valid UTF-8 (None if it is)."""
+    for k, field in enumerate(fields, start=1):
+        match = _ESCAPED_BYTE.search(field) if field else None
+        if match:
+            return f"invalid UTF-8: byte 0x{ord(match.group()) - 0xDC00:02x} in field {k}"
+    return None
+
+
 def _iter_table(path: Path, delimiter: str, quoting: int):
-    """(line number, row) of a delimited file; line numbers count physical lines from 1."""
-    with open(path, encoding="utf-8-sig", newline="") as f:
+    """(line number, row) of a delimited file; line numbers count physical lines from 1. Bytes that
+    are not UTF-8 come through as U+DC80..U+DCFF (``_bad_utf8`` finds them)."""
+    with open(path, encoding="utf-8-sig", errors="surrogateescape", newline="") as f:
         reader = csv.reader(f, delimiter=delimiter, quoting=quoting, strict=True)
         start = 1
         while True:
@@ -170,10 +186,14 @@ def _read_table(path: Path, rows: _Rows, parse, header, delimiter="\t", quoting=
     out, columns = [], header
     for line, row in _iter_table(path, delimiter, quoting):
         if columns is None:
-            columns = tuple(row)
+            columns = _header_row(path, row)
             continue
         if not row:
             continue  # blank line (a trailing newline): not a row
+        bad = _bad_utf8(row)
+        if bad:
+            rows.bad(path, line, bad)
+            continue
         if len(row) != len(columns):
             rows.bad(path, line, f"expected {len(columns)} columns {list(columns)}, found {len(row)}")
             continue
@@ -195,9 +215,16 @@ def _require_columns(path: Path, columns, needed) -> None:
         raise ValueError(f"{path}:1: missing column(s) {missing}; the header has {list(columns)}")
 
 
+def _header_row(path: Path, row) -> tuple:
+    bad = _bad_utf8(row)
+    if bad:
+        raise ValueError(f"{path}:1: header: {bad}")
+    return tuple(row)
+
+
 def _peek_header(path: Path, delimiter: str, quoting: int) -> tuple:
     for _, row in _iter_table(path, delimiter, quoting):
-        return tuple(row)
+        return _header_row(path, row)
     raise ValueError(f"{path}:1: empty file, no header")
 
 
@@ -239,11 +266,14 @@ def _read_glue(task: TaskSpec, path: Path, split: str, rows: _Rows) -> list[Exam
 def _read_nli_jsonl(task: TaskSpec, path: Path, split: str, rows: _Rows) -> list[Example]:
     """SNLI / MultiNLI jsonl: one JSON object per line with sentence1, sentence2, gold_label."""
     out, mapping = [], _name_map(task)
-    with open(path, encoding="utf-8-sig") as f:
+    with open(path, encoding="utf-8-sig", errors="surrogateescape") as f:
         for line, text in enumerate(f, start=1):
             if not text.strip():
                 continue
             try:
+                bad = _bad_utf8([text])
+                if bad:
+                    raise _BadRow(bad.replace(" in field 1", ""))
                 rec = json.loads(text)
                 if not isinstance(rec, dict):
                     raise _BadRow("not a JSON object")
@@ -325,14 +355,19 @@ def _read_race(task: TaskSpec, files: list[Path], split: str, rows: _Rows) -> li
     for path in files:
         guid = f"{split.partition('_')[0]}/{path.parent.name}/{path.stem}"
         try:
-            rec = json.loads(path.read_text(encoding="utf-8-sig"))
+            data = path.read_bytes()
+            try:
+                text = data.decode("utf-8-sig")
+            except UnicodeDecodeError as err:
+                raise _BadRow(f"invalid UTF-8: byte 0x{data[err.start]:02x}", data[:err.start].count(b"\n") + 1) from None
+            rec = json.loads(text)
             if not isinstance(rec, dict):
                 raise _BadRow("not a JSON object")
             out.extend(_race_questions(rec, guid, _name_map(task), task.num_choices, path, rows))
         except json.JSONDecodeError as err:
             rows.bad(path, err.lineno, f"invalid JSON: {err.msg}")
         except _BadRow as err:
-            rows.bad(path, 1, str(err))
+            rows.bad(path, err.line, str(err))
     return out
 
 
@@ -397,7 +432,7 @@ def infer_csv_labels(paths, options: CsvOptions) -> tuple[str, ...]:
                 header = row
                 if options.label_column not in header:
                     break
-            elif len(row) == len(header):
+            elif len(row) == len(header) and not _bad_utf8(row):  # bad rows are reported when read
                 value = dict(zip(header, row))[options.label_column].strip()
                 if value:
                     values.append(value)

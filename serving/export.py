@@ -45,6 +45,15 @@ def _manifest_tokenizer_dir(data_dir: str) -> str:
     return tokenizer_dir
 
 
+def check_tokenizer(data_dir: str, tokenizer_dir: str) -> None:
+    """ValueError unless ``tokenizer_dir`` holds the tokenizer ``data_dir`` was built with (its manifest's sha256)."""
+    from pipelines.common import tokenizer_problems
+
+    problems = tokenizer_problems(_read_json(os.path.join(data_dir, "manifest.json")), tokenizer_dir, data_dir)
+    if problems:
+        raise ValueError("; ".join(problems))
+
+
 def load_finetuned(run_dir: str, precision: str = "float32", data_dir: str = ""):
     """(``GPTTaskModel``, ``TaskSpec``, tokenizer dir) of a fine-tuning run's latest checkpoint.
 
@@ -125,6 +134,8 @@ def export_run(run_dir: str, base_path: str, model_name: str = "", version: int 
                tokenizer_dir: str = "", data_dir: str = "", top_k: int = 10) -> str:
     """Exports a fine-tuning run, a pre-training run or GPT-1 release shards; returns the version folder."""
     if os.path.isfile(os.path.join(run_dir, "finetune_config.json")):
+        data_dir = data_dir or _read_json(os.path.join(run_dir, "finetune_config.json"))["data_dir"]
+        check_tokenizer(data_dir, tokenizer_dir or _manifest_tokenizer_dir(data_dir))
         model, task, run_tokenizer = load_finetuned(run_dir, precision, data_dir)
         return export_task_model(model, task, tokenizer_dir or run_tokenizer, base_path, model_name or task.name,
                                  version)
@@ -132,6 +143,9 @@ def export_run(run_dir: str, base_path: str, model_name: str = "", version: int 
             or os.path.isfile(os.path.join(run_dir, "params_0.npy"))):
         raise FileNotFoundError(f"{run_dir}: not a fine-tuning run (finetune_config.json), a pre-training run "
                                 "(train_config.json) nor GPT-1 release shards (params_0.npy)")
+    if os.path.isfile(os.path.join(run_dir, "train_config.json")):
+        lm_data = _read_json(os.path.join(run_dir, "train_config.json"))["data_dir"]
+        check_tokenizer(lm_data, tokenizer_dir or _manifest_tokenizer_dir(lm_data))
     lm, lm_tokenizer = load_pretrained(run_dir, precision, tokenizer_dir)
     return export_lm(lm, lm_tokenizer, base_path, model_name or "lm", version, top_k)
 

@@ -5,14 +5,21 @@ numeric version folders of each model's base path, loads the versions its versio
 (newest first; a version is loaded, warmed up with its ``tf_serving_warmup_requests``, then made
 available) and only once one of those is available unloads the versions it no longer wants. A
 request takes its servable under a lock and keeps it until it is answered, so a version swap
-drops no request. A version that fails to load is reported (state END with the error) and not
-retried; the versions already serving stay.
+drops no request.
+
+A version that fails to load (say its files were still being copied when a poll saw its folder)
+is retried as TF Serving retries it (``--max_num_load_retries``, ``--load_retry_interval_micros``):
+up to ``max_num_load_retries`` more times, ``load_retry_interval`` seconds apart, staying LOADING
+meanwhile; after the last failure it is END with the error and not tried again. Retries are
+scheduled, not slept through, so one bad version never holds up the others; the versions
+already serving stay.
 """
 
 from __future__ import annotations
 
 import os
 import threading
+import time
 import traceback
 
 from tensorflow_serving.apis import get_model_status_pb2
@@ -27,9 +34,12 @@ State = get_model_status_pb2.ModelVersionStatus.State
 class ModelRegistry:
     """The models of ``configs`` (``serving.server_config.ModelConfig``) and their loaded versions."""
 
-    def __init__(self, configs, batching=None, method_name_check: bool = False, log=print):
+    def __init__(self, configs, batching=None, method_name_check: bool = False, log=print,
+                 max_num_load_retries: int = 5, load_retry_interval: float = 60.0):
         self.configs = {c.name: c for c in configs}
         self._batching, self._method_name_check, self._log = batching, method_name_check, log
+        self.max_num_load_retries, self.load_retry_interval = max_num_load_retries, max(0.0, load_retry_interval)
+        self._retries = {name: {} for name in self.configs}  # name -> {version: (failures so far, next try time)}
         self._lock = threading.Lock()
         self._available = {name: {} for name in self.configs}  # name -> {version: Servable}
         self._states = {name: {} for name in self.configs}  # name -> {version: (State, error message)}
@@ -41,9 +51,12 @@ class ModelRegistry:
         """One pass over every base path: load wanted versions, then unload unwanted ones."""
         for name, config in self.configs.items():
             wanted = config.aspired(versions(config.base_path))
+            for version in [v for v in self._retries[name] if v not in wanted]:  # gone from disk meanwhile
+                del self._retries[name][version]
+                self._set_state(name, version, State.END, "the version left the base path before it loaded")
             for version in sorted(wanted, reverse=True):
                 state = self._states[name].get(version)
-                if state is None or (state[0] == State.END and not state[1]):
+                if state is None or (state[0] == State.END and not state[1]) or self._retry_due(name, version):
                     self._load(name, version, os.path.join(config.base_path, str(version)))
             # Availability first: the old versions go once a wanted one serves (or none is on disk any more).
             if not wanted or any(v in self._available[name] for v in wanted):
@@ -56,13 +69,36 @@ class ModelRegistry:
             servable = Servable(name, version, path, self._batching, self._method_name_check)
             warmed = servable.warm_up()
         except Exception as err:  # noqa: BLE001 -- any failure is this version's status, the server stays up
-            self._log(f"model {name} version {version}: load failed: {err}\n{traceback.format_exc(limit=3)}")
-            self._set_state(name, version, State.END, f"{type(err).__name__}: {err}")
+            self._failed(name, version, err)
             return
+        self._retries[name].pop(version, None)
         with self._lock:
             self._available[name][version] = servable
             self._states[name][version] = (State.AVAILABLE, "")
         self._log(f"model {name} version {version}: available ({path}, {warmed} warm-up requests)")
+
+    def _failed(self, name: str, version: int, err: Exception) -> None:
+        """A failed load: LOADING with a retry scheduled, or END with the error once retries are spent."""
+        failures = self._retries[name].get(version, (0, 0.0))[0] + 1
+        attempt = f"attempt {failures} of {self.max_num_load_retries + 1}"
+        if failures <= self.max_num_load_retries:
+            self._retries[name][version] = (failures, time.monotonic() + self.load_retry_interval)
+            self._log(f"model {name} version {version}: load failed ({attempt}): {type(err).__name__}: {err}; "
+                      f"retrying in {self.load_retry_interval:g} s")
+            self._set_state(name, version, State.LOADING)
+            return
+        self._retries[name].pop(version, None)
+        self._log(f"model {name} version {version}: load failed ({attempt}, giving up): {err}\n"
+                  f"{traceback.format_exc(limit=3)}")
+        self._set_state(name, version, State.END, f"{type(err).__name__}: {err}")
+
+    def _retry_due(self, name: str, version: int) -> bool:
+        pending = self._retries[name].get(version)
+        return pending is not None and time.monotonic() >= pending[1]
+
+    def retries_pending(self) -> bool:
+        """True while some version waits for another load attempt."""
+        return any(self._retries[name] for name in self.configs)
 
     def _unload(self, name: str, version: int) -> None:
         with self._lock:
@@ -77,12 +113,15 @@ class ModelRegistry:
             self._states[name][version] = (state, error)
 
     def start_polling(self, seconds: float) -> None:
-        """Polls every ``seconds`` in a background thread (0: never again)."""
-        if seconds <= 0:
+        """Polls every ``seconds`` in a background thread (0: only until pending load retries are done)."""
+        if seconds <= 0 and not self.retries_pending():
             return
+        wait = seconds if seconds > 0 else min(1.0, self.load_retry_interval) or 0.05
 
         def loop():
-            while not self._stop.wait(seconds):
+            while not self._stop.wait(wait):
+                if seconds <= 0 and not self.retries_pending():
+                    return
                 try:
                     self.poll()
                 except Exception:  # noqa: BLE001 -- e.g. a base path on flaky storage; next poll retries

@@ -1,4 +1,4 @@
-"""TF Serving's REST API on the standard library's ``ThreadingHTTPServer``.
+"""TF Serving's REST API on the standard library's ``http.server`` (``serving.http_front``).
 
     POST /v1/models/<name>[/versions/<v> | /labels/<l>]:(predict|classify|regress)
     GET  /v1/models/<name>[/versions/<v> | /labels/<l>]            model status
@@ -6,23 +6,27 @@
 
 Paths, bodies and errors follow TF Serving (``http_rest_api_handler.cc``): errors are
 ``{"error": "<message>"}`` with the HTTP code of their status (``serving.errors.HTTP_STATUS``).
-A body over ``max_request_bytes`` is refused with 413 (read and dropped, never kept), one
-without a Content-Length with 411.
+A body over ``max_request_bytes`` is refused with 413 from its Content-Length alone (answered
+before any of it is read; what the client still sends is discarded for at most a second, then the
+connection closes), one without a Content-Length with 411. JSON nested
+deeper than ``rest_json.MAX_JSON_DEPTH`` is refused with 400 before it is parsed.
 """
 
 from __future__ import annotations
 
+import contextlib
 import json
 import re
 import threading
+import time
 import urllib.parse
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 from google.protobuf import json_format
 from tensorflow_serving.apis import get_model_metadata_pb2, model_pb2
 
 from serving import rest_json
 from serving.errors import ServingError, invalid
+from serving.http_front import CLIENT_GONE, BoundedHTTPServer, DeadlineHandler, release_freed_memory
 from serving.grpc_service import SIGNATURE_DEF, model_metadata, model_status, servable_for
 from serving.servable import DEFAULT_SIGNATURE
 
@@ -41,28 +45,49 @@ def _spec(name: str, version: str | None, label: str | None) -> model_pb2.ModelS
 
 
 class _Api:
-    """The REST methods over a registry, body in, JSON-able dict out."""
+    """The REST methods over a registry, body in, JSON-able dict out.
+
+    A large body's JSON tree takes ~20 times its size (2 MB of ``[["a"], ...]`` is ~40 MB of Python
+    objects), so at most ``LARGE_BODY_SLOTS`` large bodies are parsed and converted at once (the
+    work holds the GIL anyway) and the freed memory is handed back to the OS afterwards: 16 clients
+    sending such bodies otherwise grew the server by hundreds of MB that it never gave back.
+    """
+
+    LARGE_BODY = 1 << 16
+    LARGE_BODY_SLOTS = 2
 
     def __init__(self, registry):
         self.registry = registry
+        self._large = threading.BoundedSemaphore(self.LARGE_BODY_SLOTS)
 
     def post(self, path: str, body: bytes) -> dict:
         match = _PREDICTION.fullmatch(path)
         if not match:
             raise invalid(f"Malformed request: POST {path}")
         spec, method = _spec(*match.group(1, 2, 3)), match.group(4).lower()
+        large = len(body) > self.LARGE_BODY
+        try:
+            with self._large if large else contextlib.nullcontext():
+                servable, signature, inputs = self._parse(spec, method, body)
+        finally:
+            if large:
+                release_freed_memory()
+        if method == "predict":
+            return rest_json.predict_response(servable.predict(signature, inputs[0]), inputs[1])
+        if method == "classify":
+            return rest_json.classify_response(*servable.classify(signature, inputs))
+        return rest_json.regress_response(servable.regress(signature, inputs))
+
+    def _parse(self, spec, method: str, body: bytes):
+        """(servable, signature, inputs): ``(arrays, form)`` for predict, serialized examples otherwise."""
         doc = rest_json.parse_body(body)
         servable = servable_for(self.registry, spec)
         signature = rest_json.signature_name(doc) or DEFAULT_SIGNATURE
         if method == "predict":
             if signature not in servable.signature_defs:
                 raise invalid(f'Serving signature name: "{signature}" not found in signature def')
-            inputs, form = rest_json.predict_inputs(doc, servable.signature_defs[signature].inputs)
-            return rest_json.predict_response(servable.predict(signature, inputs), form)
-        examples = rest_json.examples_from_json(doc)
-        if method == "classify":
-            return rest_json.classify_response(*servable.classify(signature, examples))
-        return rest_json.regress_response(servable.regress(signature, examples))
+            return servable, signature, rest_json.predict_inputs(doc, servable.signature_defs[signature].inputs)
+        return servable, signature, rest_json.examples_from_json(doc)
 
     def get(self, path: str) -> dict:
         match = _STATUS.fullmatch(path)
@@ -83,56 +108,72 @@ class _Api:
 
 
 class RestServer:
-    """Serves the REST API on ``host:port`` (port 0: any free port, see ``.port``) in a thread."""
+    """Serves the REST API on ``host:port`` (port 0: any free port, see ``.port``) in a thread.
 
-    def __init__(self, registry, host: str, port: int, max_request_bytes: int):
+    ``num_threads`` connections are served at once and as many more wait; past that a connection
+    gets 503 (``serving.http_front``). ``timeout``: seconds a request (line, headers, body) may take
+    to arrive, and a keep-alive connection may idle.
+    """
+
+    def __init__(self, registry, host: str, port: int, max_request_bytes: int, num_threads: int = 32,
+                 timeout: float = 30.0, log=print):
         api = _Api(registry)
 
-        class Handler(BaseHTTPRequestHandler):
-            protocol_version = "HTTP/1.1"  # keep-alive: one connection per client
-
-            def log_message(self, *args):  # no access log on stderr
-                return
-
+        class Handler(DeadlineHandler):
             def _reply(self, status: int, payload: dict) -> None:
                 data = json.dumps(payload, indent=1).encode("utf-8")
                 self.send_response(status)
                 self.send_header("Content-Type", "application/json")
                 self.send_header("Content-Length", str(len(data)))
+                if self.close_connection:
+                    self.send_header("Connection", "close")
                 self.end_headers()
                 self.wfile.write(data)
+
+            def _refuse(self, status: int, message: str) -> None:
+                """Answers from the headers alone, then closes: the body is never read into memory."""
+                self.close_connection = True
+                self._reply(status, {"error": message})
+                self._linger()
+
+            def _linger(self, seconds: float = 1.0) -> None:
+                """Discards what the client still sends, for at most ``seconds`` and 4 × ``max_request_bytes``,
+                so that a client busy sending its body reads the answer instead of a connection reset."""
+                left, deadline = max(4 * max_request_bytes, 1 << 24), time.monotonic() + seconds
+                try:
+                    while left > 0 and time.monotonic() < deadline:
+                        self.connection.settimeout(max(0.01, deadline - time.monotonic()))
+                        chunk = self.connection.recv(min(left, 1 << 16))
+                        if not chunk:
+                            return
+                        left -= len(chunk)
+                except OSError:
+                    pass
 
             def _handle(self, method: str) -> None:
                 path = urllib.parse.urlsplit(self.path).path
                 if not re.fullmatch(r"(?i)/v1/.*", path):
-                    self.close_connection = True
-                    return self._reply(404, {"error": f"Not found: {method} {path}"})
+                    return self._refuse(404, f"Not found: {method} {path}")
                 try:
                     if method == "GET":
                         return self._reply(200, api.get(path))
                     length = self.headers.get("Content-Length")
                     if length is None or not length.isdigit():
-                        self.close_connection = True
-                        return self._reply(411, {"error": "a POST needs a Content-Length header"})
+                        return self._refuse(411, "a POST needs a Content-Length header")
                     if int(length) > max_request_bytes:
+                        return self._refuse(413, f"request body of {length} bytes exceeds the server's limit of "
+                                                 f"{max_request_bytes} bytes")
+                    body = self.rfile.read(int(length))
+                    if len(body) < int(length):
                         self.close_connection = True
-                        self._discard(int(length))
-                        return self._reply(413, {"error": f"request body of {length} bytes exceeds the server's "
-                                                          f"limit of {max_request_bytes} bytes"})
-                    return self._reply(200, api.post(path, self.rfile.read(int(length))))
+                        return  # the client went away mid-body
+                    return self._reply(200, api.post(path, body))
                 except ServingError as err:
                     return self._reply(err.http_status, {"error": err.message})
+                except CLIENT_GONE:
+                    raise
                 except Exception as err:  # noqa: BLE001 -- reported to the client; the server stays up
                     return self._reply(500, {"error": f"{type(err).__name__}: {err}"})
-
-            def _discard(self, length: int) -> None:
-                """Reads a refused body without keeping it (up to 16 limits), so the client gets the answer."""
-                left = min(length, 16 * max_request_bytes)
-                while left > 0:
-                    chunk = self.rfile.read(min(left, 1 << 16))
-                    if not chunk:
-                        return
-                    left -= len(chunk)
 
             def do_GET(self):  # noqa: N802 -- http.server's naming
                 self._handle("GET")
@@ -140,10 +181,14 @@ class RestServer:
             def do_POST(self):  # noqa: N802
                 self._handle("POST")
 
-        self._server = ThreadingHTTPServer((host, port), Handler)
-        self._server.daemon_threads = True
+        self._server = BoundedHTTPServer((host, port), Handler, num_threads=num_threads, timeout=timeout, log=log)
         self.port = self._server.server_address[1]
         self._thread = threading.Thread(target=self._server.serve_forever, name="rest", daemon=True)
+
+    @property
+    def shed(self) -> int:
+        """Connections answered 503 because the server was at its limit."""
+        return self._server.shed
 
     def start(self) -> None:
         self._thread.start()

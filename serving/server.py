@@ -39,6 +39,12 @@ def _check_flags() -> list:
         problems.append("--max_request_bytes and --grpc_max_threads must be positive")
     if not 0 <= FLAGS.port < 65536 or not 0 <= FLAGS.rest_api_port < 65536:
         problems.append("--port and --rest_api_port must be in [0, 65535]")
+    if FLAGS.max_num_load_retries < 0:
+        problems.append(f"--max_num_load_retries={FLAGS.max_num_load_retries} must be >= 0")
+    if FLAGS.rest_api_num_threads < 1 or FLAGS.rest_api_timeout_in_ms < 1:
+        problems.append("--rest_api_num_threads and --rest_api_timeout_in_ms must be positive")
+    if FLAGS.file_system_poll_wait_seconds < 0:
+        problems.append("--file_system_poll_wait_seconds must be >= 0")
     return problems
 
 
@@ -59,6 +65,14 @@ def define_flags() -> None:
     flags.DEFINE_float("file_system_poll_wait_seconds", 1.0, "Seconds between polls of the base paths (0: load once).")
     flags.DEFINE_integer("max_request_bytes", 4 * 1024 * 1024, "Largest request accepted, gRPC message or REST body.")
     flags.DEFINE_integer("grpc_max_threads", 32, "Threads answering gRPC calls.")
+    flags.DEFINE_integer("max_num_load_retries", 5, "Retries of a version whose load failed, before giving up "
+                         "(TF Serving's flag and default; 0: one attempt).")
+    flags.DEFINE_integer("load_retry_interval_micros", 60_000_000, "Microseconds between load retries "
+                         "(TF Serving's flag and default, 1 minute).")
+    flags.DEFINE_integer("rest_api_num_threads", 32, "REST connections served at once; as many more may wait, "
+                         "past that a connection is answered 503.")
+    flags.DEFINE_integer("rest_api_timeout_in_ms", 30_000, "REST: a request (line, headers, body) must arrive "
+                         "within this time, and an idle keep-alive connection is closed after it (TF Serving's flag).")
     flags.DEFINE_bool("enable_signature_method_name_check", False, "Classify/Regress only on signatures with their "
                       "method name (TF Serving's flag, off by default there too).")
     flags.DEFINE_integer("tensorflow_intra_op_parallelism", 0, "Threads per op (0: TensorFlow's default).")
@@ -72,7 +86,8 @@ def main(argv):
         logging.set_verbosity(logging.WARNING)  # TensorFlow's INFO chatter off unless asked for
     problems = _check_flags()
     if problems:
-        sys.exit("serving.server: invalid flags:\n  " + "\n  ".join(problems))
+        print("serving.server: invalid flags:\n  " + "\n  ".join(problems), file=sys.stderr)
+        sys.exit(2)
     os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
     import grpc
     import tensorflow as tf
@@ -96,7 +111,9 @@ def main(argv):
     except (OSError, ValueError) as err:
         sys.exit(f"serving.server: {err}")
 
-    registry = ModelRegistry(configs, batching, FLAGS.enable_signature_method_name_check, log=_say)
+    registry = ModelRegistry(configs, batching, FLAGS.enable_signature_method_name_check, log=_say,
+                             max_num_load_retries=FLAGS.max_num_load_retries,
+                             load_retry_interval=FLAGS.load_retry_interval_micros / 1e6)
     registry.poll()
     limit = FLAGS.max_request_bytes
     server = grpc.server(futures.ThreadPoolExecutor(max_workers=FLAGS.grpc_max_threads),
@@ -110,7 +127,8 @@ def main(argv):
     rest = None
     if FLAGS.rest_api_port:
         try:
-            rest = RestServer(registry, FLAGS.host, FLAGS.rest_api_port, limit)
+            rest = RestServer(registry, FLAGS.host, FLAGS.rest_api_port, limit, FLAGS.rest_api_num_threads,
+                              FLAGS.rest_api_timeout_in_ms / 1000, log=_say)
         except OSError as err:
             sys.exit(f"serving.server: cannot listen on {FLAGS.host}:{FLAGS.rest_api_port} for REST: {err}")
         rest.start()

@@ -222,13 +222,14 @@ def test_registry_loads_swaps_and_reports_versions(tmp_path):
     base = tmp_path / "plus"
     save_plus(base, 1, 1.0)
     logs = []
-    registry = ModelRegistry([ModelConfig("plus", str(base))], BatchingParameters(), log=logs.append)
+    registry = ModelRegistry([ModelConfig("plus", str(base))], BatchingParameters(), log=logs.append,
+                             max_num_load_retries=0)
     registry.poll()
     servable = registry.servable("plus")
     assert servable.version == 1 and servable.predict("", {"x": np.ones([2], np.float32)})["y"].tolist() == [2, 2]
     with pytest.raises(ServingError, match=r"Specific\(plus, 2\)"):
         registry.servable("plus", 2)
-    os.makedirs(base / "3")  # a broken version: reported, never served, not retried
+    os.makedirs(base / "3")  # a broken version: reported, never served, not retried (no retries asked for)
     (base / "3" / "saved_model.pb").write_bytes(b"not a SavedModel")
     save_plus(base, 2, 10.0)
     registry.poll()

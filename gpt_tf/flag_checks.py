@@ -1,0 +1,159 @@
+"""Flag values checked before anything runs: one table of rules, one line per problem, exit status 2.
+
+``gpt_tf.train`` parses its flags with ``lenient_parser`` (absl stops at the first bad enum value
+or unknown flag; this parser collects every one) and calls ``problems(FLAGS)`` right after,
+before TensorFlow is imported and before anything is written. ``NUMERIC`` has a rule for every
+integer and float flag of the CLI (``tests/test_flags.py`` checks that none is missing, so a new
+flag gets its rule here); enum flags are checked by absl against their ``DEFINE_enum`` values;
+``CHOICES`` lists the string flags whose value must be a known name.
+
+No TensorFlow here: only the registries of names (``gpt_tf.config``, ``gpt_tf.tasks``).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import sys
+from typing import Callable, Optional
+
+from absl import flags
+
+EXIT_STATUS = 2
+
+
+@dataclasses.dataclass(frozen=True)
+class Rule:
+    """A numeric flag's valid values: ``[lo, hi]`` (or ``[lo, hi)`` with ``hi_open``), or ``sentinel``."""
+
+    lo: Optional[float] = None
+    hi: Optional[float] = None
+    hi_open: bool = False
+    sentinel: Optional[float] = None  # a special value outside the range (e.g. -1: keep the preset's)
+
+    def check(self, value) -> Optional[str]:
+        """Why ``value`` is invalid, or None."""
+        if value is None or (self.sentinel is not None and value == self.sentinel):
+            return None
+        if isinstance(value, float) and not math.isfinite(value):
+            return "must be a finite number"
+        too_low = self.lo is not None and value < self.lo
+        too_high = self.hi is not None and (value >= self.hi if self.hi_open else value > self.hi)
+        if not (too_low or too_high):
+            return None
+        return "must be " + self.describe()
+
+    def describe(self) -> str:
+        if self.hi is None:
+            text = {0: ">= 0", 1: "positive"}.get(self.lo, f">= {self.lo:g}")
+        else:
+            text = f"in [{self.lo:g}, {self.hi:g}{')' if self.hi_open else ']'}"
+        return text if self.sentinel is None else f"{self.sentinel:g} or {text}"
+
+
+POSITIVE, NON_NEGATIVE = Rule(lo=1), Rule(lo=0)
+PROBABILITY = Rule(lo=0, hi=1, hi_open=True)
+
+NUMERIC = {
+    # model
+    "n_ctx": Rule(lo=2, sentinel=0), "dropout": Rule(lo=0, hi=1, hi_open=True, sentinel=-1),
+    # optimisation
+    "batch_size": POSITIVE, "grad_accum_steps": POSITIVE, "train_steps": POSITIVE,
+    "learning_rate": Rule(lo=0, hi=10.0), "warmup_steps": NON_NEGATIVE, "weight_decay": Rule(lo=0, hi=1),
+    "clip_norm": NON_NEGATIVE, "seed": Rule(lo=0, hi=2**32 - 1),
+    # fine-tuning
+    "epochs": POSITIVE, "lm_coef": NON_NEGATIVE, "clf_pdrop": PROBABILITY, "warmup_fraction": Rule(lo=0, hi=1),
+    "transfer_layers": Rule(lo=-1),
+    # devices
+    "num_cpu_devices": POSITIVE, "worker_index": NON_NEGATIVE,
+    # periods and sizes of logs, checkpoints, evaluation, samples
+    "log_every": POSITIVE, "checkpoint_every": POSITIVE, "keep_checkpoints": POSITIVE, "eval_every": NON_NEGATIVE,
+    "eval_batches": NON_NEGATIVE, "sample_every": NON_NEGATIVE, "sample_length": POSITIVE,
+    "temperature": NON_NEGATIVE, "top_k": NON_NEGATIVE,
+    "zero_shot_every": NON_NEGATIVE, "zero_shot_max_examples": NON_NEGATIVE,
+}
+
+
+def _known_models() -> tuple:
+    from gpt_tf.config import PRESETS
+
+    return tuple(PRESETS)
+
+
+def _known_tasks() -> tuple:
+    from gpt_tf.tasks import TASKS
+
+    return tuple(TASKS)
+
+
+# String flags whose value must be one of a registry's names ("" = not given, always fine).
+CHOICES: dict[str, Callable[[], tuple]] = {"model": _known_models, "task": _known_tasks}
+
+
+def problems(flag_values: flags.FlagValues, numeric: dict = NUMERIC, choices: dict = CHOICES) -> list[str]:
+    """One line per flag whose value breaks its rule (flags the CLI does not define are skipped)."""
+    out = []
+    for name, rule in numeric.items():
+        if name in flag_values:
+            why = rule.check(flag_values[name].value)
+            if why:
+                out.append(f"--{name}={flag_values[name].value} {why}")
+    for name, known in choices.items():
+        value = flag_values[name].value if name in flag_values else ""
+        if value and value not in known():
+            out.append(f"--{name}={value} is not one of {', '.join(known())}")
+    return out
+
+
+def fail(prog: str, found: list[str], what: str = "invalid flags") -> None:
+    """Prints the problems, one per line, and exits with status 2 (a usage error)."""
+    print(f"{prog}: {what}:\n  " + "\n  ".join(found), file=sys.stderr, flush=True)
+    sys.exit(EXIT_STATUS)
+
+
+def _offending_arg(argv: list[str], name: str) -> Optional[int]:
+    """Index of the command-line argument that set flag ``name`` (None: it came from a flagfile)."""
+    for i, arg in enumerate(argv[1:], start=1):
+        key = arg.lstrip("-").split("=", 1)[0]
+        if arg.startswith("-") and key in (name, f"no{name}"):
+            return i
+    return None
+
+
+def lenient_parser(prog: str, flag_values: flags.FlagValues = flags.FLAGS):
+    """An absl ``flags_parser`` that reports every bad flag of the command line at once (status 2).
+
+    absl raises at the first enum value not in its list or unknown flag; each is recorded and its
+    argument dropped, and parsing goes on (up to one round per argument). A bad value inside a
+    flagfile stops the rounds (the flagfile cannot be dropped without losing its other flags).
+    """
+
+    def parse(argv: list[str]) -> list[str]:
+        argv, found = list(argv), []
+        for _ in range(len(argv)):
+            try:
+                rest = flag_values(argv)
+                break
+            except flags.Error as err:
+                flag_values.unparse_flags()
+                found.append(str(err).replace("\n", " "))
+                name = getattr(err, "flagname", None) or _flag_in_message(str(err))
+                index = _offending_arg(argv, name) if name else None
+                if index is None:
+                    fail(prog, found)
+                del argv[index]
+        else:
+            fail(prog, found)
+        if found:
+            fail(prog, found + problems(flag_values))
+        return rest
+
+    return parse
+
+
+def _flag_in_message(message: str) -> Optional[str]:
+    """The flag name in absl's error text: "flag --name=...: ..." or "Unknown command line flag 'name'"."""
+    for start, end in (("flag --", "="), ("flag '", "'")):
+        if start in message:
+            return message.split(start, 1)[1].split(end, 1)[0]
+    return None

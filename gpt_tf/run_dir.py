@@ -1,0 +1,90 @@
+"""A run folder's config files: written atomically, and compared before a run resumes.
+
+A run folder holds ``model_config.json`` and ``train_config.json`` (pre-training) or
+``finetune_config.json`` (fine-tuning), plus ``data.json``: the ``config_hash`` of each data folder
+the run reads, so that data rebuilt in place (same path, other content) is noticed too.
+
+Re-running a command on a folder that holds checkpoints resumes it, and the data position is
+computed from the step with the *current* batch size and data, so every hyper-parameter must be
+the one the run started with. ``resume_problems`` lists each field that differs, except those in
+``RESUMABLE``: the length of the run (``train_steps``, ``epochs``), how often it logs, checkpoints,
+evaluates and samples, how it computes the same update (``grad_accum_steps``, ``jit_compile``), and
+where its data lives (the data's identity is checked through ``data.json`` instead).
+
+Nothing here imports TensorFlow: the checks run before it starts. ``write_json_atomic`` writes a
+temporary file beside the target and renames it over, so a killed command leaves the old file or
+the new one, never half of one.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from typing import Optional
+
+DATA_FILE = "data.json"
+RESUMABLE = {
+    "train_config.json": frozenset({"train_steps", "log_every", "checkpoint_every", "keep_checkpoints", "eval_every",
+                                    "eval_batches", "sample_every", "sample_prompt", "sample_length", "jit_compile",
+                                    "grad_accum_steps", "data_dir"}),
+    "finetune_config.json": frozenset({"epochs", "log_every", "data_dir", "aux_data_dirs", "init_checkpoint"}),
+    "model_config.json": frozenset(),
+    DATA_FILE: frozenset(),
+}
+
+
+def write_json_atomic(path: str, obj) -> None:
+    """``obj`` as indented, key-sorted JSON at ``path``, replacing any old file in one rename."""
+    folder = os.path.dirname(path) or "."
+    os.makedirs(folder, exist_ok=True)
+    tmp = os.path.join(folder, f".{os.path.basename(path)}.tmp-{os.getpid()}")
+    try:
+        with open(tmp, "w") as f:
+            json.dump(obj, f, indent=2, sort_keys=True)
+            f.write("\n")
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    finally:
+        if os.path.exists(tmp):
+            os.remove(tmp)
+
+
+def _plain(obj) -> dict:
+    """A config dict as it reads back from JSON (tuples become lists)."""
+    return json.loads(json.dumps(obj))
+
+
+def has_checkpoints(run_dir: str) -> bool:
+    return os.path.isfile(os.path.join(run_dir, "checkpoints", "checkpoint"))
+
+
+def resume_problems(run_dir: str, configs: dict) -> list[str]:
+    """One line per field of ``configs`` ({file name: dict}) that differs from the run's saved file.
+
+    Only for a run that has checkpoints (there is nothing to resume otherwise); a file the run
+    does not have is not compared, nor a field the command does not give.
+    """
+    if not has_checkpoints(run_dir):
+        return []
+    out, allowed = [], set()
+    for name, new in configs.items():
+        path = os.path.join(run_dir, name)
+        if not os.path.isfile(path):
+            continue
+        with open(path) as f:
+            old = json.load(f)
+        allowed |= RESUMABLE.get(name, frozenset())
+        for key, value in sorted(_plain(new).items()):  # the command's fields (a config's defaults are the code's)
+            if key not in RESUMABLE.get(name, ()) and old.get(key) != value:
+                out.append(f"{path}: {key} is {json.dumps(old.get(key))} in the run, {json.dumps(value)} in this command")
+    if out:
+        may = f"only --{', --'.join(sorted(allowed))} may change" if allowed else "no flag of the model may change"
+        out.append(f"{run_dir} holds checkpoints of another configuration: resume it with its own flags ({may}), "
+                   "or give a new --run_dir")
+    return out
+
+
+def data_identity(**data_manifests: Optional[dict]) -> dict:
+    """``data.json``'s content: each data folder's manifest ``config_hash`` (None when it has none)."""
+    return {role: (manifest or {}).get("config_hash") for role, manifest in data_manifests.items()}

@@ -1,0 +1,126 @@
+"""Run folders and tokenizers under mistakes (issue 15, items 6-8): resuming with other
+hyper-parameters, a failed command on a run folder, a tokenizer retrained under its data."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+
+import pytest
+
+from gpt_tf.run_dir import RESUMABLE, resume_problems, write_json_atomic
+from tests.small_runs import TRAIN_FLAGS, build_data, run_cli
+
+
+def snapshot(run_dir):
+    """{file name: bytes} of a run folder's top-level files."""
+    return {p.name: p.read_bytes() for p in sorted(run_dir.iterdir()) if p.is_file()}
+
+
+@pytest.fixture(scope="module")
+def trained(shared_data, tmp_path_factory):
+    """A 4-step run of the ``test`` preset (checkpoints at 2 and 4), and its flags."""
+    root = tmp_path_factory.mktemp("runs")
+    data = build_data(shared_data, root)
+    flags = [*TRAIN_FLAGS, f"--data_dir={data}", f"--run_dir={root / 'run'}"]
+    proc = run_cli("gpt_tf.train", *flags, "--train_steps=4")
+    assert proc.returncode == 0, proc.stderr
+    return root / "run", flags, data
+
+
+# ---------------------------------------------------------------------------------------------- item 6
+def test_resuming_with_other_hyper_parameters_is_refused_with_the_fields(trained):
+    run_dir, flags, _ = trained
+    before = snapshot(run_dir)
+    proc = run_cli("gpt_tf.train", *flags, "--train_steps=4", "--batch_size=4", "--learning_rate=0.002")
+    assert proc.returncode == 2, proc.stderr
+    assert "cannot start, nothing was written" in proc.stderr
+    assert f"{run_dir}/train_config.json: batch_size is 8 in the run, 4 in this command" in proc.stderr
+    assert f"{run_dir}/train_config.json: learning_rate is 0.001 in the run, 0.002 in this command" in proc.stderr
+    assert "may change" in proc.stderr and "--train_steps" in proc.stderr
+    assert snapshot(run_dir) == before
+
+
+def test_flags_that_may_change_on_resume(trained):
+    run_dir, flags, _ = trained
+    proc = run_cli("gpt_tf.train", *flags, "--train_steps=6", "--log_every=2", "--checkpoint_every=3")
+    assert proc.returncode == 0, proc.stderr
+    assert "resumed from" in proc.stderr and "ckpt-4" in proc.stderr
+    assert json.loads((run_dir / "train_config.json").read_text())["train_steps"] == 6
+
+
+def test_the_fields_that_may_change_are_fields_the_cli_writes():
+    from absl import flags
+
+    from gpt_tf import train
+
+    flags.FLAGS.unparse_flags()
+    flags.FLAGS(["gpt_tf.train"])
+    try:
+        written = set(train._train_kwargs())  # noqa: SLF001 -- what train_config.json holds from the flags
+    finally:
+        flags.FLAGS.unparse_flags()
+    assert RESUMABLE["train_config.json"] < written and RESUMABLE["model_config.json"] == frozenset()
+
+
+# ---------------------------------------------------------------------------------------------- item 7
+def test_a_failing_command_leaves_the_run_folder_as_it_was(trained):
+    run_dir, flags, _ = trained
+    before = snapshot(run_dir)
+    ckpts = sorted(os.listdir(run_dir / "checkpoints"))
+    for mode in ("train", "eval", "generate"):
+        proc = run_cli("gpt_tf.train", *flags, "--train_steps=6", "--model=tiny", f"--mode={mode}", "--prompt=the")
+        assert proc.returncode == 2, (mode, proc.stderr)
+        assert f"{run_dir}/model_config.json: n_embd is 32 in the run" in proc.stderr, proc.stderr
+        assert "Traceback" not in proc.stderr
+    assert snapshot(run_dir) == before and sorted(os.listdir(run_dir / "checkpoints")) == ckpts
+
+
+def test_data_rebuilt_in_place_is_another_run(trained, tmp_path):
+    run_dir, _, _ = trained
+    copy = tmp_path / "run"
+    shutil.copytree(run_dir, copy)
+    data = json.loads((copy / "data.json").read_text())
+    assert set(data) == {"data"} and len(data["data"]) == 64
+    (found, hint) = resume_problems(str(copy), {"data.json": {"data": "0" * 64}})
+    assert "data.json: data is" in found and "give a new --run_dir" in hint
+
+
+def test_config_files_are_written_atomically(tmp_path):
+    path = tmp_path / "sub" / "c.json"
+    write_json_atomic(str(path), {"b": 1, "a": (1, 2)})
+    write_json_atomic(str(path), {"b": 2})
+    assert json.loads(path.read_text()) == {"b": 2} and os.listdir(path.parent) == ["c.json"]
+
+    class Unserializable:
+        pass
+
+    with pytest.raises(TypeError):
+        write_json_atomic(str(path), {"x": Unserializable()})
+    assert json.loads(path.read_text()) == {"b": 2} and os.listdir(path.parent) == ["c.json"]
+
+
+# ---------------------------------------------------------------------------------------------- item 8
+def test_a_tokenizer_retrained_under_its_data_stops_every_command(trained, shared_data, tmp_path):
+    _, flags, _ = trained
+    data = build_data(shared_data, tmp_path, tokenizer_copy=True)
+    run_dir = tmp_path / "run"  # a run folder on that data (its JSON files are what the commands read)
+    shutil.copytree(trained[0], run_dir, ignore=shutil.ignore_patterns("tb"))
+    config = json.loads((run_dir / "train_config.json").read_text())
+    write_json_atomic(str(run_dir / "train_config.json"), {**config, "data_dir": str(data), "run_dir": str(run_dir)})
+    write_json_atomic(str(run_dir / "data.json"), {"data": json.loads((data / "manifest.json").read_text())["config_hash"]})
+    merges = next((tmp_path / "bpe").glob("*.bpe"))
+    lines = merges.read_text(encoding="utf-8").splitlines()
+    merges.write_text("\n".join(lines[:1] + lines[2:] + lines[1:2]) + "\n", encoding="utf-8")  # "retrained"
+    expected = f"{merges} is not the tokenizer {data} was built with"
+    own = [f for f in flags if not f.startswith(("--data_dir", "--run_dir"))]
+    for mode in ("train", "generate"):
+        proc = run_cli("gpt_tf.train", *own, f"--data_dir={data}", f"--run_dir={run_dir}", f"--mode={mode}")
+        assert proc.returncode == 2 and expected in proc.stderr, (mode, proc.stderr)
+    proc = run_cli("gpt_tf.zero_shot", f"--run_dir={run_dir}", "--task=sst2",
+                   f"--data_dir={shared_data / 'glue' / 'SST-2'}", f"--output_csv={tmp_path / 'z.csv'}")
+    assert proc.returncode == 2 and f"{merges} is not the tokenizer" in proc.stderr, proc.stderr
+    proc = run_cli("serving.export", f"--run_dir={run_dir}", f"--export_base={tmp_path / 'exported'}")
+    assert proc.returncode == 1 and f"{merges} is not the tokenizer" in proc.stderr, proc.stderr
+    assert not (tmp_path / "exported").exists() and not (tmp_path / "z.csv").exists()

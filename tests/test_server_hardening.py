@@ -1,0 +1,260 @@
+"""The model server under a hostile user (issue 15, items 10-15): load retries, JSON depth, slow and
+aborted clients, the connection cap, 413 from the header alone, memory under malformed traffic.
+
+A tiny string model (``sentence`` -> its length) stands in for a GPT export: these are properties
+of the server, not of the model. Every request goes to 127.0.0.1; every loop is bounded in count
+and time.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import socket
+import struct
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+import tensorflow as tf
+
+from bench.soak import GOOD, KINDS, Client, drive, free_port, server_stats
+from serving.errors import ServingError
+from serving.model_registry import ModelRegistry, State
+from serving.rest_json import MAX_JSON_DEPTH, json_depth, parse_body
+from serving.server_config import ModelConfig
+
+ROOT = Path(__file__).resolve().parents[1]
+ENV = {**os.environ, "PYTHONPATH": str(ROOT), "TF_CPP_MIN_LOG_LEVEL": "2"}
+HOST = "127.0.0.1"
+THREADS, TIMEOUT_MS = 4, 1500
+
+
+class Length(tf.Module):
+    @tf.function(input_signature=[tf.TensorSpec([None], tf.string, name="sentence")])
+    def serve(self, sentence):
+        return {"length": tf.strings.length(sentence)}
+
+
+def save_length_model(folder: Path) -> None:
+    module = Length()
+    tf.saved_model.save(module, str(folder), signatures={"serving_default": module.serve})
+
+
+def wait_for(condition, seconds: float, what: str) -> None:
+    deadline = time.monotonic() + seconds
+    while not condition():
+        assert time.monotonic() < deadline, f"{what}: not within {seconds} s"
+        time.sleep(0.05)
+
+
+# ---------------------------------------------------------------------------------------------- item 10
+def slow_copy(src: Path, dst: Path, pause: float) -> None:
+    """Copies a SavedModel file by file into ``dst`` (visible from the start), saved_model.pb first."""
+    files = sorted(src.rglob("*"), key=lambda p: (p.name != "saved_model.pb", str(p)))
+    dst.mkdir()
+    for path in files:
+        target = dst / path.relative_to(src)
+        if path.is_dir():
+            target.mkdir(parents=True, exist_ok=True)
+            continue
+        target.parent.mkdir(parents=True, exist_ok=True)
+        shutil.copyfile(path, target)
+        time.sleep(pause)
+
+
+def test_a_version_copied_in_slowly_is_retried_until_it_loads(tmp_path):
+    source = tmp_path / "source"
+    save_length_model(source)
+    base = tmp_path / "base"
+    save_length_model(base / "1")
+    logs = []
+    registry = ModelRegistry([ModelConfig("m", str(base))], log=logs.append, max_num_load_retries=100,
+                             load_retry_interval=0.2)
+    registry.poll()
+    registry.start_polling(0.1)
+    try:
+        copier = threading.Thread(target=slow_copy, args=(source, base / "2", 0.3))
+        copier.start()
+        wait_for(lambda: any("version 2: load failed (attempt 1 of 101)" in line for line in logs), 30, "a failed load")
+        assert {v: s for v, s, _ in registry.status("m")}[2] == State.LOADING  # retrying, not END
+        assert registry.servable("m").version == 1  # version 1 serves meanwhile
+        copier.join(timeout=60)
+        wait_for(lambda: registry.servable("m").version == 2, 30, "version 2 never went live after the copy")
+    finally:
+        registry.stop()
+    assert any("version 2: available" in line for line in logs)
+
+
+def test_load_retries_end_with_the_error(tmp_path):
+    base = tmp_path / "base"
+    (base / "3").mkdir(parents=True)
+    (base / "3" / "saved_model.pb").write_bytes(b"not a SavedModel")
+    logs = []
+    registry = ModelRegistry([ModelConfig("m", str(base))], log=logs.append, max_num_load_retries=2,
+                             load_retry_interval=0.05)
+    registry.poll()
+    registry.start_polling(0)  # no polling asked for: retries still run, then the thread ends
+    wait_for(lambda: registry.status("m")[0][1] == State.END, 20, "giving up")
+    registry.stop()
+    ((version, state, error),) = registry.status("m")
+    assert (version, state) == (3, State.END) and error
+    assert [line.split(":")[1].strip() for line in logs if "load failed" in line] == [
+        "load failed (attempt 1 of 3)", "load failed (attempt 2 of 3)", "load failed (attempt 3 of 3, giving up)"]
+
+
+# ---------------------------------------------------------------------------------------------- item 11
+def test_json_depth_limit():
+    assert json_depth(b'{"a": [[1], [2]], "s": "[[[[\\"]]"}') == 3
+    parse_body(b'{"x": ' + b"[" * (MAX_JSON_DEPTH - 1) + b"]" * (MAX_JSON_DEPTH - 1) + b"}")
+    with pytest.raises(ServingError, match=f"nesting depth 1001 exceeds the limit of {MAX_JSON_DEPTH}") as err:
+        parse_body(b"{" + b'"a": [' * 1000 + b"]" * 1000 + b"}")
+    assert err.value.http_status == 400
+
+
+# ---------------------------------------------------------------------------------------------- the server
+@pytest.fixture(scope="module")
+def server(tmp_path_factory):
+    """``python -m serving.server`` with 4 REST threads and a 1.5 s request deadline."""
+    root = tmp_path_factory.mktemp("served")
+    save_length_model(root / "sst2" / "1")
+    grpc_port, rest_port = free_port(), free_port()
+    log_path = root / "server.log"
+    log = open(log_path, "w")
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "serving.server", "--model_name=sst2", f"--model_base_path={root / 'sst2'}",
+         f"--port={grpc_port}", f"--rest_api_port={rest_port}", f"--rest_api_num_threads={THREADS}",
+         f"--rest_api_timeout_in_ms={TIMEOUT_MS}", "--max_request_bytes=2000000"],
+        cwd=ROOT, env=ENV, stdout=subprocess.PIPE, stderr=log, text=True)
+    line = proc.stdout.readline()
+    assert "gRPC on" in line, log_path.read_text()[-2000:]
+    yield proc, grpc_port, rest_port, log_path
+    proc.terminate()
+    try:
+        assert proc.wait(timeout=30) == 0
+    finally:
+        proc.kill()
+        log.close()
+
+
+def request(port, data: bytes, timeout: float = 10.0) -> bytes:
+    """Raw bytes to the server on a fresh connection; its answer, headers and body (b'' if closed at once)."""
+    answer = b""
+    with socket.create_connection((HOST, port), timeout=timeout) as s:
+        s.sendall(data)
+        try:
+            while True:  # until the body announced by Content-Length is in, or the server closes
+                chunk = s.recv(65536)
+                answer += chunk
+                head, _, body = answer.partition(b"\r\n\r\n")
+                length = [int(line.split(b":")[1]) for line in head.split(b"\r\n")
+                          if line.lower().startswith(b"content-length:")]
+                if not chunk or (length and len(body) >= length[0]):
+                    return answer
+        except ConnectionResetError:
+            return answer
+
+
+def post(path: str, body: bytes, length=None) -> bytes:
+    return (f"POST {path} HTTP/1.1\r\nHost: x\r\nContent-Length: {len(body) if length is None else length}\r\n\r\n"
+            ).encode() + body
+
+
+def test_deep_json_is_400_invalid_argument(server):
+    _, _, port, _ = server
+    answer = request(port, post("/v1/models/sst2:predict", b'{"instances": ' + b"[" * 1000 + b"]" * 1000 + b"}"))
+    assert answer.startswith(b"HTTP/1.1 400") and b"nesting depth 1001" in answer, answer
+
+
+def test_413_comes_from_the_content_length_alone(server):
+    _, _, port, _ = server
+    start = time.monotonic()
+    answer = request(port, post("/v1/models/sst2:predict", b"", length=999_999_999))  # the body never comes
+    assert answer.startswith(b"HTTP/1.1 413") and b"999999999 bytes exceeds" in answer, answer
+    assert time.monotonic() - start < TIMEOUT_MS / 1000  # answered before any read of the body could time out
+    import http.client
+
+    conn = http.client.HTTPConnection(HOST, port, timeout=30)  # a client that sends its 3 MB body anyway
+    conn.request("POST", "/v1/models/sst2:predict", b"x" * 3_000_000)
+    response = conn.getresponse()
+    assert response.status == 413 and b"3000000 bytes exceeds" in response.read()
+    conn.close()
+
+
+def test_slow_clients_time_out_and_excess_connections_get_503(server):
+    proc, _, port, _ = server
+    held = []
+    for _ in range(2 * THREADS):  # every worker and every waiting place taken by a partial header
+        s = socket.create_connection((HOST, port), timeout=10)
+        s.sendall(b"POST /v1/models/sst2:predict HTTP/1.1\r\nHo")
+        held.append(s)
+    time.sleep(0.3)
+    start = time.monotonic()
+    answer = request(port, b"GET /v1/models/sst2 HTTP/1.1\r\nHost: x\r\n\r\n")
+    assert answer == b"" or answer.startswith(b"HTTP/1.1 503"), answer  # refused at once, not queued
+    assert time.monotonic() - start < 1.0
+    for s in held:  # the server closes each held connection at its deadline
+        s.settimeout(10)
+        assert s.recv(100) == b""
+        s.close()
+    answer = request(port, b"GET /v1/models/sst2 HTTP/1.1\r\nHost: x\r\n\r\n")
+    assert answer.startswith(b"HTTP/1.1 200"), answer  # healed
+    assert server_stats(proc.pid)["fds"] < 30
+
+
+def test_clients_that_go_away_leave_no_traceback(server):
+    _, _, port, log_path = server
+    before = log_path.read_text()
+    for i in range(300):
+        s = socket.create_connection((HOST, port), timeout=10)
+        if i % 3 == 0:
+            s.sendall(post("/v1/models/sst2:predict", b'{"instances": ["a"]}'))
+        elif i % 3 == 1:
+            s.sendall(post("/v1/models/sst2:predict", b'{"inst', length=5000))  # body cut off
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))  # reset, not a clean close
+        s.close()
+    time.sleep(0.5)
+    answer = request(port, post("/v1/models/sst2:predict", b'{"instances": ["abc"]}'))
+    assert answer.startswith(b"HTTP/1.1 200") and b"3" in answer.split(b"\r\n\r\n", 1)[1], answer
+    added = log_path.read_text()[len(before):]
+    assert "Traceback" not in added and len(added.splitlines()) <= 3, added[-2000:]
+
+
+def test_memory_is_flat_under_malformed_traffic(server):
+    """1,000 malformed requests of every kind to warm up, then 5,000 more: RSS within ±5%.
+
+    One request in 45 has a 1 MB body (``bench.soak`` sends more of them, for minutes)."""
+    proc, grpc_port, port, _ = server
+    small = [k for k in KINDS if k not in GOOD and not k.startswith("big_")]
+    bad = small * 4 + ["big_bad_json"] + small * 4 + ["big_ragged"]
+    clients = [Client(port, grpc_port) for _ in range(THREADS)]
+
+    def burst(total):
+        results, lock = [], threading.Lock()
+        deadline = time.monotonic() + 240
+        threads = [threading.Thread(target=drive, args=(c, bad, 5 * i, deadline, total // THREADS, results, lock))
+                   for i, c in enumerate(clients)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+        return results
+
+    assert len(burst(1000)) == 1000
+    after_warmup = server_stats(proc.pid)["rss_mb"]
+    results = burst(5000)
+    end = server_stats(proc.pid)["rss_mb"]
+    assert len(results) == 5000 and proc.poll() is None
+    assert abs(end / after_warmup - 1) <= 0.05, (after_warmup, end)
+
+
+def test_server_flags_are_checked_before_anything_starts():
+    proc = subprocess.run([sys.executable, "-m", "serving.server", "--model_base_path=/nonexistent",
+                           "--max_num_load_retries=-1", "--rest_api_num_threads=0"], cwd=ROOT, env=ENV,
+                          capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 2
+    assert "--max_num_load_retries=-1 must be >= 0" in proc.stderr and "--rest_api_num_threads" in proc.stderr
