@@ -13,6 +13,8 @@ import ftfy
 import pytest
 import tensorflow as tf
 
+from bench.reference_encoder import ReferenceEncoder
+from bench.tokenizer_fidelity import fidelity_sets, score
 from gpt_tf import text_clean
 from gpt_tf.tokenizer import GPTTokenizer
 
@@ -108,6 +110,18 @@ def gpt1_tf(gpt1):
 
 
 @pytest.fixture(scope="module")
+def reference(shared_data):
+    """GPT-1's released encoder with spaCy's English tokenizer (spaCy: requirements-dev.txt)."""
+    try:
+        import spacy  # pylint: disable=import-outside-toplevel,unused-import
+    except ImportError:
+        if os.environ.get("CI") == "true":
+            pytest.fail("spaCy is required when CI=true (requirements-dev.txt)")
+        pytest.skip("spaCy is not installed (requirements-dev.txt)")
+    return ReferenceEncoder(shared_data / "gpt1_bpe")
+
+
+@pytest.fixture(scope="module")
 def books(shared_data):
     """Text of a few training books."""
     return [read_book(shared_data / "books" / "train" / f"{b}.txt") for b in BOOKS]
@@ -168,14 +182,39 @@ def test_offline_matches_reference_bpe(gpt1, books):
 
 
 def test_offline_encode_conventions(gpt1):
-    """Lower-case, punctuation words, newline token, <unk>, decode skipping special ids."""
+    """spaCy's words lower-cased, newline token, <unk>, decode skipping special ids."""
     assert gpt1.vocab_size == 40478 and gpt1.unk_id == 0
-    assert gpt1.words("Don't STOP...\n\nNow, “go”!") == ["don", "'", "t", "stop", ".", ".", ".", "\n", "now",
-                                                            ",", '"', "go", '"', "!"]
+    assert gpt1.words("Don't STOP...\n\nNow, “go”!") == ["do", "n't", "stop", "...", "\n", "now", ",", '"', "go",
+                                                            '"', "!"]
+    assert gpt1.words("I can't believe it's Mr. Smith's U.S. trip -- 3.14 km, won't you?!") == [
+        "i", "ca", "n't", "believe", "it", "'s", "mr.", "smith", "'s", "u.s.", "trip", "--", "3.14", "km", ",",
+        "wo", "n't", "you", "?", "!"]
+    assert gpt1.words("mr. u.s. MR. e-mail@example.com www.Example.com 5km 2^3 end.Next") == [
+        "mr", ".", "u.s", ".", "mr", ".", "e", "-", "mail@example.com", "www.example.com", "5", "km", "2", "^",
+        "3", "end", ".", "next"]
     ids = gpt1.encode("Hello world.\nBye 😀")
     assert ids[3] == gpt1.encoder["\n</w>"] == 40477 and ids[-1] == 0
     assert gpt1.encode_batch(["Hello world.", "", "Bye"]) == [gpt1.encode(t) for t in ["Hello world.", "", "Bye"]]
     assert gpt1.decode(gpt1.encode("The cat sat.") + [40478, 40481]) == "the cat sat ."
+
+
+def test_word_split_is_spacys(gpt1, reference, corpus):
+    """The words are spaCy's (as GPT-1's encoder used it) on thousands of real texts and edge cases."""
+    bad = []
+    for text in corpus:
+        expected = [w.strip(" ") if w.isspace() else w for w in reference.words(text)]  # '\n ' -> '\n'
+        if gpt1.words(text) != expected:
+            bad.append((text, expected, gpt1.words(text)))
+    assert not bad, bad[:3]
+
+
+def test_fidelity_on_real_sentences(gpt1, gpt1_tf, reference, shared_data):
+    """Pins the fidelity bench on its first 60 texts of every set: ids identical to the release's."""
+    texts = [t for name, ts in fidelity_sets(shared_data).items() for t in ts[:60]]
+    ours = gpt1.encode_batch(texts)
+    result = score([reference.encode(t) for t in texts], ours)
+    assert result["texts"] == 360 and result["identical"] == 360 and result["edits"] == 0, result
+    assert run_graph(gpt1_tf, texts) == ours
 
 
 def test_graph_matches_offline_on_real_text(gpt1, gpt1_tf, corpus):
@@ -223,6 +262,7 @@ def test_train_save_load_roundtrip(books, tmp_path):
     assert all(len(m.split(" ")) == 2 for m in merges[1:-1])
     assert encoder["<unk>"] == 0 and sorted(encoder.values()) == list(range(len(encoder)))
     assert 1900 <= tok.vocab_size <= 2100 and "\n</w>" in encoder
+    assert "n't</w>" in encoder and "'s</w>" in encoder  # learnt on spaCy's words, as GPT-1's vocabulary
     again = GPTTokenizer.from_dir(out)
     sample = [line for line in books[0].split("\n") if line.strip()][50:150]
     assert again.encode_batch(sample) == tok.encode_batch(sample)
