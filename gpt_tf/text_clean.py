@@ -212,7 +212,7 @@ def _ftfy_char_candidates():
 
 
 @functools.lru_cache(maxsize=None)
-def graph_char_map():
+def graph_char_map(standardize=True):
     """``{char: replacement}`` for every character ftfy + text_standardize map on its own.
 
     Each value is computed by ftfy itself (``fix_text`` on the lone character,
@@ -221,11 +221,12 @@ def graph_char_map():
     Latin ligatures, full/half-width forms, curly quotes, line breaks, control
     characters, NFC of single characters, dashes, ``…`` and ``´``. (The graph
     removes whole terminal escapes before it applies the map, which drops ESC.)
+    ``standardize=False``: ftfy's replacements only.
     """
     table = {}
     for char in sorted(_ftfy_char_candidates()):
         value = ftfy.fix_text(char, fix_encoding=False, unescape_html=False)
-        for old, new in STANDARDIZE_CHAR_MAP.items():
+        for old, new in STANDARDIZE_CHAR_MAP.items() if standardize else ():
             value = value.replace(old, new)
         if value != char:
             table[char] = value

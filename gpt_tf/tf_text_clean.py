@@ -7,21 +7,20 @@
 2. ftfy ``unescape_html``: named entities (ftfy's table) and numeric
    references (``html.unescape`` rules), repeated until stable, on the lines
    before the first line holding ``<`` (ftfy's ``"auto"`` rule);
-3. ftfy ``remove_terminal_escapes``;
-4. one per-character table: ftfy's ``fix_c1_controls``, ``fix_latin_ligatures``,
+3. ftfy ``fix_encoding``, the mojibake repair (``gpt_tf/tf_fix_encoding.py``);
+4. ftfy ``remove_terminal_escapes``;
+5. one per-character table: ftfy's ``fix_c1_controls``, ``fix_latin_ligatures``,
    ``fix_character_width``, ``uncurl_quotes``, ``fix_line_breaks``,
    ``remove_control_chars``, NFC of single characters, and text_standardize's
    ``— – ― … ´`` (only strings holding such a character pay for it);
    then NFC's pairwise compositions (``e`` + U+0301 -> ``é``, Hangul jamo),
    leftmost first, until none applies;
-5. text_standardize's regexes (RE2).
+6. text_standardize's regexes (RE2).
 
 What ftfy does that the graph does not (text differs only where these apply):
-mojibake repair (``fix_encoding``: ``cafÃ©`` -> ``café``, and its
-``restore_byte_a0`` / ``replace_lossy_sequences`` / ``decode_inconsistent_utf8``
-helpers, e.g. ``Kerry‚Äôs`` or ``Iraqâ\\x80\\x99s`` stay as they are); the
-parts of NFC beyond pairwise composition (reordering combining marks given
-out of canonical order, composing past a blocking mark); lone surrogates
+the mojibake cases listed in ``gpt_tf/tf_fix_encoding.py``; the parts of NFC
+beyond pairwise composition (reordering combining marks given out of
+canonical order, composing past a blocking mark); lone surrogates
 (cannot occur in UTF-8 input); and the interplay of steps inside ftfy's
 repeat-until-stable loop (e.g. a full-width ``＆amp;`` that ftfy turns into
 ``&amp;`` and then ``&``).
@@ -30,6 +29,7 @@ repeat-until-stable loop (e.g. a full-width ``＆amp;`` that ftfy turns into
 import tensorflow as tf
 
 from gpt_tf import text_clean
+from gpt_tf.tf_fix_encoding import TFFixEncoding
 from gpt_tf.tf_strings import StringMap, replace_where
 
 _HEAD_PATTERN = "(?s)^((?:[^<\n]*\n)*)[^\n]*<.*$"  # lines before the first line with '<'
@@ -44,25 +44,50 @@ class TFTextCleaner(tf.Module):
         char_map = text_clean.graph_char_map()
         self._chars = StringMap(char_map)
         self._char_pattern = "(?s).*" + text_clean.regex_char_class(char_map) + ".*"
+        ftfy_map = text_clean.graph_char_map(standardize=False)
+        self._ftfy_chars = StringMap(ftfy_map)
+        self._ftfy_char_pattern = "(?s).*" + text_clean.regex_char_class(ftfy_map) + ".*"
         self._entities = StringMap(text_clean.html_entities())
         self._charrefs = StringMap(text_clean.charref_specials(), key_dtype=tf.int64)
         pairs = text_clean.nfc_pairs()
         self._pairs = StringMap(pairs)
         self._pair_pattern = "(?s).*" + text_clean.regex_char_class({k[1] for k in pairs}) + ".*"
         self._ansi = text_clean.ansi_escape_pattern()
+        self._fix_encoding = TFFixEncoding()
 
     def __call__(self, texts):
         """ftfy subset + text_standardize of each text (cased)."""
         texts = tf.strings.unicode_transcode(texts, "UTF-8", "UTF-8", errors="replace")
         has_entity = tf.strings.regex_full_match(texts, f"(?s).*{text_clean.HTML_ENTITY_PATTERN}.*")
         texts = replace_where(texts, has_entity, self._unescape_html)
-        texts = tf.strings.regex_replace(texts, self._ansi, "")
-        texts = replace_where(texts, tf.strings.regex_full_match(texts, self._char_pattern),
-                              self._chars.map_chars)
-        texts = replace_where(texts, tf.strings.regex_full_match(texts, self._pair_pattern), self._compose)
+        mojibake = self._fix_encoding.candidates(texts) | self._fix_encoding.candidates(
+            self._fix_chars(texts, ftfy_only=True))  # also what ftfy's loop sees after one round
+        texts = replace_where(texts, mojibake, self._fix_segments)
+        texts = self._fix_chars(texts)
         for pattern, rewrite in text_clean.standardize_patterns():
             texts = tf.strings.regex_replace(texts, pattern, rewrite)
         return texts
+
+    def _fix_chars(self, texts, ftfy_only=False):
+        """ftfy's fixers after ``fix_encoding``: terminal escapes, the per-character table, NFC;
+        text_standardize's character replacements too unless ``ftfy_only``."""
+        chars, pattern = (self._ftfy_chars, self._ftfy_char_pattern) if ftfy_only else (
+            self._chars, self._char_pattern)
+        texts = tf.strings.regex_replace(texts, self._ansi, "")
+        texts = replace_where(texts, tf.strings.regex_full_match(texts, pattern), chars.map_chars)
+        return replace_where(texts, tf.strings.regex_full_match(texts, self._pair_pattern), self._compose)
+
+    def _fix_segments(self, texts):
+        """Texts with mojibake: ftfy's per-line loop, ``fix_encoding`` then the fixers after it,
+        until the line (which a fixed line break may have cut in two) stops changing."""
+        segments = tf.strings.split(texts, "\n")
+
+        def body(lines, _):
+            new = self._fix_chars(self._fix_encoding.fix(lines), ftfy_only=True)
+            return new, tf.reduce_any(tf.not_equal(new, lines))
+
+        lines, _ = tf.while_loop(lambda _, changed: changed, body, (segments.flat_values, tf.constant(True)))
+        return tf.strings.reduce_join(segments.with_flat_values(lines), axis=1, separator="\n")
 
     def _compose(self, texts):
         """NFC composition: joins composable pairs, leftmost first, until none is left."""
