@@ -12,15 +12,13 @@ This module holds the text side of it:
 * :func:`text_standardize`: the reference function, written with explicit
   character classes (``\\s`` of Python ``re`` spelled out) so the very same
   pattern strings run in RE2 inside TensorFlow.
-* :func:`clean_text` = ``text_standardize(fix_text(text))``;
-  :func:`prepare_text` additionally lower-cases (what the BPE sees).
-* :func:`punctuation_class`: the word-split rule of both tokenizers (see
-  ``gpt_tf/tokenizer.py``).
+* :func:`clean_text` = ``text_standardize(fix_text(text))``: what the word
+  splitter (``gpt_tf/word_split.py``) sees.
 * :func:`graph_char_map`, :func:`nfc_pairs`, :func:`html_entities`,
   :func:`charref_specials`, :func:`ansi_escape_pattern`: ftfy's per-character
   fixes, NFC, HTML unescaping and terminal escapes as tables and patterns,
   derived from ftfy, ``unicodedata`` and ``html`` themselves, for
-  ``gpt_tf/tf_tokenizer.py``.
+  ``gpt_tf/tf_text_clean.py``.
 
 All patterns are written to mean the same in Python ``re``, RE2 (TensorFlow)
 and Oniguruma (HF ``tokenizers``): only literal characters, ``\\x{...}``-style
@@ -158,11 +156,6 @@ def clean_text(text):
     return text_standardize(fix_text(text))
 
 
-def prepare_text(text):
-    """What the word splitter and BPE see: the cleaned text, lower-cased."""
-    return clean_text(text).lower()
-
-
 def _canonical_pair(code):
     """The two characters a precomposed character decomposes into, canonically, or None."""
     if 0xAC00 <= code <= 0xD7A3:  # Hangul syllables: algorithmic (L V) or (LV T)
@@ -178,14 +171,11 @@ def _canonical_pair(code):
 
 @functools.lru_cache(maxsize=None)
 def _unicode_scan():
-    """One pass over the code points: punctuation, decimal digits, NFC singletons, NFC pairs."""
-    punct, digits, nfc, pairs = [], [], [], {}
+    """One pass over the code points: decimal digits, NFC singletons, NFC pairs."""
+    digits, nfc, pairs = [], [], {}
     for code in range(_SCAN_LIMIT):
         char = chr(code)
-        category = unicodedata.category(char)
-        if category[0] == "P":
-            punct.append(char)
-        elif category == "Nd":
+        if unicodedata.category(char) == "Nd":
             digits.append(char)
         decomposition = unicodedata.decomposition(char)
         if decomposition and decomposition[0] != "<" and not unicodedata.is_normalized("NFC", char):
@@ -193,7 +183,7 @@ def _unicode_scan():
         pair = _canonical_pair(code) if decomposition or 0xAC00 <= code <= 0xD7A3 else None
         if pair and unicodedata.normalize("NFC", pair[0] + pair[1]) == char:
             pairs[pair[0] + pair[1]] = char
-    return "".join(punct), "".join(digits), "".join(nfc), pairs
+    return "".join(digits), "".join(nfc), pairs
 
 
 def nfc_pairs():
@@ -202,21 +192,12 @@ def nfc_pairs():
     Applied pairwise, left to right, until none applies, they reproduce NFC on
     marks in canonical order; not on unordered marks or blocked compositions.
     """
-    return dict(_unicode_scan()[3])
-
-
-def punctuation_class():
-    """Characters isolated as words: Unicode P* plus all ASCII punctuation and symbols.
-
-    This is BERT's ``_is_punctuation`` (and HF ``BertPreTokenizer``'s) set.
-    """
-    ascii_punct = "".join(chr(c) for c in range(0x21, 0x7F) if not chr(c).isalnum())
-    return regex_char_class(ascii_punct + _unicode_scan()[0])
+    return dict(_unicode_scan()[2])
 
 
 def ansi_escape_pattern():
     """ftfy's ``ANSI_RE`` with Python's Unicode ``\\d`` spelled out (RE2's is ASCII)."""
-    digits = regex_char_class(_unicode_scan()[1])
+    digits = regex_char_class(_unicode_scan()[0])
     return f"\x1b\\[(?:{digits}|;)*[a-zA-Z]"
 
 
@@ -224,14 +205,14 @@ def _ftfy_char_candidates():
     """Characters that one of ftfy's context-free fixers changes, or text_standardize maps."""
     chars = {chr(c) for c in chardata.CONTROL_CHARS} | {chr(c) for c in chardata.LIGATURES}
     chars |= {chr(c) for c in chardata.WIDTH_MAP} | {chr(c) for c in range(0x80, 0xA0)}
-    chars |= set("\r\u2028\u2029\x85") | set(STANDARDIZE_CHAR_MAP) | set(_unicode_scan()[2])
+    chars |= set("\r\u2028\u2029\x85") | set(STANDARDIZE_CHAR_MAP) | set(_unicode_scan()[1])
     chars |= {chr(c) for c in range(0x10000) if chardata.SINGLE_QUOTE_RE.match(chr(c))}
     chars |= {chr(c) for c in range(0x10000) if chardata.DOUBLE_QUOTE_RE.match(chr(c))}
     return chars
 
 
 @functools.lru_cache(maxsize=None)
-def graph_char_map():
+def graph_char_map(standardize=True):
     """``{char: replacement}`` for every character ftfy + text_standardize map on its own.
 
     Each value is computed by ftfy itself (``fix_text`` on the lone character,
@@ -240,11 +221,12 @@ def graph_char_map():
     Latin ligatures, full/half-width forms, curly quotes, line breaks, control
     characters, NFC of single characters, dashes, ``…`` and ``´``. (The graph
     removes whole terminal escapes before it applies the map, which drops ESC.)
+    ``standardize=False``: ftfy's replacements only.
     """
     table = {}
     for char in sorted(_ftfy_char_candidates()):
         value = ftfy.fix_text(char, fix_encoding=False, unescape_html=False)
-        for old, new in STANDARDIZE_CHAR_MAP.items():
+        for old, new in STANDARDIZE_CHAR_MAP.items() if standardize else ():
             value = value.replace(old, new)
         if value != char:
             table[char] = value

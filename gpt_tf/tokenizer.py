@@ -1,33 +1,20 @@
 """GPT-1's BPE tokenizer, offline (Python + HF ``tokenizers``), on GPT-1's two files.
 
-Pipeline: :func:`gpt_tf.text_clean.prepare_text` (``ftfy.fix_text`` ->
-``text_standardize`` -> ``lower()``) -> word split -> BPE with ``</w>`` word
-ends, lowest-rank merge first (HF ``tokenizers.models.BPE``, which reproduces
-the reference ``bpe()`` of openai/finetune-transformer-lm). Characters missing
-from the vocabulary become ``<unk>`` (id 0 in GPT-1's vocabulary), as the
-reference's ``encoder.get(token, 0)`` did.
+Pipeline, as the release's ``TextEncoder.encode``: :func:`gpt_tf.text_clean.clean_text`
+(``ftfy.fix_text`` -> ``text_standardize``) -> word split -> lower-case each word -> BPE with
+``</w>`` word ends, lowest-rank merge first (HF ``tokenizers.models.BPE``, which reproduces the
+reference ``bpe()`` of openai/finetune-transformer-lm). Characters missing from the vocabulary
+become ``<unk>`` (id 0 in GPT-1's vocabulary), as the reference's ``encoder.get(token, 0)`` did.
 
-Word split (the same rule in HF pre-tokenizers and in RE2, see
-``gpt_tf/tf_tokenizer.py``): after ``text_standardize`` the only whitespace left
-is ``' '`` and ``'\\n'`` (as ``' \\n '``). Words are the space-separated pieces,
-and inside them every punctuation character -- Unicode categories P* plus all
-ASCII punctuation and symbols ``!"#$%&'()*+,-./:;<=>?@[\\]^_`{|}~``, BERT's
-``BertPreTokenizer`` set -- is a word of its own. ``'\\n'`` is kept as a word,
-so newlines become GPT-1's token ``'\\n</w>'`` (id 40477); runs of blank lines
-collapse into one newline (``text_standardize`` does that). Other symbols
-(``€``, ``°``, emoji) stay inside their word. In HF: ``Split(' ', "removed")``
-then ``Split(<punctuation class>, "isolated")``; in RE2:
-``regex_replace(<punctuation class>, ' \\0 ')``, split on ``' '``, drop empty
-pieces. The class is spelled as explicit code points
-(:func:`gpt_tf.text_clean.punctuation_class`), so both engines agree exactly.
-
-Differences from GPT-1's spaCy tokenizer (the released vocabulary was learnt
-on spaCy words): contractions split at the apostrophe (``don't`` -> ``don ' t``
-where spaCy gives ``do n't``); abbreviations and numbers split at periods
-(``mr.`` -> ``mr .``, ``u.s.`` -> ``u . s .``, ``3.14`` -> ``3 . 14``); runs
-of ``.`` / ``'`` / ``:`` are single characters (``...`` -> ``. . .``); spaCy's
-other exceptions (URLs, e-mail addresses, emoticons) are not reproduced. So
-vocabulary entries such as ``n't</w>``, ``'s</w>`` or ``mr.</w>`` never occur.
+The word split is spaCy's English tokenizer, as GPT-1 used it, reproduced without spaCy by
+:class:`gpt_tf.word_split.WordSplitter` (``don't`` -> ``do n't``, ``it's`` -> ``it 's``, ``can't``
+-> ``ca n't``, ``Mr.`` -> ``mr.``, ``U.S.`` -> ``u.s.``, ``3.14`` stays, ``--`` and ``...`` stay
+whole; see that module). The in-graph twin ``gpt_tf/tf_tokenizer.py`` applies the same rules in
+core TensorFlow ops. Python splits and lower-cases (memoised per space-free chunk) and hands the
+words, joined by single spaces, to HF ``tokenizers``, whose pre-tokenizer only splits on ``' '``.
+``'\n'`` is a word of its own, so newlines become GPT-1's token ``'\n</w>'`` (id 40477); runs of
+blank lines collapse into one newline (``text_standardize`` does that). :meth:`GPTTokenizer.train`
+learns new vocabularies on the same words, so they get ``n't</w>`` and ``'s</w>`` as GPT-1's did.
 """
 
 import json
@@ -40,6 +27,7 @@ from tokenizers.models import BPE
 from tokenizers.trainers import BpeTrainer
 
 from gpt_tf import text_clean
+from gpt_tf.word_split import WordSplitter
 
 UNK = "<unk>"
 END_OF_WORD = "</w>"
@@ -104,11 +92,8 @@ def _find_one(directory, suffix, prefer):
 
 
 def pre_tokenizer():
-    """HF pre-tokenizer for the word split rule documented in the module docstring."""
-    return pre_tokenizers.Sequence([
-        pre_tokenizers.Split(tokenizers.Regex(" "), "removed"),
-        pre_tokenizers.Split(tokenizers.Regex(text_clean.punctuation_class()), "isolated"),
-    ])
+    """HF pre-tokenizer of the prepared text: its words are separated by single spaces."""
+    return pre_tokenizers.Split(" ", "removed")
 
 
 class GPTTokenizer:
@@ -126,6 +111,7 @@ class GPTTokenizer:
         model = BPE(self.encoder, self.merges, unk_token=UNK, end_of_word_suffix=END_OF_WORD)
         self._hf = tokenizers.Tokenizer(model)
         self._hf.pre_tokenizer = pre_tokenizer()
+        self._split = WordSplitter()
 
     @classmethod
     def from_files(cls, encoder_json, merges_bpe):
@@ -156,7 +142,8 @@ class GPTTokenizer:
         hf.pre_tokenizer = pre_tokenizer()
         trainer = BpeTrainer(vocab_size=vocab_size, special_tokens=[UNK],
                              end_of_word_suffix=END_OF_WORD, show_progress=show_progress)
-        hf.train_from_iterator((text_clean.prepare_text(t) for t in texts), trainer)
+        split = WordSplitter()
+        hf.train_from_iterator((split(text_clean.clean_text(t)) for t in texts), trainer)
         model = json.loads(hf.to_str())["model"]
         merges = [tuple(m.split(" ")) if isinstance(m, str) else tuple(m) for m in model["merges"]]
         cls(model["vocab"], merges).save(out_dir)
@@ -182,10 +169,14 @@ class GPTTokenizer:
         """Id of ``<unk>``, given to characters outside the vocabulary."""
         return self.encoder[UNK]
 
+    def prepare(self, text):
+        """The words BPE runs on, joined by spaces: cleaned, split, lower-cased."""
+        return self._split(text_clean.clean_text(text))
+
     def words(self, text):
-        """The words BPE runs on: prepared (cleaned, lower-cased) text, split."""
-        pieces = self._hf.pre_tokenizer.pre_tokenize_str(text_clean.prepare_text(text))
-        return [piece for piece, _ in pieces]
+        """The words BPE runs on, as a list."""
+        prepared = self.prepare(text)
+        return prepared.split(" ") if prepared else []
 
     def word_ids(self, word):
         """BPE ids of one already split word (no cleanup, no splitting)."""
@@ -193,11 +184,11 @@ class GPTTokenizer:
 
     def encode(self, text):
         """Token ids of one text."""
-        return self._hf.encode(text_clean.prepare_text(text), add_special_tokens=False).ids
+        return self._hf.encode(self.prepare(text), add_special_tokens=False).ids
 
     def encode_batch(self, texts):
-        """Token ids of many texts (cleanup in Python, split + BPE in parallel in Rust)."""
-        prepared = [text_clean.prepare_text(t) for t in texts]
+        """Token ids of many texts (cleanup and split in Python, BPE in parallel in Rust)."""
+        prepared = [self.prepare(t) for t in texts]
         return [e.ids for e in self._hf.encode_batch(prepared, add_special_tokens=False)]
 
     def decode(self, ids):

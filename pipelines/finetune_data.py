@@ -51,6 +51,7 @@ from typing import Optional, Sequence, Union
 import numpy as np
 from tqdm import tqdm
 
+from gpt_tf import word_split
 from gpt_tf.tasks import TaskSpec, csv_task, get_task
 from pipelines.common import command_line, commit_dir, encode_texts, remove_stale_temps, run_cli, tokenizer_files
 from pipelines.pretrain_data import COMPRESSION, MANIFEST, load_manifest, sha256_file
@@ -194,7 +195,8 @@ def read_splits(task, data_dir, splits, skip_malformed, max_examples, csv_option
 def _config_hash(task: TaskSpec, data_dir, tokenizer_dir, splits, options: dict) -> str:
     key = {"format": FORMAT_VERSION, "task": task.to_dict(), "options": options,
            "input": _fingerprint(task, data_dir, splits),
-           "tokenizer": [[p.name, sha256_file(p)] for p in tokenizer_files(tokenizer_dir)]}
+           "tokenizer": [[p.name, sha256_file(p)] for p in tokenizer_files(tokenizer_dir)],
+           "word_split": word_split.fingerprint()}
     return hashlib.sha256(json.dumps(key, sort_keys=True).encode()).hexdigest()
 
 

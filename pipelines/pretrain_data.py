@@ -45,6 +45,7 @@ from typing import Optional, Sequence
 import numpy as np
 from tqdm import tqdm
 
+from gpt_tf import word_split
 from pipelines.common import (MANIFEST, command_line, commit_dir, encode_pieces, hash_unit, remove_stale_temps,
                               run_cli, sha256_file, tokenizer_files)
 from pipelines.books import Book, Skipped, find_book_files, iter_books
@@ -130,7 +131,7 @@ def config_hash(cfg: PretrainConfig) -> str:
                  else {"files": [[p.name, sha256_file(p)] for p in tokenizer_files(cfg.tokenizer_dir)]})
     key = {"format": FORMAT_VERSION, "n_ctx": cfg.n_ctx, "shard_size": cfg.shard_size,
            "separator": SEPARATOR_TOKEN, "input": _fingerprint_dir(cfg.input_dir), "valid": valid,
-           "tokenizer": tokenizer}
+           "tokenizer": tokenizer, "word_split": word_split.fingerprint()}
     return hashlib.sha256(json.dumps(key, sort_keys=True).encode()).hexdigest()
 
 

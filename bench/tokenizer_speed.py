@@ -1,0 +1,92 @@
+"""Offline encode rate on books: this checkout's ``GPTTokenizer`` vs a baseline git ref, side by side.
+
+Each measurement is a fresh process (cold caches, as ``pipelines.pretrain_data`` starts) that loads
+GPT-1's BPE, reads the first ``--books`` training books and times ``encode_batch`` over their
+``text_blocks`` (the way ``pipelines/pretrain_data.py`` encodes a book). The baseline is the same
+script run against ``git archive <ref>`` in a temporary folder. Rounds alternate the two so a load
+change on a shared machine hits both alike. Reported: the best wall-clock rate of the rounds (the
+least disturbed one) and the median rate per CPU-second of the process (all its threads: HF
+``tokenizers`` encodes in parallel), which a busy machine disturbs less.
+
+    python -m bench.tokenizer_speed --baseline_ref=main --rounds=3
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+DATA = ROOT.parent / "shared" / "data"
+
+
+def child(data_dir: Path, books_count: int) -> dict:
+    """One measurement (run in a child process whose PYTHONPATH picks the tokenizer's source)."""
+    from gpt_tf.tokenizer import GPTTokenizer  # pylint: disable=import-outside-toplevel
+    from pipelines import books  # pylint: disable=import-outside-toplevel
+    from pipelines.pretrain_data import text_blocks  # pylint: disable=import-outside-toplevel
+    tokenizer = GPTTokenizer.from_dir(data_dir / "gpt1_bpe")
+    root = data_dir / "books" / "train"
+    texts = [b.text for b in (books.load_book(p, root) for p in books.find_book_files(root)[:books_count])
+             if hasattr(b, "text")]
+    blocks = [text_blocks(t) for t in texts]
+    start, cpu_start = time.perf_counter(), time.process_time()
+    tokens = sum(len(ids) for book in blocks for ids in tokenizer.encode_batch(book))
+    seconds, cpu_seconds = time.perf_counter() - start, time.process_time() - cpu_start
+    chars = sum(len(t) for t in texts)
+    return {"books": len(texts), "chars": chars, "tokens": tokens, "seconds": seconds, "cpu_seconds": cpu_seconds,
+            "chars_per_s": chars / seconds, "chars_per_cpu_s": chars / cpu_seconds}
+
+
+def run_child(source: Path, data_dir: Path, books_count: int) -> dict:
+    """Runs :func:`child` in a fresh interpreter on the code under ``source``."""
+    env = dict(os.environ, PYTHONPATH=str(source), TF_CPP_MIN_LOG_LEVEL="2")
+    out = subprocess.run([sys.executable, str(Path(__file__).resolve()), "--child",
+                          f"--data_dir={data_dir}", f"--books={books_count}"],
+                         capture_output=True, text=True, env=env, cwd=str(source), check=True)
+    return json.loads(out.stdout.strip().split("\n")[-1])
+
+
+def main(argv=None):
+    parser = argparse.ArgumentParser(description=__doc__.split("\n", 1)[0])
+    parser.add_argument("--data_dir", type=Path, default=DATA)
+    parser.add_argument("--books", type=int, default=10, help="first N books of books/train")
+    parser.add_argument("--baseline_ref", default="main", help="git ref to compare with ('' for none)")
+    parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
+    args = parser.parse_args(argv)
+    if args.child:
+        print(json.dumps(child(args.data_dir.resolve(), args.books)))
+        return
+    with tempfile.TemporaryDirectory() as tmp:
+        sources = {"this checkout": ROOT}
+        if args.baseline_ref:
+            archive = subprocess.run(["git", "archive", args.baseline_ref], cwd=ROOT, check=True,
+                                     capture_output=True).stdout
+            subprocess.run(["tar", "-x", "-C", tmp], input=archive, check=True)
+            sources[f"baseline ({args.baseline_ref})"] = Path(tmp)
+        runs = {name: [] for name in sources}
+        for _ in range(args.rounds):
+            for name, source in sources.items():
+                runs[name].append(run_child(source, args.data_dir.resolve(), args.books))
+                print(f"{name}: {runs[name][-1]['chars_per_s'] / 1e6:.3f} M chars/s", file=sys.stderr)
+    best = {name: max(r["chars_per_s"] for r in rs) for name, rs in runs.items()}
+    cpu = {name: statistics.median(r["chars_per_cpu_s"] for r in rs) for name, rs in runs.items()}
+    for name in runs:
+        print(f"{name}: best {best[name] / 1e6:.3f} M chars/s (wall), median {cpu[name] / 1e6:.3f} M chars "
+              f"per CPU-second, {args.rounds} rounds ({runs[name][0]['chars']:,} chars, "
+              f"{runs[name][0]['tokens']:,} tokens)")
+    if len(runs) == 2:
+        (mine, base) = runs
+        print(f"ratio: {best[mine] / best[base]:.2f}x (best wall), {cpu[mine] / cpu[base]:.2f}x (CPU time)")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,157 @@
+"""GPT-1's text cleanup (ftfy subset + ``text_standardize``) in core TensorFlow ops.
+
+``TFTextCleaner()(texts)`` maps ``tf.string [batch]`` to ``text_clean.clean_text`` of each text
+(cased), from the tables and patterns of ``gpt_tf/text_clean.py``. Per string:
+
+1. invalid UTF-8 -> U+FFFD;
+2. ftfy ``unescape_html``: named entities (ftfy's table) and numeric
+   references (``html.unescape`` rules), repeated until stable, on the lines
+   before the first line holding ``<`` (ftfy's ``"auto"`` rule);
+3. ftfy ``fix_encoding``, the mojibake repair (``gpt_tf/tf_fix_encoding.py``);
+4. ftfy ``remove_terminal_escapes``;
+5. one per-character table: ftfy's ``fix_c1_controls``, ``fix_latin_ligatures``,
+   ``fix_character_width``, ``uncurl_quotes``, ``fix_line_breaks``,
+   ``remove_control_chars``, NFC of single characters, and text_standardize's
+   ``— – ― … ´`` (only strings holding such a character pay for it);
+   then NFC's pairwise compositions (``e`` + U+0301 -> ``é``, Hangul jamo),
+   leftmost first, until none applies;
+6. text_standardize's regexes (RE2).
+
+What ftfy does that the graph does not (text differs only where these apply):
+the mojibake cases listed in ``gpt_tf/tf_fix_encoding.py``; the parts of NFC
+beyond pairwise composition (reordering combining marks given out of
+canonical order, composing past a blocking mark); lone surrogates
+(cannot occur in UTF-8 input); and the interplay of steps inside ftfy's
+repeat-until-stable loop (e.g. a full-width ``＆amp;`` that ftfy turns into
+``&amp;`` and then ``&``).
+"""
+
+import tensorflow as tf
+
+from gpt_tf import text_clean
+from gpt_tf.tf_fix_encoding import TFFixEncoding
+from gpt_tf.tf_strings import StringMap, replace_where
+
+_HEAD_PATTERN = "(?s)^((?:[^<\n]*\n)*)[^\n]*<.*$"  # lines before the first line with '<'
+_MARK = "\x00"  # entity delimiter; NUL is a control character ftfy deletes anyway
+
+
+class TFTextCleaner(tf.Module):
+    """``text_clean.clean_text`` as a tf.Module: ``tf.string [batch] -> tf.string [batch]``."""
+
+    def __init__(self, name=None):
+        super().__init__(name=name)
+        char_map = text_clean.graph_char_map()
+        self._chars = StringMap(char_map)
+        self._char_pattern = "(?s).*" + text_clean.regex_char_class(char_map) + ".*"
+        ftfy_map = text_clean.graph_char_map(standardize=False)
+        self._ftfy_chars = StringMap(ftfy_map)
+        self._ftfy_char_pattern = "(?s).*" + text_clean.regex_char_class(ftfy_map) + ".*"
+        self._entities = StringMap(text_clean.html_entities())
+        self._charrefs = StringMap(text_clean.charref_specials(), key_dtype=tf.int64)
+        pairs = text_clean.nfc_pairs()
+        self._pairs = StringMap(pairs)
+        self._pair_pattern = "(?s).*" + text_clean.regex_char_class({k[1] for k in pairs}) + ".*"
+        self._ansi = text_clean.ansi_escape_pattern()
+        self._fix_encoding = TFFixEncoding()
+
+    def __call__(self, texts):
+        """ftfy subset + text_standardize of each text (cased)."""
+        texts = tf.strings.unicode_transcode(texts, "UTF-8", "UTF-8", errors="replace")
+        has_entity = tf.strings.regex_full_match(texts, f"(?s).*{text_clean.HTML_ENTITY_PATTERN}.*")
+        texts = replace_where(texts, has_entity, self._unescape_html)
+        mojibake = self._fix_encoding.candidates(texts) | self._fix_encoding.candidates(
+            self._fix_chars(texts, ftfy_only=True))  # also what ftfy's loop sees after one round
+        texts = replace_where(texts, mojibake, self._fix_segments)
+        texts = self._fix_chars(texts)
+        for pattern, rewrite in text_clean.standardize_patterns():
+            texts = tf.strings.regex_replace(texts, pattern, rewrite)
+        return texts
+
+    def _fix_chars(self, texts, ftfy_only=False):
+        """ftfy's fixers after ``fix_encoding``: terminal escapes, the per-character table, NFC;
+        text_standardize's character replacements too unless ``ftfy_only``."""
+        chars, pattern = (self._ftfy_chars, self._ftfy_char_pattern) if ftfy_only else (
+            self._chars, self._char_pattern)
+        texts = tf.strings.regex_replace(texts, self._ansi, "")
+        texts = replace_where(texts, tf.strings.regex_full_match(texts, pattern), chars.map_chars)
+        return replace_where(texts, tf.strings.regex_full_match(texts, self._pair_pattern), self._compose)
+
+    def _fix_segments(self, texts):
+        """Texts with mojibake: ftfy's per-line loop, ``fix_encoding`` then the fixers after it,
+        until the line (which a fixed line break may have cut in two) stops changing."""
+        segments = tf.strings.split(texts, "\n")
+
+        def body(lines, _):
+            new = self._fix_chars(self._fix_encoding.fix(lines), ftfy_only=True)
+            return new, tf.reduce_any(tf.not_equal(new, lines))
+
+        lines, _ = tf.while_loop(lambda _, changed: changed, body, (segments.flat_values, tf.constant(True)))
+        return tf.strings.reduce_join(segments.with_flat_values(lines), axis=1, separator="\n")
+
+    def _compose(self, texts):
+        """NFC composition: joins composable pairs, leftmost first, until none is left."""
+        chars = tf.strings.unicode_split(texts, "UTF-8")
+
+        def step(symbols, splits, _):
+            size = tf.size(symbols, tf.int64)
+            rows = tf.ragged.row_splits_to_segment_ids(splits)
+            following = tf.concat([symbols[1:], [""]], axis=0)[:size]
+            has_next = tf.range(size) + 1 < tf.gather(splits[1:], rows)
+            match = has_next & self._pairs.contains(symbols + following)
+            take = match & ~tf.concat([[False], match[:-1]], axis=0)[:size]
+            keep = ~tf.concat([[False], take[:-1]], axis=0)[:size]
+            composed = self._pairs.get(symbols + following, symbols)
+            symbols = tf.boolean_mask(tf.where(take, composed, symbols), keep)
+            lengths = tf.math.unsorted_segment_sum(
+                tf.cast(keep, tf.int64), rows, tf.size(splits, tf.int64) - 1)
+            return symbols, tf.concat([[0], tf.cumsum(lengths)], axis=0), tf.reduce_any(take)
+
+        symbols, splits, _ = tf.while_loop(
+            lambda s, r, go: go, step, (chars.flat_values, chars.row_splits, tf.constant(True)),
+            shape_invariants=(tf.TensorShape([None]), tf.TensorShape([None]), tf.TensorShape([])))
+        return tf.strings.reduce_join(tf.RaggedTensor.from_row_splits(symbols, splits), axis=1)
+
+    def _unescape_html(self, texts):
+        """ftfy's unescape_html, repeated until stable, before the first line with '<'."""
+        head = tf.strings.regex_replace(texts, _HEAD_PATTERN, r"\1")
+        start = tf.strings.length(head)
+        tail = tf.strings.substr(texts, start, tf.strings.length(texts) - start)
+
+        def body(text, _):
+            new = self._unescape_once(text)
+            return new, tf.reduce_any(tf.not_equal(new, text))
+
+        head, _ = tf.while_loop(lambda _, changed: changed, body, (head, tf.constant(True)))
+        return head + tail
+
+    def _unescape_once(self, texts):
+        """One ``HTML_ENTITY_RE.sub`` pass: entities become their characters."""
+        marked = tf.strings.regex_replace(
+            texts, text_clean.HTML_ENTITY_PATTERN, _MARK + r"\0" + _MARK)
+        pieces = tf.strings.split(marked, sep=_MARK)
+        flat = pieces.flat_values
+        value = self._entities.get(flat, self._charref(flat))  # every piece: the text may hold NULs
+        return tf.strings.reduce_join(pieces.with_flat_values(value), axis=1)
+
+    def _charref(self, pieces):
+        """``&#65;`` / ``&#x41;`` -> ``'A'`` as ftfy (via ``html.unescape``); others unchanged."""
+        is_dec = tf.strings.regex_full_match(pieces, "&#[0-9]+;")
+        is_hex = tf.strings.regex_full_match(pieces, "&#[xX][0-9a-fA-F]+;")
+        digits = tf.strings.regex_replace(pieces, "^&#[xX]?0*([0-9a-fA-F]*);$", r"\1")
+        digits = tf.where((is_dec | is_hex) & (tf.strings.length(digits) > 0), digits, "0")
+        size = tf.strings.length(digits)
+        too_big = tf.where(is_hex, size > 6, size > 7)
+        digits = tf.where(too_big, "0", digits)
+        decimal = tf.strings.to_number(tf.where(is_dec, digits, "0"), tf.int64)
+        hex_digits = tf.where(is_hex, digits, "0")
+        offset = tf.strings.length(hex_digits)
+        padded = tf.strings.substr("000000" + hex_digits, offset, tf.fill(tf.shape(offset), 6))
+        codes = tf.cast(tf.strings.unicode_decode(padded, "UTF-8").to_tensor(shape=[None, 6]), tf.int64)
+        nibbles = tf.where(codes >= 97, codes - 87, tf.where(codes >= 65, codes - 55, codes - 48))
+        hexadecimal = tf.reduce_sum(nibbles * (16 ** tf.range(5, -1, -1, dtype=tf.int64)), axis=1)
+        number = tf.where(too_big, tf.constant(0x110000, tf.int64), tf.where(is_hex, hexadecimal, decimal))
+        char = tf.strings.unicode_encode(
+            tf.cast(tf.minimum(number, 0x110000), tf.int32)[:, None], "UTF-8", errors="replace")
+        value = self._charrefs.get(number, char)
+        return tf.where((is_dec | is_hex) & tf.not_equal(value, ";"), value, pieces)
