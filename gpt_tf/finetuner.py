@@ -37,6 +37,7 @@ from gpt_tf.task_model import GPTTaskModel, reset_special_embeddings, task_loss,
 from gpt_tf.tasks import TaskSpec
 from gpt_tf.trainer import (all_reduce_and_apply, named_data_error, restore_latest, restore_pretrained_lm,
                             variables_by_key)
+from pipelines.task_batches import bucket_lengths
 from pipelines.transforms import load_task_spec, num_examples, special_ids_from_config, task_dataset
 
 
@@ -62,6 +63,7 @@ class FinetuneConfig:
     train_split: str = "train"
     aux_data_dirs: tuple = ()  # multi-task: more tasks' TFRecords, trained together with data_dir's
     mixture: tuple = ()  # sampling weights for (data_dir, *aux_data_dirs); () = proportional to examples
+    length_buckets: bool = True  # pad each batch to a length bucket (pipelines/task_batches.py); False: to n_ctx
 
 
 @dataclasses.dataclass
@@ -112,6 +114,8 @@ class Finetuner:
         self.total_steps = self.steps_per_epoch * config.epochs
         self.schedule = mixture_schedule(self.weights, self.total_steps, config.seed)
         self.special_ids = special_ids_from_config(model_config)
+        n_ctx = model_config.n_ctx
+        self.buckets = bucket_lengths(n_ctx) if config.length_buckets else (n_ctx,)
         keras.utils.set_random_seed(config.seed)
         with strategy.scope():
             backbone = make_backbone(model_config, dtype=config.precision)
@@ -133,7 +137,7 @@ class Finetuner:
         # Only the chief writes run_dir/checkpoints; other workers save to scratch and read the chief's.
         self.manager, self.read_manager = checkpoint_managers(self.checkpoint, config.run_dir, strategy, 1)
         self._train_steps = [self._make_train_step(h) for h in self.heads]
-        self._predict_steps = {h.task.name: self._predict_step(h.model) for h in self.heads}  # traced once each
+        self._predict_steps = {h.task.name: self._predict_step(h.model) for h in self.heads}  # built once each
         if len(self.heads) > 1:
             mix = ", ".join(f"{h.task.name} {w:.3f}" for h, w in zip(self.heads, self.weights))
             log(f"multi-task: {self.total_steps} updates drawn from {mix}")
@@ -149,15 +153,14 @@ class Finetuner:
 
     # ------------------------------------------------------------------ data
     def _dataset(self, head: _Head, split, training, start_batch=0):
+        """Per-replica slices of global batches; training starts at global batch ``start_batch``
+        (the data position follows the step, as in pre-training), evaluation is one pass."""
         c = self.config
 
         def dataset_fn(ctx):
-            batch = ctx.get_per_replica_batch_size(c.batch_size)
-            dataset = task_dataset(head.task, head.data_dir, split, batch, self.model_config.n_ctx, self.special_ids,
-                                   shuffle=training, seed=c.seed, repeat=training, drop_remainder=training,
-                                   input_context=ctx)
-            # The data position follows the step, as in pre-training (see trainer.py).
-            return dataset.skip(start_batch * (ctx.num_replicas_in_sync // ctx.num_input_pipelines))
+            return task_dataset(head.task, head.data_dir, split, c.batch_size, self.model_config.n_ctx, self.special_ids,
+                                training=training, seed=c.seed, buckets=self.buckets, start_batch=start_batch,
+                                input_context=ctx)
 
         return self.strategy.distribute_datasets_from_function(dataset_fn)
 
@@ -192,13 +195,12 @@ class Finetuner:
         return run
 
     def _predict_step(self, model):
-        @tf.function
+        @tf.function(reduce_retracing=True)  # one trace for every bucket length
         def run(batch):
             def replica(features, label):
-                return model(features, training=False, with_lm=False)["task"], label
+                return model(features, training=False, with_lm=False)["task"], label, features["record_index"]
 
-            out, label = self.strategy.run(replica, args=batch)
-            return self.strategy.gather(out, axis=0), self.strategy.gather(label, axis=0)
+            return tuple(self.strategy.gather(t, axis=0) for t in self.strategy.run(replica, args=batch))
 
         return run
 
@@ -210,15 +212,19 @@ class Finetuner:
         raise KeyError(f"no task {task_name!r} in this run; have {[h.task.name for h in self.heads]}")
 
     def predict(self, split, task_name=None):
-        """Task outputs and labels for every example of ``split`` (numpy); the primary task by default."""
+        """Task outputs and labels for every example of ``split`` in file order (numpy); the primary task by default."""
         head = self._head(task_name)
         step = self._predict_steps[head.task.name]
-        outs, labels = [], []
+        outs, labels, index = [], [], []
         for batch in self._dataset(head, split, training=False):
-            out, label = step(batch)
-            outs.append(out.numpy())
-            labels.append(label.numpy())
-        return np.concatenate(outs), np.concatenate(labels)
+            for values, tensor in zip((outs, labels, index), step(batch)):
+                values.append(tensor.numpy())
+        outs, labels, index = (np.concatenate(v) for v in (outs, labels, index))
+        real = index >= 0  # ghost rows fill the last batch
+        order = np.argsort(index[real], kind="stable")
+        if not np.array_equal(index[real][order], np.arange(num_examples(head.data_dir, split))):
+            raise RuntimeError(f"{head.data_dir}/{split}: prediction did not cover each record exactly once")
+        return outs[real][order], labels[real][order]
 
     def evaluate(self, split, task_name=None) -> dict:
         """The task's metrics (the paper's first) on ``split``."""

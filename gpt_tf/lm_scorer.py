@@ -12,8 +12,12 @@ nearest to it; a continuation longer than ``n_ctx + 1`` tokens keeps only its en
 ``bos_id`` (e.g. the pre-training corpus's document separator) makes the first continuation token
 scoreable when the prefix is empty; without it that token is context only and is not counted.
 
-Requests are sorted by length and padded per batch, so batches hold sequences of similar length;
-one ``tf.function`` with a ``[None, None]`` signature serves every batch shape. Log-probabilities are
+Requests are sorted by length and each batch is padded to a length bucket (the shortest of
+``pipelines.task_batches.bucket_lengths(n_ctx)``, 8, 16, 24, 32, 48, ..., that holds its longest
+sequence): batches hold sequences of similar length, and the few fixed shapes let XLA and TPUs
+compile once per bucket. One ``tf.function`` with a ``[None, None]`` signature serves them all.
+The LM head, the largest matmul (``n_embd × vocabulary``), runs only at the scored positions
+(the continuation's tokens, a few of each sequence), not at every position. Log-probabilities are
 computed in float32 (also under ``mixed_bfloat16``) with ``sparse_softmax_cross_entropy_with_logits``.
 """
 
@@ -24,23 +28,38 @@ from collections.abc import Sequence
 import numpy as np
 import tensorflow as tf
 
+from pipelines.task_batches import bucket_lengths
+
 
 class LMScorer:
-    """Sums of continuation-token log-probabilities under ``lm`` (token ids → logits ``[B, T, V]``)."""
+    """Sums of continuation-token log-probabilities under ``lm``.
+
+    ``lm``: a ``GPTLanguageModel`` (its backbone's states, then the tied head at the scored positions
+    only) or any callable from token ids to logits ``[B, T, V]``.
+    """
 
     def __init__(self, lm, bos_id: int | None = None, batch_size: int = 32):
         if batch_size <= 0:
             raise ValueError(f"batch_size must be positive, got {batch_size}")
         self.lm, self.bos_id, self.batch_size = lm, bos_id, batch_size
         self.max_len = lm.config.n_ctx + 1  # tokens per sequence: n_ctx inputs, each with its next token
+        self.buckets = bucket_lengths(lm.config.n_ctx)  # model input lengths a batch is padded to
+        backbone = getattr(lm, "backbone", None)
+        if backbone is not None and hasattr(backbone, "embed"):
+            self._states, self._head = (lambda t: backbone(t, training=False)), backbone.embed.logits
+        else:
+            self._states, self._head = (lambda t: lm(t, training=False)), (lambda h: h)
         self._scores = tf.function(self._batch_scores, input_signature=[
             tf.TensorSpec([None, None], tf.int32), tf.TensorSpec([None, None], tf.float32)], reduce_retracing=True)
 
     def _batch_scores(self, tokens, mask):
         """``tokens`` [B, L] and ``mask`` [B, L] (1 on scored tokens) → Σ log p per row [B]."""
-        logits = tf.cast(self.lm(tokens[:, :-1], training=False), tf.float32)
-        logp = -tf.nn.sparse_softmax_cross_entropy_with_logits(labels=tokens[:, 1:], logits=logits)
-        return tf.reduce_sum(logp * mask[:, 1:], axis=1)
+        states = self._states(tokens[:, :-1])
+        scored = tf.where(mask[:, 1:] > 0)  # [n, 2]: (row, position) of each scored target
+        logits = tf.cast(self._head(tf.gather_nd(states, scored)), tf.float32)
+        logp = -tf.nn.sparse_softmax_cross_entropy_with_logits(labels=tf.gather_nd(tokens[:, 1:], scored),
+                                                               logits=logits)
+        return tf.math.unsorted_segment_sum(logp, scored[:, 0], tf.shape(tokens)[0])
 
     def sequence(self, prefix: Sequence[int], continuation: Sequence[int]) -> tuple[list[int], int]:
         """The (left-truncated) token sequence of one request and how many of its tokens are scored."""
@@ -61,7 +80,8 @@ class LMScorer:
         order = sorted(range(len(sequences)), key=lambda i: len(sequences[i][0]))
         for start in range(0, len(order), self.batch_size):
             rows = order[start:start + self.batch_size]
-            length = max(len(sequences[i][0]) for i in rows)
+            longest = max(len(sequences[i][0]) for i in rows) - 1  # model inputs: all tokens but the last
+            length = 1 + next(b for b in self.buckets if b >= longest)
             tokens = np.zeros((len(rows), length), np.int32)
             mask = np.zeros((len(rows), length), np.float32)
             for r, i in enumerate(rows):

@@ -40,6 +40,8 @@ flags.DEFINE_list("aux_data_dirs", [], "Fine-tuning: more tasks' TFRecords train
                   "(multi-task: one backbone, one head per task).")
 flags.DEFINE_list("task_mixture", [], "Multi-task: sampling weight per task (--data_dir first, then --aux_data_dirs); "
                   "empty = proportional to training examples.")
+flags.DEFINE_bool("length_buckets", True, "Fine-tuning: pad each batch to the shortest length bucket (8, 16, 24, 32, "
+                  "48, 64, ... n_ctx) that holds its examples; --nolength_buckets pads every batch to n_ctx.")
 flags.DEFINE_string("predict_split", "", "--mode=predict: split to predict (default: the task's first eval split).")
 flags.DEFINE_string("model", "tiny", "Model preset: gpt1, small, tiny or test; lstm_small, lstm_tiny or lstm_test "
                     "for the LSTM baseline.")
@@ -376,6 +378,7 @@ def _finetune_main(keras, tf):
         clf_pdrop=FLAGS.clf_pdrop, weight_decay=FLAGS.weight_decay, clip_norm=FLAGS.clip_norm,
         precision=FLAGS.precision, seed=FLAGS.seed, log_every=FLAGS.log_every,
         aux_data_dirs=tuple(FLAGS.aux_data_dirs), mixture=tuple(float(w) for w in FLAGS.task_mixture),
+        length_buckets=FLAGS.length_buckets,
     )
     data = data_identity(data=manifest, **aux)
     if FLAGS.mode == "train":

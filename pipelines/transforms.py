@@ -30,7 +30,7 @@ All of this is pure TensorFlow (no py_function), so it runs inside tf.distribute
 from __future__ import annotations
 
 import posixpath
-from typing import Mapping, Optional
+from typing import Mapping, Optional, Sequence
 
 import tensorflow as tf
 
@@ -39,6 +39,7 @@ from gpt_tf.tasks import TaskSpec
 from pipelines.finetune_data import MISSING_LABEL
 from pipelines.pretrain_data import COMPRESSION
 from pipelines.reader import read_manifest
+from pipelines.task_batches import bucket_lengths, check_buckets, planned_batches
 
 _FEATURES = ("tokens_a", "tokens_b", "choice_tokens", "choice_lengths")
 
@@ -143,6 +144,28 @@ def transform_record(task: TaskSpec, record: dict, n_ctx: int, special_ids: Mapp
     return {"input_ids": ids, "extract_index": tf.cast(extract, tf.int32), "lm_weights": weights}, label
 
 
+def record_lengths(task: TaskSpec, serialized: tf.Tensor, n_ctx: int) -> tf.Tensor:
+    """Tokens in the longest view of each of the serialized records [N], after truncation: int32 [N].
+
+    Equals max(extract_index) + 1 of `transform_record`: the truncation rule cuts a view to n_ctx
+    exactly when it is longer, so a view's length is min(its untruncated length, n_ctx).
+    """
+    spec = {name: tf.io.RaggedFeature(tf.int64) for name in _FEATURES}
+    parsed = tf.io.parse_example(serialized, spec)
+    a = tf.cast(parsed["tokens_a"].row_lengths(), tf.int32)
+    b = tf.cast(parsed["tokens_b"].row_lengths(), tf.int32)
+    if task.input_type == "single":
+        return tf.minimum(a + 2, n_ctx)
+    if task.input_type != "multiple_choice":
+        return tf.minimum(a + b + 3, n_ctx)
+    choices = parsed["choice_lengths"]
+    check = tf.debugging.assert_equal(tf.cast(choices.row_lengths(), tf.int32), task.num_choices,
+                                      message=f"a record does not have num_choices={task.num_choices} choices")
+    with tf.control_dependencies([check]):
+        c = tf.reshape(tf.cast(choices.flat_values, tf.int32), [-1, task.num_choices])
+    return tf.reduce_max(tf.minimum((a + b)[:, None] + c + 3, n_ctx), axis=1)
+
+
 def _check_special_ids(special_ids: Mapping[str, int], vocab_size: int) -> None:
     """All four special ids present, distinct and outside the BPE ids 0..vocab_size-1."""
     missing = [n for n in SPECIAL_TOKENS if n not in special_ids]
@@ -188,18 +211,24 @@ def _check_task(task: TaskSpec, manifest: dict, data_dir: str) -> None:
 
 
 def task_dataset(task: TaskSpec, data_dir: str, split: str, batch_size: int, n_ctx: int,
-                 special_ids: Mapping[str, int], shuffle: bool = False, seed: int = 0,
-                 repeat: bool = False, drop_remainder: bool = False,
-                 input_context: Optional[tf.distribute.InputContext] = None,
-                 shuffle_buffer: int = 100_000) -> tf.data.Dataset:
-    """Batches of (features, label) of one split; see the module doc for shapes and layout.
+                 special_ids: Mapping[str, int], *, training: bool = False, seed: int = 0,
+                 buckets: Optional[Sequence[int]] = None, start_batch: int = 0,
+                 input_context: Optional[tf.distribute.InputContext] = None) -> tf.data.Dataset:
+    """Per-replica batches of (features, label) of one split, length-bucketed (`pipelines.task_batches`).
 
-    With an `input_context`, pipeline i of N reads every N-th record. With the same seed the
-    order is identical run to run."""
+    ``batch_size`` is the GLOBAL batch; each batch holds ``batch_size / replicas`` examples (the
+    replicas of ``input_context``). Features are those of `transform_record`, padded to the batch's
+    bucket length L (``input_ids`` [b, K, L]), plus ``record_index`` int32 [b] (position in the
+    file; -1 for the ghost rows that fill an evaluation's last batch). ``buckets``: the bucket
+    lengths, default `bucket_lengths(n_ctx)`; ``(n_ctx,)`` pads every batch to n_ctx.
+    ``training``: seeded shuffled epochs without end, from global batch ``start_batch``; else one
+    pass in bucket order. The order is a function of (seed, epoch) only: identical run to run.
+    """
     if batch_size < 1:
         raise ValueError(f"batch_size must be positive, got {batch_size}")
     if n_ctx < 4:
         raise ValueError(f"n_ctx must be at least 4 (3 special tokens + 1), got {n_ctx}")
+    buckets = check_buckets(bucket_lengths(n_ctx) if buckets is None else buckets, n_ctx)
     manifest = _manifest(data_dir)
     _check_task(task, manifest, data_dir)
     entry = _split_entry(manifest, data_dir, split)
@@ -207,19 +236,18 @@ def task_dataset(task: TaskSpec, data_dir: str, split: str, batch_size: int, n_c
     path = posixpath.join(str(data_dir), entry["file"])
     if not tf.io.gfile.exists(path):
         raise FileNotFoundError(f"{path}: listed in {data_dir}/manifest.json but missing")
-    ids = {k: int(v) for k, v in special_ids.items()}
-    ds = tf.data.TFRecordDataset(path, compression_type=manifest["record"].get("compression", COMPRESSION))
-    if input_context is not None and input_context.num_input_pipelines > 1:
-        ds = ds.shard(input_context.num_input_pipelines, input_context.input_pipeline_id)
-    if shuffle:
-        ds = ds.shuffle(max(1, min(shuffle_buffer, int(entry["examples"]))), seed=seed,
-                        reshuffle_each_iteration=True)
-    if repeat:
-        ds = ds.repeat()
-    ds = ds.map(lambda s: transform_record(task, parse_record(s), n_ctx, ids),
-                num_parallel_calls=tf.data.AUTOTUNE, deterministic=True)
-    ds = ds.batch(batch_size, drop_remainder=drop_remainder)
-    options = tf.data.Options()
-    options.deterministic = True
-    return ds.prefetch(tf.data.AUTOTUNE).with_options(options)
+    ids, num_records = {k: int(v) for k, v in special_ids.items()}, int(entry["examples"])
+    records = tf.data.TFRecordDataset(path, compression_type=manifest["record"].get("compression", COMPRESSION))
+    records = records.batch(num_records + 1)  # the whole split, one element
 
+    def example(serialized, i, length):
+        features, label = transform_record(task, parse_record(serialized[tf.maximum(i, 0)]), n_ctx, ids)
+        if len(buckets) > 1:  # cut the padding beyond the bucket (every view of the record fits)
+            features["input_ids"] = features["input_ids"][:, :length]
+            features["lm_weights"] = features["lm_weights"][:, :length]
+        features["record_index"] = i
+        return features, label
+
+    return planned_batches(records, num_records, lambda s: record_lengths(task, s, n_ctx), example, buckets,
+                           batch_size, training=training, seed=seed, start_batch=start_batch,
+                           input_context=input_context, source=path)

@@ -365,20 +365,22 @@ def test_records_hold_the_tokens_of_the_examples(built, shared_data, tokenizer_d
 @pytest.mark.parametrize("task,k", [("rte", 1), ("sst2", 1)])
 def test_task_dataset_batches(built, shared_data, task, k):
     spec, special = get_task(task), {"start": 40478, "delimiter": 40479, "extract": 40480, "pad": 40481}
-    ds = transforms.task_dataset(spec, str(built / task), "dev", batch_size=16, n_ctx=64, special_ids=special)
+    ds = transforms.task_dataset(spec, str(built / task), "dev", batch_size=16, n_ctx=64, special_ids=special,
+                                 buckets=(64,))  # one bucket: every batch padded to n_ctx, in file order
     batches = list(ds)
-    assert [int(b[1].shape[0]) for b in batches] == [16, 16, 8]
+    assert [int(b[1].shape[0]) for b in batches] == [16, 16, 16]
+    index = np.concatenate([b[0]["record_index"].numpy() for b in batches])
+    assert index.tolist() == list(range(40)) + [-1] * 8  # 8 ghost rows fill the last batch
     feats, labels = batches[0]
     assert feats["input_ids"].shape == (16, k, 64) and feats["input_ids"].dtype == tf.int32
     assert feats["extract_index"].shape == (16, k) and feats["lm_weights"].shape == (16, k, 64)
     assert labels.dtype == tf.int32
     examples, _ = read_examples(spec, shared_data / ("glue/RTE" if task == "rte" else "glue/SST-2"), "dev")
-    assert np.concatenate([b[1].numpy() for b in batches]).tolist() == [e.label for e in examples[:40]]
+    assert np.concatenate([b[1].numpy() for b in batches])[:40].tolist() == [e.label for e in examples[:40]]
     ids, ext = feats["input_ids"].numpy(), feats["extract_index"].numpy()
     assert (ids[:, 0, 0] == 40478).all() and (np.take_along_axis(ids[:, 0], ext, 1) == 40480).all()
     assert (feats["lm_weights"].numpy().sum(-1) == ext).all()
-    shuffled = transforms.task_dataset(spec, str(built / task), "dev", 8, 64, special, shuffle=True, seed=3,
-                                       repeat=True, drop_remainder=True)
+    shuffled = transforms.task_dataset(spec, str(built / task), "dev", 8, 64, special, training=True, seed=3)
     assert all(b[1].shape == (8,) for b in shuffled.take(7))  # repeats past the 40 records
 
 
@@ -408,7 +410,7 @@ def test_story_cloze_holdout_is_deterministic(shared_data, tokenizer_dir, tmp_pa
                            show_progress=False, holdout_fraction=0.3)
     feats, labels = next(iter(transforms.task_dataset(get_task("story_cloze"), str(tmp_path / "a"), "dev", 4, 128,
                                                       {"start": 40478, "delimiter": 40479, "extract": 40480, "pad": 40481})))
-    assert feats["input_ids"].shape == (4, 2, 128) and set(labels.numpy()) <= {0, 1}
+    assert feats["input_ids"].shape[:2] == (4, 2) and set(labels.numpy()) <= {0, 1}
 
 
 def test_race_build_adds_race_all_and_shards_are_disjoint(tmp_path, tokenizer_dir):
@@ -421,13 +423,13 @@ def test_race_build_adds_race_all_and_shards_are_disjoint(tmp_path, tokenizer_di
     assert m["splits"]["dev"]["label_counts"] == {"A": 1, "B": 0, "C": 1, "D": 1}
     special = {"start": 40478, "delimiter": 40479, "extract": 40480, "pad": 40481}
     parts = []
-    for i in range(2):
-        ctx = tf.distribute.InputContext(num_input_pipelines=2, input_pipeline_id=i)
-        ds = transforms.task_dataset(get_task("race"), str(tmp_path / "out"), "dev", 1, 32, special, input_context=ctx)
-        parts.append([int(label[0]) for _, label in ds])
-    assert parts == [[0, 3], [2]]
+    for i in range(2):  # each of 2 workers gets its half of every global batch of 2
+        ctx = tf.distribute.InputContext(num_input_pipelines=2, input_pipeline_id=i, num_replicas_in_sync=2)
+        ds = transforms.task_dataset(get_task("race"), str(tmp_path / "out"), "dev", 2, 32, special, input_context=ctx)
+        parts.append([(int(f["record_index"][0]), int(label[0])) for f, label in ds])
+    assert parts == [[(0, 0), (2, 3)], [(1, 2), (-1, 0)]]  # -1: the ghost row that fills the last batch
     feats, _ = next(iter(transforms.task_dataset(get_task("race"), str(tmp_path / "out"), "dev", 3, 32, special)))
-    assert feats["input_ids"].shape == (3, 4, 32)
+    assert feats["input_ids"].shape[:2] == (3, 4)
 
 
 def test_cli_builds_a_generic_csv_task(tmp_path, tokenizer_dir):
