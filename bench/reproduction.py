@@ -147,7 +147,12 @@ def write_report(records: list[dict]) -> None:
     if deltas:
         lines.append(f"| **mean Δ** ({len(deltas)} tasks) | | 10 | | | | | **{statistics.mean(deltas):+.1f}** | |")
     lines += ["", "Chosen recipes (best seed-0 dev score of each arm's sweep):", ""]
-    lines += [f"- {task} {arm}: `{json.dumps(recipe, sort_keys=True)}`" for (task, arm), recipe in sorted(chosen.items())]
+    tried = {}
+    for r in records:
+        if r["stage"] == "sweep" and r["seed"] == 0:
+            tried[(r["task"], r["arm"])] = tried.get((r["task"], r["arm"]), 0) + 1
+    lines += [f"- {task} {arm}: `{json.dumps(recipe, sort_keys=True)}` (best of {tried[(task, arm)]} tried)"
+              for (task, arm), recipe in sorted(chosen.items())]
     lines += ["", "## Every run", "", "| stage | task | arm | seed | recipe | dev | seconds |", "|---|---|---|---:|---|---:|---:|"]
     for r in records:
         lines.append(f"| {r['stage']} | {r['task']} | {r['arm']} | {r['seed']} | `{json.dumps(r['recipe'], sort_keys=True)}` "

@@ -20,6 +20,10 @@ GLUE_SUBMISSIONS = {
 }
 
 
+# Column names of non-GLUE submission files (Story Cloze: the official id and answer columns).
+SUBMISSION_HEADER = {"story_cloze": ("InputStoryid", "AnswerRightEnding")}
+
+
 def pretrained_model_config(path: str) -> GPTConfig:
     """The GPTConfig of a pre-training (or fine-tuning) run dir, a checkpoint prefix or GPT-1 release shards."""
     if os.path.isfile(os.path.join(path, "params_0.npy")):
@@ -41,14 +45,26 @@ def save_run_configs(run_dir: str, model_config: GPTConfig, config, data: Option
         write_json_atomic(os.path.join(run_dir, DATA_FILE), data)
 
 
+def submission_key(guid: str, split: str) -> str:
+    """The id a submission row carries: the file's own ``index`` for GLUE (guid ``<split>-<index>``), else the guid."""
+    return guid[len(split) + 1:] if guid.startswith(split + "-") else guid
+
+
 def write_submission(tuner, split: str, run_dir: str, write: bool = True) -> str:
-    """Predictions for ``split`` as ``index<TAB>prediction`` (GLUE's layout and file names for GLUE tasks).
+    """Predictions for ``split`` as ``index<TAB>prediction`` (GLUE's layout and file names for GLUE tasks),
+    keyed by each example's own id (GLUE's ``index`` column; Story Cloze's ``InputStoryid``, with the
+    predicted ``AnswerRightEnding``).
 
     Every worker must call it (prediction is collective); only those with ``write`` write the file.
     """
+    from pipelines.transforms import split_guids
+
     task = tuner.task
     outs, _ = tuner.predict(split)
     preds = task_predictions(task, outs)
+    guids = split_guids(tuner.config.data_dir, split)
+    if len(guids) != len(preds):
+        raise ValueError(f"{tuner.config.data_dir}: {len(guids)} records in split {split!r} but {len(preds)} predictions")
     name, as_ids = GLUE_SUBMISSIONS.get(task.name, (task.name, False))
     if task.name == "mnli":
         name = "MNLI-mm" if "mismatched" in split else "MNLI-m"
@@ -57,10 +73,11 @@ def write_submission(tuner, split: str, run_dir: str, write: bool = True) -> str
         return path
     with open(path, "w", newline="") as f:
         writer = csv.writer(f, delimiter="\t", lineterminator="\n")
-        writer.writerow(["index", "prediction"])
-        for i, p in enumerate(preds):
+        writer.writerow(SUBMISSION_HEADER.get(task.name, ("index", "prediction")))
+        for guid, p in zip(guids, preds):
+            key = submission_key(guid, split)
             if task.head == "regression":
-                writer.writerow([i, f"{float(p):.3f}"])
+                writer.writerow([key, f"{float(p):.3f}"])
             else:
-                writer.writerow([i, int(p) if as_ids else task.label_names[int(p)]])
+                writer.writerow([key, int(p) if as_ids else task.label_names[int(p)]])
     return path

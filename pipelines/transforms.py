@@ -187,6 +187,15 @@ def num_examples(data_dir: str, split: str) -> int:
     return int(_split_entry(_manifest(data_dir), data_dir, split)["examples"])
 
 
+def split_guids(data_dir: str, split: str) -> list[str]:
+    """The guids of a split's records, in file order (what a submission file is keyed by)."""
+    entry = _split_entry(_manifest(data_dir), data_dir, split)
+    records = tf.data.TFRecordDataset(posixpath.join(data_dir, entry["file"]), compression_type=COMPRESSION)
+    spec = {"guid": tf.io.FixedLenFeature([], tf.string)}
+    return [g.decode("utf-8") for batch in records.batch(4096)
+            for g in tf.io.parse_example(batch, spec)["guid"].numpy()]
+
+
 def _manifest(data_dir: str) -> dict:
     try:
         return read_manifest(data_dir)

@@ -56,6 +56,17 @@ def test_rte_from_pretrained_then_eval_and_predict(pretrained, shared_data, tmp_
     rows = list(csv.reader(open(path), delimiter="\t"))
     assert rows[0] == ["index", "prediction"] and len(rows) == 49
     assert {r[1] for r in rows[1:]} <= {"entailment", "not_entailment"}
+    # Rows are keyed by the file's own index column, in file order.
+    own = [line.split("\t")[0] for line in (shared_data / "glue" / "RTE" / "dev.tsv").read_text().splitlines()[1:]]
+    assert [r[0] for r in rows[1:]] == own[:48]
+
+
+def test_submission_keys():
+    from gpt_tf.finetune_io import submission_key
+
+    assert submission_key("test-17", "test") == "17"  # GLUE: the file's index column
+    assert submission_key("b929f263-1dcd", "test") == "b929f263-1dcd"  # Story Cloze: InputStoryid
+    assert submission_key("dev_matched-3", "dev_matched") == "3"
 
 
 def test_pretrained_layers_are_transferred(pretrained, shared_data, tmp_path):
