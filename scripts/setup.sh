@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # Creates .venv (Python 3.11) and installs the pinned stack; `setup.sh dev` adds the test extras.
 # Idempotent: re-running only installs what changed in the requirements files.
-# Measured on a fresh .venv (README, "Install"): the runtime stack 49 s and 2.5 GB; the test extras
-# 63 s more, 3.7 GB in all.
+# Measured on a fresh .venv (README, "Install"): the runtime stack 49-77 s and 2.5 GB; the test
+# extras 60-63 s more, 3.7 GB in all.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 PYTHON=${PYTHON:-python3}
