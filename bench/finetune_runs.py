@@ -33,7 +33,7 @@ def finetune_spec(task: str, arm: str, seed: int, *, runs_root, tasks_dir, preci
     run_dir = Path(runs_root) / f"{task}_{arm}_s{seed}"
     cmd = [sys.executable, "-m", "gpt_tf.train", f"--flagfile=configs/finetune_{task}.flags",
            f"--data_dir={Path(tasks_dir) / task}", f"--run_dir={run_dir}", f"--n_ctx={N_CTX[task]}",
-           f"--precision={precision}", f"--seed={seed}", "--progress=false"]
+           f"--precision={precision}", f"--seed={seed}", "--progress=false", "--json"]
     cmd.append(f"--init_checkpoint={init_checkpoint}" if init_checkpoint else f"--model={model}")
     return {"task": task, "arm": arm, "seed": seed, "run_dir": str(run_dir), "cmd": cmd + list(extra)}
 

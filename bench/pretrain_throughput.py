@@ -109,9 +109,10 @@ def _device() -> str:
 
 
 def run(args) -> dict:
-    os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+    from gpt_tf.console import import_tensorflow
+
+    tf = import_tensorflow()
     import keras
-    import tensorflow as tf
 
     from gpt_tf.config import get_preset
     from gpt_tf.strategy import make_strategy

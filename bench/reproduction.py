@@ -110,7 +110,7 @@ def predict(records: list[dict]) -> None:
         run = next((r for r in records if key(r) == key({"task": task, "arm": arm, "seed": 0, "recipe": recipe})), None)
         cmd = spec(task, arm, 0, recipe)["cmd"] + ["--mode=predict", "--predict_split=test"]
         stdout, _ = run_command(cmd)
-        written = Path(stdout.strip().splitlines()[-1])  # --mode=predict prints the file it wrote
+        written = Path(json.loads(stdout.strip().splitlines()[-1])["path"])  # --json: {"split", "path"}
         out = Path(FLAGS.predictions_dir) / arm / f"{written.name.split('.')[0]}.tsv"
         out.parent.mkdir(parents=True, exist_ok=True)
         shutil.copy(written, out)

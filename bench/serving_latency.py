@@ -201,8 +201,9 @@ def main(argv=None):
     parser.add_argument("--tokens", default="120,128", help="text length range in BPE tokens")
     parser.add_argument("--out", default=str(ROOT / "bench" / "results" / "serving_latency.json"))
     args = parser.parse_args(argv)
-    os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
-    import tensorflow as tf
+    from gpt_tf.console import import_tensorflow
+
+    tf = import_tensorflow()
 
     from gpt_tf.config import get_preset
     from gpt_tf.model import GPTBackbone

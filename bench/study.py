@@ -161,7 +161,7 @@ def lstm_pretrain_cmd(args, train_config: dict, preset: str, steps: int) -> tupl
             "precision", "seed", "keep_checkpoints", "eval_batches")
     cmd = [sys.executable, "-m", "gpt_tf.train", f"--model=lstm_{preset}", f"--run_dir={run_dir}",
            f"--train_steps={steps}", f"--warmup_steps={min(steps, max(0, round(train_config['warmup_steps'] * scale)))}",
-           f"--checkpoint_every={max(1, round(train_config['checkpoint_every'] * scale))}", "--progress=false",
+           f"--checkpoint_every={max(1, round(train_config['checkpoint_every'] * scale))}", "--progress=false", "--json",
            *(f"--{k}={train_config[k]}" for k in same)]
     return str(run_dir), cmd
 

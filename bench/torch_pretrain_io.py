@@ -197,6 +197,9 @@ def plot_curve(rows: list[dict], setting: dict, path: str, sweep: dict[str, list
 
 def main(argv):
     del argv
+    from gpt_tf.console import import_tensorflow
+
+    import_tensorflow()  # its start-up lines off the console (GPT_TF_VERBOSE=1 keeps them)
     if FLAGS.action == "export":
         if not FLAGS.tokens:
             raise app.UsageError("--action=export needs --tokens")

@@ -18,15 +18,14 @@ every task is evaluated at each of those epoch boundaries.
 from __future__ import annotations
 
 import dataclasses
-import json
 import math
 import os
 
 import keras
 import numpy as np
 import tensorflow as tf
-from tqdm.auto import tqdm
 
+from gpt_tf import console
 from gpt_tf.config import GPTConfig
 from gpt_tf.finetune_io import pretrained_model_config
 from gpt_tf.metrics import compute_metrics
@@ -240,8 +239,8 @@ class Finetuner:
                 results[f"{head.task.name}/{split}"] = self.evaluate(split, head.task.name)
         return results
 
-    def restore(self) -> int:
-        return restore_latest(self.read_manager, self.step, self.log)
+    def restore(self, resuming: bool = True) -> int:
+        return restore_latest(self.read_manager, self.step, self.log, resuming)
 
     def train(self, progress=True) -> dict:
         """Runs ``epochs`` epochs; evaluates and checkpoints at each epoch's end; returns the last metrics."""
@@ -258,8 +257,10 @@ class Finetuner:
         iterators = [iter(self._dataset(h, c.train_split, training=True, start_batch=int(n)))
                      for h, n in zip(self.heads, consumed)]
         multi = len(self.heads) > 1
-        bar = tqdm(total=self.total_steps, initial=start, desc=f"fine-tuning {'+'.join(h.task.name for h in self.heads)}",
-                   unit="step", disable=not (progress and self.chief), dynamic_ncols=True)
+        bar = console.progress(total=self.total_steps, initial=start, unit="step",
+                               desc=f"fine-tuning {'+'.join(h.task.name for h in self.heads)}",
+                               disable=not (progress and self.chief),
+                               every=console.line_every(self.total_steps - start, multiple_of=c.log_every))
         results = {}
         for step in range(start + 1, self.total_steps + 1):
             i = int(self.schedule[step - 1])
@@ -279,7 +280,7 @@ class Finetuner:
             if step % self.steps_per_epoch == 0:
                 results = self.evaluate_all()
                 epoch = step // self.steps_per_epoch
-                bar.write(f"epoch {epoch}: " + json.dumps(results))
+                bar.write(f"epoch {epoch}: {console.format_metrics(results)}")
                 if writer:
                     with writer.as_default(step=step):
                         for split, metrics in results.items():

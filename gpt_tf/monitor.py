@@ -15,8 +15,8 @@ import os
 
 import tensorflow as tf
 from tensorboard.plugins.hparams import api as hp
-from tqdm.auto import tqdm
 
+from gpt_tf import console
 from gpt_tf.generate import Sampler
 from gpt_tf.heuristics import append_csv, write_summaries
 
@@ -28,8 +28,10 @@ class TrainCallbacks:
         self.trainer, self.tokenizer, self.log, self.zero_shot = trainer, tokenizer, log, zero_shot
         c = trainer.config
         self.writer = tf.summary.create_file_writer(os.path.join(c.run_dir, "tb")) if trainer.chief else None
-        self.bar = tqdm(total=c.train_steps, initial=int(trainer.step.numpy()), desc="pre-training", unit="step",
-                        disable=not (progress and trainer.chief), dynamic_ncols=True)
+        start = int(trainer.step.numpy())
+        self.bar = console.progress(total=c.train_steps, initial=start, desc="pre-training", unit="step",
+                                    disable=not (progress and trainer.chief),
+                                    every=console.line_every(c.train_steps - start, multiple_of=c.log_every))
         self.sampler = Sampler(trainer.model, trainer.model_config.vocab_size, trainer.model_config.n_ctx)
         if self.writer:
             with self.writer.as_default():

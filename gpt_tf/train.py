@@ -4,14 +4,15 @@ r"""Command line: pre-train, evaluate or sample a GPT language model; fine-tune 
     python -m gpt_tf.train --flagfile=configs/shakespeare_tiny.flags --mode=eval
     python -m gpt_tf.train --flagfile=configs/shakespeare_tiny.flags --mode=generate --prompt="to be"
     python -m gpt_tf.train --flagfile=configs/finetune_rte.flags --init_checkpoint=runs/books_tiny
-    python -m gpt_tf.train --flagfile=configs/finetune_rte.flags --mode=eval      # metrics JSON
-    python -m gpt_tf.train --flagfile=configs/finetune_rte.flags --mode=predict   # GLUE submission TSV
+    python -m gpt_tf.train --flagfile=configs/finetune_sst2.flags --mode=eval     # run_dir/metrics.json
+    python -m gpt_tf.train --flagfile=configs/finetune_sst2.flags --mode=predict --predict_split=test  # submission
 
 With ``--task`` the run fine-tunes (§3.2) and the paper's fine-tuning recipe is the default for
 any flag the command line leaves unset (lr 6.25e-5, batch 32, 3 epochs, 0.2% warm-up, λ 0.5).
 
 Flags are read here only; everything below takes dataclasses. Re-running the same command
-resumes from the run directory's latest checkpoint.
+resumes from the run directory's latest checkpoint. Each mode ends with a one-line summary of its
+result (``--json``: the result as one JSON line instead, for scripts).
 """
 
 from __future__ import annotations
@@ -42,7 +43,8 @@ flags.DEFINE_list("task_mixture", [], "Multi-task: sampling weight per task (--d
                   "empty = proportional to training examples.")
 flags.DEFINE_bool("length_buckets", True, "Fine-tuning: pad each batch to the shortest length bucket (8, 16, 24, 32, "
                   "48, 64, ... n_ctx) that holds its examples; --nolength_buckets pads every batch to n_ctx.")
-flags.DEFINE_string("predict_split", "", "--mode=predict: split to predict (default: the task's first eval split).")
+flags.DEFINE_string("predict_split", "", "--mode=predict: split to predict (default: the task's first eval split, "
+                    "e.g. dev; `test` for a GLUE submission).")
 flags.DEFINE_string("model", "tiny", "Model preset: gpt1, small, tiny or test; lstm_small, lstm_tiny or lstm_test "
                     "for the LSTM baseline.")
 flags.DEFINE_integer("n_ctx", 0, "Override the preset's context length (0: keep).")
@@ -83,7 +85,8 @@ flags.DEFINE_integer("sample_length", 64, "Tokens per sample.")
 flags.DEFINE_string("prompt", "", "--mode=generate: the prompt.")
 flags.DEFINE_float("temperature", 1.0, "--mode=generate: sampling temperature (0: greedy).")
 flags.DEFINE_integer("top_k", 40, "--mode=generate: sample among the k likeliest tokens (0: all).")
-flags.DEFINE_bool("progress", True, "Show a progress bar.")
+flags.DEFINE_bool("progress", True, "Show a progress bar (a plain line every few steps where stderr is not a terminal).")
+flags.DEFINE_bool("json", False, "End with the result as one JSON line on stdout (for scripts) instead of a summary.")
 flags.DEFINE_list("zero_shot_tasks", [], "Pre-training: §5 zero-shot tasks scored during training (gpt_tf/heuristics.py): "
                   "cola, sst2, race, story_cloze, dprd.")
 flags.DEFINE_list("zero_shot_data_dirs", [], "Each zero-shot task's folder in its official layout, in --zero_shot_tasks order.")
@@ -205,6 +208,11 @@ def _say(message: str) -> None:
     print(message, file=sys.stderr, flush=True)
 
 
+def _report(result: dict, summary: str) -> None:
+    """The command's last stdout line: a readable summary, or with --json the result as JSON (for scripts)."""
+    print(json.dumps(result) if FLAGS.json else summary, flush=True)
+
+
 def main(argv):
     if len(argv) > 1:
         raise app.UsageError(f"unexpected arguments: {' '.join(argv[1:])}")
@@ -223,9 +231,10 @@ def main(argv):
         flag_checks.fail("gpt_tf.train", problems, "cannot start, nothing was written")
 
     # Imported late: flag errors must show in a second, not after TensorFlow's start-up.
-    os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")  # TF's C++ INFO/WARNING lines; errors still show
+    from gpt_tf.console import import_tensorflow
+
+    tf = import_tensorflow()  # its start-up lines off the console (GPT_TF_VERBOSE=1 keeps them)
     import keras
-    import tensorflow as tf
 
     from gpt_tf.baselines import unigram_perplexity
     from gpt_tf.generate import Sampler
@@ -262,18 +271,22 @@ def main(argv):
             sys.exit(PREEMPTED_EXIT_CODE)
         except DataError as err:
             sys.exit(f"gpt_tf.train: {err}")
-        print(json.dumps(result), flush=True)
+        loss = "" if result["loss"] is None else f", loss {result['loss']:.4f}"
+        _report(result, f"trained to step {result['step']}{loss}; the run is in {FLAGS.run_dir} "
+                        f"(checkpoints/, TensorBoard logs in tb/)")
         return
-    step = trainer.restore()
+    step = trainer.restore(resuming=False)
     if FLAGS.mode == "eval":
         try:
             held_out = trainer.evaluate()
         except DataError as err:
             sys.exit(f"gpt_tf.train: {err}")
         result = {"step": step, **held_out, **unigram_perplexity(FLAGS.data_dir, model_config.n_ctx, tokenizer.vocab_size)}
+        path = os.path.join(FLAGS.run_dir, f"eval_step{step}.json")
         if trainer.chief:
-            write_json_atomic(os.path.join(FLAGS.run_dir, f"eval_step{step}.json"), result)
-        print(json.dumps(result), flush=True)
+            write_json_atomic(path, result)
+        _report(result, f"held-out perplexity {result['perplexity']:.2f} at step {step} over {result['tokens']:,} tokens "
+                        f"(the unigram baseline: {result['unigram_perplexity']:.1f}); saved in {path}")
     else:
         sampler = Sampler(trainer.model, model_config.vocab_size, model_config.n_ctx)
         ids = sampler.sample(tokenizer.encode(FLAGS.prompt), FLAGS.sample_length, FLAGS.temperature, FLAGS.top_k, FLAGS.seed)
@@ -351,6 +364,7 @@ def _finetune_model_config(tokenizer_vocab):
 
 
 def _finetune_main(keras, tf):
+    from gpt_tf.console import format_metrics
     from gpt_tf.finetune_io import save_run_configs, write_submission
     from gpt_tf.finetuner import FinetuneConfig, Finetuner
     from gpt_tf.trainer import DataError
@@ -364,6 +378,9 @@ def _finetune_main(keras, tf):
     task = load_task_spec(FLAGS.data_dir)
     if task.name != FLAGS.task:
         sys.exit(f"gpt_tf.train: --task={FLAGS.task} but {FLAGS.data_dir} holds task {task.name!r}")
+    if FLAGS.mode == "predict" and FLAGS.predict_split and FLAGS.predict_split not in manifest["splits"]:
+        sys.exit(f"gpt_tf.train: --predict_split={FLAGS.predict_split}, but {FLAGS.data_dir} holds the splits "
+                 f"{', '.join(manifest['splits'])}")
     model_config = _finetune_model_config(int(manifest["tokenizer"]["vocab_size"]))
     aux = {f"aux_{i}": read_manifest_json(path) for i, path in enumerate(FLAGS.aux_data_dirs)}
     for path, aux_manifest in zip(FLAGS.aux_data_dirs, aux.values()):
@@ -395,16 +412,19 @@ def _finetune_main(keras, tf):
         except DataError as err:
             sys.exit(f"gpt_tf.train: {err}")
     else:
-        step = tuner.restore()
+        step = tuner.restore(resuming=False)
         if FLAGS.mode == "predict":
             split = FLAGS.predict_split or task.eval_splits[0]
             path = write_submission(tuner, split, FLAGS.run_dir, write=tuner.chief)
-            print(path, flush=True)
+            _report({"split": split, "path": path}, f"{task.name} predictions for the {split} split: {path} "
+                                                    "(index<TAB>prediction, GLUE's submission layout)")
             return
         results = {"step": step, **tuner.evaluate_all()}
+    path = os.path.join(FLAGS.run_dir, "metrics.json")
     if tuner.chief:  # every worker computed the results; one writes them
-        write_json_atomic(os.path.join(FLAGS.run_dir, "metrics.json"), {"task": task.name, **results})
-    print(json.dumps(results), flush=True)
+        write_json_atomic(path, {"task": task.name, **results})
+    at_step = f"step {results['step']}: " if "step" in results else ""
+    _report(results, f"{at_step}{format_metrics(results)}; saved in {path}")
 
 
 def run():

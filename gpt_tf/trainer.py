@@ -109,12 +109,16 @@ def all_reduce_and_apply(grads, variables, optimizer):
     return grad_norm
 
 
-def restore_latest(manager: tf.train.CheckpointManager, step: tf.Variable, log=print) -> int:
-    """Restores ``manager``'s latest checkpoint, if any, every object matched; returns the step."""
+def restore_latest(manager: tf.train.CheckpointManager, step: tf.Variable, log=print, resuming: bool = True) -> int:
+    """Restores ``manager``'s latest checkpoint, if any, every object matched; returns the step.
+
+    ``resuming``: training goes on from it ("resumed from"), else the model is only read ("loaded").
+    """
     latest = manager.latest_checkpoint
     if latest:
         manager.checkpoint.restore(latest).assert_existing_objects_matched()
-        log(f"resumed from {latest} at step {int(step.numpy())}")
+        at = int(step.numpy())
+        log(f"resumed from {latest} at step {at}" if resuming else f"loaded {latest} (step {at})")
     return int(step.numpy())
 
 
@@ -250,9 +254,9 @@ class Pretrainer:
         return reduce(loss_sum), reduce(count)
 
     # ------------------------------------------------------------------ public
-    def restore(self) -> int:
-        """Restores the chief's latest checkpoint if any; returns the step reached."""
-        return restore_latest(self.read_manager, self.step, self.log)
+    def restore(self, resuming: bool = True) -> int:
+        """Restores the chief's latest checkpoint if any; returns the step reached (see ``restore_latest``)."""
+        return restore_latest(self.read_manager, self.step, self.log, resuming)
 
     def weights_digest(self) -> str:
         """SHA-256 of the model's weights: equal on every worker of a job whose replicas are in sync."""

@@ -117,9 +117,10 @@ def main(argv):
 
         fail("gpt_tf.zero_shot", problems)
 
-    os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+    from gpt_tf.console import import_tensorflow
+
+    tf = import_tensorflow()  # its start-up lines off the console (GPT_TF_VERBOSE=1 keeps them)
     import keras
-    import tensorflow as tf
 
     from gpt_tf.finetune_io import pretrained_model_config
     from gpt_tf.heuristics import ZeroShotSuite, append_csv, write_summaries

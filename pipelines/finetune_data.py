@@ -49,15 +49,15 @@ from pathlib import Path
 from typing import Optional, Sequence, Union
 
 import numpy as np
-from tqdm import tqdm
 
 from gpt_tf import word_split
+from gpt_tf.console import import_tensorflow, progress
 from gpt_tf.tasks import TaskSpec, csv_task, get_task
 from pipelines.common import command_line, commit_dir, encode_texts, remove_stale_temps, run_cli, tokenizer_files
 from pipelines.pretrain_data import COMPRESSION, MANIFEST, load_manifest, sha256_file
 from pipelines.task_splits import plan_outputs
 from pipelines.task_readers import CsvOptions, Example, available_splits, infer_csv_labels, \
-    read_examples, split_files
+    missing_split_reason, read_examples, split_files
 
 FORMAT_VERSION = 1
 MISSING_LABEL = -1.0
@@ -84,7 +84,7 @@ def _encode(tokenizer, texts: list[str], desc: str, show_progress: bool) -> list
     """encode_batch over the distinct texts, in chunks, with a progress bar (RACE repeats articles)."""
     unique = list(dict.fromkeys(texts))
     out = []
-    with tqdm(total=len(unique), desc=desc, unit="text", disable=not show_progress or not unique) as bar:
+    with progress(total=len(unique), desc=desc, unit="text", disable=not show_progress or not unique) as bar:
         for i in range(0, len(unique), _ENCODE_CHUNK):
             out.extend(encode_texts(tokenizer, unique[i: i + _ENCODE_CHUNK]))
             bar.update(min(_ENCODE_CHUNK, len(unique) - i))
@@ -119,7 +119,7 @@ def tokenize_examples(tokenizer, examples: Sequence[Example], desc: str = "token
 
 def serialize(rec: dict) -> bytes:
     """One tokenized example -> serialized tf.train.Example (label left out when None)."""
-    import tensorflow as tf
+    tf = import_tensorflow()
 
     def ints(values):
         return tf.train.Feature(int64_list=tf.train.Int64List(value=values))
@@ -134,10 +134,9 @@ def serialize(rec: dict) -> bytes:
 
 def write_records(records: Sequence[dict], path: Path, show_progress: bool = False) -> None:
     """GZIP TFRecord file of the records, in order."""
-    import tensorflow as tf
-
+    tf = import_tensorflow()
     with tf.io.TFRecordWriter(str(path), tf.io.TFRecordOptions(compression_type=COMPRESSION)) as writer:
-        for rec in tqdm(records, desc=f"write {path.name}", unit="rec", disable=not show_progress):
+        for rec in progress(records, desc=f"write {path.name}", unit="rec", disable=not show_progress):
             writer.write(serialize(rec))
 
 
@@ -228,9 +227,12 @@ def build_task_data(task: Union[str, TaskSpec], data_dir, tokenizer_dir, output_
     from gpt_tf.tokenizer import GPTTokenizer
 
     base_task = get_task(task) if isinstance(task, str) else task
+    if not Path(data_dir).exists():
+        raise FileNotFoundError(f"{data_dir} does not exist: --data_dir is the folder of {base_task.name}'s files in their "
+                                "official layout (for a GLUE task, its folder from the GLUE download, e.g. glue_data/RTE)")
     splits = list(splits or available_splits(base_task, data_dir))
     if not splits:
-        raise FileNotFoundError(f"{data_dir}: no split of task {base_task.name!r} found")
+        raise FileNotFoundError(f"no split of task {base_task.name!r} found: {missing_split_reason(base_task, data_dir)}")
     if max_examples is not None and max_examples < 1:
         raise ValueError(f"--max_examples must be positive, got {max_examples}")
     if train_subsample is not None and train_subsample < 1:

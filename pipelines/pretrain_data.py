@@ -43,9 +43,9 @@ from pathlib import Path
 from typing import Optional, Sequence
 
 import numpy as np
-from tqdm import tqdm
 
 from gpt_tf import word_split
+from gpt_tf.console import import_tensorflow, progress
 from pipelines.common import (MANIFEST, command_line, commit_dir, encode_pieces, hash_unit, remove_stale_temps,
                               run_cli, sha256_file, tokenizer_files)
 from pipelines.books import Book, Skipped, find_book_files, iter_books
@@ -159,8 +159,8 @@ def split_by_hash(books: Sequence[Book], fraction: float) -> tuple[list[Book], l
 def read_books(root: str, flag: str, show_progress: bool) -> tuple[list[Book], list[Skipped]]:
     """Load every book under `root`; raise if none is usable."""
     books, skipped = [], []
-    for item in tqdm(iter_books(root), desc=f"read {Path(root).name}", unit="file",
-                     total=len(find_book_files(root)), disable=not show_progress):
+    for item in progress(iter_books(root), desc=f"read {Path(root).name}", unit="file",
+                         total=len(find_book_files(root)), disable=not show_progress):
         (books if isinstance(item, Book) else skipped).append(item)
     if not books:
         reasons = "; ".join(f"{s.book_id}: {s.reason}" for s in skipped[:3])
@@ -229,7 +229,7 @@ def load_or_train_tokenizer(cfg: PretrainConfig, train_books: Sequence[Book]):
     shutil.rmtree(tmp, ignore_errors=True)
     try:
         GPTTokenizer.train((b.text for b in train_books), cfg.train_tokenizer_vocab, str(tmp),
-                           show_progress=cfg.show_progress)
+                           show_progress=cfg.show_progress and sys.stderr.isatty())  # else blank lines on stdout
         for path in sorted(tmp.iterdir()):
             os.replace(path, folder / path.name)
     finally:
@@ -240,7 +240,7 @@ def load_or_train_tokenizer(cfg: PretrainConfig, train_books: Sequence[Book]):
 def tokenize_split(tokenizer, books: Sequence[Book], sep: int, name: str, show_progress: bool):
     """Tokenize books; returns (token stream with separators, per-book manifest rows)."""
     pieces, rows = [], []
-    bar = tqdm(books, desc=f"tokenize {name}", unit="book", disable=not show_progress)
+    bar = progress(books, desc=f"tokenize {name}", unit="book", disable=not show_progress)
     total = 0
     for i, book in enumerate(bar):
         ids = encode_book(tokenizer, book.text, sep)
@@ -263,13 +263,12 @@ def num_sequences(stream_tokens: int, n_ctx: int) -> int:
 
 def write_split(stream: np.ndarray, cfg: PretrainConfig, name: str, out_dir: Path) -> list[dict]:
     """Write the windows of one split as GZIP TFRecord shards; returns the shard manifest rows."""
-    import tensorflow as tf
-
+    tf = import_tensorflow()
     n_ctx, n_seq = cfg.n_ctx, num_sequences(len(stream), cfg.n_ctx)
     n_shards = math.ceil(n_seq / cfg.shard_size)
     options = tf.io.TFRecordOptions(compression_type=COMPRESSION)
     shards = []
-    with tqdm(total=n_seq, desc=f"write {name}", unit="seq", disable=not cfg.show_progress) as bar:
+    with progress(total=n_seq, desc=f"write {name}", unit="seq", disable=not cfg.show_progress) as bar:
         for k in range(n_shards):
             path = out_dir / f"{name}-{k:05d}-of-{n_shards:05d}.tfrecord.gz"
             first, last = k * cfg.shard_size, min(n_seq, (k + 1) * cfg.shard_size)

@@ -485,12 +485,25 @@ def split_files(task: TaskSpec, path_or_dir, split: str) -> list[Path]:
     return [finders[task.name](path, split)]
 
 
+def _standard_splits(task: TaskSpec) -> list[str]:
+    return {"mnli": ["train", "dev_matched", "dev_mismatched", "test_matched", "test_mismatched"],
+            "race": ["train", "dev_middle", "dev_high", "test_middle", "test_high"],
+            "story_cloze": ["val", "test"]}.get(task.name, ["train", "dev", "test"])
+
+
+def missing_split_reason(task: TaskSpec, data_dir) -> str:
+    """Why the first standard split of `task` is not found under `data_dir` (what its finder looked for)."""
+    try:
+        split_files(task, data_dir, _standard_splits(task)[0])
+    except (FileNotFoundError, ValueError) as err:
+        return str(err)
+    return f"{data_dir}: its {_standard_splits(task)[0]} split is there"
+
+
 def available_splits(task: TaskSpec, data_dir) -> list[str]:
     """The standard splits of `task` whose files exist under `data_dir` (a single file: the first
     standard split, `train`, or `val` for Story Cloze)."""
-    candidates = {"mnli": ["train", "dev_matched", "dev_mismatched", "test_matched", "test_mismatched"],
-                  "race": ["train", "dev_middle", "dev_high", "test_middle", "test_high"],
-                  "story_cloze": ["val", "test"]}.get(task.name, ["train", "dev", "test"])
+    candidates = _standard_splits(task)
     if Path(data_dir).is_file():
         return candidates[:1]
     found = []

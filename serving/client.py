@@ -20,13 +20,16 @@ import json
 import sys
 import threading
 
-import grpc
-import numpy as np
-import tensorflow as tf
-from absl import app, flags
-from tensorflow_serving.apis import predict_pb2, prediction_service_pb2_grpc
+from gpt_tf.console import import_tensorflow
 
-from serving.errors import ServingError
+tf = import_tensorflow()  # first, so that its start-up lines stay off the console (GPT_TF_VERBOSE=1 keeps them)
+
+import grpc  # noqa: E402 -- tensorflow_serving.apis imports TensorFlow: after the quiet import above
+import numpy as np  # noqa: E402
+from absl import app, flags  # noqa: E402
+from tensorflow_serving.apis import predict_pb2, prediction_service_pb2_grpc  # noqa: E402
+
+from serving.errors import ServingError  # noqa: E402
 
 FLAGS = flags.FLAGS
 
@@ -106,15 +109,21 @@ class ServingClient:
         return results_from_outputs(self.predict(model_name, fields, version=version))
 
 
+def _float32(value) -> float:
+    """A float32 output as the shortest float that reads back as it: gRPC's float32 tensors and REST's
+    JSON numbers then give the same value (and print at the same precision)."""
+    return float(str(np.float32(value)))
+
+
 def results_from_outputs(outputs: dict) -> list:
     """Per-example dicts from a ``serving_default`` answer (classification, choice, regression or other)."""
     if "probabilities" in outputs:
         return [{"label": str(label), "label_id": int(index),
-                 "probabilities": {str(c): float(p) for c, p in zip(classes, probs)}}
+                 "probabilities": {str(c): _float32(p) for c, p in zip(classes, probs)}}
                 for label, index, classes, probs in zip(outputs["label_names"], outputs["label_ids"],
                                                         outputs["classes"], outputs["probabilities"])]
     if "score" in outputs:
-        return [{"score": float(s)} for s in outputs["score"]]
+        return [{"score": _float32(s)} for s in outputs["score"]]
     rows = len(next(iter(outputs.values())))
     return [{k: v[i].tolist() for k, v in outputs.items()} for i in range(rows)]
 

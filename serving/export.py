@@ -172,7 +172,9 @@ def main(argv):
         sys.exit(f"serving.export: {', '.join(missing)} required")
     if FLAGS.version < 0:
         sys.exit("serving.export: --version must be >= 0")
-    os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+    from gpt_tf.console import import_tensorflow
+
+    import_tensorflow()  # its start-up lines off the console (GPT_TF_VERBOSE=1 keeps them)
     try:
         path = export_run(FLAGS.run_dir, FLAGS.export_base, FLAGS.model_name, FLAGS.version, FLAGS.precision,
                           FLAGS.tokenizer_dir, FLAGS.data_dir, FLAGS.lm_top_k)

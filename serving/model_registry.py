@@ -13,6 +13,10 @@ up to ``max_num_load_retries`` more times, ``load_retry_interval`` seconds apart
 meanwhile; after the last failure it is END with the error and not tried again. Retries are
 scheduled, not slept through, so one bad version never holds up the others; the versions
 already serving stay.
+
+A base path that does not exist is a warning when the server starts (and when it goes away), and
+the reason the model's status gives for having no version; the model is served as soon as a
+version appears there.
 """
 
 from __future__ import annotations
@@ -22,6 +26,7 @@ import threading
 import time
 import traceback
 
+import tensorflow as tf
 from tensorflow_serving.apis import get_model_status_pb2
 
 from serving.errors import not_found
@@ -43,6 +48,7 @@ class ModelRegistry:
         self._lock = threading.Lock()
         self._available = {name: {} for name in self.configs}  # name -> {version: Servable}
         self._states = {name: {} for name in self.configs}  # name -> {version: (State, error message)}
+        self._missing = set()  # names whose base path did not exist at the last poll
         self._stop = threading.Event()
         self._thread = None
 
@@ -50,6 +56,7 @@ class ModelRegistry:
     def poll(self) -> None:
         """One pass over every base path: load wanted versions, then unload unwanted ones."""
         for name, config in self.configs.items():
+            self._check_base_path(name, config.base_path)
             wanted = config.aspired(versions(config.base_path))
             for version in [v for v in self._retries[name] if v not in wanted]:  # gone from disk meanwhile
                 del self._retries[name][version]
@@ -62,6 +69,20 @@ class ModelRegistry:
             if not wanted or any(v in self._available[name] for v in wanted):
                 for version in [v for v in list(self._available[name]) if v not in wanted]:
                     self._unload(name, version)
+
+    def _check_base_path(self, name: str, base_path: str) -> None:
+        """Warns once when a model's base path is missing (at start-up, or when it goes away)."""
+        missing = not tf.io.gfile.isdir(base_path)
+        if missing and name not in self._missing:
+            self._log(f"WARNING: model {name}: base path {base_path} does not exist; the model has no version "
+                      "until one is exported there")
+        elif not missing and name in self._missing:
+            self._log(f"model {name}: base path {base_path} now exists")
+        with self._lock:
+            if missing:
+                self._missing.add(name)
+            else:
+                self._missing.discard(name)
 
     def _load(self, name: str, version: int, path: str) -> None:
         self._set_state(name, version, State.LOADING)
@@ -151,20 +172,25 @@ class ModelRegistry:
             loaded = self._available.get(name, {})
             if version is None:
                 if not loaded:
-                    raise not_found(f"Servable not found for request: Latest({name})")
+                    raise not_found(f"Servable not found for request: Latest({name}){self._missing_reason(name)}")
                 return loaded[max(loaded)]
             if version not in loaded:
                 raise not_found(f"Servable not found for request: Specific({name}, {version})")
             return loaded[version]
 
+    def _missing_reason(self, name: str) -> str:
+        """``": its base path ... does not exist"`` for a model whose base path is missing (call under the lock)."""
+        return f": its base path {self.configs[name].base_path} does not exist" if name in self._missing else ""
+
     def status(self, name: str, version: int | None = None) -> list:
         """``[(version, State, error message)]`` of a model, or of one of its versions."""
         with self._lock:
             states = dict(self._states.get(name, {}))
+            reason = self._missing_reason(name)
         if version is not None:
             if version not in states:
                 raise not_found(f"Could not find version {version} of model {name}")
             return [(version, *states[version])]
         if not states:
-            raise not_found(f"Could not find any versions of model {name}")
+            raise not_found(f"Could not find any versions of model {name}{reason}")
         return [(v, *states[v]) for v in sorted(states)]

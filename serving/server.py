@@ -1,7 +1,7 @@
 r"""A TF Serving API server (gRPC and REST) for machines where ``tensorflow_model_server`` can't be had.
 
     python -m serving.server --model_name=sst2 --model_base_path=exported/sst2 --port=8500 --rest_api_port=8501
-    python -m serving.server --model_config_file=models.config --enable_batching \
+    python -m serving.server --model_config_file=serving/models.config --enable_batching \
         --batching_parameters_file=serving/batching_parameters.txt
 
 It serves the base-path layout stock TF Serving serves (``<base>/<version>/`` SavedModels), one
@@ -88,9 +88,10 @@ def main(argv):
     if problems:
         print("serving.server: invalid flags:\n  " + "\n  ".join(problems), file=sys.stderr)
         sys.exit(2)
-    os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+    from gpt_tf.console import import_tensorflow
+
+    tf = import_tensorflow()  # its start-up lines off the console (GPT_TF_VERBOSE=1 keeps them)
     import grpc
-    import tensorflow as tf
     from tensorflow_serving.apis import model_service_pb2_grpc, prediction_service_pb2_grpc
 
     from serving.batcher import BatchingParameters

@@ -2,8 +2,10 @@
 
 * ``--model_config_file``: a ``ModelServerConfig`` text proto (``model_config_list`` of
   ``config { name base_path model_version_policy version_labels }``), parsed with the
-  ``tensorflow-serving-api`` proto itself; relative base paths are taken from the current
-  directory, as TF Serving does.
+  ``tensorflow-serving-api`` proto itself. A relative base path is taken from the config file's
+  folder (``serving/models.config`` names ``../exported/sst2``), so the file works from any
+  directory. Stock TF Serving refuses relative base paths ("Expected model ... to have an absolute
+  path or URI"): its file, ``serving/models.docker.config``, gives the container's absolute paths.
 * ``--batching_parameters_file``: a ``BatchingParameters`` text proto
   (``max_batch_size { value: 32 }`` ...); the fields ``serving.batcher.BatchingParameters``
   implements are read, the other TF Serving fields are refused with a clear error.
@@ -12,6 +14,7 @@
 from __future__ import annotations
 
 import dataclasses
+import os
 import re
 
 from google.protobuf import text_format
@@ -61,7 +64,10 @@ def read_model_config(path: str) -> list:
             raise ValueError(f"{path}: model {entry.name!r}: model_platform {entry.model_platform!r} is not tensorflow")
         policy = entry.model_version_policy.WhichOneof("policy_choice") or "latest"
         latest = entry.model_version_policy.latest.num_versions or 1
-        configs.append(ModelConfig(entry.name, entry.base_path, policy, latest,
+        base_path = entry.base_path
+        if "://" not in base_path and not os.path.isabs(base_path):  # lexically, as the file names it
+            base_path = os.path.normpath(os.path.join(os.path.dirname(os.path.abspath(path)), base_path))
+        configs.append(ModelConfig(entry.name, base_path, policy, latest,
                                    tuple(entry.model_version_policy.specific.versions),
                                    tuple(sorted(entry.version_labels.items()))))
     names = [c.name for c in configs]

@@ -13,7 +13,7 @@ import pytest
 
 from tests.test_train import BASE_FLAGS, model_weights, run_cli
 
-FT_FLAGS = ["--batch_size=8", "--epochs=2", "--log_every=1", "--seed=1", "--progress=false", "--deterministic"]
+FT_FLAGS = ["--batch_size=8", "--epochs=2", "--log_every=1", "--seed=1", "--progress=false", "--json", "--deterministic"]
 
 
 @pytest.fixture(scope="module")
@@ -52,7 +52,7 @@ def test_rte_from_pretrained_then_eval_and_predict(pretrained, shared_data, tmp_
     assert trained["dev"]["examples"] == 48 and 0.0 <= trained["dev"]["accuracy"] <= 1.0
     evaluated = json.loads(run_cli("gpt_tf.train", *flags, "--mode=eval").stdout.strip().splitlines()[-1])
     assert evaluated["dev"] == trained["dev"] and evaluated["step"] == 12
-    path = run_cli("gpt_tf.train", *flags, "--mode=predict").stdout.strip().splitlines()[-1]
+    path = json.loads(run_cli("gpt_tf.train", *flags, "--mode=predict").stdout.strip().splitlines()[-1])["path"]
     rows = list(csv.reader(open(path), delimiter="\t"))
     assert rows[0] == ["index", "prediction"] and len(rows) == 49
     assert {r[1] for r in rows[1:]} <= {"entailment", "not_entailment"}

@@ -369,6 +369,8 @@ def test_rest_api(served, sst2_dev, exported, tokenizer):
     client = ServingClient("127.0.0.1", port, protocol="rest")
     results = client.classify_texts("sst2", {"sentence": texts[:3]})
     np.testing.assert_allclose([list(r["probabilities"].values()) for r in results], expected[:3], atol=TOL)
+    over_grpc = ServingClient("127.0.0.1", served[0]).classify_texts("sst2", {"sentence": texts[:3]})
+    assert over_grpc == results  # the same float32 values, printed at the same precision
 
 
 def rest_regress_first(port):

@@ -125,9 +125,12 @@ def test_batcher_queue_limit():
 
 # ---------------------------------------------------------------------------------------------- config files
 def test_shipped_config_files_parse():
-    configs = read_model_config(str(ROOT / "serving" / "models.config"))
+    configs = read_model_config(str(ROOT / "serving" / "models.docker.config"))
     assert [(c.name, c.base_path, c.policy, c.num_versions) for c in configs] == [
         ("sst2", "/models/sst2", "latest", 1), ("lm", "/models/lm", "latest", 1)]
+    # The Python server's copy names the same models relative to itself: the repository's exported/.
+    local = read_model_config(str(ROOT / "serving" / "models.config"))
+    assert [(c.name, c.base_path) for c in local] == [(c.name, str(ROOT / "exported" / c.name)) for c in configs]
     assert read_batching_parameters(str(ROOT / "serving" / "batching_parameters.txt")) == BatchingParameters(
         max_batch_size=32, batch_timeout_micros=2000, max_enqueued_batches=100, num_batch_threads=1)
 
@@ -151,6 +154,34 @@ def test_config_errors_name_the_file_and_field(tmp_path):
     assert parsed.aspired([1, 2, 3, 5]) == [2, 5] and parsed.labels == (("stable", 2),)
     assert ModelConfig("b", "/y", "all").aspired([1, 2]) == [1, 2]
     assert ModelConfig("b", "/y", "latest", 2).aspired([1, 2, 3]) == [2, 3]
+
+
+def test_relative_base_paths_are_taken_from_the_config_files_folder(tmp_path, monkeypatch):
+    (tmp_path / "conf").mkdir()
+    config = tmp_path / "conf" / "models.config"
+    config.write_text('model_config_list { config { name: "a" base_path: "../exported/a" } '
+                      'config { name: "b" base_path: "/abs/b" } config { name: "c" base_path: "gs://bucket/c" } }')
+    monkeypatch.chdir(tmp_path / "conf")
+    got = {c.name: c.base_path for c in read_model_config("models.config")}
+    assert got == {"a": str(tmp_path / "exported" / "a"), "b": "/abs/b", "c": "gs://bucket/c"}
+
+
+def test_a_missing_base_path_is_a_start_up_warning_and_the_status_says_why(tmp_path):
+    logs, base = [], tmp_path / "exported" / "sst2"
+    registry = ModelRegistry([ModelConfig("sst2", str(base))], log=logs.append)
+    registry.poll()
+    registry.poll()
+    assert logs == [f"WARNING: model sst2: base path {base} does not exist; the model has no version until one "
+                    "is exported there"]  # once, not at every poll
+    for call in (lambda: registry.status("sst2"), lambda: registry.servable("sst2")):
+        with pytest.raises(ServingError, match=f"its base path {base} does not exist") as err:
+            call()
+        assert err.value.code == grpc.StatusCode.NOT_FOUND
+    base.mkdir(parents=True)
+    registry.poll()
+    assert logs[-1] == f"model sst2: base path {base} now exists"
+    with pytest.raises(ServingError, match=r"Could not find any versions of model sst2$"):
+        registry.status("sst2")
 
 
 # ---------------------------------------------------------------------------------------------- REST JSON

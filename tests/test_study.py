@@ -29,7 +29,7 @@ def _plan(*argv):
 
 
 def _flags(spec):
-    return {f.split("=")[0]: f.split("=", 1)[1] for f in spec["cmd"][3:]}
+    return dict(f.partition("=")[::2] for f in spec["cmd"][3:])  # {"--flag": "value"}; "--json": ""
 
 
 def test_arms_become_the_right_flags():
@@ -63,6 +63,7 @@ def test_lstm_is_pretrained_with_the_transformer_recipe_scaled_to_its_steps():
     flags = _flags({"cmd": cmd})
     assert run_dir == "runs/s/lstm_tiny" and flags["--model"] == "lstm_tiny" and flags["--train_steps"] == "200"
     assert flags["--warmup_steps"] == "10" and flags["--checkpoint_every"] == "25"
+    assert "--json" in flags  # the study reads the run's result from its last stdout line
     for key in ("data_dir", "batch_size", "learning_rate", "precision", "keep_checkpoints"):
         assert flags[f"--{key}"] == str(TRAIN_CONFIG[key])
 

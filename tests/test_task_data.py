@@ -470,3 +470,14 @@ def test_train_subsample_is_a_fixed_hash_sample(shared_data, tokenizer_dir, tmp_
     assert m["counts"]["train"] == 50 and len(train) == 50 and not train & dev
     with pytest.raises(ValueError, match="--train_subsample must be positive"):
         fd.build_task_data("rte", rte, tokenizer_dir, tmp_path / "c", train_subsample=0, show_progress=False)
+
+
+def test_a_missing_or_empty_data_dir_is_named_as_such(tmp_path, tokenizer_dir):
+    missing = tmp_path / "glue" / "RTE"
+    with pytest.raises(FileNotFoundError, match=f"{re.escape(str(missing))} does not exist: --data_dir is the folder "
+                                                "of rte's files in their official layout"):
+        fd.build_task_data("rte", missing, tokenizer_dir, tmp_path / "out")
+    missing.mkdir(parents=True)
+    with pytest.raises(FileNotFoundError, match=r"no split of task 'rte' found: .*RTE: no file for split 'train'; "
+                                                r"looked for train\.tsv"):
+        fd.build_task_data("rte", missing, tokenizer_dir, tmp_path / "out")

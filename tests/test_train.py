@@ -22,7 +22,7 @@ ROOT = Path(__file__).resolve().parents[1]
 ENV = {**os.environ, "PYTHONPATH": str(ROOT), "TF_CPP_MIN_LOG_LEVEL": "2"}
 BASE_FLAGS = [
     "--model=test", "--batch_size=8", "--warmup_steps=2", "--learning_rate=1e-3", "--log_every=1",
-    "--eval_batches=2", "--sample_length=8", "--seed=3", "--deterministic", "--progress=false",
+    "--eval_batches=2", "--sample_length=8", "--seed=3", "--deterministic", "--progress=false", "--json",
 ]
 
 

@@ -1,0 +1,150 @@
+"""What the command lines show on a console: TensorFlow's start-up kept quiet, progress that reads in a log.
+
+* ``import_tensorflow()`` is the process's first TensorFlow import. TensorFlow's C++ start-up
+  lines (the oneDNN notice, the CUDA probe and its ``failed call to cuInit`` error on a machine
+  without a GPU, the CPU-instructions notice) are written to file descriptor 2 before
+  ``TF_CPP_MIN_LOG_LEVEL`` applies ("before absl::InitializeLog() is called"). They are captured while
+  TensorFlow imports and probes its devices, and shown only if that fails. After it,
+  ``TF_CPP_MIN_LOG_LEVEL=2`` (unless set) keeps TensorFlow's INFO and WARNING lines off; its errors
+  still show. ``GPT_TF_VERBOSE=1`` in the environment keeps all of TensorFlow's lines.
+* ``progress()`` is a tqdm bar on a terminal. Where stderr is not a terminal (a file, a pipe, CI), a
+  bar would be one long line of carriage returns; there it prints plain lines instead, with the bar's
+  postfix (loss, perplexity, ...): one every ``every`` units (training steps), or, without ``every``,
+  one every ``seconds`` and one at the end (data pipelines).
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import sys
+import tempfile
+import time
+
+VERBOSE_ENV = "GPT_TF_VERBOSE"
+
+
+def verbose() -> bool:
+    """Whether the user asked for TensorFlow's own log lines (``GPT_TF_VERBOSE=1``)."""
+    return os.environ.get(VERBOSE_ENV, "").strip().lower() not in ("", "0", "false", "no")
+
+
+def import_tensorflow():
+    """``import tensorflow`` with its start-up lines off the console (see the module doc); returns it."""
+    if "tensorflow" in sys.modules or verbose():
+        import tensorflow as tf
+
+        return tf
+    os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+    sys.stderr.flush()
+    saved = os.dup(2)
+    with tempfile.TemporaryFile() as captured:
+        os.dup2(captured.fileno(), 2)
+        try:
+            import tensorflow as tf
+
+            tf.config.list_physical_devices()  # the CUDA probe (cuInit) happens here, still captured
+        except BaseException:
+            _restore_fd2(saved)
+            captured.seek(0)
+            sys.stderr.write(captured.read().decode("utf-8", "replace"))  # the lines that explain the failure
+            sys.stderr.flush()
+            raise
+        _restore_fd2(saved)
+    return tf
+
+
+def _restore_fd2(saved: int) -> None:
+    sys.stderr.flush()
+    os.dup2(saved, 2)
+    os.close(saved)
+
+
+def progress(iterable=None, *, total=None, initial=0, desc="", unit="it", disable=False, every=None):
+    """A progress bar: tqdm on a terminal, else ``PlainProgress`` (plain lines, see the module doc)."""
+    if total is None and iterable is not None and hasattr(iterable, "__len__"):
+        total = len(iterable)
+    if disable or sys.stderr.isatty():
+        from tqdm.auto import tqdm
+
+        return tqdm(iterable, total=total, initial=initial, desc=desc, unit=unit, disable=disable,
+                    dynamic_ncols=True)
+    return PlainProgress(iterable, total=total, initial=initial, desc=desc, unit=unit, every=every)
+
+
+def line_every(total: int, multiple_of: int = 1, lines: int = 20) -> int:
+    """A period for about ``lines`` progress lines over ``total`` steps, a multiple of ``multiple_of``."""
+    multiple_of = max(1, multiple_of)
+    return multiple_of * max(1, math.ceil(total / max(1, lines) / multiple_of))
+
+
+class PlainProgress:
+    """The part of tqdm's interface the project uses, as plain lines on stderr.
+
+    A line when the count passes a multiple of ``every``, or (``every`` None) when ``seconds`` have
+    passed since the last line; and one at ``close()`` if the count moved since the last line.
+    ``write()`` prints a message on stdout, as tqdm's does.
+    """
+
+    def __init__(self, iterable=None, *, total=None, initial=0, desc="", unit="it", every=None, seconds=15.0,
+                 file=None):
+        self.iterable, self.total, self.n, self.desc, self.unit = iterable, total, initial, desc, unit
+        self.every, self.seconds = every, seconds
+        self.file = file if file is not None else sys.stderr
+        self.postfix, self.closed = "", False
+        self._start, self._start_n, self._shown = time.monotonic(), initial, initial
+        self._shown_at = self._start
+
+    def __iter__(self):
+        for item in self.iterable:
+            yield item
+            self.update(1)
+        self.close()
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
+
+    def update(self, n: int = 1) -> None:
+        before, self.n = self.n, self.n + n
+        if self.every:
+            due = self.n // self.every > before // self.every
+        else:
+            due = time.monotonic() - self._shown_at >= self.seconds
+        if due:
+            self._line()
+
+    def set_postfix(self, refresh: bool = False, **values) -> None:
+        self.postfix = ", ".join(f"{k}={v}" for k, v in values.items())
+
+    def write(self, message: str) -> None:
+        print(message, flush=True)
+
+    def close(self) -> None:
+        if not self.closed and self.n != self._shown:
+            self._line()
+        self.closed = True
+
+    def _line(self) -> None:
+        elapsed = time.monotonic() - self._start
+        rate = (self.n - self._start_n) / elapsed if elapsed > 0 else 0.0
+        of = f"/{self.total}" if self.total else ""
+        pct = f" ({100 * self.n / self.total:.0f}%)" if self.total else ""
+        extra = f", {self.postfix}" if self.postfix else ""
+        print(f"{self.desc}: {self.n}{of} {self.unit}{pct}, {elapsed:.0f} s, {rate:.3g} {self.unit}/s{extra}",
+              file=self.file, flush=True)
+        self._shown, self._shown_at = self.n, time.monotonic()
+
+
+def format_metrics(results: dict) -> str:
+    """``{split: {metric: value, "examples": n}}`` as ``dev accuracy 0.5092 (872 examples)``, splits joined by ``; ``."""
+    parts = []
+    for split, metrics in results.items():
+        if not isinstance(metrics, dict):  # e.g. "step"
+            continue
+        values = ", ".join(f"{name} {value:.4f}" for name, value in metrics.items() if name != "examples")
+        count = f" ({metrics['examples']:,} examples)" if "examples" in metrics else ""
+        parts.append(f"{split} {values}{count}")
+    return "; ".join(parts)
