@@ -173,7 +173,7 @@ def test_predictions_come_back_in_file_order(built, tmp_path):
 # ---------------------------------------------------------------- the CLI: resume and replicas
 
 FLAGS = ["--model=test", "--n_ctx=64", "--batch_size=8", "--epochs=3", "--seed=2", "--log_every=1",
-         "--progress=false", "--deterministic", "--learning_rate=1e-3"]
+         "--progress=false", "--json", "--deterministic", "--learning_rate=1e-3"]
 
 
 def test_kill_9_then_resume_gives_bit_identical_weights(built, tmp_path):
