@@ -40,6 +40,6 @@ TensorBoard: .venv/bin/tensorboard --logdir $RUN/tb
 Next, the README's walk-through: fine-tune this model on SST-2, evaluate it, export it and serve it:
   source .venv/bin/activate
   python -m pipelines.finetune_data --task=sst2 --data_dir=../shared/data/glue/SST-2 \\
-      --tokenizer_dir=data/shakespeare_bpe --output_dir=data/tasks/sst2
+      --tokenizer_dir=data/shakespeare_bpe --output_dir=data/tasks/sst2 --train_subsample=4000
   python -m gpt_tf.train --flagfile=configs/finetune_sst2.flags --init_checkpoint=$RUN
 EOF
