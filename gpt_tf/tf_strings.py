@@ -11,11 +11,17 @@ def lookup_table(keys, values, key_dtype, default):
 
 
 def replace_where(texts, mask, function):
-    """Applies ``function`` to the strings selected by ``mask`` only; returns all strings."""
-    chosen = tf.cast(tf.where(mask)[:, 0], tf.int32)
-    others = tf.cast(tf.where(~mask)[:, 0], tf.int32)
-    return tf.dynamic_stitch(
-        [others, chosen], [tf.gather(texts, others), function(tf.gather(texts, chosen))])
+    """Applies ``function`` to the strings selected by ``mask`` only; returns all strings.
+
+    When ``mask`` selects nothing, ``function``'s ops do not run at all (``tf.cond``).
+    """
+    def replaced():
+        chosen = tf.cast(tf.where(mask)[:, 0], tf.int32)
+        others = tf.cast(tf.where(~mask)[:, 0], tf.int32)
+        return tf.dynamic_stitch(
+            [others, chosen], [tf.gather(texts, others), function(tf.gather(texts, chosen))])
+
+    return tf.cond(tf.reduce_any(mask), replaced, lambda: tf.identity(texts))
 
 
 def odd_positions(pieces):
