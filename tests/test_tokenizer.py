@@ -13,6 +13,7 @@ import ftfy
 import pytest
 import tensorflow as tf
 
+from bench import spacy_rules
 from bench.reference_encoder import ReferenceEncoder
 from bench.tokenizer_fidelity import fidelity_sets, score
 from gpt_tf import text_clean
@@ -198,6 +199,11 @@ def test_word_split_is_spacys(gpt1, reference, corpus):
         if gpt1.words(text) != expected:
             bad.append((text, expected, gpt1.words(text)))
     assert not bad, bad[:3]
+
+
+def test_spacy_rules_file_is_current(reference):  # pylint: disable=unused-argument  (needs spaCy)
+    """gpt_tf/spacy_en_rules.json is what bench/spacy_rules.py exports from the installed spaCy."""
+    assert json.loads(spacy_rules.OUTPUT.read_text(encoding="utf-8")) == spacy_rules.export()
 
 
 def test_fidelity_on_real_sentences(gpt1, gpt1_tf, reference, shared_data):
