@@ -60,9 +60,8 @@ class TFTextCleaner(tf.Module):
         texts = tf.strings.unicode_transcode(texts, "UTF-8", "UTF-8", errors="replace")
         has_entity = tf.strings.regex_full_match(texts, f"(?s).*{text_clean.HTML_ENTITY_PATTERN}.*")
         texts = replace_where(texts, has_entity, self._unescape_html)
-        mojibake = self._fix_encoding.candidates(texts) | self._fix_encoding.candidates(
-            self._fix_chars(texts, ftfy_only=True))  # also what ftfy's loop sees after one round
-        texts = replace_where(texts, mojibake, self._fix_segments)
+        non_ascii = ~tf.strings.regex_full_match(texts, "(?s)[\\x{0}-\\x{7f}]*")  # ASCII is never mojibake
+        texts = replace_where(texts, non_ascii, self._fix_mojibake)
         texts = self._fix_chars(texts)
         for pattern, rewrite in text_clean.standardize_patterns():
             texts = tf.strings.regex_replace(texts, pattern, rewrite)
@@ -76,6 +75,12 @@ class TFTextCleaner(tf.Module):
         texts = tf.strings.regex_replace(texts, self._ansi, "")
         texts = replace_where(texts, tf.strings.regex_full_match(texts, pattern), chars.map_chars)
         return replace_where(texts, tf.strings.regex_full_match(texts, self._pair_pattern), self._compose)
+
+    def _fix_mojibake(self, texts):
+        """ftfy's mojibake repair on the texts its heuristic flags, now or after one round of fixes."""
+        mojibake = self._fix_encoding.candidates(texts) | self._fix_encoding.candidates(
+            self._fix_chars(texts, ftfy_only=True))  # also what ftfy's loop sees after one round
+        return replace_where(texts, mojibake, self._fix_segments)
 
     def _fix_segments(self, texts):
         """Texts with mojibake: ftfy's per-line loop, ``fix_encoding`` then the fixers after it,

@@ -40,21 +40,21 @@ class TFWordSplit(tf.Module):
     def _split(self, chunks):
         """``split_chunk`` for chunks that are neither special cases nor simple."""
         prefixes, rest, suffixes = self._split_affixes(chunks)
-        middle = self._split_infixes(rest)
+        has_infix = tf.strings.regex_full_match(rest, self._patterns.infix_probe)
+        middle = self._specials.get(rest, replace_where(rest, has_infix, self._split_infixes))
+        words = prefixes + middle + suffixes
+        return replace_where(words, tf.strings.regex_full_match(words, self._patterns.merge_probe), self._merge)
+
+    def _split_infixes(self, rest):
+        """Spaces around infixes, unless the string is a URL: ``WordSplitter``'s ``split_chunk``."""
+        middle = tf.strings.regex_replace(rest, self._patterns.infix, r" \1 ")
+        for pattern in self._patterns.context_infixes:
+            for _ in range(2):
+                middle = tf.strings.regex_replace(middle, pattern, r"\1 \2 \3")
         is_url = tf.zeros_like(middle, tf.bool)
         for url in self._patterns.urls:
             is_url |= tf.strings.regex_full_match(rest, url)
-        middle = tf.where(tf.not_equal(middle, rest) & is_url, rest, middle)
-        middle = self._specials.get(rest, middle)
-        return self._merge(prefixes + middle + suffixes)
-
-    def _split_infixes(self, rest):
-        """Spaces around infixes: ``WordSplitter._split_infixes``."""
-        rest = tf.strings.regex_replace(rest, self._patterns.infix, r" \1 ")
-        for pattern in self._patterns.context_infixes:
-            for _ in range(2):
-                rest = tf.strings.regex_replace(rest, pattern, r"\1 \2 \3")
-        return rest
+        return tf.where(tf.not_equal(middle, rest) & is_url, rest, middle)
 
     def _merge(self, words):
         """spaCy's re-merge of special cases its affix rules cut apart (``WordSplitter``'s ``merge``)."""

@@ -70,6 +70,8 @@ class SplitPatterns:
     specials: dict  # {chunk: 'its words joined by spaces'}
     merge: str  # '(^| )(words|...)( |$)' on words joined by two spaces: special cases split apart
     merges: dict  # {'words  joined  by  two  spaces': 'the special case's words joined by spaces'}
+    infix_probe: str  # full-matches every string that an infix pattern can change (graph shortcut)
+    merge_probe: str  # full-matches every string of words (any spacing) that ``merge`` can change
 
 
 def _alternation(patterns) -> str:
@@ -123,11 +125,15 @@ def split_patterns(path: str = str(RULES_FILE)) -> SplitPatterns:
     patterns = SplitPatterns(
         prefix=f"^({_alternation(rules['prefixes'])})?(?s:.*)$", suffix=suffix, suffix_rewrite=suffix_rewrite,
         infix=f"({_alternation(plain)})", context_infixes=context, urls=tuple(rules["url"]),
-        specials={}, merge="", merges={})
+        specials={}, merge="", merges={}, infix_probe="", merge_probe="")
     merges = _merge_table(specials, WordSplitter(patterns))  # spaCy's _tokenize_affixes(chunk, False)
     longest_first = sorted(merges, key=lambda key: (-key.count("  "), -len(key), key))
     merge = f"(^| )({_alternation(_escape(key) for key in longest_first)})( |$)"
-    return dataclasses.replace(patterns, specials=specials, merge=merge, merges=merges)
+    any_spacing = _alternation(_escape(key).replace("  ", " +") for key in longest_first)
+    return dataclasses.replace(
+        patterns, specials=specials, merge=merge, merges=merges,
+        infix_probe=f"(?s).*(?:{_alternation([patterns.infix, *patterns.context_infixes])}).*",
+        merge_probe=f"(?s)(?:.* )?(?:{any_spacing})(?: .*)?")
 
 
 class WordSplitter:
