@@ -37,8 +37,10 @@ flags.DEFINE_list("aux_data_dirs", [], "Fine-tuning: more tasks' TFRecords train
                   "(multi-task: one backbone, one head per task).")
 flags.DEFINE_list("task_mixture", [], "Multi-task: sampling weight per task (--data_dir first, then --aux_data_dirs); "
                   "empty = proportional to training examples.")
-flags.DEFINE_bool("length_buckets", True, "Fine-tuning: pad each batch to the shortest length bucket (8, 16, 24, 32, "
-                  "48, 64, ... n_ctx) that holds its examples; --nolength_buckets pads every batch to n_ctx.")
+flags.DEFINE_bool("length_buckets", True, "Fine-tuning: pad each batch to the shortest length bucket (8, 12, 16, 20, "
+                  "24, 28, 32, 40, ... n_ctx) that holds its examples; --nolength_buckets pads every batch to n_ctx.")
+flags.DEFINE_integer("buckets_per_octave", 4, "Fine-tuning: length buckets per doubling of the length (4: 8, 12, 16, "
+                     "20, ...; 1: 8, 16, 32, ...). Each bucket is one XLA/TPU compilation; fewer pad more.")
 flags.DEFINE_string("predict_split", "", "--mode=predict: split to predict (default: the task's first eval split).")
 flags.DEFINE_string("model", "tiny", "Model preset: gpt1, small, tiny or test; lstm_small, lstm_tiny or lstm_test "
                     "for the LSTM baseline.")
@@ -185,6 +187,8 @@ def _check_finetune_flags() -> list[str]:
         problems.append("--transfer_layers needs --init_checkpoint (without it nothing is transferred)")
     if FLAGS.lm_coef < 0 or FLAGS.epochs <= 0 or FLAGS.batch_size <= 0:
         problems.append("--lm_coef must be >= 0, --epochs and --batch_size positive")
+    if FLAGS.buckets_per_octave < 1:
+        problems.append(f"--buckets_per_octave={FLAGS.buckets_per_octave} must be >= 1 (--nolength_buckets turns buckets off)")
     if FLAGS.mode in ("eval", "predict") and FLAGS.run_dir and not os.path.isdir(os.path.join(FLAGS.run_dir, "checkpoints")):
         problems.append(f"--mode={FLAGS.mode} needs a fine-tuned run: no checkpoints in --run_dir={FLAGS.run_dir}")
     for path in FLAGS.aux_data_dirs:
@@ -338,7 +342,7 @@ def _finetune_main(keras, tf):
         clf_pdrop=FLAGS.clf_pdrop, weight_decay=FLAGS.weight_decay, clip_norm=FLAGS.clip_norm,
         precision=FLAGS.precision, seed=FLAGS.seed, log_every=FLAGS.log_every,
         aux_data_dirs=tuple(FLAGS.aux_data_dirs), mixture=tuple(float(w) for w in FLAGS.task_mixture),
-        length_buckets=FLAGS.length_buckets,
+        length_buckets=FLAGS.length_buckets, buckets_per_octave=FLAGS.buckets_per_octave,
     )
     tuner = Finetuner(task, model_config, config, strategy, log=_say)
     if FLAGS.mode == "train":
