@@ -57,7 +57,8 @@ flags.DEFINE_integer("warmup_steps", 2000, "Linear warm-up updates (the paper: 2
 flags.DEFINE_enum("lr_decay", "cosine", ["cosine", "linear", "constant"], "Decay after warm-up.")
 flags.DEFINE_float("weight_decay", 0.01, "Decoupled weight decay on weight matrices (the paper: 0.01).")
 flags.DEFINE_float("clip_norm", 1.0, "Clip gradients to this global norm (0: off).")
-flags.DEFINE_enum("precision", "float32", ["float32", "mixed_bfloat16"], "Compute precision.")
+flags.DEFINE_enum("precision", "float32", ["float32", "mixed_bfloat16", "auto"], "Compute precision; auto: the faster "
+                  "of the two for this model on this machine, timed once and cached (gpt_tf/precision.py).")
 flags.DEFINE_enum("strategy", "default", ["default", "one_device", "mirrored", "multi_worker", "tpu"], "tf.distribute.")
 flags.DEFINE_integer("num_cpu_devices", 1, "Split the CPU into this many logical devices (to test mirrored).")
 flags.DEFINE_string("tpu", "", "TPU name or grpc address, with --strategy=tpu.")
@@ -159,16 +160,21 @@ def _check_strategy_flags() -> list[str]:
     return problems
 
 
-def _strategy_and_precision(keras):
-    """The --strategy, and the global Keras dtype policy set to --precision."""
+def _strategy_and_precision(keras, model_config, seq):
+    """The --strategy and the precision (--precision, ``auto`` resolved for ``model_config`` at batch x
+    ``seq``); the global Keras dtype policy is set to that precision."""
+    from gpt_tf.precision import resolve_precision
     from gpt_tf.strategy import make_strategy, tf_config
 
     if FLAGS.workers:
         os.environ["TF_CONFIG"] = tf_config(FLAGS.workers, FLAGS.worker_index)
     strategy = make_strategy(FLAGS.strategy, FLAGS.num_cpu_devices, FLAGS.tpu, FLAGS.tpu_zone, FLAGS.gcp_project)
-    if FLAGS.precision != "float32":
-        keras.mixed_precision.set_dtype_policy(FLAGS.precision)
-    return strategy
+    precision, reason = resolve_precision(FLAGS.precision, model_config, FLAGS.batch_size, seq)
+    if FLAGS.precision == "auto":
+        _say(reason)
+    if precision != "float32":
+        keras.mixed_precision.set_dtype_policy(precision)
+    return strategy, precision
 
 
 def _check_finetune_flags() -> list[str]:
@@ -251,19 +257,19 @@ def main(argv):
     if model_config.n_ctx != int(manifest["n_ctx"]):
         sys.exit(f"gpt_tf.train: --n_ctx={model_config.n_ctx} but {FLAGS.data_dir} holds {manifest['n_ctx']}-token sequences")
 
-    strategy = _strategy_and_precision(keras)
+    strategy, precision = _strategy_and_precision(keras, model_config, model_config.n_ctx)
     config = TrainConfig(
         data_dir=FLAGS.data_dir, run_dir=FLAGS.run_dir, batch_size=FLAGS.batch_size,
         grad_accum_steps=FLAGS.grad_accum_steps, train_steps=FLAGS.train_steps, learning_rate=FLAGS.learning_rate,
         warmup_steps=FLAGS.warmup_steps, lr_decay=FLAGS.lr_decay, weight_decay=FLAGS.weight_decay,
-        clip_norm=FLAGS.clip_norm, precision=FLAGS.precision, jit_compile=FLAGS.jit_compile, seed=FLAGS.seed,
+        clip_norm=FLAGS.clip_norm, precision=precision, jit_compile=FLAGS.jit_compile, seed=FLAGS.seed,
         log_every=FLAGS.log_every, checkpoint_every=FLAGS.checkpoint_every, keep_checkpoints=FLAGS.keep_checkpoints,
         eval_every=FLAGS.eval_every, eval_batches=FLAGS.eval_batches, sample_every=FLAGS.sample_every,
         sample_prompt=FLAGS.sample_prompt, sample_length=FLAGS.sample_length,
     )
     trainer = Pretrainer(model_config, config, strategy, log=_say)
     print(f"model {FLAGS.model}: {model_config.n_params / 1e6:.2f}M parameters, {strategy.num_replicas_in_sync} replica(s), "
-          f"{FLAGS.precision}, run dir {FLAGS.run_dir}", flush=True)
+          f"{precision}, run dir {FLAGS.run_dir}", flush=True)
 
     if FLAGS.mode == "train":
         trainer.save_model_config()
@@ -334,13 +340,13 @@ def _finetune_main(keras, tf):
         if vocab != model_config.vocab_size:
             sys.exit(f"gpt_tf.train: {path} was tokenized with {vocab} BPE tokens but the model has "
                      f"{model_config.vocab_size}: rebuild it with the same tokenizer as --data_dir")
-    strategy = _strategy_and_precision(keras)
+    strategy, precision = _strategy_and_precision(keras, model_config, min(32, model_config.n_ctx))  # short views
     config = FinetuneConfig(
         data_dir=FLAGS.data_dir, run_dir=FLAGS.run_dir, init_checkpoint=FLAGS.init_checkpoint,
         transfer_layers=FLAGS.transfer_layers, batch_size=FLAGS.batch_size, epochs=FLAGS.epochs,
         learning_rate=FLAGS.learning_rate, warmup_fraction=FLAGS.warmup_fraction, lm_coef=FLAGS.lm_coef,
         clf_pdrop=FLAGS.clf_pdrop, weight_decay=FLAGS.weight_decay, clip_norm=FLAGS.clip_norm,
-        precision=FLAGS.precision, seed=FLAGS.seed, log_every=FLAGS.log_every,
+        precision=precision, seed=FLAGS.seed, log_every=FLAGS.log_every,
         aux_data_dirs=tuple(FLAGS.aux_data_dirs), mixture=tuple(float(w) for w in FLAGS.task_mixture),
         length_buckets=FLAGS.length_buckets, buckets_per_octave=FLAGS.buckets_per_octave,
     )
