@@ -71,22 +71,30 @@ def worker_main(spec):
 
 
 class Worker:
-    """One stack in a subprocess, driven line by line (stderr goes to a temp file, shown on failure)."""
+    """One stack in a subprocess, driven line by line (stderr goes to a temp file, shown on failure).
 
-    def __init__(self, spec):
-        self.spec = spec
+    The subprocess is ``python -m <module> --worker <spec as JSON>``; it answers on stdout with
+    lines ``<tag><KIND> <JSON payload>``. ``code_root``: a folder whose packages (e.g. an older
+    ``gpt_tf``) come before this checkout's; the worker then runs from there.
+    """
+
+    def __init__(self, spec, module="bench.train_throughput", tag=TAG, code_root=None):
+        self.spec, self.tag = spec, tag
         self.stderr = tempfile.TemporaryFile(mode="w+")
         env = {**os.environ, "TF_CPP_MIN_LOG_LEVEL": "2", "PYTHONUNBUFFERED": "1"}
-        cmd = [sys.executable, "-m", "bench.train_throughput", "--worker", json.dumps(spec)]
+        if code_root:
+            env["PYTHONPATH"] = os.pathsep.join([str(code_root), str(ROOT)])
+        cmd = [sys.executable, "-m", module, "--worker", json.dumps(spec)]
         self.proc = subprocess.Popen(
-            cmd, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=self.stderr, text=True, env=env, cwd=ROOT
+            cmd, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=self.stderr, text=True, env=env,
+            cwd=code_root or ROOT,
         )
 
     def read(self, kind):
         """The payload of the next ``kind`` line; raises with the worker's stderr tail if it died."""
         for line in self.proc.stdout:
-            if line.startswith(TAG):
-                got, payload = line[len(TAG) :].split(" ", 1)
+            if line.startswith(self.tag):
+                got, payload = line[len(self.tag) :].split(" ", 1)
                 if got == kind:
                     return json.loads(payload)
         self.proc.wait()
@@ -94,11 +102,15 @@ class Worker:
         tail = "\n".join(self.stderr.read().splitlines()[-12:])
         raise RuntimeError(f"worker {self.spec} exited with {self.proc.returncode} before {kind}:\n{tail}")
 
+    def ask(self, command, kind):
+        """Sends one ``command`` line; returns the payload of the ``kind`` line that answers it."""
+        self.proc.stdin.write(command + "\n")
+        self.proc.stdin.flush()
+        return self.read(kind)
+
     def step(self):
         """Runs one step; returns its wall seconds, own CPU seconds, loss and the others' CPU share."""
-        self.proc.stdin.write("step\n")
-        self.proc.stdin.flush()
-        return self.read("STEP")
+        return self.ask("step", "STEP")
 
     def close(self):
         if self.proc.poll() is None:

@@ -30,7 +30,9 @@ def _attention_call(opts):
 
     from gpt_tf.layers import causal_bias
 
-    def call(self, x, training=False):
+    def call(self, x, training=False, positions=None):
+        if positions is not None:
+            raise NotImplementedError("the attention variants are for language-model steps (no positions)")
         batch, length, d = ops.shape(x)[0], ops.shape(x)[1], x.shape[-1]
         head = d // self.n_head
 

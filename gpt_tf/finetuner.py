@@ -63,6 +63,7 @@ class FinetuneConfig:
     aux_data_dirs: tuple = ()  # multi-task: more tasks' TFRecords, trained together with data_dir's
     mixture: tuple = ()  # sampling weights for (data_dir, *aux_data_dirs); () = proportional to examples
     length_buckets: bool = True  # pad each batch to a length bucket (pipelines/task_batches.py); False: to n_ctx
+    buckets_per_octave: int = 4  # bucket lengths per doubling (fewer: less padding cut, fewer XLA/TPU compilations)
 
 
 @dataclasses.dataclass
@@ -114,7 +115,7 @@ class Finetuner:
         self.schedule = mixture_schedule(self.weights, self.total_steps, config.seed)
         self.special_ids = special_ids_from_config(model_config)
         n_ctx = model_config.n_ctx
-        self.buckets = bucket_lengths(n_ctx) if config.length_buckets else (n_ctx,)
+        self.buckets = bucket_lengths(n_ctx, config.buckets_per_octave) if config.length_buckets else (n_ctx,)
         keras.utils.set_random_seed(config.seed)
         with strategy.scope():
             backbone = make_backbone(model_config, dtype=config.precision)
@@ -137,6 +138,7 @@ class Finetuner:
         self.manager, self.read_manager = checkpoint_managers(self.checkpoint, config.run_dir, strategy, 1)
         self._train_steps = [self._make_train_step(h) for h in self.heads]
         self._predict_steps = {h.task.name: self._predict_step(h.model) for h in self.heads}  # built once each
+        self._eval_datasets = {}  # (task, split) -> its evaluation batches (`_eval_dataset`)
         if len(self.heads) > 1:
             mix = ", ".join(f"{h.task.name} {w:.3f}" for h, w in zip(self.heads, self.weights))
             log(f"multi-task: {self.total_steps} updates drawn from {mix}")
@@ -153,15 +155,23 @@ class Finetuner:
     # ------------------------------------------------------------------ data
     def _dataset(self, head: _Head, split, training, start_batch=0):
         """Per-replica slices of global batches; training starts at global batch ``start_batch``
-        (the data position follows the step, as in pre-training), evaluation is one pass."""
+        (the data position follows the step, as in pre-training), evaluation is one pass, kept in
+        memory once read (every epoch evaluates the same batches: they are built once)."""
         c = self.config
 
         def dataset_fn(ctx):
-            return task_dataset(head.task, head.data_dir, split, c.batch_size, self.model_config.n_ctx, self.special_ids,
-                                training=training, seed=c.seed, buckets=self.buckets, start_batch=start_batch,
-                                input_context=ctx)
+            dataset = task_dataset(head.task, head.data_dir, split, c.batch_size, self.model_config.n_ctx,
+                                   self.special_ids, training=training, seed=c.seed, buckets=self.buckets,
+                                   start_batch=start_batch, input_context=ctx)
+            return dataset if training else dataset.cache()
 
         return self.strategy.distribute_datasets_from_function(dataset_fn)
+
+    def _eval_dataset(self, head: _Head, split):
+        key = (head.task.name, split)
+        if key not in self._eval_datasets:
+            self._eval_datasets[key] = self._dataset(head, split, training=False)
+        return self._eval_datasets[key]
 
     # ------------------------------------------------------------------ steps
     def _make_train_step(self, head: _Head):
@@ -172,7 +182,7 @@ class Finetuner:
             ctx = tf.distribute.get_replica_context()
             variables = model.trainable_variables
             with tf.GradientTape() as tape:
-                outputs = model(features, training=True, with_lm=bool(lm_coef))
+                outputs = model(features, training=True, with_lm="targets" if lm_coef else False)
                 parts = task_loss(task, outputs, features, label, lm_coef)
                 examples = ctx.all_reduce(tf.distribute.ReduceOp.SUM, parts["examples"])
                 lm_tokens = tf.maximum(ctx.all_reduce(tf.distribute.ReduceOp.SUM, parts["lm_tokens"]), 1.0)
@@ -215,7 +225,7 @@ class Finetuner:
         head = self._head(task_name)
         step = self._predict_steps[head.task.name]
         outs, labels, index = [], [], []
-        for batch in self._dataset(head, split, training=False):
+        for batch in self._eval_dataset(head, split):
             for values, tensor in zip((outs, labels, index), step(batch)):
                 values.append(tensor.numpy())
         outs, labels, index = (np.concatenate(v) for v in (outs, labels, index))

@@ -62,7 +62,7 @@ NUMERIC = {
     "learning_rate": Rule(lo=0, hi=10.0), "warmup_steps": NON_NEGATIVE, "weight_decay": Rule(lo=0, hi=1),
     "clip_norm": NON_NEGATIVE, "seed": Rule(lo=0, hi=2**32 - 1),
     # fine-tuning
-    "epochs": POSITIVE, "lm_coef": NON_NEGATIVE, "clf_pdrop": PROBABILITY, "warmup_fraction": Rule(lo=0, hi=1),
+    "epochs": POSITIVE, "buckets_per_octave": POSITIVE, "lm_coef": NON_NEGATIVE, "clf_pdrop": PROBABILITY, "warmup_fraction": Rule(lo=0, hi=1),
     "transfer_layers": Rule(lo=-1),
     # devices
     "num_cpu_devices": POSITIVE, "worker_index": NON_NEGATIVE,

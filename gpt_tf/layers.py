@@ -106,7 +106,9 @@ class CausalSelfAttention(keras.layers.Layer):
         self.c_proj = Conv1D(d, self.init_std, name="c_proj", dtype=self.dtype_policy)
         self.c_proj.build(input_shape)
 
-    def call(self, x, training=False):
+    def call(self, x, training=False, positions=None):
+        """``x`` [batch, length, d] -> [batch, length, d]; with ``positions`` [batch] (int32), only the
+        output at that position of each row, [batch, 1, d] (its query against all keys up to it)."""
         batch, length, d = ops.shape(x)[0], ops.shape(x)[1], x.shape[-1]
         head = d // self.n_head
 
@@ -114,12 +116,17 @@ class CausalSelfAttention(keras.layers.Layer):
             return ops.transpose(ops.reshape(t, (batch, length, self.n_head, head)), (0, 2, 1, 3))
 
         q, k, v = (split_heads(t) for t in ops.split(self.c_attn(x), 3, axis=-1))
+        if positions is None:
+            bias, rows = causal_bias(length, x.shape[1]), length
+        else:  # one query per row; it sees keys 0..position
+            q = tf.gather(q, positions[:, None], axis=2, batch_dims=1)  # [batch, heads, 1, head]
+            visible = tf.range(length)[None, :] <= positions[:, None]
+            bias, rows = tf.where(visible, 0.0, -1e9)[:, None, None, :], 1
         scores = tf.matmul(q, k, transpose_b=True) * ops.cast(1.0 / math.sqrt(head), q.dtype)
-        scores = ops.cast(scores, "float32") + causal_bias(length, x.shape[1])
-        weights = ops.cast(ops.softmax(scores, axis=-1), v.dtype)
+        weights = ops.cast(ops.softmax(ops.cast(scores, "float32") + bias, axis=-1), v.dtype)
         weights = self.attn_dropout(weights, training=training)
-        out = ops.matmul(weights, v)  # [batch, heads, length, head]
-        out = ops.reshape(ops.transpose(out, (0, 2, 1, 3)), (batch, length, d))
+        out = ops.matmul(weights, v)  # [batch, heads, rows, head]
+        out = ops.reshape(ops.transpose(out, (0, 2, 1, 3)), (batch, rows, d))
         return self.resid_dropout(self.c_proj(out), training=training)
 
     def get_config(self):
@@ -178,8 +185,11 @@ class TransformerBlock(keras.layers.Layer):
         for layer in (self.attn, self.ln_1, self.mlp, self.ln_2):
             layer.build(input_shape)
 
-    def call(self, x, training=False):
-        n = self.ln_1(x + self.attn(x, training=training))
+    def call(self, x, training=False, positions=None):
+        """``[batch, length, d]`` -> the same; with ``positions`` [batch], only the state at that
+        position of each row, ``[batch, 1, d]`` (what a task head reads from the last block)."""
+        residual = x if positions is None else tf.gather(x, positions[:, None], axis=1, batch_dims=1)
+        n = self.ln_1(residual + self.attn(x, training=training, positions=positions))
         return self.ln_2(n + self.mlp(n, training=training))
 
     def get_config(self):

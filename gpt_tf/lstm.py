@@ -16,6 +16,7 @@ the tied LM head and the task head see ``n_embd``-wide states. It is causal by c
 from __future__ import annotations
 
 import keras
+import tensorflow as tf
 
 from gpt_tf.config import GPTConfig
 from gpt_tf.layers import PACKAGE, Conv1D, Dropout16
@@ -39,8 +40,11 @@ class LSTMBlock(keras.layers.Layer):
         if self.proj is not None:
             self.proj.build((*input_shape[:-1], self.units))
 
-    def call(self, x, training=False):
-        h = self.lstm(x, training=training)
+    def call(self, x, training=False, positions=None):
+        """With ``positions`` [batch]: only the output at that position of each row, [batch, 1, n_embd]."""
+        h = self.lstm(x, training=training)  # the recurrence needs every step anyway
+        if positions is not None:
+            h = tf.gather(h, positions[:, None], axis=1, batch_dims=1)
         if self.proj is not None:
             h = self.proj(h)
         return self.dropout(h, training=training)

@@ -37,11 +37,18 @@ class GPTBackbone(keras.Model):
         return TransformerBlock(c.n_head, c.d_ff, c.attn_pdrop, c.resid_pdrop, c.layer_norm_epsilon, c.init_std,
                                 name=f"h{i}", dtype=self.dtype_policy)
 
-    def call(self, token_ids, training=False, return_all_states=False):
+    def call(self, token_ids, training=False, return_all_states=False, positions=None):
+        """States ``[batch, length, n_embd]`` (or every block's, a list); with ``positions`` [batch],
+        only the final state at that position of each row, ``[batch, 1, n_embd]``: the last block
+        then runs its query, projection and MLP for that position alone (a task head's input)."""
+        if positions is not None and return_all_states:
+            raise ValueError("positions and return_all_states do not go together")
         h = self.embed(token_ids, training=training)
         states = []
-        for block in self.blocks:
-            h = block(h, training=training)
+        for i, block in enumerate(self.blocks):
+            last = i == len(self.blocks) - 1
+            h = block(h, training=training, positions=positions) if last and positions is not None else \
+                block(h, training=training)
             states.append(h)
         return states if return_all_states else h
 

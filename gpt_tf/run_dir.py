@@ -26,8 +26,9 @@ DATA_FILE = "data.json"
 RESUMABLE = {
     "train_config.json": frozenset({"train_steps", "log_every", "checkpoint_every", "keep_checkpoints", "eval_every",
                                     "eval_batches", "sample_every", "sample_prompt", "sample_length", "jit_compile",
-                                    "grad_accum_steps", "data_dir"}),
-    "finetune_config.json": frozenset({"epochs", "log_every", "data_dir", "aux_data_dirs", "init_checkpoint"}),
+                                    "grad_accum_steps", "data_dir", "precision"}),
+    "finetune_config.json": frozenset({"epochs", "log_every", "data_dir", "aux_data_dirs", "init_checkpoint",
+                                       "precision"}),
     "model_config.json": frozenset(),
     DATA_FILE: frozenset(),
 }

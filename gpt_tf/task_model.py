@@ -91,18 +91,27 @@ class GPTTaskModel(keras.Model):
                 f"got input_ids of shape {input_ids.shape}"
             )
 
-    def extract_states(self, features, training=False):
-        """Final-block states ``[B, K, T, d]`` and the states at the extract tokens ``[B, K, d]``."""
+    def extract_states(self, features, training=False, all_states=True):
+        """Final-block states ``[B, K, T, d]`` (None unless ``all_states``) and the states at the
+        extract tokens ``[B, K, d]``. Without ``all_states`` the last block runs only at the extract
+        tokens (``GPTBackbone.call(positions=...)``): the same values, a fraction of its work."""
         input_ids = ops.convert_to_tensor(features["input_ids"], "int32")
         self._check_views(input_ids)
         batch, views, length = ops.shape(input_ids)[0], ops.shape(input_ids)[1], ops.shape(input_ids)[2]
-        flat = self.backbone(ops.reshape(input_ids, (-1, length)), training=training)  # one call for all views
-        states = ops.reshape(flat, (batch, views, length, self.config.n_embd))
+        flat_ids = ops.reshape(input_ids, (-1, length))  # one backbone call for all views
         index = ops.convert_to_tensor(features["extract_index"], "int32")
+        if not all_states:
+            flat = self.backbone(flat_ids, training=training, positions=ops.reshape(index, (-1,)))
+            return None, ops.reshape(flat, (batch, views, self.config.n_embd))
+        states = ops.reshape(self.backbone(flat_ids, training=training), (batch, views, length, self.config.n_embd))
         return states, tf.gather(states, index, axis=2, batch_dims=2)
 
     def call(self, features, training=False, with_lm=True):
-        states, extracted = self.extract_states(features, training=training)
+        """``with_lm``: True, the LM logits at every position (``"lm"`` ``[B, K, T, V]``); False, none;
+        ``"targets"``, only where ``features["lm_weights"] > 0`` (a real next token: what L1 counts),
+        as ``"lm"`` ``[N, V]`` with their targets ``"lm_targets"`` [N] and weights ``"lm_target_weights"``
+        [N]: padding and the last token then cost no LM-head work (the fine-tuning loop's choice)."""
+        states, extracted = self.extract_states(features, training=training, all_states=bool(with_lm))
         input_type, head = self.task.input_type, self.task.head
         if input_type == "pair_symmetric":
             h = ops.sum(extracted, axis=1, keepdims=True)  # §3.3: add the two orderings' states
@@ -118,7 +127,14 @@ class GPTTaskModel(keras.Model):
         else:
             task_out = logits[..., 0]
         outputs = {"task": task_out}
-        if with_lm:
+        if with_lm == "targets":
+            weights = ops.convert_to_tensor(features["lm_weights"], "float32")
+            where = tf.where(weights > 0)  # [N, 3]: (example, view, position t) whose target t + 1 is real
+            input_ids = ops.convert_to_tensor(features["input_ids"], "int32")
+            outputs["lm"] = self.backbone.embed.logits(tf.gather_nd(states, where))
+            outputs["lm_targets"] = tf.gather_nd(input_ids, where + tf.constant([0, 0, 1], tf.int64))
+            outputs["lm_target_weights"] = tf.gather_nd(weights, where)
+        elif with_lm:
             outputs["lm"] = self.backbone.embed.logits(states)
         return outputs
 
@@ -146,15 +162,19 @@ def task_loss(task, outputs, features, label, lm_coef) -> dict:
     0 when there are no tokens). A distributed loop all-reduces ``examples`` and ``lm_tokens``
     first (they carry no gradient) and minimises ``task_sum / global_examples + λ·lm_sum /
     global_lm_tokens`` on each replica; the replica gradients then sum to the global-batch gradient.
-    With ``lm_coef == 0`` the LM term is skipped and ``outputs`` need not hold ``"lm"``.
+    With ``lm_coef == 0`` the LM term is skipped and ``outputs`` need not hold ``"lm"``; outputs of
+    ``with_lm="targets"`` give the same L1 from the real targets alone.
     """
     task_sum, examples = _task_loss_sum(as_task_spec(task).head, outputs["task"], label)
     if lm_coef:
         if "lm" not in outputs:
             raise ValueError("lm_coef is non-zero but outputs lack 'lm' (call the model with with_lm=True)")
-        input_ids = ops.convert_to_tensor(features["input_ids"], "int32")
-        weights = ops.cast(features["lm_weights"], "float32")[..., :-1]
-        lm_sum, lm_tokens = lm_loss(outputs["lm"][..., :-1, :], input_ids[..., 1:], weights)
+        if "lm_targets" in outputs:
+            lm_sum, lm_tokens = lm_loss(outputs["lm"], outputs["lm_targets"], outputs["lm_target_weights"])
+        else:
+            input_ids = ops.convert_to_tensor(features["input_ids"], "int32")
+            weights = ops.cast(features["lm_weights"], "float32")[..., :-1]
+            lm_sum, lm_tokens = lm_loss(outputs["lm"][..., :-1, :], input_ids[..., 1:], weights)
     else:
         lm_sum, lm_tokens = ops.zeros((), "float32"), ops.zeros((), "float32")
     task_mean = task_sum / examples

@@ -41,8 +41,10 @@ flags.DEFINE_list("aux_data_dirs", [], "Fine-tuning: more tasks' TFRecords train
                   "(multi-task: one backbone, one head per task).")
 flags.DEFINE_list("task_mixture", [], "Multi-task: sampling weight per task (--data_dir first, then --aux_data_dirs); "
                   "empty = proportional to training examples.")
-flags.DEFINE_bool("length_buckets", True, "Fine-tuning: pad each batch to the shortest length bucket (8, 16, 24, 32, "
-                  "48, 64, ... n_ctx) that holds its examples; --nolength_buckets pads every batch to n_ctx.")
+flags.DEFINE_bool("length_buckets", True, "Fine-tuning: pad each batch to the shortest length bucket (8, 12, 16, 20, "
+                  "24, 28, 32, 40, ... n_ctx) that holds its examples; --nolength_buckets pads every batch to n_ctx.")
+flags.DEFINE_integer("buckets_per_octave", 4, "Fine-tuning: length buckets per doubling of the length (4: 8, 12, 16, "
+                     "20, ...; 1: 8, 16, 32, ...). Each bucket is one XLA/TPU compilation; fewer pad more.")
 flags.DEFINE_string("predict_split", "", "--mode=predict: split to predict (default: the task's first eval split, "
                     "e.g. dev; `test` for a GLUE submission).")
 flags.DEFINE_string("model", "tiny", "Model preset: gpt1, small, tiny or test; lstm_small, lstm_tiny or lstm_test "
@@ -62,7 +64,8 @@ flags.DEFINE_integer("warmup_steps", 2000, "Linear warm-up updates (the paper: 2
 flags.DEFINE_enum("lr_decay", "cosine", ["cosine", "linear", "constant"], "Decay after warm-up.")
 flags.DEFINE_float("weight_decay", 0.01, "Decoupled weight decay on weight matrices (the paper: 0.01).")
 flags.DEFINE_float("clip_norm", 1.0, "Clip gradients to this global norm (0: off).")
-flags.DEFINE_enum("precision", "float32", ["float32", "mixed_bfloat16"], "Compute precision.")
+flags.DEFINE_enum("precision", "float32", ["float32", "mixed_bfloat16", "auto"], "Compute precision; auto: the faster "
+                  "of the two for this model on this machine, timed once and cached (gpt_tf/precision.py).")
 flags.DEFINE_enum("strategy", "default", ["default", "one_device", "mirrored", "multi_worker", "tpu"], "tf.distribute.")
 flags.DEFINE_integer("num_cpu_devices", 1, "Split the CPU into this many logical devices (to test mirrored).")
 flags.DEFINE_string("tpu", "", "TPU name or grpc address, with --strategy=tpu.")
@@ -161,16 +164,21 @@ def _check_strategy_flags() -> list[str]:
     return problems
 
 
-def _strategy_and_precision(keras):
-    """The --strategy, and the global Keras dtype policy set to --precision."""
+def _strategy_and_precision(keras, model_config, seq):
+    """The --strategy and the precision (--precision, ``auto`` resolved for ``model_config`` at batch x
+    ``seq``); the global Keras dtype policy is set to that precision."""
+    from gpt_tf.precision import resolve_precision
     from gpt_tf.strategy import make_strategy, tf_config
 
     if FLAGS.workers:
         os.environ["TF_CONFIG"] = tf_config(FLAGS.workers, FLAGS.worker_index)
     strategy = make_strategy(FLAGS.strategy, FLAGS.num_cpu_devices, FLAGS.tpu, FLAGS.tpu_zone, FLAGS.gcp_project)
-    if FLAGS.precision != "float32":
-        keras.mixed_precision.set_dtype_policy(FLAGS.precision)
-    return strategy
+    precision, reason = resolve_precision(FLAGS.precision, model_config, FLAGS.batch_size, seq)
+    if FLAGS.precision == "auto":
+        _say(reason)
+    if precision != "float32":
+        keras.mixed_precision.set_dtype_policy(precision)
+    return strategy, precision
 
 
 def _check_finetune_flags() -> list[str]:
@@ -249,11 +257,11 @@ def main(argv):
     if FLAGS.task:
         return _finetune_main(keras, tf)
     manifest, tokenizer, model_config, train_kwargs, _ = setup
-    strategy = _strategy_and_precision(keras)
-    config = TrainConfig(**train_kwargs)
+    strategy, precision = _strategy_and_precision(keras, model_config, model_config.n_ctx)
+    config = TrainConfig(**{**train_kwargs, "precision": precision})
     trainer = Pretrainer(model_config, config, strategy, log=_say)
     print(f"model {FLAGS.model}: {model_config.n_params / 1e6:.2f}M parameters, {strategy.num_replicas_in_sync} replica(s), "
-          f"{FLAGS.precision}, run dir {FLAGS.run_dir}", flush=True)
+          f"{precision}, run dir {FLAGS.run_dir}", flush=True)
 
     if FLAGS.mode == "train":
         trainer.save_model_config(data_identity(data=manifest))
@@ -388,14 +396,15 @@ def _finetune_main(keras, tf):
         if vocab != model_config.vocab_size:
             sys.exit(f"gpt_tf.train: {path} was tokenized with {vocab} BPE tokens but the model has "
                      f"{model_config.vocab_size}: rebuild it with the same tokenizer as --data_dir")
+    strategy, precision = _strategy_and_precision(keras, model_config, min(32, model_config.n_ctx))  # short views
     config = FinetuneConfig(
         data_dir=FLAGS.data_dir, run_dir=FLAGS.run_dir, init_checkpoint=FLAGS.init_checkpoint,
         transfer_layers=FLAGS.transfer_layers, batch_size=FLAGS.batch_size, epochs=FLAGS.epochs,
         learning_rate=FLAGS.learning_rate, warmup_fraction=FLAGS.warmup_fraction, lm_coef=FLAGS.lm_coef,
         clf_pdrop=FLAGS.clf_pdrop, weight_decay=FLAGS.weight_decay, clip_norm=FLAGS.clip_norm,
-        precision=FLAGS.precision, seed=FLAGS.seed, log_every=FLAGS.log_every,
+        precision=precision, seed=FLAGS.seed, log_every=FLAGS.log_every,
         aux_data_dirs=tuple(FLAGS.aux_data_dirs), mixture=tuple(float(w) for w in FLAGS.task_mixture),
-        length_buckets=FLAGS.length_buckets,
+        length_buckets=FLAGS.length_buckets, buckets_per_octave=FLAGS.buckets_per_octave,
     )
     data = data_identity(data=manifest, **aux)
     if FLAGS.mode == "train":
@@ -403,7 +412,7 @@ def _finetune_main(keras, tf):
                                                    "finetune_config.json": dataclasses.asdict(config), DATA_FILE: data})
         if problems:
             flag_checks.fail("gpt_tf.train", problems, "cannot start, nothing was written")
-    tuner = Finetuner(task, model_config, config, _strategy_and_precision(keras), log=_say)
+    tuner = Finetuner(task, model_config, config, strategy, log=_say)
     if FLAGS.mode == "train":
         if tuner.chief:
             save_run_configs(FLAGS.run_dir, model_config, config, data)

@@ -67,7 +67,8 @@ def test_training_epochs_see_every_record_once_in_bucketed_seeded_batches():
     rng = np.random.default_rng(0)
     lengths = np.minimum(rng.geometric(0.08, size=203) + 2, 128).astype(np.int32)
     buckets, batch = bucket_lengths(128), 8
-    assert buckets == (8, 16, 24, 32, 48, 64, 96, 128)
+    assert buckets == (8, 12, 16, 20, 24, 28, 32, 40, 48, 56, 64, 80, 96, 112, 128)
+    assert bucket_lengths(128, per_octave=1) == (8, 16, 32, 64, 128)
     plans = {(seed, epoch): [t.numpy() for t in epoch_plan(lengths, buckets, batch, epoch, seed, training=True)]
              for seed in (0, 1) for epoch in (0, 1)}
     for (index, length) in plans.values():

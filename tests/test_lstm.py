@@ -68,6 +68,8 @@ def test_task_heads_run_on_the_lstm(task, views):
     out = model(feats)
     expected = {"sst2": (3, 2), "story_cloze": (3, 2), "stsb": (3,)}[task]
     assert tuple(out["task"].shape) == expected and tuple(out["lm"].shape) == (3, views, 16, CONFIG.total_vocab)
+    # Without the LM head the last block's output is taken at the extract tokens only: the same values.
+    np.testing.assert_allclose(np.asarray(model(feats, with_lm=False)["task"]), np.asarray(out["task"]), atol=1e-5)
 
 
 def test_layer_transfer_between_lstms_and_only_embeddings_from_a_transformer():

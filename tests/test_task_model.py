@@ -115,6 +115,28 @@ def test_loss_is_eq5_total_equals_task_plus_lambda_times_lm(rng):
         np.testing.assert_allclose(float(loss["total"]), float(loss["task"]) + lam * float(loss["lm"]), rtol=1e-6)
 
 
+@pytest.mark.parametrize("task", ["sst2", "race"])
+def test_lm_head_at_the_real_targets_only_gives_the_same_loss_and_gradients(task, rng):
+    model = _model(task)
+    views = 4 if task == "race" else 1
+    feats = _features([[[S, *_text(rng, 1, 12), E] for _ in range(views)] for _ in range(3)])
+    label = np.array([0, 1, 0], "int32")
+    sparse = model(feats, with_lm="targets")
+    assert sparse["lm"].shape[0] == feats["lm_weights"].sum()  # one row per real target, none for padding
+    for lam in (0.5, 1.0):
+        full_loss, sparse_loss = (task_loss(model.task, o, feats, label, lam) for o in (model(feats), sparse))
+        for key in ("lm_sum", "lm_tokens", "total"):
+            np.testing.assert_allclose(float(sparse_loss[key]), float(full_loss[key]), rtol=1e-5)
+    variables = model.backbone.trainable_variables
+    grads = []
+    for mode in (True, "targets"):
+        with tf.GradientTape() as tape:
+            loss = task_loss(model.task, model(feats, with_lm=mode), feats, label, 0.5)["total"]
+        grads.append([tf.convert_to_tensor(g) for g in tape.gradient(loss, variables)])
+    for a, b in zip(*grads):
+        np.testing.assert_allclose(_np(a), _np(b), atol=1e-6, rtol=1e-4)
+
+
 def _grads(model, feats, label, lam, key):
     variables = model.backbone.trainable_variables
     with tf.GradientTape() as tape:
@@ -192,6 +214,10 @@ def test_head_reads_the_state_at_the_extract_token(task, rng):
     expected = head[:, 0, :] if task == "qnli" else head[..., 0]
     np.testing.assert_allclose(_np(model(feats)["task"]), expected, atol=1e-5, rtol=0)
     assert np.unique(feats["extract_index"]).size > 1  # positions really vary
+    # Without the LM head the last block runs at the extract tokens only: the same states and outputs.
+    _, trimmed = model.extract_states(feats, all_states=False)
+    np.testing.assert_allclose(_np(trimmed), _np(extracted), atol=1e-5, rtol=0)
+    np.testing.assert_allclose(_np(model(feats, with_lm=False)["task"]), expected, atol=1e-5, rtol=0)
 
 
 @pytest.mark.parametrize("task", ["mnli", "stsb", "race"])

@@ -1,0 +1,212 @@
+"""Fine-tuning speed on SST-2: gpt_tf padded to n_ctx, gpt_tf length-bucketed, and HF Trainer, interleaved.
+
+    python -m bench.finetune_speed                       # ~15 min on 2 cores -> bench/results/finetune_speed.{json,md}
+
+Stacks (`bench/finetune_speed_stacks.py`), each in its own worker process, all the `tiny` shape
+(4 layers, 256 dims, 4 heads, 1024 FFN, 8k BPE + 4 special tokens) with n_ctx 64, batch 32, on the
+same SST-2 training texts tokenized with the project's tokenizer, from random weights:
+
+    today_padded         gpt_tf at ``--baseline`` (the commit before length buckets), λ = 0.5: every
+                         batch padded to n_ctx; its gpt_tf/ and pipelines/ are taken with `git archive`
+    ours_padded          this checkout with --nolength_buckets, λ = 0.5 (not in the default set)
+    ours_bucketed        this checkout's default: batches padded to length buckets, λ = 0.5
+    ours_bucketed_lm0    the same with λ = 0: the objective HF's classifier trains (no auxiliary LM head)
+    hf_float32           transformers.Trainer, OpenAIGPTForSequenceClassification, dynamic padding,
+                         train_sampling_strategy="group_by_length", fp32
+    hf_bfloat16          the same with bf16=True (torch.autocast bfloat16)
+
+Each round runs ``--train_steps`` training steps on every worker in turn (50: one of HF's
+length-grouped "megabatches", which are sorted longest first, so a chunk has the average length),
+then one evaluation pass
+(a forward pass and the task outputs, over the 6% of the training texts held out as ``dev``) on
+every worker in turn; the order of the workers rotates from round to round. Round 0 is warm-up
+(graph tracing, first allocations) and is not counted. examples/s is the median over the counted
+rounds. Each measurement also records the share of the machine's CPU time other processes used
+meanwhile ("others' CPU"): the machine may be shared, and load changes hit every stack alike only
+on average; examples per CPU second (the worker's own CPU time) is the steadier figure on a busy
+machine. ``--threads`` applies to every stack (TF intra- and inter-op, torch intra-op): 1 on a
+shared 2-core machine, where 2-thread torch collapses under contention. Our precision is
+``--precision`` (float32 by default; bf16 is slower than float32 for this size on AVX512_BF16
+Xeons, see README), HF's is measured both ways.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import json
+import os
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+from bench.train_throughput import Worker, wait_until_quiet
+from bench.train_throughput_report import machine_info, median
+from bench.train_throughput_stacks import busy_seconds
+
+ROOT = Path(__file__).resolve().parents[1]
+BASELINE = "ef438ba"  # the last commit before length buckets
+STACKS = {
+    "today_padded": {"stack": "ours", "baseline": True, "lm_coef": 0.5},
+    "ours_padded": {"stack": "ours", "buckets": False, "lm_coef": 0.5},
+    "ours_bucketed": {"stack": "ours", "buckets": True, "lm_coef": 0.5},
+    "ours_bucketed_lm0": {"stack": "ours", "buckets": True, "lm_coef": 0.0},
+    "hf_float32": {"stack": "hf", "precision": "float32"},
+    "hf_bfloat16": {"stack": "hf", "precision": "bfloat16"},
+}
+DEFAULT_STACKS = ("today_padded", "ours_bucketed", "ours_bucketed_lm0", "hf_float32", "hf_bfloat16")
+EVAL_STACKS = ("today_padded", "ours_padded", "ours_bucketed", "hf_float32", "hf_bfloat16")  # λ: no change in eval
+
+
+def parse_args(argv):
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--stacks", default=",".join(DEFAULT_STACKS), help="comma-separated subset of " + ",".join(STACKS))
+    parser.add_argument("--baseline", default=BASELINE, help="git revision of today_padded")
+    parser.add_argument("--rounds", type=int, default=3, help="counted rounds (after one warm-up round)")
+    parser.add_argument("--train_steps", type=int, default=50, help="training steps per worker per round")
+    parser.add_argument("--batch_size", type=int, default=32)
+    parser.add_argument("--n_ctx", type=int, default=64, help="context of the fine-tuned model (the README's SST-2 runs: 64)")
+    parser.add_argument("--precision", default="float32", choices=("float32", "mixed_bfloat16"), help="ours")
+    parser.add_argument("--books", type=int, default=20, help="Gutenberg books the 8k BPE is trained on")
+    parser.add_argument("--threads", type=int, default=1,
+                        help="threads of every stack: TF intra- and inter-op, torch intra-op")
+    parser.add_argument("--wait_quiet", type=float, default=0.0, help="before each measurement, wait up to this many "
+                        "seconds for other processes to use at most 10%% of the CPUs")
+    parser.add_argument("--data_root", default="data/bench_finetune_speed", help="BPE and task records (cached)")
+    parser.add_argument("--shared_data", default=str(ROOT.parent / "shared" / "data"))
+    parser.add_argument("--out", default="bench/results/finetune_speed.json")
+    parser.add_argument("--worker", help=argparse.SUPPRESS)
+    args = parser.parse_args(argv)
+    unknown = [s for s in args.stacks.split(",") if s not in STACKS]
+    if unknown:
+        parser.error(f"--stacks: unknown {unknown}; choose from {list(STACKS)}")
+    return args
+
+
+def measure(worker: Worker, command: str, wait_quiet_s: float = 0.0) -> dict:
+    """One ``train`` chunk or ``eval`` pass on ``worker``, with the others' share of the CPU meanwhile."""
+    waited = wait_until_quiet(0.1, wait_quiet_s) if wait_quiet_s else 0.0
+    busy = busy_seconds()
+    out = worker.ask(command, "DONE")
+    others = max(0.0, busy_seconds() - busy - out["cpu_s"]) / ((os.cpu_count() or 1) * out["s"])
+    return {**out, "examples_per_s": out["examples"] / out["s"], "examples_per_cpu_s": out["examples"] / out["cpu_s"],
+            "others_cpu_share": min(others, 1.0), "waited_s": round(waited, 1)}
+
+
+def baseline_code(rev: str) -> str:
+    """A temp folder holding gpt_tf/ and pipelines/ as of git revision ``rev``."""
+    folder = tempfile.mkdtemp(prefix="finetune_speed_baseline_")
+    archive = subprocess.run(["git", "-C", str(ROOT), "archive", rev, "gpt_tf", "pipelines"], check=True,
+                             capture_output=True).stdout
+    subprocess.run(["tar", "-x", "-C", folder], input=archive, check=True)
+    return folder
+
+
+def run(args, specs: dict, log) -> dict:
+    """Starts every worker, then the interleaved rounds; returns ``{stack: {"train": [...], "eval": [...]}}``."""
+    workers, logs = {}, {name: {"train": [], "eval": []} for name in specs}
+    baseline = baseline_code(args.baseline) if any(s.get("baseline") for s in specs.values()) else None
+    try:
+        for name, spec in specs.items():
+            workers[name] = Worker(spec, module="bench.finetune_speed", tag="@@finetune_speed ",
+                                   code_root=baseline if spec.get("baseline") else None)
+            logs[name]["info"] = workers[name].read("READY")
+            log(f"  {name} ready: {logs[name]['info']}")
+        names = list(specs)
+        for r in range(args.rounds + 1):
+            order = names[r % len(names):] + names[: r % len(names)]
+            for phase in ("train", "eval"):
+                for name in order:
+                    if phase == "eval" and name not in EVAL_STACKS:
+                        continue
+                    result = measure(workers[name], phase, args.wait_quiet if r else 0.0)
+                    if r:
+                        logs[name][phase].append(result)
+                    log(f"  round {r}{' (warm-up)' if not r else ''} {phase} {name}: {result['examples_per_s']:.0f} "
+                        f"examples/s ({result['examples_per_cpu_s']:.0f} per CPU s), "
+                        f"{100 * result['others_cpu_share']:.0f}% others' CPU")
+    finally:
+        for worker in workers.values():
+            worker.close()
+    return logs
+
+
+def summarise(logs: dict) -> dict:
+    rows = {}
+    for name, phases in logs.items():
+        rows[name] = {}
+        for phase in ("train", "eval"):
+            if phases[phase]:
+                rows[name][phase] = round(median([m["examples_per_s"] for m in phases[phase]]), 1)
+                rows[name][f"{phase}_per_cpu_s"] = round(median([m["examples_per_cpu_s"] for m in phases[phase]]), 1)
+        rows[name]["others_cpu_share"] = round(median([m["others_cpu_share"] for m in phases["train"]]), 3)
+    ratio = lambda a, b, phase: round(rows[a][phase] / rows[b][phase], 2) if (  # noqa: E731
+        phase in rows.get(a, {}) and phase in rows.get(b, {})) else None
+    hf = max((n for n in ("hf_float32", "hf_bfloat16") if n in rows), key=lambda n: rows[n].get("train", 0), default=None)
+    hf_eval = max((n for n in ("hf_float32", "hf_bfloat16") if n in rows), key=lambda n: rows[n].get("eval", 0),
+                  default=None)
+    goals = {
+        "train bucketed / today's padded (goal >= 3)": ratio("ours_bucketed", "today_padded", "train"),
+        "eval bucketed / today's padded (goal >= 3)": ratio("ours_bucketed", "today_padded", "eval"),
+        f"train bucketed λ=0 / best HF ({hf}) (goal >= 1.5)": ratio("ours_bucketed_lm0", hf, "train") if hf else None,
+        f"train bucketed λ=0.5 / best HF ({hf})": ratio("ours_bucketed", hf, "train") if hf else None,
+        f"eval bucketed / best HF ({hf_eval}) (goal >= 1.5)": ratio("ours_bucketed", hf_eval, "eval") if hf_eval else None,
+    }
+    return {"rows": rows, "ratios": goals}
+
+
+def markdown(report: dict) -> str:
+    m, s = report["machine"], report["settings"]
+    lines = [f"`{report['command']}`", "",
+             f"{m['cpu']}, {m['cores']} cores, {report['date']}; tensorflow {m['versions']['tensorflow']}, "
+             f"torch {m['versions']['torch']}, transformers {m['versions']['transformers']}. Settings: "
+             + ", ".join(f"{k} {v}" for k, v in s.items()) + ".", "",
+             "| stack | training examples/s | evaluation examples/s | training examples per CPU s "
+             "| evaluation examples per CPU s | others' CPU (median, training) |",
+             "|---|---:|---:|---:|---:|---:|"]
+    for name, row in report["summary"]["rows"].items():
+        cells = [row.get(k, "–") for k in ("train", "eval", "train_per_cpu_s", "eval_per_cpu_s")]
+        lines.append(f"| {name} | " + " | ".join(map(str, cells)) + f" | {100 * row['others_cpu_share']:.0f}% |")
+    lines += ["", "| ratio | value |", "|---|---:|"]
+    lines += [f"| {k} | {v if v is not None else '–'} |" for k, v in report["summary"]["ratios"].items()]
+    return "\n".join(lines) + "\n"
+
+
+def main(argv=None):
+    args = parse_args(argv)
+    if args.worker:
+        from bench.finetune_speed_stacks import worker_main
+
+        return worker_main(json.loads(args.worker))
+    from bench.finetune_speed_stacks import lengths_summary, prepare_data
+
+    log = lambda msg: print(msg, flush=True)  # noqa: E731
+    task_dir = prepare_data(Path(args.data_root), Path(args.shared_data), args.books, args.n_ctx, log).resolve()
+    common = {"task_dir": str(task_dir), "batch_size": args.batch_size, "n_ctx": args.n_ctx,
+              "train_steps": args.train_steps, "threads": args.threads}
+    specs = {name: {"precision": args.precision, **common, **STACKS[name]} for name in args.stacks.split(",")}
+    report = {"command": " ".join(["python -m bench.finetune_speed", *(sys.argv[1:] if argv is None else argv)]),
+              "date": datetime.datetime.now().astimezone().isoformat(timespec="seconds"), "machine": machine_info(),
+              "settings": {"model": "tiny (4 x 256, 4 heads, FFN 1024, 8k BPE)", "n_ctx": args.n_ctx,
+                           "batch": args.batch_size, "train steps per round": args.train_steps,
+                           "rounds": f"{args.rounds} (+1 warm-up)", "ours precision": args.precision,
+                           "baseline": args.baseline,
+                           "threads per stack": args.threads, "BPE books": args.books, "wait_quiet_s": args.wait_quiet,
+                           "texts": lengths_summary(task_dir)},
+              "stacks": specs}
+    log(f"{report['machine']['cpu']}, {report['machine']['cores']} cores; texts: {report['settings']['texts']}")
+    report["logs"] = run(args, specs, log)
+    report["summary"] = summarise(report["logs"])
+    report["machine"]["loadavg_at_end"] = os.getloadavg()
+    text = markdown(report)
+    print("\n" + text)
+    out = Path(args.out)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps(report, indent=1) + "\n")
+    out.with_suffix(".md").write_text(text)
+    log(f"wrote {out} and {out.with_suffix('.md')}")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,231 @@
+"""The stacks `bench/finetune_speed.py` times, each in its own worker process, and the data they share.
+
+``prepare_data``: an 8k BPE trained with the project's tokenizer on the first ``books`` Gutenberg
+books of ``../shared/data/books/train``; the SST-2 training texts (``glue/SST-2/train.tsv``,
+67,349) tokenized with it into the project's task TFRecords, 6% of them held out by id hash as the
+``dev`` split that evaluation reads (so both phases run on training texts); and, for PyTorch, the
+same records as token-id views (``<s> text <e>``, cut to n_ctx as `pipelines.transforms` does).
+
+``ours``: `gpt_tf.finetuner.Finetuner`, the loop `python -m gpt_tf.train --task=sst2` runs: its
+tf.data pipeline, its `strategy.run` train step (forward, Eq. 5 loss, backward, clipping, AdamW)
+and its `predict`. ``hf``: `transformers.Trainer` fine-tuning `OpenAIGPTForSequenceClassification`
+of the same shape, driven from a callback, with dynamic padding (each batch padded to its longest
+text) and ``train_sampling_strategy="group_by_length"`` (transformers 5's name for
+``group_by_length=True``; it also orders evaluation by length).
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+import time
+from pathlib import Path
+
+from bench.train_throughput_stacks import cpu_seconds
+
+VIEWS_FILE = "views.json"
+HOLDOUT_FRACTION = 0.06
+
+
+def train_bpe(root: Path, shared: Path, books: int, log=print) -> Path:
+    """``root/bpe8k``: an 8k BPE trained on the first ``books`` books of ``shared/books/train`` (once)."""
+    from gpt_tf.tokenizer import GPTTokenizer
+    from pipelines.books import Book, find_book_files, load_book
+
+    bpe = root / "bpe8k"
+    if not (bpe / "encoder.json").exists():
+        files = find_book_files(shared / "books" / "train")[:books]
+        texts = [b.text for b in (load_book(f, shared / "books" / "train") for f in files) if isinstance(b, Book)]
+        log(f"training an 8k BPE on {len(texts)} books")
+        GPTTokenizer.train(texts, 8000, str(bpe), show_progress=False)
+    return bpe
+
+
+def prepare_data(root: Path, shared: Path, books: int, n_ctx: int, log=print) -> Path:
+    """Builds (or finds) the BPE, the SST-2 records and the PyTorch views under ``root``; returns the task folder."""
+    from pipelines.finetune_data import build_task_data
+
+    bpe, task_dir = train_bpe(root, shared, books, log), root / "sst2"
+    build_task_data("sst2", shared / "glue" / "SST-2", bpe, task_dir, splits=["train"],
+                    holdout_fraction=HOLDOUT_FRACTION, show_progress=False)
+    views = task_dir / VIEWS_FILE
+    if not views.exists():
+        views.write_text(json.dumps({split: _views(task_dir, split, n_ctx) for split in ("train", "dev")}))
+    return task_dir
+
+
+def _views(task_dir: Path, split: str, n_ctx: int) -> dict:
+    """The split's records as ``<s> a <e>`` id lists (single-input truncation) and labels, in file order."""
+    import tensorflow as tf
+
+    from gpt_tf.config import get_preset
+    from pipelines.transforms import parse_record, special_ids_from_config
+
+    special = special_ids_from_config(get_preset("tiny"))
+    ids, labels = [], []
+    for s in tf.data.TFRecordDataset(str(task_dir / f"{split}.tfrecord.gz"), compression_type="GZIP"):
+        record = parse_record(s)
+        ids.append([special["start"], *record["tokens_a"].numpy()[: n_ctx - 2].tolist(), special["extract"]])
+        labels.append(int(record["label"]))
+    return {"input_ids": ids, "labels": labels, "pad": special["pad"]}
+
+
+def lengths_summary(task_dir: Path) -> dict:
+    views = json.loads((task_dir / VIEWS_FILE).read_text())
+    out = {}
+    for split, v in views.items():
+        n = sorted(len(x) for x in v["input_ids"])
+        out[split] = {"examples": len(n), "mean_tokens": round(sum(n) / len(n), 2), "median_tokens": n[len(n) // 2],
+                      "max_tokens": n[-1]}
+    return out
+
+
+# ----------------------------------------------------------------------------- ours
+
+
+class Ours:
+    """`Finetuner` on the bench data: ``train(k)`` runs k real train steps, ``evaluate()`` one `predict` pass."""
+
+    def __init__(self, spec):
+        import tempfile
+
+        import keras
+        import tensorflow as tf
+
+        from gpt_tf.config import get_preset
+        from gpt_tf.finetuner import FinetuneConfig, Finetuner
+        from pipelines.transforms import load_task_spec
+
+        tf.config.threading.set_intra_op_parallelism_threads(spec["threads"])
+        tf.config.threading.set_inter_op_parallelism_threads(spec["threads"])
+        if spec["precision"] != "float32":
+            keras.mixed_precision.set_dtype_policy(spec["precision"])
+        task_dir = spec["task_dir"]
+        model_config = get_preset("tiny", n_ctx=spec["n_ctx"])
+        buckets = {} if spec.get("baseline") else {"length_buckets": spec["buckets"]}  # the baseline has none
+        config = FinetuneConfig(data_dir=task_dir, run_dir=tempfile.mkdtemp(prefix="finetune_speed_"),
+                                batch_size=spec["batch_size"], lm_coef=spec["lm_coef"], precision=spec["precision"],
+                                seed=0, **buckets)
+        self.tuner = Finetuner(load_task_spec(task_dir), model_config, config, tf.distribute.get_strategy(),
+                               log=lambda m: None)
+        self.iterator = iter(self.tuner._dataset(self.tuner.heads[0], "train", training=True))
+        self.step, self.batch_size = self.tuner._train_steps[0], spec["batch_size"]
+        self.info = {"n_params": int(sum(v.shape.num_elements() for v in self.tuner.model.trainable_variables)),
+                     "buckets": list(getattr(self.tuner, "buckets", [spec["n_ctx"]]))}
+
+    def train(self, steps: int) -> dict:
+        for _ in range(steps):
+            task_loss, _, _ = self.step(self.iterator)
+        return {"examples": steps * self.batch_size, "loss": float(task_loss)}  # float(): waits for the last step
+
+    def evaluate(self) -> dict:
+        outs, _ = self.tuner.predict("dev")
+        return {"examples": int(len(outs))}
+
+
+# ----------------------------------------------------------------------------- transformers
+
+
+class HF:
+    """`transformers.Trainer` fine-tuning `OpenAIGPTForSequenceClassification`, paused every k steps by a callback."""
+
+    def __init__(self, spec, serve):
+        import tempfile
+
+        import torch
+        from transformers import OpenAIGPTConfig, OpenAIGPTForSequenceClassification, Trainer, TrainerCallback
+        from transformers import TrainingArguments
+
+        from gpt_tf.config import get_preset
+
+        torch.set_num_threads(spec["threads"])
+        torch.manual_seed(0)
+        c = get_preset("tiny", n_ctx=spec["n_ctx"])
+        views = json.loads((Path(spec["task_dir"]) / VIEWS_FILE).read_text())
+        self.pad = views["train"]["pad"]
+        config = OpenAIGPTConfig(vocab_size=c.total_vocab, n_positions=c.n_ctx, n_embd=c.n_embd, n_layer=c.n_layer,
+                                 n_head=c.n_head, afn="gelu", resid_pdrop=c.resid_pdrop, embd_pdrop=c.embd_pdrop,  # gelu = gelu_new (tanh)
+                                 attn_pdrop=c.attn_pdrop, summary_first_dropout=0.1, num_labels=2, pad_token_id=self.pad)
+        model = OpenAIGPTForSequenceClassification(config)
+        self.data = {split: [{"input_ids": ids, "labels": y} for ids, y in zip(v["input_ids"], v["labels"])]
+                     for split, v in views.items()}
+        args = TrainingArguments(
+            output_dir=tempfile.mkdtemp(prefix="finetune_speed_hf_"), use_cpu=True, bf16=spec["precision"] == "bfloat16",
+            per_device_train_batch_size=spec["batch_size"], per_device_eval_batch_size=spec["batch_size"],
+            train_sampling_strategy="group_by_length", learning_rate=6.25e-5, lr_scheduler_type="linear",
+            warmup_steps=0, weight_decay=0.01, max_grad_norm=1.0, max_steps=10**6, seed=0,
+            dataloader_num_workers=0, logging_strategy="no", save_strategy="no", eval_strategy="no",
+            report_to="none", disable_tqdm=True)
+        bench = self
+
+        class Pace(TrainerCallback):
+            def on_step_end(self, args, state, control, **kwargs):
+                bench.done += 1
+                if bench.done == bench.target and not serve(bench):
+                    control.should_training_stop = True
+
+        self.trainer = Trainer(model=model, args=args, train_dataset=self.data["train"], data_collator=self.collate,
+                               callbacks=[Pace()])
+        self.done, self.target = 0, 0
+        self.info = {"n_params": int(sum(p.numel() for p in model.parameters() if p.requires_grad))}
+
+    def collate(self, rows):
+        """Dynamic padding: each batch padded to its longest text (what DataCollatorWithPadding does)."""
+        import torch
+
+        longest = max(len(r["input_ids"]) for r in rows)
+        ids = torch.full((len(rows), longest), self.pad, dtype=torch.long)
+        mask = torch.zeros((len(rows), longest), dtype=torch.long)
+        for i, r in enumerate(rows):
+            ids[i, :len(r["input_ids"])] = torch.tensor(r["input_ids"])
+            mask[i, :len(r["input_ids"])] = 1
+        return {"input_ids": ids, "attention_mask": mask, "labels": torch.tensor([r["labels"] for r in rows])}
+
+    def evaluate(self) -> dict:
+        out = self.trainer.predict(self.data["dev"])
+        return {"examples": int(len(out.predictions))}
+
+
+# ----------------------------------------------------------------------------- worker process
+
+TAG = "@@finetune_speed "
+
+
+def emit(kind: str, payload: dict) -> None:
+    print(f"{TAG}{kind} {json.dumps(payload)}", flush=True)
+
+
+def _timed(fn) -> dict:
+    start_wall, start_cpu = time.perf_counter(), cpu_seconds()
+    out = fn()
+    return {**out, "s": time.perf_counter() - start_wall, "cpu_s": cpu_seconds() - start_cpu}
+
+
+def worker_main(spec: dict) -> None:
+    """Answers ``train`` (``spec['train_steps']`` steps) and ``eval`` (one pass) lines on stdin until it closes."""
+    if spec["stack"] == "ours":
+        stack = Ours(spec)
+        emit("READY", stack.info)
+        for line in sys.stdin:
+            command = line.strip()
+            emit("DONE", _timed(lambda: stack.train(spec["train_steps"]) if command == "train" else stack.evaluate()))
+        return
+
+    def serve(hf) -> bool:
+        """Between training chunks: answer commands; True to train the next chunk, False at the end."""
+        if hf.target:  # a chunk just ended
+            emit("DONE", {"examples": spec["train_steps"] * spec["batch_size"], "s": time.perf_counter() - hf.start,
+                          "cpu_s": cpu_seconds() - hf.start_cpu})
+        for line in sys.stdin:
+            if line.strip() == "eval":
+                emit("DONE", _timed(hf.evaluate))
+                continue
+            hf.target = hf.done + spec["train_steps"]
+            hf.start, hf.start_cpu = time.perf_counter(), cpu_seconds()
+            return True
+        return False
+
+    hf = HF(spec, serve)
+    emit("READY", hf.info)
+    if serve(hf):
+        hf.trainer.train()

@@ -1,0 +1,111 @@
+"""Zero-shot scoring speed (`gpt_tf/lm_scorer.py`): the scorer before and after length buckets, interleaved.
+
+    python -m bench.zero_shot_speed          # ~5 min on 2 cores -> bench/results/zero_shot_speed.{json,md}
+
+The requests are those of the §5 heuristics (`gpt_tf/heuristics.py`) on the real dev sets of
+SST-2 (sentence + "very" -> "positive" / "negative"), CoLA (the sentence) and Story Cloze (the
+30% hold-out of val: story -> each ending), tokenized with the 8k BPE of `bench/finetune_speed.py`;
+the model is the `tiny` preset with random weights (speed does not depend on the weights).
+
+    before   the scorer as it was: each batch padded to its longest sequence, the LM head at every position
+    after    `LMScorer` now: each batch padded to a length bucket, the LM head at the scored positions only
+
+Both score the same requests in the same process, alternating round by round; tokens/s counts
+the real (unpadded) model-input tokens. The sums of log-probabilities of the two are compared.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import json
+import os
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+
+from bench.train_throughput_report import machine_info, median
+from bench.train_throughput_stacks import busy_seconds, cpu_seconds
+
+ROOT = Path(__file__).resolve().parents[1]
+TASKS = {"sst2": "glue/SST-2", "cola": "glue/CoLA", "story_cloze": "story_cloze"}
+
+
+def before_scorer(lm, bos_id, batch_size):
+    """The LMScorer of the previous commit: batch padded to its longest sequence, the LM head at every position."""
+    import tensorflow as tf
+
+    from gpt_tf.lm_scorer import LMScorer
+
+    class Before(LMScorer):
+        def _batch_scores(self, tokens, mask):
+            logits = tf.cast(self.lm(tokens[:, :-1], training=False), tf.float32)
+            logp = -tf.nn.sparse_softmax_cross_entropy_with_logits(labels=tokens[:, 1:], logits=logits)
+            return tf.reduce_sum(logp * mask[:, 1:], axis=1)
+
+    scorer = Before(lm, bos_id=bos_id, batch_size=batch_size)
+    scorer.buckets = tuple(range(1, lm.config.n_ctx + 1))  # every length is a bucket: pad to the longest
+    return scorer
+
+
+def main(argv=None):
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--rounds", type=int, default=4, help="counted rounds per scorer (after one warm-up)")
+    parser.add_argument("--batch_size", type=int, default=32)
+    parser.add_argument("--books", type=int, default=20, help="books the 8k BPE is trained on (as bench.finetune_speed)")
+    parser.add_argument("--data_root", default="data/bench_finetune_speed")
+    parser.add_argument("--shared_data", default=str(ROOT.parent / "shared" / "data"))
+    parser.add_argument("--out", default="bench/results/zero_shot_speed.json")
+    args = parser.parse_args(argv)
+
+    from bench.finetune_speed_stacks import train_bpe
+    from gpt_tf.config import get_preset
+    from gpt_tf.heuristics import HEURISTICS, load_examples, requests
+    from gpt_tf.lm_scorer import LMScorer
+    from gpt_tf.model import GPTLanguageModel
+    from gpt_tf.tokenizer import GPTTokenizer
+
+    tokenizer = GPTTokenizer.from_dir(train_bpe(Path(args.data_root), Path(args.shared_data), args.books, print))
+    reqs = []
+    for task, folder in TASKS.items():
+        h = HEURISTICS[task]
+        reqs += requests(h, load_examples(task, str(Path(args.shared_data) / folder), h.eval_split), tokenizer.encode)
+    lm = GPTLanguageModel.from_config_preset(get_preset("tiny", vocab_size=tokenizer.vocab_size))
+    bos = tokenizer.vocab_size - 1
+    scorers = {"before": before_scorer(lm, bos, args.batch_size), "after": LMScorer(lm, bos, args.batch_size)}
+    tokens = sum(len(scorers["after"].sequence(p, c)[0]) - 1 for p, c in reqs)
+    log, sums = {name: [] for name in scorers}, {}
+    for r in range(args.rounds + 1):
+        for name, scorer in scorers.items():
+            busy, cpu, start = busy_seconds(), cpu_seconds(), time.perf_counter()
+            sums[name], _ = scorer.score(reqs)
+            wall = time.perf_counter() - start
+            others = max(0.0, busy_seconds() - busy - (cpu_seconds() - cpu)) / ((os.cpu_count() or 1) * wall)
+            print(f"  round {r}{' (warm-up)' if not r else ''} {name}: {tokens / wall:.0f} tokens/s, "
+                  f"{100 * others:.0f}% others' CPU", flush=True)
+            if r:
+                log[name].append({"s": wall, "others_cpu_share": others})
+    rows = {name: {"tokens_per_s": round(tokens / median([m["s"] for m in ms])),
+                   "others_cpu_share": round(median([m["others_cpu_share"] for m in ms]), 3)} for name, ms in log.items()}
+    report = {"command": " ".join(["python -m bench.zero_shot_speed", *(sys.argv[1:] if argv is None else argv)]),
+              "date": datetime.datetime.now().astimezone().isoformat(timespec="seconds"), "machine": machine_info(),
+              "requests": len(reqs), "model_input_tokens": tokens, "batch_size": args.batch_size, "rows": rows,
+              "speed_up": round(rows["after"]["tokens_per_s"] / rows["before"]["tokens_per_s"], 2),
+              "max_abs_diff_logprob_sums": float(np.max(np.abs(sums["after"] - sums["before"]))), "log": log}
+    text = (f"`{report['command']}`\n\n{report['machine']['cpu']}, {report['machine']['cores']} cores, "
+            f"{report['date']}: {len(reqs)} requests (SST-2, CoLA, Story Cloze dev), {tokens} model-input tokens, "
+            f"tiny preset, batch {args.batch_size}.\n\n| scorer | tokens/s | others' CPU |\n|---|---:|---:|\n"
+            + "".join(f"| {n} | {r['tokens_per_s']} | {100 * r['others_cpu_share']:.0f}% |\n" for n, r in rows.items())
+            + f"\nafter / before: {report['speed_up']}×; largest difference of a log-probability sum: "
+              f"{report['max_abs_diff_logprob_sums']:.2e}\n")
+    print("\n" + text)
+    out = Path(args.out)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps(report, indent=1) + "\n")
+    out.with_suffix(".md").write_text(text)
+
+
+if __name__ == "__main__":
+    main()
