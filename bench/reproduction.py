@@ -10,6 +10,8 @@
     python -m bench.reproduction --stage=predict
     # 4. only rewrite the report from the ledger
     python -m bench.reproduction --stage=report
+    # 5. the pre-trained arm's chosen recipes as flagfiles: configs/finetune_<task>_tiny.flags
+    python -m bench.reproduction --stage=configs
 
 Every run is one ``python -m gpt_tf.train --task`` process (``bench.finetune_runs.finetune_spec``: the
 task's flagfile, the arm's initialisation, then the recipe's flags), timed wall-clock; each finished run is
@@ -40,7 +42,7 @@ GOALS = {"sst2": 82, "cola": 15, "mrpc": 82, "stsb": 50, "rte": 56, "story_cloze
 
 
 def define_flags():
-    flags.DEFINE_enum("stage", None, ["sweep", "table", "predict", "report"], "What to run (see the module doc).")
+    flags.DEFINE_enum("stage", None, ["sweep", "table", "predict", "report", "configs"], "What to run (see the module doc).")
     flags.DEFINE_enum("arm", "pretrained", ARMS, "--stage=sweep: which arm's grid this is.")
     flags.DEFINE_list("tasks", list(N_CTX), "Tasks (their folders under --tasks_dir).")
     flags.DEFINE_string("grid", "", "--stage=sweep: 'knob=v1,v2;knob=v3' over " + ", ".join(KNOBS) + ".")
@@ -161,6 +163,31 @@ def write_report(records: list[dict]) -> None:
     Path(FLAGS.ledger).with_suffix(".md").write_text("\n".join(lines) + "\n")
 
 
+def write_configs(records: list[dict], configs_dir: Path) -> list[Path]:
+    """configs/finetune_<task>_tiny.flags: the task's flagfile, then the pre-trained arm's chosen recipe."""
+    chosen = best_recipes(records)
+    written = []
+    for task in N_CTX:
+        recipe = chosen.get((task, "pretrained"))
+        if recipe is None:
+            continue
+        runs = _cell(records, task, "pretrained", recipe)
+        stats = median_spread(dev_score(r) for r in runs.values())
+        path = configs_dir / f"finetune_{task}_tiny.flags"
+        lines = [f"# The small-model fine-tuning recipe for {task}, chosen on dev by bench/reproduction.py (issue #13)",
+                 f"# for a `tiny` books model: dev {main_metric(task)} median {stats[0]:.1f} [{stats[1]:.1f}-{stats[2]:.1f}] "
+                 f"over {len(runs)} seed(s).",
+                 f"# Run: python -m gpt_tf.train --flagfile=configs/finetune_{task}_tiny.flags --init_checkpoint=runs/books_tiny "
+                 f"--data_dir=data/tasks_books/{task}",
+                 "# Written by `python -m bench.reproduction --stage=configs`; the paper's recipe stays in "
+                 f"finetune_{task}.flags (gpt1).",
+                 f"--flagfile=configs/finetune_{task}.flags", f"--run_dir=runs/finetune_{task}_tiny", f"--n_ctx={N_CTX[task]}"]
+        lines += [f"--{k}={v}" for k, v in sorted(recipe.items())]
+        path.write_text("\n".join(lines) + "\n")
+        written.append(path)
+    return written
+
+
 def main(argv):
     del argv
     records = load_ledger(Path(FLAGS.ledger))
@@ -176,6 +203,9 @@ def main(argv):
         run_all(specs, "table", records)
     elif FLAGS.stage == "predict":
         predict(records)
+    elif FLAGS.stage == "configs":
+        for path in write_configs(records, ROOT / "configs"):
+            print(path.relative_to(ROOT))
     write_report(records)
     print(Path(FLAGS.ledger).with_suffix(".md").read_text())
 

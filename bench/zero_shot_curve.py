@@ -1,0 +1,74 @@
+r"""Fig. 2 (right) for one pre-training run: zero-shot scores over its kept checkpoints, as a table and a figure.
+
+    python -m gpt_tf.zero_shot --run_dir=runs/books_tiny --task=cola,sst2,story_cloze --include_init \
+        --data_dir=../shared/data/glue/CoLA,../shared/data/glue/SST-2,../shared/data/story_cloze \
+        --output_csv=runs/zero_shot_books/zero_shot.csv
+    python -m bench.zero_shot_curve --csv=runs/zero_shot_books/zero_shot.csv --out=docs/zero_shot_books
+
+Writes ``<out>.md`` and ``<out>.png``. The normalisation is the paper's: (score - chance) / (reference -
+chance), where the reference is the pre-trained arm's median dev score in the reproduction ledger
+(``--ledger``) when it clears chance by ``study_report.MIN_MARGIN``, else a perfect score.
+"""
+
+from __future__ import annotations
+
+import csv
+import datetime
+from pathlib import Path
+
+from absl import app, flags
+
+FLAGS = flags.FLAGS
+flags.DEFINE_string("csv", None, "The CSV `python -m gpt_tf.zero_shot` appended to.")
+flags.DEFINE_string("out", None, "Output path without suffix: <out>.md and <out>.png.")
+flags.DEFINE_string("ledger", "bench/results/reproduction.jsonl", "Fine-tuned scores for the references.")
+flags.DEFINE_string("model_name", "transformer", "Row label of the run in the table and the figure.")
+
+
+def references(ledger: Path, tasks) -> dict:
+    """{task: (reference, source)}: the pre-trained arm's median dev score (chosen recipe), if usable."""
+    from bench.finetune_runs import dev_score, load_ledger
+    from bench.reproduction import best_recipes
+    from bench.study_report import MIN_MARGIN
+    from gpt_tf.heuristics import HEURISTICS
+
+    records = load_ledger(ledger) if ledger.is_file() else []
+    chosen = best_recipes(records)
+    refs = {}
+    for task in tasks:
+        recipe = chosen.get((task, "pretrained"))
+        scores = sorted(dev_score(r) / 100 for r in records
+                        if (r["task"], r["arm"]) == (task, "pretrained") and r["recipe"] == recipe)
+        median = scores[len(scores) // 2] if scores else None
+        if median is not None and median - HEURISTICS[task].chance >= MIN_MARGIN:
+            refs[task] = (median, f"pre-trained tiny fine-tuned, median of {len(scores)} seed(s)")
+        else:
+            refs[task] = (1.0, "perfect score (no usable fine-tuned score)")
+    return refs
+
+
+def main(argv):
+    del argv
+    from bench.study_figures import zero_shot_figure
+    from bench.study_report import zero_shot_section
+
+    with open(FLAGS.csv) as f:
+        rows = {(row["task"], int(row["step"])): row for row in csv.DictReader(f)}  # the last row wins
+    if not rows:
+        raise app.UsageError(f"{FLAGS.csv} has no rows")
+    zs = {FLAGS.model_name: rows}
+    refs = references(Path(FLAGS.ledger), sorted({t for t, _ in rows}))
+    out = Path(FLAGS.out)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    zero_shot_figure(zs, refs, str(out.with_suffix(".png")))
+    section = zero_shot_section(zs, refs)
+    section = [line.replace("](zero_shot.png)", f"]({out.with_suffix('.png').name})") for line in section]
+    written = datetime.datetime.now().isoformat(timespec="seconds")
+    head = [f"Written {written} by `python -m bench.zero_shot_curve --csv={FLAGS.csv} --out={FLAGS.out}`.", ""]
+    out.with_suffix(".md").write_text("\n".join(section[:1] + [""] + head + section[2:]) + "\n")
+    print(out.with_suffix(".md").read_text())
+
+
+if __name__ == "__main__":
+    flags.mark_flags_as_required(["csv", "out"])
+    app.run(main)
