@@ -7,7 +7,7 @@
     # 2. each (task, arm) with its best dev recipe, seeds 0-2 (seed 0 is the sweep's run, not redone)
     python -m bench.reproduction --stage=table --seeds=0,1,2
     # 3. seed 0 of each arm predicts the unlabeled test files (GLUE submission layout)
-    python -m bench.reproduction --stage=predict
+    python -m bench.reproduction --stage=predict --tasks=sst2,mrpc,stsb,story_cloze
     # 4. only rewrite the report from the ledger
     python -m bench.reproduction --stage=report
     # 5. the pre-trained arm's chosen recipes as flagfiles: configs/finetune_<task>_tiny.flags
@@ -109,6 +109,8 @@ def predict(records: list[dict]) -> None:
     """Seed 0 of each arm's chosen recipe writes the test split's submission file."""
     chosen = best_recipes(records)
     for (task, arm), recipe in sorted(chosen.items()):
+        if task not in FLAGS.tasks:
+            continue
         run = next((r for r in records if key(r) == key({"task": task, "arm": arm, "seed": 0, "recipe": recipe})), None)
         cmd = spec(task, arm, 0, recipe)["cmd"] + ["--mode=predict", "--predict_split=test"]
         stdout, _ = run_command(cmd)
