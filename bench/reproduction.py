@@ -47,6 +47,7 @@ def define_flags():
     flags.DEFINE_list("tasks", list(N_CTX), "Tasks (their folders under --tasks_dir).")
     flags.DEFINE_string("grid", "", "--stage=sweep: 'knob=v1,v2;knob=v3' over " + ", ".join(KNOBS) + ".")
     flags.DEFINE_list("seeds", ["0", "1", "2"], "--stage=table: seeds per cell.")
+    flags.DEFINE_list("arms", list(ARMS), "--stage=table: the arms to run (several processes can share a table).")
     flags.DEFINE_string("pretrained", "runs/books_tiny", "The pre-training run the pretrained arm starts from.")
     flags.DEFINE_string("model", "tiny", "The preset of the scratch arm (the pre-trained run's shape).")
     flags.DEFINE_string("tasks_dir", "data/tasks_books", "Task TFRecords built with the pre-trained run's BPE.")
@@ -201,7 +202,7 @@ def main(argv):
         missing = [f"{t}/{a}" for t in FLAGS.tasks for a in ARMS if (t, a) not in chosen]
         if missing:
             raise app.UsageError(f"no sweep yet for {', '.join(missing)}: run --stage=sweep first")
-        specs = [spec(t, a, int(s), chosen[(t, a)]) for t in FLAGS.tasks for a in ARMS for s in FLAGS.seeds]
+        specs = [spec(t, a, int(s), chosen[(t, a)]) for t in FLAGS.tasks for a in FLAGS.arms for s in FLAGS.seeds]
         run_all(specs, "table", records)
     elif FLAGS.stage == "predict":
         predict(records)
