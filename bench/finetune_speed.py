@@ -41,7 +41,7 @@ import sys
 import tempfile
 from pathlib import Path
 
-from bench.train_throughput import Worker, wait_until_quiet
+from bench.train_throughput import Worker, save_report, wait_until_quiet
 from bench.train_throughput_report import machine_info, median
 from bench.train_throughput_stacks import busy_seconds
 
@@ -198,14 +198,7 @@ def main(argv=None):
     log(f"{report['machine']['cpu']}, {report['machine']['cores']} cores; texts: {report['settings']['texts']}")
     report["logs"] = run(args, specs, log)
     report["summary"] = summarise(report["logs"])
-    report["machine"]["loadavg_at_end"] = os.getloadavg()
-    text = markdown(report)
-    print("\n" + text)
-    out = Path(args.out)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(json.dumps(report, indent=1) + "\n")
-    out.with_suffix(".md").write_text(text)
-    log(f"wrote {out} and {out.with_suffix('.md')}")
+    save_report(report, markdown(report), Path(args.out), log)
 
 
 if __name__ == "__main__":

@@ -250,6 +250,17 @@ def parse_args(argv):
     return args
 
 
+
+def save_report(report: dict, text: str, out: Path, log) -> None:
+    """Prints the markdown, writes the report as ``out`` (JSON) and ``out`` .md, with the load at the end."""
+    report["machine"]["loadavg_at_end"] = os.getloadavg()
+    print("\n" + text)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps(report, indent=1) + "\n")
+    out.with_suffix(".md").write_text(text)
+    log(f"wrote {out} and {out.with_suffix('.md')}")
+
+
 def main(argv=None):
     args = parse_args(argv)
     if args.worker:
@@ -298,14 +309,7 @@ def main(argv=None):
     for preset in args.presets.split(","):
         counts = {row_name(r): r["n_params"] for r in report["rows"] if r["preset"] == preset}
         log(f"{preset}: parameters {counts}; config.n_params = {get_preset(preset).n_params:,}")
-    report["machine"]["loadavg_at_end"] = os.getloadavg()
-    text = markdown(report)
-    print("\n" + text)
-    out = Path(args.out)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(json.dumps(report, indent=1) + "\n")
-    out.with_suffix(".md").write_text(text)
-    log(f"wrote {out} and {out.with_suffix('.md')}")
+    save_report(report, markdown(report), Path(args.out), log)
 
 
 if __name__ == "__main__":
