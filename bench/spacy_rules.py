@@ -85,9 +85,9 @@ def to_re2(pattern: str) -> str:
     return "".join(out)
 
 
-def _groups(pattern: str, nested: bool = False) -> list:
-    """``(start, end)`` of the top-level (or all) parenthesised groups of ``pattern``, by end."""
-    groups, stack, i, in_class = [], [], 0, False
+def _syntax(pattern: str):
+    """``(index, char)`` of each character of ``pattern`` outside escapes and character classes."""
+    i, in_class = 0, False
     while i < len(pattern):
         char = pattern[i]
         if char == "\\":
@@ -97,13 +97,21 @@ def _groups(pattern: str, nested: bool = False) -> list:
             in_class = char != "]"
         elif char == "[":
             in_class = True
-        elif char == "(":
+        else:
+            yield i, char
+        i += 1
+
+
+def _groups(pattern: str, nested: bool = False) -> list:
+    """``(start, end)`` of the top-level (or all) parenthesised groups of ``pattern``, by end."""
+    groups, stack = [], []
+    for i, char in _syntax(pattern):
+        if char == "(":
             stack.append(i)
         elif char == ")":
             start = stack.pop()
             if nested or not stack:
                 groups.append((start, i))
-        i += 1
     return groups
 
 
@@ -129,22 +137,13 @@ def lookarounds(pattern: str) -> tuple:
 
 def _top_level_alternatives(body: str) -> list:
     """``body`` split at its top-level ``|``."""
-    parts, depth, start, i, in_class = [], 0, 0, 0, False
-    while i < len(body):
-        char = body[i]
-        if char == "\\":
-            i += 2
-            continue
-        if in_class:
-            in_class = char != "]"
-        elif char == "[":
-            in_class = True
-        elif char in "()":
+    parts, depth, start = [], 0, 0
+    for i, char in _syntax(body):
+        if char in "()":
             depth += 1 if char == "(" else -1
         elif char == "|" and depth == 0:
             parts.append(body[start:i])
             start = i + 1
-        i += 1
     return parts + [body[start:]]
 
 
