@@ -122,7 +122,7 @@ def predict(records: list[dict]) -> None:
         print(f"{task} {arm}: {shown_command(cmd)} -> {out} (dev {dev_score(run):.1f})", flush=True)
 
 
-def _cell(records, task, arm, recipe):
+def cell_runs(records, task, arm, recipe):
     runs = [r for r in records if (r["task"], r["arm"]) == (task, arm) and r["recipe"] == recipe]
     return {r["seed"]: r for r in runs}
 
@@ -136,7 +136,7 @@ def write_report(records: list[dict]) -> None:
              "| Δ median | s/run (pre / scratch) |", "|---|---|---:|---|---:|---|---:|---:|---|"]
     deltas = []
     for task in N_CTX:
-        cells = {arm: _cell(records, task, arm, chosen[(task, arm)]) for arm in ARMS if (task, arm) in chosen}
+        cells = {arm: cell_runs(records, task, arm, chosen[(task, arm)]) for arm in ARMS if (task, arm) in chosen}
         if not cells:
             continue
         stats = {arm: median_spread(dev_score(r) for r in runs.values()) for arm, runs in cells.items()}
@@ -174,7 +174,7 @@ def write_configs(records: list[dict], configs_dir: Path) -> list[Path]:
         recipe = chosen.get((task, "pretrained"))
         if recipe is None:
             continue
-        runs = _cell(records, task, "pretrained", recipe)
+        runs = cell_runs(records, task, "pretrained", recipe)
         stats = median_spread(dev_score(r) for r in runs.values())
         path = configs_dir / f"finetune_{task}_tiny.flags"
         lines = [f"# The small-model fine-tuning recipe for {task}, chosen on dev by bench/reproduction.py (issue #13)",

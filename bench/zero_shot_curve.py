@@ -27,8 +27,8 @@ flags.DEFINE_string("model_name", "transformer", "Row label of the run in the ta
 
 def references(ledger: Path, tasks) -> dict:
     """{task: (reference, source)}: the pre-trained arm's median dev score (chosen recipe), if usable."""
-    from bench.finetune_runs import dev_score, load_ledger
-    from bench.reproduction import best_recipes
+    from bench.finetune_runs import dev_score, load_ledger, median_spread
+    from bench.reproduction import best_recipes, cell_runs
     from bench.study_report import MIN_MARGIN
     from gpt_tf.heuristics import HEURISTICS
 
@@ -36,12 +36,10 @@ def references(ledger: Path, tasks) -> dict:
     chosen = best_recipes(records)
     refs = {}
     for task in tasks:
-        recipe = chosen.get((task, "pretrained"))
-        scores = sorted(dev_score(r) / 100 for r in records
-                        if (r["task"], r["arm"]) == (task, "pretrained") and r["recipe"] == recipe)
-        median = scores[len(scores) // 2] if scores else None
-        if median is not None and median - HEURISTICS[task].chance >= MIN_MARGIN:
-            refs[task] = (median, f"pre-trained tiny fine-tuned, median of {len(scores)} seed(s)")
+        runs = cell_runs(records, task, "pretrained", chosen.get((task, "pretrained"))).values()
+        stats = median_spread(dev_score(r) / 100 for r in runs)
+        if stats is not None and stats[0] - HEURISTICS[task].chance >= MIN_MARGIN:
+            refs[task] = (stats[0], f"pre-trained tiny fine-tuned, median of {len(runs)} seed(s)")
         else:
             refs[task] = (1.0, "perfect score (no usable fine-tuned score)")
     return refs
