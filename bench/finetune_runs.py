@@ -25,13 +25,14 @@ N_CTX = {"sst2": 64, "cola": 64, "stsb": 96, "mrpc": 128, "rte": 128, "story_clo
 
 
 def finetune_spec(task: str, arm: str, seed: int, *, runs_root, tasks_dir, precision: str,
-                  init_checkpoint: str = "", model: str = "", extra=()) -> dict:
-    """One ``python -m gpt_tf.train --task`` run (the paper's recipe from ``configs/finetune_<task>.flags``).
+                  init_checkpoint: str = "", model: str = "", extra=(), recipe: str = "") -> dict:
+    """One ``python -m gpt_tf.train --task`` run: the recipe of ``configs/finetune_<task><recipe>.flags``
+    (``recipe=""``: the paper's; ``"_tiny"``: the small-model recipe chosen by ``bench/reproduction.py``).
 
     ``init_checkpoint`` (a pre-training run) or ``model`` (a preset, from scratch); ``extra``: more flags.
     """
     run_dir = Path(runs_root) / f"{task}_{arm}_s{seed}"
-    cmd = [sys.executable, "-m", "gpt_tf.train", f"--flagfile=configs/finetune_{task}.flags",
+    cmd = [sys.executable, "-m", "gpt_tf.train", f"--flagfile=configs/finetune_{task}{recipe}.flags",
            f"--data_dir={Path(tasks_dir) / task}", f"--run_dir={run_dir}", f"--n_ctx={N_CTX[task]}",
            f"--precision={precision}", f"--seed={seed}", "--progress=false", "--json"]
     cmd.append(f"--init_checkpoint={init_checkpoint}" if init_checkpoint else f"--model={model}")

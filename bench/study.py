@@ -5,6 +5,8 @@ r"""The paper's §5 analysis at a CPU scale, in one command: ablations, layer tr
     python -m bench.study --pretrained=runs/books_tiny --scale=smoke --out_dir=/tmp/study_smoke \
         --runs_root=runs/study_smoke                      # minutes: checks the pipeline end to end
     python -m bench.study ... --part=0/2 & python -m bench.study ... --part=1/2   # two processes side by side
+    python -m bench.study --pretrained=runs/books_tiny --tasks_dir=data/tasks_books --scale=books \
+        --precision=float32 --reuse_ledger=bench/results/reproduction.jsonl   # issue #13's recipes, full data
 
 Phases, each a subprocess whose command, output and wall-clock time go to ``<runs_root>/study.jsonl``
 (a re-run skips what is recorded there, so an interrupted study resumes):
@@ -61,7 +63,17 @@ SCALES = {
     "cpu_full_data": {"tasks": "cola,sst2,mrpc,stsb,rte,story_cloze", "transfer_tasks": "sst2,rte,story_cloze",
                       "seeds": "0,1,2", "layers": "all", "epochs": 3, "train_subsample": 0,
                       "zero_shot_tasks": "cola,sst2,story_cloze", "zero_shot_max_examples": 0, "lstm_steps": 0},
+    # The books model with the small-model recipes bench/reproduction.py chose on dev (issue #13), on the
+    # full training sets of the three cheapest tasks, every layer count, one seed; the full and scratch arms
+    # can come from the reproduction's ledger (--reuse_ledger) and a short LSTM pre-training (150 updates).
+    "books": {"tasks": "cola,rte,story_cloze", "transfer_tasks": "cola,rte,story_cloze", "seeds": "0",
+              "layers": "all", "epochs": 0, "train_subsample": 0, "zero_shot_tasks": "cola,sst2,story_cloze",
+              "zero_shot_max_examples": 0, "lstm_steps": 150, "recipe": "tiny"},
 }
+for _scale in SCALES.values():
+    _scale.setdefault("recipe", "paper")
+# --recipe: the flagfile suffix of each task's fine-tuning recipe (configs/finetune_<task><suffix>.flags).
+RECIPES = {"paper": "", "tiny": "_tiny"}
 ARMS = ("full", "scratch", "lm0", "lstm")
 
 
@@ -78,6 +90,12 @@ def parse_args(argv=None):
     parser.add_argument("--race_dir", default="", help="RACE in its official layout, for zero-shot (optional)")
     parser.add_argument("--dprd_dir", default="", help="DPRD (train.c.txt/test.c.txt), for zero-shot (optional)")
     parser.add_argument("--precision", default="mixed_bfloat16", help="fine-tuning precision")
+    parser.add_argument("--recipe", default=None, choices=sorted(RECIPES),
+                        help="paper: configs/finetune_<task>.flags with --epochs; tiny: the small-model recipes "
+                        "of configs/finetune_<task>_tiny.flags (their own epochs) for every arm (default: the scale's)")
+    parser.add_argument("--reuse_ledger", default="", help="a bench/reproduction.py ledger: a full or scratch run "
+                        "recorded there with the same task, seed, start, data, precision and recipe is taken from it "
+                        "instead of being run again")
     parser.add_argument("--report_only", action="store_true", help="rewrite <out_dir> from the ledger; run nothing")
     parser.add_argument("--part", default="0/1", help="i/n: this process runs the i-th of n interleaved parts of "
                         "the transformer's fine-tuning runs not yet recorded, beside the others (start them "
@@ -86,7 +104,8 @@ def parse_args(argv=None):
     for knob in ("tasks", "transfer_tasks", "seeds", "layers", "zero_shot_tasks"):
         parser.add_argument(f"--{knob}", default=None, help=f"comma list (default: the scale's, {SCALES['cpu'][knob]!r})")
     for knob in ("epochs", "train_subsample", "zero_shot_max_examples", "lstm_steps"):
-        parser.add_argument(f"--{knob}", type=int, default=None, help=f"default: the scale's ({SCALES['cpu'][knob]} for cpu)")
+        parser.add_argument(f"--{knob}", type=int, default=None, help=f"default: the scale's ({SCALES['cpu'][knob]} for cpu; "
+                            "epochs 0: the recipe's own)")
     return parser.parse_args(argv)
 
 
@@ -181,8 +200,9 @@ def coarse_to_fine(layers: list[int], n_layer: int) -> list[int]:
 def finetune_specs(plan: dict, args, tasks_dir: str, preset: str, lstm_run: str) -> list[dict]:
     """Every fine-tuning run of the study (see the module doc), in the order they run: the ablation arms of
     every seed first, then the layer-transfer points coarse to fine, each over the seeds."""
-    common = dict(runs_root=Path(args.runs_root) / "finetune", tasks_dir=tasks_dir, precision=args.precision)
-    epochs = [f"--epochs={plan['epochs']}"]
+    common = dict(runs_root=Path(args.runs_root) / "finetune", tasks_dir=tasks_dir, precision=args.precision,
+                  recipe=RECIPES[plan["recipe"]])
+    epochs = [f"--epochs={plan['epochs']}"] if plan["epochs"] else []
     arms = {"full": (args.pretrained, []), "scratch": ("", []), "lm0": (args.pretrained, ["--lm_coef=0"]),
             "lstm": (lstm_run, [])}
     n_layer = plan["n_layer"]
@@ -202,6 +222,38 @@ def finetune_specs(plan: dict, args, tasks_dir: str, preset: str, lstm_run: str)
                 specs.append(finetune_spec(task, f"transfer{k}", seed, init_checkpoint=args.pretrained,
                                            extra=[f"--transfer_layers={k}"] + epochs, **common))
     return specs
+
+
+def recipe_flags(task: str, recipe: str) -> dict:
+    """The flags of ``configs/finetune_<task><suffix>.flags`` beyond the task flagfile it includes and the
+    run's own folder and context: the recipe, as bench/reproduction.py records it."""
+    lines = (ROOT / "configs" / f"finetune_{task}{RECIPES[recipe]}.flags").read_text().splitlines()
+    flags = dict(line[2:].partition("=")[::2] for line in lines if line.startswith("--"))
+    return {k: v for k, v in flags.items() if k not in ("flagfile", "run_dir", "n_ctx")}
+
+
+def _flag_values(cmd: str) -> dict:
+    return {a[2:].partition("=")[0]: a[2:].partition("=")[2] for a in shlex.split(cmd) if a.startswith("--")}
+
+
+def reused_run(spec: dict, plan: dict, records: list[dict]) -> dict | None:
+    """The reproduction ledger's run that is this study run, if any: arm full = its pretrained arm, scratch =
+    its scratch arm, with the same seed, recipe (the study's own epochs give none), start, data, context and
+    precision. Paths compare resolved from the repository root."""
+    arm = {"full": "pretrained", "scratch": "scratch"}.get(spec["arm"])
+    if arm is None or plan["epochs"]:
+        return None
+    recipe = recipe_flags(spec["task"], plan["recipe"])
+    want = _flag_values(shown_command(spec["cmd"]))
+    resolve = lambda path: str((ROOT / path).resolve()) if path else path
+    for r in records:
+        if (r["task"], r["arm"], r["seed"], r["recipe"]) != (spec["task"], arm, spec["seed"], recipe):
+            continue
+        have = _flag_values(r["cmd"])
+        if all(have.get(k) == want.get(k) for k in ("precision", "n_ctx", "model")) and \
+                all(resolve(have.get(k, "")) == resolve(want.get(k, "")) for k in ("data_dir", "init_checkpoint")):
+            return r
+    return None
 
 
 def zero_shot_cmd(run_dir: str, plan: dict, args, out_csv: Path) -> list[str]:
@@ -244,6 +296,7 @@ def main(argv=None):
               "dprd_dir": args.dprd_dir, **plan}
     _check_configuration(runs_root, config)
     done = load_ledger(ledger)
+    reuse = load_ledger(Path(args.reuse_ledger)) if args.reuse_ledger else []
     key = lambda r: (r["kind"], r.get("task"), r.get("arm"), r.get("seed"), r.get("model"))
     have = {key(r) for r in done}
     spec_key = lambda spec: key({"kind": "finetune", **spec})  # a fine-tuning run's key in the ledger
@@ -295,6 +348,15 @@ def main(argv=None):
             if not lstm_done and (lstm_job is None or lstm_job.finished()):
                 lstm_arm()  # as soon as it can: the LSTM's runs must not be the ones cut short by time
             if spec_key(spec) in have:
+                continue
+            reused = reused_run(spec, plan, reuse)
+            if reused is not None:
+                print(f"[{spec['index']}/{total}] {spec['task']} {spec['arm']} seed {spec['seed']}: from "
+                      f"{args.reuse_ledger} ({reused['run_dir']})", flush=True)
+                record({"kind": "finetune", "task": spec["task"], "arm": spec["arm"], "seed": spec["seed"],
+                        **{k: reused[k] for k in ("run_dir", "cmd", "metrics", "seconds", "finished")},
+                        "reused_from": args.reuse_ledger})
+                have.add(spec_key(spec))
                 continue
             print(f"[{spec['index']}/{total}] {spec['task']} {spec['arm']} seed {spec['seed']} ...", flush=True)
             result = run_one({k: v for k, v in spec.items() if k != "index"})

@@ -182,7 +182,9 @@ def departures(config, train_config, model_config, sizes) -> list[str]:
             f"- Pre-training: {train_config['train_steps']:,} updates of {train_config['batch_size']} × "
             f"{model_config['n_ctx']} tokens ({tokens / 1e6:.1f}M tokens) on Gutenberg books, not 100 epochs of "
             "BooksCorpus (~800M words) with 64 × 512-token batches.",
-            f"- Fine-tuning: {sub}, {config['epochs']} epoch(s), seeds {config['seeds']}, shorter contexts "
+            f"- Fine-tuning: {sub}, " + (f"{config['epochs']} epoch(s) of the paper's recipe" if config.get("recipe", "paper") == "paper"
+            else "each task's small-model recipe for every arm (`configs/finetune_<task>_tiny.flags`, chosen on dev by "
+            "`bench/reproduction.py`)") + f", seeds {config['seeds']}, shorter contexts "
             "(bench/finetune_runs.N_CTX), precision " + config["precision"] + "; dev sets, not test sets."
             + (" Story Cloze is scored on a 30% hold-out of its val file (the paper fine-tunes on val and tests on "
                "test)." if "story_cloze" in config["tasks"] + config["zero_shot_tasks"] else ""),

@@ -11,7 +11,8 @@ from pathlib import Path
 
 import pytest
 
-from bench.study import coarse_to_fine, finetune_specs, lstm_pretrain_cmd, parse_args, parse_part, part_of, resolve_plan
+from bench.study import (coarse_to_fine, finetune_specs, lstm_pretrain_cmd, parse_args, parse_part, part_of, recipe_flags,
+                         resolve_plan, reused_run)
 from bench.study_report import write_report
 
 TRAIN_CONFIG = {"data_dir": "data/books_tiny", "batch_size": 32, "grad_accum_steps": 1, "learning_rate": 3e-4,
@@ -46,6 +47,28 @@ def test_arms_become_the_right_flags():
     assert ("cola", "transfer0", 0) not in by and ("sst2", "full", 1) in by
     assert all(f["--epochs"] == "2" and f["--seed"] == str(seed) for (_, _, seed), f in by.items())
     assert by[("rte", "full", 0)]["--flagfile"] == "configs/finetune_rte.flags"
+
+
+def test_books_scale_uses_the_small_model_recipes_and_reuses_matching_reproduction_runs():
+    args, plan = _plan("--scale=books", "--precision=float32")
+    specs = finetune_specs(plan, args, "data/t", "tiny", "runs/lstm")
+    by = {(s["task"], s["arm"], s["seed"]): s for s in specs}
+    flags = _flags(by[("cola", "full", 0)])
+    assert flags["--flagfile"] == "configs/finetune_cola_tiny.flags" and "--epochs" not in flags
+    recipe = recipe_flags("cola", "tiny")
+    assert recipe["epochs"] and recipe["learning_rate"] and "flagfile" not in recipe and "n_ctx" not in recipe
+    base = "python -m gpt_tf.train --flagfile=configs/finetune_cola.flags --data_dir=data/t/cola --n_ctx=64 --precision=float32"
+    ledger = [{"task": "cola", "arm": "pretrained", "seed": 0, "recipe": recipe, "cmd": base + " --init_checkpoint=runs/pre",
+               "run_dir": "r/pre"},
+              {"task": "cola", "arm": "scratch", "seed": 0, "recipe": {**recipe, "learning_rate": "9"},
+               "cmd": base + " --model=tiny", "run_dir": "r/other_recipe"},
+              {"task": "cola", "arm": "scratch", "seed": 0, "recipe": recipe, "cmd": base.replace("float32", "mixed_bfloat16")
+               + " --model=tiny", "run_dir": "r/other_precision"}]
+    assert reused_run(by[("cola", "full", 0)], plan, ledger)["run_dir"] == "r/pre"
+    assert reused_run(by[("cola", "scratch", 0)], plan, ledger) is None  # another recipe, another precision
+    assert reused_run(by[("cola", "lm0", 0)], plan, ledger) is None and reused_run(by[("rte", "full", 0)], plan, ledger) is None
+    _, paper = _plan("--scale=books", "--epochs=2")  # the study's own epochs: not the reproduction's runs
+    assert reused_run(by[("cola", "full", 0)], paper, ledger) is None
 
 
 def test_scale_defaults_and_overrides():
