@@ -1,27 +1,84 @@
-"""Helpers the hardening tests share: a small pre-training set from real books, the CLI as a user runs it.
+"""Helpers the tests share: the CLI as a user runs it (one-shot or as worker processes), checkpoint weights,
+the small-run flags, and a small pre-training set from real books.
 
-Not a test module (no ``test_`` prefix): ``tests/test_data_hardening.py`` and
-``tests/test_run_dirs.py`` import it.
+Not a test module (no ``test_`` prefix), so pytest collects nothing here; every test file that needs one of
+these imports it from here rather than from another test file.
 """
 
 from __future__ import annotations
 
 import os
 import shutil
+import socket
 import subprocess
 import sys
 from pathlib import Path
 
+import numpy as np
+
 ROOT = Path(__file__).resolve().parents[1]
 ENV = {**os.environ, "PYTHONPATH": str(ROOT), "TF_CPP_MIN_LOG_LEVEL": "2"}
 N_CTX = 32
+# The end-to-end pre-training tests' flags (tests/test_train.py, test_scale.py, test_finetune.py).
+BASE_FLAGS = [
+    "--model=test", "--batch_size=8", "--warmup_steps=2", "--learning_rate=1e-3", "--log_every=1",
+    "--eval_batches=2", "--sample_length=8", "--seed=3", "--deterministic", "--progress=false", "--json",
+]
+# The hardening tests' flags (tests/test_data_hardening.py, test_run_dirs.py): fewer steps, checkpoints every 2.
 TRAIN_FLAGS = ["--model=test", "--batch_size=8", "--warmup_steps=1", "--learning_rate=1e-3", "--log_every=1",
                "--eval_batches=1", "--sample_length=4", "--seed=3", "--progress=false", "--checkpoint_every=2"]
 
 
-def run_cli(module: str, *args, timeout: int = 300) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", module, *args], cwd=ROOT, env=ENV, capture_output=True, text=True,
+def run_cli(module: str, *args, check: bool = True, timeout: int = 300) -> subprocess.CompletedProcess:
+    """``python -m module *args`` from the repo root; with ``check``, a non-zero exit fails with its output."""
+    proc = subprocess.run([sys.executable, "-m", module, *args], cwd=ROOT, env=ENV, capture_output=True, text=True,
                           timeout=timeout)
+    if check and proc.returncode != 0:
+        raise AssertionError(f"{module} {' '.join(args)} failed ({proc.returncode}):\n{proc.stdout}\n{proc.stderr}")
+    return proc
+
+
+def start(args, env=None) -> subprocess.Popen:
+    """``python -m gpt_tf.train *args`` in the background (one worker of a cluster)."""
+    return subprocess.Popen([sys.executable, "-m", "gpt_tf.train", *args], cwd=ROOT, env=env or ENV,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+
+
+def finish(procs, timeout=240):
+    """Waits for every process; returns [(returncode, stdout, stderr)]; kills the rest on a timeout."""
+    try:
+        outs = [p.communicate(timeout=timeout) for p in procs]
+    finally:
+        for p in procs:
+            if p.poll() is None:
+                p.kill()
+                p.wait()
+    return [(p.returncode, out, err) for p, (out, err) in zip(procs, outs)]
+
+
+def free_ports(n):
+    socks = [socket.socket() for _ in range(n)]
+    for s in socks:
+        s.bind(("127.0.0.1", 0))
+    ports = [s.getsockname()[1] for s in socks]
+    for s in socks:
+        s.close()
+    return ports
+
+
+def model_weights(run_dir, step):
+    """The model variables of checkpoint ``step`` as {name: array}."""
+    import tensorflow as tf
+
+    reader = tf.train.load_checkpoint(str(Path(run_dir) / "checkpoints" / f"ckpt-{step}"))
+    names = [n for n in reader.get_variable_to_shape_map() if n.startswith("model/") and "seed_generator" not in n]
+    assert len(names) > 10, names
+    return {n: reader.get_tensor(n) for n in names}
+
+
+def max_abs_diff(a, b):
+    assert a.keys() == b.keys()
+    return max(float(np.max(np.abs(a[k] - b[k]))) for k in a)
 
 
 def books_folder(shared_data: Path, root: Path, chars: int = 60_000) -> tuple[Path, Path]:

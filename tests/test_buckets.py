@@ -23,7 +23,7 @@ from gpt_tf.tasks import get_task
 from pipelines import finetune_data as fd
 from pipelines import transforms
 from pipelines.task_batches import bucket_lengths, epoch_plan
-from tests.test_train import ENV, ROOT, max_abs_diff, model_weights, run_cli
+from tests.small_runs import ENV, ROOT, max_abs_diff, model_weights, run_cli
 
 SPECIAL = {"start": 40478, "delimiter": 40479, "extract": 40480, "pad": 40481}
 TASKS = {"sst2": ("glue/SST-2", {"max_examples": 64}), "rte": ("glue/RTE", {"max_examples": 40}),

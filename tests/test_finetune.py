@@ -11,7 +11,7 @@ import json
 
 import pytest
 
-from tests.test_train import BASE_FLAGS, model_weights, run_cli
+from tests.small_runs import BASE_FLAGS, ENV, finish, free_ports, model_weights, run_cli, start
 
 FT_FLAGS = ["--batch_size=8", "--epochs=2", "--log_every=1", "--seed=1", "--progress=false", "--json", "--deterministic"]
 
@@ -126,8 +126,6 @@ def test_multitask_heads_share_one_backbone(pretrained, shared_data, tmp_path):
 
 
 def test_two_workers_fine_tune_together_and_only_the_chief_writes(pretrained, shared_data, tmp_path):
-    from tests.test_scale import ENV, finish, free_ports, start
-
     _, bpe = pretrained
     rte = build_task("rte", shared_data / "glue" / "RTE", bpe, tmp_path / "rte", "--max_examples=16")
     run_dir, scratch = tmp_path / "run", tmp_path / "scratch"

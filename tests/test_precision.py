@@ -10,7 +10,7 @@ import pytest
 
 from gpt_tf import precision
 from gpt_tf.config import get_preset
-from tests.test_train import ENV, ROOT
+from tests.small_runs import ENV, ROOT
 
 
 def test_explicit_precision_is_kept_without_measuring(monkeypatch, tmp_path):

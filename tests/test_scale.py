@@ -10,7 +10,6 @@ from __future__ import annotations
 import json
 import os
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -18,7 +17,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.test_train import BASE_FLAGS, ENV, ROOT, max_abs_diff, model_weights
+from tests.small_runs import BASE_FLAGS, ENV, ROOT, finish, free_ports, max_abs_diff, model_weights, start
 
 STEPS = 30
 FLAGS = [*BASE_FLAGS, "--eval_batches=1", f"--train_steps={STEPS}", "--checkpoint_every=5", "--keep_checkpoints=2"]
@@ -82,23 +81,6 @@ def reference_run(data_dir, run_dir, flags, pipelines=1, **overrides):
     return model_weights(run_dir, config.train_steps)
 
 
-def start(args, env=None):
-    return subprocess.Popen([sys.executable, "-m", "gpt_tf.train", *args], cwd=ROOT, env=env or ENV,
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-
-
-def finish(procs, timeout=240):
-    """Waits for every process; returns [(returncode, stdout, stderr)]; kills the rest on a timeout."""
-    try:
-        outs = [p.communicate(timeout=timeout) for p in procs]
-    finally:
-        for p in procs:
-            if p.poll() is None:
-                p.kill()
-                p.wait()
-    return [(p.returncode, out, err) for p, (out, err) in zip(procs, outs)]
-
-
 def sigterm_after(path, proc, others=()):
     """Sends SIGTERM to ``proc`` as soon as ``path`` exists (the run is mid-way)."""
     deadline = time.time() + 240
@@ -114,16 +96,6 @@ def preempted_step(result):
     assert "Traceback" not in err, err[-3000:]
     line = next(x for x in err.splitlines() if x.startswith("preempted (SIGTERM): saved step "))
     return int(line.split("saved step ")[1].split()[0])
-
-
-def free_ports(n):
-    socks = [socket.socket() for _ in range(n)]
-    for s in socks:
-        s.bind(("127.0.0.1", 0))
-    ports = [s.getsockname()[1] for s in socks]
-    for s in socks:
-        s.close()
-    return ports
 
 
 def test_sigterm_checkpoints_the_step_reached_and_the_same_command_resumes_it(data_dir, tmp_path):

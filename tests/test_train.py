@@ -13,41 +13,11 @@ import signal
 import subprocess
 import sys
 import time
-from pathlib import Path
 
 import numpy as np
 import pytest
 
-ROOT = Path(__file__).resolve().parents[1]
-ENV = {**os.environ, "PYTHONPATH": str(ROOT), "TF_CPP_MIN_LOG_LEVEL": "2"}
-BASE_FLAGS = [
-    "--model=test", "--batch_size=8", "--warmup_steps=2", "--learning_rate=1e-3", "--log_every=1",
-    "--eval_batches=2", "--sample_length=8", "--seed=3", "--deterministic", "--progress=false", "--json",
-]
-
-
-def run_cli(module, *args, check=True, timeout=300):
-    proc = subprocess.run([sys.executable, "-m", module, *args], cwd=ROOT, env=ENV, capture_output=True, text=True,
-                          timeout=timeout)
-    if check and proc.returncode != 0:
-        raise AssertionError(f"{module} {' '.join(args)} failed ({proc.returncode}):\n{proc.stdout}\n{proc.stderr}")
-    return proc
-
-
-def model_weights(run_dir, step):
-    """The model variables of checkpoint ``step`` as {name: array}."""
-    import tensorflow as tf
-
-    reader = tf.train.load_checkpoint(str(Path(run_dir) / "checkpoints" / f"ckpt-{step}"))
-    names = [n for n in reader.get_variable_to_shape_map() if n.startswith("model/") and "seed_generator" not in n]
-    assert len(names) > 10, names
-    return {n: reader.get_tensor(n) for n in names}
-
-
-def max_abs_diff(a, b):
-    assert a.keys() == b.keys()
-    return max(float(np.max(np.abs(a[k] - b[k]))) for k in a)
-
+from tests.small_runs import BASE_FLAGS, ENV, ROOT, max_abs_diff, model_weights, run_cli
 
 @pytest.fixture(scope="module")
 def data_dir(shared_data, tmp_path_factory):

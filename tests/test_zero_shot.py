@@ -26,7 +26,7 @@ from gpt_tf.model import GPTLanguageModel
 from gpt_tf.tokenizer import GPTTokenizer
 from pipelines.task_readers import Example
 from pipelines.winograd import read_dpr
-from tests.test_train import run_cli
+from tests.small_runs import run_cli
 
 DPR_SAMPLE = """The dog chased the cat because it barked loudly.
 it
