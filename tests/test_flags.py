@@ -120,10 +120,50 @@ def test_combinations_are_checked_too_and_exit_2(tmp_path):
 
 
 @pytest.mark.parametrize("flagfile", sorted(p.name for p in (ROOT / "configs").glob("*.flags")))
-def test_the_shipped_flagfiles_break_no_rule(flagfile):
+def test_the_shipped_flagfiles_break_no_rule(monkeypatch, flagfile):
+    monkeypatch.chdir(ROOT)  # the flagfiles they include are named from the repository root
     FLAGS.unparse_flags()
     try:
         flag_checks.lenient_parser("gpt_tf.train")(["gpt_tf.train", f"--flagfile={ROOT / 'configs' / flagfile}"])
         assert flag_checks.problems(FLAGS) == []
     finally:
         FLAGS.unparse_flags()
+
+
+# The paper's fine-tuning recipe (§4.1), as configs/finetune_paper.flags holds it for every task flagfile.
+PAPER_RECIPE = {"learning_rate": 6.25e-5, "batch_size": 32, "epochs": 3, "lr_decay": "linear", "warmup_fraction": 0.002,
+                "lm_coef": 0.5, "clf_pdrop": 0.1, "weight_decay": 0.01, "clip_norm": 1.0, "log_every": 20}
+TASK_FLAGFILES = sorted(p.name for p in (ROOT / "configs").glob("finetune_*.flags")
+                        if p.name != "finetune_paper.flags" and not p.stem.endswith("_tiny"))
+
+
+def resolved(flagfile: str) -> dict:
+    """The flags a flagfile sets, with the flagfiles it includes (their paths are from the repository root)."""
+    FLAGS.unparse_flags()
+    try:
+        flag_checks.lenient_parser("gpt_tf.train")(["gpt_tf.train", f"--flagfile=configs/{flagfile}"])
+        return {name: FLAGS[name].value for name in FLAGS if FLAGS[name].present and name != "flagfile"}
+    finally:
+        FLAGS.unparse_flags()
+
+
+def own_lines(flagfile: str) -> dict:
+    lines = (ROOT / "configs" / flagfile).read_text().splitlines()
+    return dict(line[2:].partition("=")[::2] for line in lines if line.startswith("--") and "flagfile" not in line)
+
+
+def test_every_task_flagfile_is_the_paper_recipe_plus_its_task(monkeypatch):
+    monkeypatch.chdir(ROOT)
+    assert len(TASK_FLAGFILES) == 12 and resolved("finetune_paper.flags") == PAPER_RECIPE
+    for flagfile in TASK_FLAGFILES:
+        task = flagfile[len("finetune_"):-len(".flags")]
+        assert resolved(flagfile) == {**PAPER_RECIPE, "task": task, "data_dir": f"data/tasks/{task}",
+                                      "run_dir": f"runs/finetune_{task}"}, flagfile
+        assert own_lines(flagfile).keys() == {"task", "data_dir", "run_dir"}, "the recipe belongs in finetune_paper.flags"
+
+
+@pytest.mark.parametrize("flagfile", sorted(p.name for p in (ROOT / "configs").glob("finetune_*_tiny.flags")))
+def test_each_small_model_recipe_is_its_task_flagfile_with_its_own_lines_on_top(monkeypatch, flagfile):
+    monkeypatch.chdir(ROOT)
+    parsed = {name: FLAGS[name].parser.parse(value) for name, value in own_lines(flagfile).items()}
+    assert resolved(flagfile) == {**resolved(flagfile.replace("_tiny", "")), **parsed}
