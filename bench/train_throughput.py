@@ -206,7 +206,6 @@ def parse_args(argv):
     parser.add_argument("--presets", default="gpt1,small", help="comma-separated model presets")
     parser.add_argument("--precisions", default="float32,bfloat16", help="float32 and/or bfloat16")
     parser.add_argument("--stacks", default=",".join(STACKS), help="comma-separated subset of " + ",".join(STACKS))
-    parser.add_argument("--variants", default="", help="extra runs of ours with these speed variants")
     parser.add_argument("--batch", type=int, help="batch size (default: per preset)")
     parser.add_argument("--seq", type=int, help="sequence length (default: per preset)")
     parser.add_argument("--warmup", type=int, help="untimed steps (default: per preset)")
@@ -281,7 +280,7 @@ def main(argv=None):
     log = lambda msg: print(msg, flush=True)  # noqa: E731
     sizes = [int(n) for n in args.peak_sizes.split(",")]
     report["peak_flops"], report["peak_per_lib"] = measure_peaks(sizes, args.threads, args.quiet_share, log)
-    runs = [(s, "base") for s in args.stacks.split(",") if s] + [("ours", v) for v in args.variants.split(",") if v]
+    stacks = [s for s in args.stacks.split(",") if s]
     for preset in args.presets.split(","):
         sizes = {k: getattr(args, k) or v for k, v in PRESET_DEFAULTS[preset].items()}
         for precision in args.precisions.split(","):
@@ -289,14 +288,13 @@ def main(argv=None):
                 {
                     "kind": "train",
                     "stack": s,
-                    "variant": v,
                     "preset": preset,
                     "precision": precision,
                     "threads": args.threads,
                     "torch_adamw": args.torch_adamw,
                     **sizes,
                 }
-                for s, v in runs
+                for s in stacks
             ]
             log(f"{preset} {precision}, batch {sizes['batch']} × {sizes['seq']}: " + ", ".join(map(row_name, specs)))
             groups = [specs] if args.schedule == "interleaved" else [[s] for s in specs]

@@ -7,8 +7,7 @@ import platform
 
 
 def row_name(row):
-    variant = row.get("variant") or "base"
-    return row["stack"] + ("" if variant == "base" else f"[{variant}]")
+    return row["stack"]
 
 
 def median(values):
@@ -43,7 +42,7 @@ def summarise(rows, peaks, quiet_share):
             row["final_loss"] = row["steps_log"][-1]["loss"]
         for row in group:
             for ref in ("keras_hub", "torch"):
-                other = [r for r in group if r["stack"] == ref and (r.get("variant") or "base") == "base"]
+                other = [r for r in group if r["stack"] == ref]
                 if other:
                     row[f"vs_{ref}"] = row["tokens_per_s"] / other[0]["tokens_per_s"]
                     row[f"cpu_vs_{ref}"] = other[0]["cpu_s_per_step"] / row["cpu_s_per_step"]
@@ -93,27 +92,12 @@ def markdown(report):
                 f"ms/step and CPU s/step (our process's own CPU time) are medians over the quiet steps (others ≤ "
                 f"{100 * report['quiet_share']:.0f}%) when every stack of the preset × precision has at least half its "
                 f'steps quiet, otherwise over all steps ("steps used").',
-                *_variant_notes(report["rows"]),
                 "",
                 *table_lines(report["rows"]),
             ]
         )
         + "\n"
     )
-
-
-def _variant_notes(rows):
-    """One line naming the monkeypatched options behind each ``ours[variant]`` row, if any."""
-    from bench.train_throughput_variants import parse
-
-    variants = sorted({r["variant"] for r in rows if (r.get("variant") or "base") != "base"})
-    if not variants:
-        return []
-    return [
-        "`ours[v]` rows: our model with the speed options of `bench/train_throughput_variants.py` applied: "
-        + "; ".join(f"`{v}` = {' + '.join(sorted(parse(v)))}" for v in variants)
-        + "."
-    ]
 
 
 def machine_info():

@@ -76,11 +76,9 @@ def _tf_step(spec, config):
     import numpy as np
     import tensorflow as tf
 
-    from bench.train_throughput_variants import apply_variant
     from gpt_tf.model import GPTLanguageModel, lm_loss
     from gpt_tf.optim import make_optimizer
 
-    compute_loss = apply_variant(spec.get("variant") or "base") if spec["stack"] == "ours" else lm_loss
     keras.utils.set_random_seed(0)
     mixed = spec["precision"] == "bfloat16"
     if mixed:
@@ -101,7 +99,7 @@ def _tf_step(spec, config):
     @tf.function
     def train_step(inputs, targets):
         with tf.GradientTape() as tape:
-            total, count = compute_loss(model(inputs, training=True), targets)
+            total, count = lm_loss(model(inputs, training=True), targets)
             loss = total / count
         grads = tape.gradient(loss, variables)
         optimizer.apply_gradients(zip(grads, variables, strict=True))
