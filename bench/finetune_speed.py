@@ -32,7 +32,6 @@ Xeons, see README), HF's is measured both ways.
 
 from __future__ import annotations
 
-import argparse
 import datetime
 import json
 import os
@@ -41,11 +40,14 @@ import sys
 import tempfile
 from pathlib import Path
 
+from absl import app, flags
+
 from bench.train_throughput import Worker, save_report, wait_until_quiet
 from bench.train_throughput_report import machine_info, median
 from bench.train_throughput_stacks import busy_seconds
 
 ROOT = Path(__file__).resolve().parents[1]
+FLAGS = flags.FLAGS
 BASELINE = "ef438ba"  # the last commit before length buckets
 STACKS = {
     "today_padded": {"stack": "ours", "baseline": True, "lm_coef": 0.5},
@@ -59,29 +61,22 @@ DEFAULT_STACKS = ("today_padded", "ours_bucketed", "ours_bucketed_lm0", "hf_floa
 EVAL_STACKS = ("today_padded", "ours_padded", "ours_bucketed", "hf_float32", "hf_bfloat16")  # λ: no change in eval
 
 
-def parse_args(argv):
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--stacks", default=",".join(DEFAULT_STACKS), help="comma-separated subset of " + ",".join(STACKS))
-    parser.add_argument("--baseline", default=BASELINE, help="git revision of today_padded")
-    parser.add_argument("--rounds", type=int, default=3, help="counted rounds (after one warm-up round)")
-    parser.add_argument("--train_steps", type=int, default=50, help="training steps per worker per round")
-    parser.add_argument("--batch_size", type=int, default=32)
-    parser.add_argument("--n_ctx", type=int, default=64, help="context of the fine-tuned model (the README's SST-2 runs: 64)")
-    parser.add_argument("--precision", default="float32", choices=("float32", "mixed_bfloat16"), help="ours")
-    parser.add_argument("--books", type=int, default=20, help="Gutenberg books the 8k BPE is trained on")
-    parser.add_argument("--threads", type=int, default=1,
-                        help="threads of every stack: TF intra- and inter-op, torch intra-op")
-    parser.add_argument("--wait_quiet", type=float, default=0.0, help="before each measurement, wait up to this many "
-                        "seconds for other processes to use at most 10%% of the CPUs")
-    parser.add_argument("--data_root", default="data/bench_finetune_speed", help="BPE and task records (cached)")
-    parser.add_argument("--shared_data", default=str(ROOT.parent / "shared" / "data"))
-    parser.add_argument("--out", default="bench/results/finetune_speed.json")
-    parser.add_argument("--worker", help=argparse.SUPPRESS)
-    args = parser.parse_args(argv)
-    unknown = [s for s in args.stacks.split(",") if s not in STACKS]
-    if unknown:
-        parser.error(f"--stacks: unknown {unknown}; choose from {list(STACKS)}")
-    return args
+def define_flags():
+    flags.DEFINE_string("stacks", ",".join(DEFAULT_STACKS), "comma-separated subset of " + ",".join(STACKS))
+    flags.DEFINE_string("baseline", BASELINE, "git revision of today_padded")
+    flags.DEFINE_integer("rounds", 3, "counted rounds (after one warm-up round)")
+    flags.DEFINE_integer("train_steps", 50, "training steps per worker per round")
+    flags.DEFINE_integer("batch_size", 32, "batch size of every stack")
+    flags.DEFINE_integer("n_ctx", 64, "context of the fine-tuned model (the README's SST-2 runs: 64)")
+    flags.DEFINE_enum("precision", "float32", ["float32", "mixed_bfloat16"], "ours")
+    flags.DEFINE_integer("books", 20, "Gutenberg books the 8k BPE is trained on")
+    flags.DEFINE_integer("threads", 1, "threads of every stack: TF intra- and inter-op, torch intra-op")
+    flags.DEFINE_float("wait_quiet", 0.0, "before each measurement, wait up to this many "
+                       "seconds for other processes to use at most 10% of the CPUs")
+    flags.DEFINE_string("data_root", "data/bench_finetune_speed", "BPE and task records (cached)")
+    flags.DEFINE_string("shared_data", str(ROOT.parent / "shared" / "data"), "the shared data folder (books, GLUE)")
+    flags.DEFINE_string("out", "bench/results/finetune_speed.json", "the JSON report (the .md goes beside it)")
+    flags.DEFINE_string("worker", None, "internal: run as a worker with this JSON spec")
 
 
 def measure(worker: Worker, command: str, wait_quiet_s: float = 0.0) -> dict:
@@ -173,12 +168,16 @@ def markdown(report: dict) -> str:
     return "\n".join(lines) + "\n"
 
 
-def main(argv=None):
-    args = parse_args(argv)
+def main(argv):
+    del argv  # everything is a flag
+    args = FLAGS
     if args.worker:
         from bench.finetune_speed_stacks import worker_main
 
         return worker_main(json.loads(args.worker))
+    unknown = [s for s in args.stacks.split(",") if s not in STACKS]
+    if unknown:
+        raise app.UsageError(f"--stacks: unknown {unknown}; choose from {list(STACKS)}")
     from bench.finetune_speed_stacks import lengths_summary, prepare_data
 
     log = lambda msg: print(msg, flush=True)  # noqa: E731
@@ -186,7 +185,7 @@ def main(argv=None):
     common = {"task_dir": str(task_dir), "batch_size": args.batch_size, "n_ctx": args.n_ctx,
               "train_steps": args.train_steps, "threads": args.threads}
     specs = {name: {"precision": args.precision, **common, **STACKS[name]} for name in args.stacks.split(",")}
-    report = {"command": " ".join(["python -m bench.finetune_speed", *(sys.argv[1:] if argv is None else argv)]),
+    report = {"command": " ".join(["python -m bench.finetune_speed", *sys.argv[1:]]),
               "date": datetime.datetime.now().astimezone().isoformat(timespec="seconds"), "machine": machine_info(),
               "settings": {"model": "tiny (4 x 256, 4 heads, FFN 1024, 8k BPE)", "n_ctx": args.n_ctx,
                            "batch": args.batch_size, "train steps per round": args.train_steps,
@@ -202,4 +201,5 @@ def main(argv=None):
 
 
 if __name__ == "__main__":
-    main()
+    define_flags()
+    app.run(main)

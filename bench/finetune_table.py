@@ -18,15 +18,18 @@ interrupted table resumes. ``<out>.md`` is rewritten from the JSONL after every 
 
 from __future__ import annotations
 
-import argparse
 import json
 import os
 import statistics
+import types
 from pathlib import Path
+
+from absl import app, flags
 
 from bench.finetune_runs import (N_CTX, append_ledger, dev_metrics, finetune_spec, load_ledger, main_metric, preset_of,
                                  run_one)
 
+FLAGS = flags.FLAGS
 MULTITASK_AUX = ("mrpc", "stsb", "sst2", "cola")
 
 
@@ -71,18 +74,22 @@ def markdown(records: list[dict], header: str) -> str:
     return "\n".join(lines) + "\n"
 
 
-def main():
-    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--pretrained", required=True, help="pre-training run dir (its latest checkpoint is used)")
-    parser.add_argument("--tasks_dir", required=True, help="folder of task TFRecords built with its tokenizer")
-    parser.add_argument("--out", default="bench/results/finetune_books_tiny", help="output path without extension")
-    parser.add_argument("--runs_root", default="runs/finetune_table")
-    parser.add_argument("--tasks", default=",".join(N_CTX))
-    parser.add_argument("--arms", default="pretrained,scratch,multitask")
-    parser.add_argument("--seeds", default="0")
-    parser.add_argument("--precision", default="mixed_bfloat16")
-    args = parser.parse_args()
-    args.model = preset_of(args.pretrained)
+def define_flags():
+    flags.DEFINE_string("pretrained", None, "pre-training run dir (its latest checkpoint is used)")
+    flags.DEFINE_string("tasks_dir", None, "folder of task TFRecords built with its tokenizer")
+    flags.DEFINE_string("out", "bench/results/finetune_books_tiny", "output path without extension")
+    flags.DEFINE_string("runs_root", "runs/finetune_table", "where the fine-tuning runs go")
+    flags.DEFINE_string("tasks", ",".join(N_CTX), "comma-separated tasks (folders under --tasks_dir)")
+    flags.DEFINE_string("arms", "pretrained,scratch,multitask", "comma-separated arms")
+    flags.DEFINE_string("seeds", "0", "comma-separated seeds")
+    flags.DEFINE_string("precision", "mixed_bfloat16", "fine-tuning precision flag")
+    flags.mark_flags_as_required(["pretrained", "tasks_dir"])
+
+
+def main(argv):
+    del argv  # everything is a flag
+    # the flags' values, plus the preset the pre-trained run was made with
+    args = types.SimpleNamespace(**FLAGS.flag_values_dict(), model=preset_of(FLAGS.pretrained))
     jsonl = Path(args.out + ".jsonl")
     jsonl.parent.mkdir(parents=True, exist_ok=True)
     done = load_ledger(jsonl)
@@ -105,4 +112,5 @@ def main():
 
 
 if __name__ == "__main__":
-    main()
+    define_flags()
+    app.run(main)

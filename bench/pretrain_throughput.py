@@ -22,7 +22,6 @@ much of the machine the run had: other processes took the rest.
 
 from __future__ import annotations
 
-import argparse
 import datetime
 import json
 import os
@@ -33,20 +32,22 @@ import tempfile
 import time
 from pathlib import Path
 
+from absl import app, flags
 
-def _parse(argv):
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], formatter_class=argparse.RawTextHelpFormatter)
-    p.add_argument("--model", default="small", help="preset: gpt1, small, tiny or test")
-    p.add_argument("--batch_size", type=int, default=4, help="global batch, in sequences")
-    p.add_argument("--grad_accum_steps", type=int, default=1)
-    p.add_argument("--precision", default="float32", choices=["float32", "mixed_bfloat16"])
-    p.add_argument("--jit_compile", action="store_true")
-    p.add_argument("--strategy", default="default", choices=["default", "one_device", "mirrored"])
-    p.add_argument("--warmup", type=int, default=3, help="untimed steps (tracing, XLA compilation)")
-    p.add_argument("--steps", type=int, default=10, help="timed steps")
-    p.add_argument("--peak_tflops", type=float, default=0.0, help="peak for MFU (0: measure a matmul here)")
-    p.add_argument("--out", default="bench/results/pretrain_throughput.json")
-    return p.parse_args(argv)
+FLAGS = flags.FLAGS
+
+
+def define_flags():
+    flags.DEFINE_string("model", "small", "preset: gpt1, small, tiny or test")
+    flags.DEFINE_integer("batch_size", 4, "global batch, in sequences")
+    flags.DEFINE_integer("grad_accum_steps", 1, "micro-batches per update")
+    flags.DEFINE_enum("precision", "float32", ["float32", "mixed_bfloat16"], "the Keras dtype policy")
+    flags.DEFINE_bool("jit_compile", False, "XLA-compile the step")
+    flags.DEFINE_enum("strategy", "default", ["default", "one_device", "mirrored"], "the tf.distribute strategy")
+    flags.DEFINE_integer("warmup", 3, "untimed steps (tracing, XLA compilation)")
+    flags.DEFINE_integer("steps", 10, "timed steps")
+    flags.DEFINE_float("peak_tflops", 0.0, "peak for MFU (0: measure a matmul here)")
+    flags.DEFINE_string("out", "bench/results/pretrain_throughput.json", "the JSON rows (the .md table goes beside it)")
 
 
 def _write_random_records(folder: Path, vocab: int, n_ctx: int, sequences: int, seed: int = 0) -> None:
@@ -176,10 +177,10 @@ def markdown(rows) -> str:
     return "\n".join(lines) + f"\n\nCommands:\n\n{commands}\n"
 
 
-def main(argv=None):
-    args = _parse(argv if argv is not None else sys.argv[1:])
-    row = run(args)
-    out = Path(args.out)
+def main(argv):
+    del argv  # everything is a flag
+    row = run(FLAGS)
+    out = Path(FLAGS.out)
     rows = json.loads(out.read_text()) if out.exists() else []
     rows.append(row)
     out.parent.mkdir(parents=True, exist_ok=True)
@@ -189,4 +190,5 @@ def main(argv=None):
 
 
 if __name__ == "__main__":
-    main()
+    define_flags()
+    app.run(main)

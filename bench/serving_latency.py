@@ -23,7 +23,6 @@ sentences joined to 120-128 BPE tokens, so a request's view is ~128 tokens plus 
 
 from __future__ import annotations
 
-import argparse
 import datetime
 import json
 import os
@@ -36,8 +35,10 @@ import time
 from pathlib import Path
 
 import numpy as np
+from absl import app, flags
 
 ROOT = Path(__file__).resolve().parents[1]
+FLAGS = flags.FLAGS
 DATA = ROOT.parent / "shared" / "data"
 CONFIGS = ("in-process", "grpc-batched", "grpc-unbatched")
 BATCH = "in-process-batch"
@@ -191,16 +192,19 @@ def markdown(report: dict) -> str:
     return "\n".join(lines) + "\n"
 
 
-def main(argv=None):
-    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--preset", default="small")
-    parser.add_argument("--requests", type=int, default=120, help="requests per configuration, concurrency, round")
-    parser.add_argument("--rounds", type=int, default=6)
-    parser.add_argument("--concurrency", default="1,8")
-    parser.add_argument("--warmup", type=int, default=16, help="untimed requests per configuration first")
-    parser.add_argument("--tokens", default="120,128", help="text length range in BPE tokens")
-    parser.add_argument("--out", default=str(ROOT / "bench" / "results" / "serving_latency.json"))
-    args = parser.parse_args(argv)
+def define_flags():
+    flags.DEFINE_string("preset", "small", "the model preset to serve")
+    flags.DEFINE_integer("requests", 120, "requests per configuration, concurrency, round")
+    flags.DEFINE_integer("rounds", 6, "rounds over the configurations")
+    flags.DEFINE_string("concurrency", "1,8", "comma-separated client concurrencies")
+    flags.DEFINE_integer("warmup", 16, "untimed requests per configuration first")
+    flags.DEFINE_string("tokens", "120,128", "text length range in BPE tokens")
+    flags.DEFINE_string("out", str(ROOT / "bench" / "results" / "serving_latency.json"), "the JSON report (.md beside it)")
+
+
+def main(argv):
+    del argv  # everything is a flag
+    args = FLAGS
     from gpt_tf.console import import_tensorflow
 
     tf = import_tensorflow()
@@ -263,8 +267,7 @@ def main(argv=None):
     report = {
         "date": datetime.datetime.now().strftime("%Y-%m-%d %H:%M"), "machine": cpu_model(),
         "cpus": os.cpu_count(), "preset": args.preset, "params": config.n_params, "tokens_min": low, "tokens_max": high,
-        "rounds": args.rounds, "concurrency": concurrency, "command": "python -m bench.serving_latency " + " ".join(
-            sys.argv[1:] if argv is None else argv),
+        "rounds": args.rounds, "concurrency": concurrency, "command": "python -m bench.serving_latency " + " ".join(sys.argv[1:]),
         "results": results,
         "checks": {f"gRPC p50 / in-process p50 at concurrency {one}": (ratio_p50, "<= 1.1", ratio_p50 <= 1.1),
                    f"gRPC p99 / p50 at concurrency {one}": (tail, "<= 1.5", tail <= 1.5),
@@ -279,4 +282,5 @@ def main(argv=None):
 
 
 if __name__ == "__main__":
-    main()
+    define_flags()
+    app.run(main)

@@ -20,7 +20,6 @@ the server refuses at once, its threads and open files meanwhile. Every request 
 
 from __future__ import annotations
 
-import argparse
 import collections
 import json
 import os
@@ -33,7 +32,10 @@ import threading
 import time
 from pathlib import Path
 
+from absl import app, flags
+
 ROOT = Path(__file__).resolve().parents[1]
+FLAGS = flags.FLAGS
 HOST = "127.0.0.1"
 TEXT = "a gripping, funny and touching film"
 _PREDICT = "/v1/models/sst2:predict"
@@ -259,20 +261,27 @@ def summarize(results, snapshots, log_path: Path, versions, shed_note) -> dict:
     }
 
 
-def main(argv=None) -> dict:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--minutes", type=float, default=5.0)
-    parser.add_argument("--concurrency", type=int, default=16)
-    parser.add_argument("--max_requests", type=int, default=1_000_000, help="per client thread")
-    parser.add_argument("--warmup_fraction", type=float, default=0.2)
-    parser.add_argument("--kinds", default=",".join(dict.fromkeys(KINDS)), help="request kinds to send (default: all)")
-    parser.add_argument("--no_swap", action="store_true", help="no version swap (memory under one version only)")
-    parser.add_argument("--hold", type=int, default=500, help="then hold this many partial headers (0: skip)")
-    parser.add_argument("--tokenizer_dir", default=str(ROOT.parent / "shared" / "data" / "gpt1_bpe"))
-    parser.add_argument("--output", default="")
-    parser.add_argument("--server_flag", action="append", default=[], help="extra serving.server flag (repeatable)")
-    parser.add_argument("--server_root", default=str(ROOT), help="checkout whose serving.server runs (to compare)")
-    args = parser.parse_args(argv)
+def define_flags():
+    flags.DEFINE_float("minutes", 5.0, "how long the clients send requests")
+    flags.DEFINE_integer("concurrency", 16, "client threads")
+    flags.DEFINE_integer("max_requests", 1_000_000, "per client thread")
+    flags.DEFINE_float("warmup_fraction", 0.2, "share of --minutes before the after-warm-up memory snapshot")
+    flags.DEFINE_string("kinds", ",".join(dict.fromkeys(KINDS)), "request kinds to send (default: all)")
+    flags.DEFINE_bool("no_swap", False, "no version swap (memory under one version only)")
+    flags.DEFINE_integer("hold", 500, "then hold this many partial headers (0: skip)")
+    flags.DEFINE_string("tokenizer_dir", str(ROOT.parent / "shared" / "data" / "gpt1_bpe"), "GPT-1's BPE")
+    flags.DEFINE_string("output", "", "also write the report here")
+    flags.DEFINE_multi_string("server_flag", [], "extra serving.server flag (repeatable)")
+    flags.DEFINE_string("server_root", str(ROOT), "checkout whose serving.server runs (to compare)")
+
+
+def main(argv) -> None:
+    del argv  # everything is a flag
+    soak(FLAGS)
+
+
+def soak(args) -> dict:
+    """Exports a model, starts the server, runs the soak; the report as a dict."""
     os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
     work = Path(tempfile.mkdtemp(prefix="soak_"))
     try:
@@ -329,4 +338,5 @@ def run(args, proc, work: Path, grpc_port: int, rest_port: int) -> dict:
 
 
 if __name__ == "__main__":
-    main()
+    define_flags()
+    app.run(main)

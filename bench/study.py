@@ -33,7 +33,6 @@ holds one configuration: a different one is refused (pick another ``--runs_root`
 
 from __future__ import annotations
 
-import argparse
 import datetime
 import json
 import os
@@ -42,71 +41,18 @@ import sys
 import time
 from pathlib import Path
 
+from absl import app, flags
+
+from bench import study_flags
 from bench.finetune_runs import (ROOT, BackgroundCommand, append_ledger, finetune_spec, load_ledger, preset_of,
                                  run_command, run_one, shown_command)
+from bench.study_flags import FLAGS, RECIPES, SCALES, define_flags, parse_args  # noqa: F401 -- parse_args: for tests
 
 # Where each task's official files sit under --data_root (the layout of ../shared/data).
 OFFICIAL = {"sst2": "glue/SST-2", "cola": "glue/CoLA", "mrpc": "glue/MRPC", "stsb": "glue/STS-B", "rte": "glue/RTE",
             "story_cloze": "story_cloze"}
 STORY_CLOZE_HOLDOUT = 0.3  # as data/tasks_books/story_cloze: the part of val that is dev
-SCALES = {
-    # End to end in minutes: 3 tasks, 1 seed, 64 training examples, 1 epoch, a 20-step LSTM.
-    "smoke": {"tasks": "sst2,rte,story_cloze", "transfer_tasks": "sst2,rte,story_cloze", "seeds": "0", "layers": "0,2",
-              "epochs": 1, "train_subsample": 64, "zero_shot_tasks": "cola,sst2,story_cloze",
-              "zero_shot_max_examples": 64, "lstm_steps": 20},
-    # The study: every task with training data here, 1,000 training examples each (hash sample), 3 seeds,
-    # every layer count, the paper's 3 epochs, the LSTM pre-trained as long as the transformer.
-    "cpu": {"tasks": "cola,sst2,mrpc,stsb,rte,story_cloze", "transfer_tasks": "sst2,rte,story_cloze", "seeds": "0,1,2",
-            "layers": "all", "epochs": 3, "train_subsample": 1000, "zero_shot_tasks": "cola,sst2,story_cloze",
-            "zero_shot_max_examples": 0, "lstm_steps": 0},
-    # As "cpu" on the task data as built in --tasks_dir (e.g. data/tasks_books: up to 4,000 examples).
-    "cpu_full_data": {"tasks": "cola,sst2,mrpc,stsb,rte,story_cloze", "transfer_tasks": "sst2,rte,story_cloze",
-                      "seeds": "0,1,2", "layers": "all", "epochs": 3, "train_subsample": 0,
-                      "zero_shot_tasks": "cola,sst2,story_cloze", "zero_shot_max_examples": 0, "lstm_steps": 0},
-    # The books model with the small-model recipes bench/reproduction.py chose on dev (issue #13), on the
-    # full training sets of the three cheapest tasks, every layer count, one seed; the full and scratch arms
-    # can come from the reproduction's ledger (--reuse_ledger) and a short LSTM pre-training (150 updates).
-    "books": {"tasks": "cola,rte,story_cloze", "transfer_tasks": "cola,rte,story_cloze", "seeds": "0",
-              "layers": "all", "epochs": 0, "train_subsample": 0, "zero_shot_tasks": "cola,sst2,story_cloze",
-              "zero_shot_max_examples": 0, "lstm_steps": 150, "recipe": "tiny"},
-}
-for _scale in SCALES.values():
-    _scale.setdefault("recipe", "paper")
-# --recipe: the flagfile suffix of each task's fine-tuning recipe (configs/finetune_<task><suffix>.flags).
-RECIPES = {"paper": "", "tiny": "_tiny"}
 ARMS = ("full", "scratch", "lm0", "lstm")
-
-
-def parse_args(argv=None):
-    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--pretrained", required=True, help="the transformer's pre-training run dir")
-    parser.add_argument("--tasks_dir", default="", help="task TFRecords built with the run's tokenizer "
-                        "(needed unless --train_subsample rebuilds them)")
-    parser.add_argument("--data_root", default="../shared/data", help="official task files (GLUE, Story Cloze)")
-    parser.add_argument("--out_dir", default="docs", help="results.md and the PNG figures")
-    parser.add_argument("--runs_root", default="runs/study", help="runs, task data and the ledger study.jsonl")
-    parser.add_argument("--scale", default="cpu", choices=sorted(SCALES))
-    parser.add_argument("--lstm_run", default="", help="an LSTM pre-training run to use instead of training one")
-    parser.add_argument("--race_dir", default="", help="RACE in its official layout, for zero-shot (optional)")
-    parser.add_argument("--dprd_dir", default="", help="DPRD (train.c.txt/test.c.txt), for zero-shot (optional)")
-    parser.add_argument("--precision", default="mixed_bfloat16", help="fine-tuning precision")
-    parser.add_argument("--recipe", default=None, choices=sorted(RECIPES),
-                        help="paper: configs/finetune_<task>.flags with --epochs; tiny: the small-model recipes "
-                        "of configs/finetune_<task>_tiny.flags (their own epochs) for every arm (default: the scale's)")
-    parser.add_argument("--reuse_ledger", default="", help="a bench/reproduction.py ledger: a full or scratch run "
-                        "recorded there with the same task, seed, start, data, precision and recipe is taken from it "
-                        "instead of being run again")
-    parser.add_argument("--report_only", action="store_true", help="rewrite <out_dir> from the ledger; run nothing")
-    parser.add_argument("--part", default="0/1", help="i/n: this process runs the i-th of n interleaved parts of "
-                        "the transformer's fine-tuning runs not yet recorded, beside the others (start them "
-                        "together: same command, other --part); "
-                        "part 0 also builds the task data, runs zero-shot and does the whole LSTM baseline")
-    for knob in ("tasks", "transfer_tasks", "seeds", "layers", "zero_shot_tasks"):
-        parser.add_argument(f"--{knob}", default=None, help=f"comma list (default: the scale's, {SCALES['cpu'][knob]!r})")
-    for knob in ("epochs", "train_subsample", "zero_shot_max_examples", "lstm_steps"):
-        parser.add_argument(f"--{knob}", type=int, default=None, help=f"default: the scale's ({SCALES['cpu'][knob]} for cpu; "
-                            "epochs 0: the recipe's own)")
-    return parser.parse_args(argv)
 
 
 def resolve_plan(args, n_layer: int, pretrain_steps: int) -> dict:
@@ -279,10 +225,11 @@ def _check_configuration(runs_root: Path, config: dict) -> None:
         path.write_text(json.dumps(config, indent=2, sort_keys=True))
 
 
-def main(argv=None):
+def main(argv):
     from bench.study_report import write_report
 
-    args = parse_args(argv)
+    del argv  # everything is a flag
+    args = FLAGS
     part, parts = parse_part(args.part)
     started = time.time()
     model_config, train_config = _json(Path(args.pretrained) / "model_config.json"), _json(Path(args.pretrained) / "train_config.json")
@@ -301,7 +248,7 @@ def main(argv=None):
     have = {key(r) for r in done}
     spec_key = lambda spec: key({"kind": "finetune", **spec})  # a fine-tuning run's key in the ledger
     command = shlex.join(["python", "-m", "bench.study",  # the runs' command: --report_only runs none
-                          *(a for a in (argv if argv is not None else sys.argv[1:]) if a != "--report_only")])
+                          *(a for a in sys.argv[1:] if a != "--report_only")])
     tasks_dir = task_data(plan, args, tokenizer_dir, ledger, build=part == 0 and not args.report_only)
     done = load_ledger(ledger)  # with the task-data builds
     report = lambda: write_report(done, config, Path(args.out_dir), command,
@@ -396,4 +343,6 @@ def main(argv=None):
 
 if __name__ == "__main__":
     os.chdir(ROOT)
-    main()
+    define_flags()
+    flags.adopt_module_key_flags(study_flags)  # --help lists them
+    app.run(main)

@@ -19,14 +19,16 @@ Needs spaCy (requirements-dev.txt) and ``../shared/data``.
 
 from __future__ import annotations
 
-import argparse
 import difflib
 import json
 import os
 import sys
 from pathlib import Path
 
+from absl import app, flags
+
 ROOT = Path(__file__).resolve().parents[1]
+FLAGS = flags.FLAGS
 DATA = ROOT.parent / "shared" / "data"
 SETS = ("sst2", "cola", "rte", "mrpc", "story_cloze", "book")
 TITLES = {"sst2": "SST-2 dev", "cola": "CoLA dev", "rte": "RTE dev, both sentences",
@@ -158,26 +160,30 @@ def markdown(results: dict) -> str:
     return "\n".join(lines) + "\n"
 
 
-def main(argv=None):
-    parser = argparse.ArgumentParser(description=__doc__.split("\n", 1)[0])
-    parser.add_argument("--data_dir", type=Path, default=DATA)
-    parser.add_argument("--sets", default=",".join(SETS), help=f"comma-separated subset of {','.join(SETS)}")
-    parser.add_argument("--skip_graph", action="store_true", help="offline tokenizer only (no TensorFlow)")
-    parser.add_argument("--examples", type=int, default=5, help="differences listed per set")
-    parser.add_argument("--output", type=Path, default=ROOT / "bench" / "results" / "tokenizer_fidelity",
-                        help="writes OUTPUT.json and OUTPUT.md ('' to print only)")
-    args = parser.parse_args(argv)
+def define_flags():
+    flags.DEFINE_string("data_dir", str(DATA), "the shared data folder (GLUE, Story Cloze, books)")
+    flags.DEFINE_string("sets", ",".join(SETS), f"comma-separated subset of {','.join(SETS)}")
+    flags.DEFINE_bool("skip_graph", False, "offline tokenizer only (no TensorFlow)")
+    flags.DEFINE_integer("examples", 5, "differences listed per set")
+    flags.DEFINE_string("output", str(ROOT / "bench" / "results" / "tokenizer_fidelity"),
+                        "writes OUTPUT.json and OUTPUT.md ('' to print only)")
+
+
+def main(argv):
+    del argv  # everything is a flag
     os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
-    names = [n for n in args.sets.split(",") if n]
-    results = measure(args.data_dir, names, not args.skip_graph, args.examples)
+    names = [n for n in FLAGS.sets.split(",") if n]
+    results = measure(Path(FLAGS.data_dir), names, not FLAGS.skip_graph, FLAGS.examples)
     table = markdown(results)
     print(table)
-    if str(args.output):
-        args.output.parent.mkdir(parents=True, exist_ok=True)
-        args.output.with_suffix(".json").write_text(json.dumps(results, indent=1, ensure_ascii=False) + "\n",
-                                                    encoding="utf-8")
-        args.output.with_suffix(".md").write_text(table, encoding="utf-8")
+    if FLAGS.output:
+        output = Path(FLAGS.output)
+        output.parent.mkdir(parents=True, exist_ok=True)
+        output.with_suffix(".json").write_text(json.dumps(results, indent=1, ensure_ascii=False) + "\n",
+                                               encoding="utf-8")
+        output.with_suffix(".md").write_text(table, encoding="utf-8")
 
 
 if __name__ == "__main__":
-    main()
+    define_flags()
+    app.run(main)

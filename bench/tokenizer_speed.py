@@ -16,7 +16,6 @@ SST-2 training sentences joined to ~128 tokens, one and eight texts per call (me
 
 from __future__ import annotations
 
-import argparse
 import json
 import os
 import statistics
@@ -26,7 +25,10 @@ import tempfile
 import time
 from pathlib import Path
 
+from absl import app, flags
+
 ROOT = Path(__file__).resolve().parents[1]
+FLAGS = flags.FLAGS
 DATA = ROOT.parent / "shared" / "data"
 
 
@@ -94,18 +96,20 @@ def report_graph(runs: dict) -> None:
         print("ratio: " + ", ".join(f"{key} {mine[key] / base[key]:.2f}x" for key in mine))
 
 
-def main(argv=None):
-    parser = argparse.ArgumentParser(description=__doc__.split("\n", 1)[0])
-    parser.add_argument("--data_dir", type=Path, default=DATA)
-    parser.add_argument("--books", type=int, default=10, help="first N books of books/train")
-    parser.add_argument("--baseline_ref", default="main", help="git ref to compare with ('' for none)")
-    parser.add_argument("--rounds", type=int, default=3)
-    parser.add_argument("--graph_calls", type=int, default=0,
-                        help="instead: median in-graph tokenizer latency over N calls (batch 1 and 8)")
-    parser.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
-    args = parser.parse_args(argv)
+def define_flags():
+    flags.DEFINE_string("data_dir", str(DATA), "the shared data folder (books/train)")
+    flags.DEFINE_integer("books", 10, "first N books of books/train")
+    flags.DEFINE_string("baseline_ref", "main", "git ref to compare with ('' for none)")
+    flags.DEFINE_integer("rounds", 3, "rounds per checkout")
+    flags.DEFINE_integer("graph_calls", 0, "instead: median in-graph tokenizer latency over N calls (batch 1 and 8)")
+    flags.DEFINE_bool("child", False, "internal: measure in this process and print JSON")
+
+
+def main(argv):
+    del argv  # everything is a flag
+    args = FLAGS
     if args.child:
-        data_dir = args.data_dir.resolve()
+        data_dir = Path(args.data_dir).resolve()
         print(json.dumps(graph_child(data_dir, args.graph_calls) if args.graph_calls else child(data_dir, args.books)))
         return
     with tempfile.TemporaryDirectory() as tmp:
@@ -118,7 +122,7 @@ def main(argv=None):
         runs = {name: [] for name in sources}
         for _ in range(args.rounds):
             for name, source in sources.items():
-                runs[name].append(run_child(source, args.data_dir.resolve(), args.books, args.graph_calls))
+                runs[name].append(run_child(source, Path(args.data_dir).resolve(), args.books, args.graph_calls))
                 print(f"{name}: {runs[name][-1]}", file=sys.stderr)
     if args.graph_calls:
         report_graph(runs)
@@ -135,4 +139,5 @@ def main(argv=None):
 
 
 if __name__ == "__main__":
-    main()
+    define_flags()
+    app.run(main)

@@ -20,7 +20,6 @@ Writes the JSON report, a markdown snippet next to it (``.md``) and prints the t
 
 from __future__ import annotations
 
-import argparse
 import datetime
 import json
 import os
@@ -29,6 +28,8 @@ import sys
 import tempfile
 import time
 from pathlib import Path
+
+from absl import app, flags
 
 from bench.train_throughput_report import machine_info, markdown, row_name, summarise
 
@@ -42,6 +43,7 @@ PRESET_DEFAULTS = {
 }
 TAG = "@@bench "  # prefix of the protocol lines a worker prints on stdout
 ROOT = Path(__file__).resolve().parents[1]
+FLAGS = flags.FLAGS
 
 
 # ----------------------------------------------------------------------------- worker process
@@ -73,7 +75,7 @@ def worker_main(spec):
 class Worker:
     """One stack in a subprocess, driven line by line (stderr goes to a temp file, shown on failure).
 
-    The subprocess is ``python -m <module> --worker <spec as JSON>``; it answers on stdout with
+    The subprocess is ``python -m <module> --worker=<spec as JSON>``; it answers on stdout with
     lines ``<tag><KIND> <JSON payload>``. ``code_root``: a folder whose packages (e.g. an older
     ``gpt_tf``) come before this checkout's; the worker then runs from there.
     """
@@ -84,7 +86,7 @@ class Worker:
         env = {**os.environ, "TF_CPP_MIN_LOG_LEVEL": "2", "PYTHONUNBUFFERED": "1"}
         if code_root:
             env["PYTHONPATH"] = os.pathsep.join([str(code_root), str(ROOT)])
-        cmd = [sys.executable, "-m", module, "--worker", json.dumps(spec)]
+        cmd = [sys.executable, "-m", module, f"--worker={json.dumps(spec)}"]
         self.proc = subprocess.Popen(
             cmd, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=self.stderr, text=True, env=env,
             cwd=code_root or ROOT,
@@ -201,53 +203,34 @@ def measure_peaks(sizes, threads, quiet_share, log):
     return best, per_lib
 
 
-def parse_args(argv):
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--presets", default="gpt1,small", help="comma-separated model presets")
-    parser.add_argument("--precisions", default="float32,bfloat16", help="float32 and/or bfloat16")
-    parser.add_argument("--stacks", default=",".join(STACKS), help="comma-separated subset of " + ",".join(STACKS))
-    parser.add_argument("--batch", type=int, help="batch size (default: per preset)")
-    parser.add_argument("--seq", type=int, help="sequence length (default: per preset)")
-    parser.add_argument("--warmup", type=int, help="untimed steps (default: per preset)")
-    parser.add_argument("--steps", type=int, help="timed steps (default: per preset)")
-    parser.add_argument("--schedule", choices=("interleaved", "sequential"), default="interleaved")
-    parser.add_argument(
-        "--quiet_share",
-        type=float,
-        default=0.1,
-        help="a step counts as quiet if other processes used at most this share of the CPUs",
-    )
-    parser.add_argument(
-        "--max_rounds",
-        type=int,
-        help="timed rounds at most, stepping on while some stack has "
-        "fewer than --steps quiet steps (default: --steps, i.e. no waiting for quiet)",
-    )
-    parser.add_argument(
-        "--wait_quiet",
-        type=float,
-        default=0.0,
-        help="before each timed step, wait up to this many seconds for other processes to go quiet",
-    )
-    parser.add_argument(
-        "--torch_adamw",
-        choices=("fused", "foreach", "default"),
-        default="fused",
-        help="torch.optim.AdamW implementation (fused: the fastest on CPU)",
-    )
-    parser.add_argument("--threads", type=int, default=os.cpu_count(), help="torch intra-op threads")
-    parser.add_argument("--peak_sizes", default="512,1024,2048,4096", help="square matmul sizes for the peak FLOP/s")
-    parser.add_argument("--out", default="bench/results/train_throughput.json")
-    parser.add_argument("--worker", help=argparse.SUPPRESS)
-    args = parser.parse_args(argv)
+def define_flags():
+    flags.DEFINE_string("presets", "gpt1,small", "comma-separated model presets")
+    flags.DEFINE_string("precisions", "float32,bfloat16", "float32 and/or bfloat16")
+    flags.DEFINE_string("stacks", ",".join(STACKS), "comma-separated subset of " + ",".join(STACKS))
+    flags.DEFINE_integer("batch", None, "batch size (default: per preset)")
+    flags.DEFINE_integer("seq", None, "sequence length (default: per preset)")
+    flags.DEFINE_integer("warmup", None, "untimed steps (default: per preset)")
+    flags.DEFINE_integer("steps", None, "timed steps (default: per preset)")
+    flags.DEFINE_enum("schedule", "interleaved", ["interleaved", "sequential"], "how the stacks' workers take turns")
+    flags.DEFINE_float("quiet_share", 0.1, "a step counts as quiet if other processes used at most this share of the CPUs")
+    flags.DEFINE_integer("max_rounds", None, "timed rounds at most, stepping on while some stack has fewer than --steps "
+                         "quiet steps (default: --steps, i.e. no waiting for quiet)")
+    flags.DEFINE_float("wait_quiet", 0.0, "before each timed step, wait up to this many seconds for other processes to go quiet")
+    flags.DEFINE_enum("torch_adamw", "fused", ["fused", "foreach", "default"],
+                      "torch.optim.AdamW implementation (fused: the fastest on CPU)")
+    flags.DEFINE_integer("threads", os.cpu_count(), "torch intra-op threads")
+    flags.DEFINE_string("peak_sizes", "512,1024,2048,4096", "square matmul sizes for the peak FLOP/s")
+    flags.DEFINE_string("out", "bench/results/train_throughput.json", "the JSON report (the .md snippet goes beside it)")
+    flags.DEFINE_string("worker", None, "internal: run as a worker with this JSON spec")
+
+
+def check_flags(args) -> None:
     for name in args.presets.split(","):
         if name not in PRESET_DEFAULTS:
-            parser.error(f"--presets: unknown preset {name!r}; choose from {sorted(PRESET_DEFAULTS)}")
+            raise app.UsageError(f"--presets: unknown preset {name!r}; choose from {sorted(PRESET_DEFAULTS)}")
     for name in args.stacks.split(","):
         if name and name not in STACKS:
-            parser.error(f"--stacks: unknown stack {name!r}; choose from {STACKS}")
-    return args
-
+            raise app.UsageError(f"--stacks: unknown stack {name!r}; choose from {STACKS}")
 
 
 def save_report(report: dict, text: str, out: Path, log) -> None:
@@ -260,13 +243,14 @@ def save_report(report: dict, text: str, out: Path, log) -> None:
     log(f"wrote {out} and {out.with_suffix('.md')}")
 
 
-def main(argv=None):
-    args = parse_args(argv)
+def main(argv):
+    del argv  # everything is a flag
+    args = FLAGS
     if args.worker:
         return worker_main(json.loads(args.worker))
-    argv = sys.argv[1:] if argv is None else argv
+    check_flags(args)
     report = {
-        "command": " ".join(["python -m bench.train_throughput", *argv]),
+        "command": " ".join(["python -m bench.train_throughput", *sys.argv[1:]]),
         "date": datetime.datetime.now().astimezone().isoformat(timespec="seconds"),
         "machine": machine_info(),
         "schedule": args.schedule,
@@ -311,4 +295,5 @@ def main(argv=None):
 
 
 if __name__ == "__main__":
-    main()
+    define_flags()
+    app.run(main)

@@ -16,7 +16,6 @@ the real (unpadded) model-input tokens. The sums of log-probabilities of the two
 
 from __future__ import annotations
 
-import argparse
 import datetime
 import json
 import os
@@ -25,11 +24,13 @@ import time
 from pathlib import Path
 
 import numpy as np
+from absl import app, flags
 
 from bench.train_throughput_report import machine_info, median
 from bench.train_throughput_stacks import busy_seconds, cpu_seconds
 
 ROOT = Path(__file__).resolve().parents[1]
+FLAGS = flags.FLAGS
 TASKS = {"sst2": "glue/SST-2", "cola": "glue/CoLA", "story_cloze": "story_cloze"}
 
 
@@ -50,15 +51,18 @@ def before_scorer(lm, bos_id, batch_size):
     return scorer
 
 
-def main(argv=None):
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--rounds", type=int, default=4, help="counted rounds per scorer (after one warm-up)")
-    parser.add_argument("--batch_size", type=int, default=32)
-    parser.add_argument("--books", type=int, default=20, help="books the 8k BPE is trained on (as bench.finetune_speed)")
-    parser.add_argument("--data_root", default="data/bench_finetune_speed")
-    parser.add_argument("--shared_data", default=str(ROOT.parent / "shared" / "data"))
-    parser.add_argument("--out", default="bench/results/zero_shot_speed.json")
-    args = parser.parse_args(argv)
+def define_flags():
+    flags.DEFINE_integer("rounds", 4, "counted rounds per scorer (after one warm-up)")
+    flags.DEFINE_integer("batch_size", 32, "sequences per scoring batch")
+    flags.DEFINE_integer("books", 20, "books the 8k BPE is trained on (as bench.finetune_speed)")
+    flags.DEFINE_string("data_root", "data/bench_finetune_speed", "BPE cache (shared with bench.finetune_speed)")
+    flags.DEFINE_string("shared_data", str(ROOT.parent / "shared" / "data"), "the shared data folder (books, GLUE)")
+    flags.DEFINE_string("out", "bench/results/zero_shot_speed.json", "the JSON report (the .md goes beside it)")
+
+
+def main(argv):
+    del argv  # everything is a flag
+    args = FLAGS
 
     from bench.finetune_speed_stacks import train_bpe
     from gpt_tf.config import get_preset
@@ -89,7 +93,7 @@ def main(argv=None):
                 log[name].append({"s": wall, "others_cpu_share": others})
     rows = {name: {"tokens_per_s": round(tokens / median([m["s"] for m in ms])),
                    "others_cpu_share": round(median([m["others_cpu_share"] for m in ms]), 3)} for name, ms in log.items()}
-    report = {"command": " ".join(["python -m bench.zero_shot_speed", *(sys.argv[1:] if argv is None else argv)]),
+    report = {"command": " ".join(["python -m bench.zero_shot_speed", *sys.argv[1:]]),
               "date": datetime.datetime.now().astimezone().isoformat(timespec="seconds"), "machine": machine_info(),
               "requests": len(reqs), "model_input_tokens": tokens, "batch_size": args.batch_size, "rows": rows,
               "speed_up": round(rows["after"]["tokens_per_s"] / rows["before"]["tokens_per_s"], 2),
@@ -108,4 +112,5 @@ def main(argv=None):
 
 
 if __name__ == "__main__":
-    main()
+    define_flags()
+    app.run(main)
