@@ -19,10 +19,13 @@ from pathlib import Path
 from absl import app, flags
 
 FLAGS = flags.FLAGS
-flags.DEFINE_string("csv", None, "The CSV `python -m gpt_tf.zero_shot` appended to.")
-flags.DEFINE_string("out", None, "Output path without suffix: <out>.md and <out>.png.")
-flags.DEFINE_string("ledger", "bench/results/reproduction.jsonl", "Fine-tuned scores for the references.")
-flags.DEFINE_string("model_name", "transformer", "Row label of the run in the table and the figure.")
+
+
+def define_flags():
+    flags.DEFINE_string("csv", None, "The CSV `python -m gpt_tf.zero_shot` appended to.")
+    flags.DEFINE_string("out", None, "Output path without suffix: <out>.md and <out>.png.")
+    flags.DEFINE_string("ledger", "bench/results/reproduction.jsonl", "Fine-tuned scores for the references.")
+    flags.DEFINE_string("model_name", "transformer", "Row label of the run in the table and the figure.")
 
 
 def references(ledger: Path, tasks) -> dict:
@@ -68,5 +71,6 @@ def main(argv):
 
 
 if __name__ == "__main__":
+    define_flags()
     flags.mark_flags_as_required(["csv", "out"])
     app.run(main)
