@@ -225,120 +225,142 @@ def _check_configuration(runs_root: Path, config: dict) -> None:
         path.write_text(json.dumps(config, indent=2, sort_keys=True))
 
 
-def main(argv):
-    from bench.study_report import write_report
+class Study:
+    """One invocation: the plan, the ledger (shared by the parts started together) and the runs not yet in it."""
 
-    del argv  # everything is a flag
-    args = FLAGS
-    part, parts = parse_part(args.part)
-    started = time.time()
-    model_config, train_config = _json(Path(args.pretrained) / "model_config.json"), _json(Path(args.pretrained) / "train_config.json")
-    preset = preset_of(args.pretrained)
-    plan = resolve_plan(args, model_config["n_layer"], train_config["train_steps"])
-    plan["n_layer"] = model_config["n_layer"]
-    tokenizer_dir = _json(Path(train_config["data_dir"]) / "manifest.json")["tokenizer"]["dir"]
-    runs_root, ledger = Path(args.runs_root), Path(args.runs_root) / "study.jsonl"
-    config = {"pretrained": args.pretrained, "preset": preset, "tasks_dir": args.tasks_dir, "data_root": args.data_root,
-              "lstm_run": args.lstm_run, "precision": args.precision, "race_dir": args.race_dir,
-              "dprd_dir": args.dprd_dir, **plan}
-    _check_configuration(runs_root, config)
-    done = load_ledger(ledger)
-    reuse = load_ledger(Path(args.reuse_ledger)) if args.reuse_ledger else []
-    key = lambda r: (r["kind"], r.get("task"), r.get("arm"), r.get("seed"), r.get("model"))
-    have = {key(r) for r in done}
-    spec_key = lambda spec: key({"kind": "finetune", **spec})  # a fine-tuning run's key in the ledger
-    command = shlex.join(["python", "-m", "bench.study",  # the runs' command: --report_only runs none
-                          *(a for a in sys.argv[1:] if a != "--report_only")])
-    tasks_dir = task_data(plan, args, tokenizer_dir, ledger, build=part == 0 and not args.report_only)
-    done = load_ledger(ledger)  # with the task-data builds
-    report = lambda: write_report(done, config, Path(args.out_dir), command,
-                                  None if args.report_only else time.time() - started, tasks_dir)
-    if args.report_only:
-        report()
-        print(f"rewrote {Path(args.out_dir) / 'results.md'} from {ledger} ({len(done)} records)")
-        return
+    def __init__(self, args):
+        self.args, self.started = args, time.time()
+        self.part, self.parts = parse_part(args.part)
+        pre = Path(args.pretrained)
+        model_config, self.train_config = _json(pre / "model_config.json"), _json(pre / "train_config.json")
+        self.preset = preset_of(args.pretrained)
+        self.plan = resolve_plan(args, model_config["n_layer"], self.train_config["train_steps"])
+        self.plan["n_layer"] = model_config["n_layer"]
+        self.runs_root, self.ledger = Path(args.runs_root), Path(args.runs_root) / "study.jsonl"
+        self.config = {"pretrained": args.pretrained, "preset": self.preset, "tasks_dir": args.tasks_dir,
+                       "data_root": args.data_root, "lstm_run": args.lstm_run, "precision": args.precision,
+                       "race_dir": args.race_dir, "dprd_dir": args.dprd_dir, **self.plan}
+        _check_configuration(self.runs_root, self.config)
+        self.reuse = load_ledger(Path(args.reuse_ledger)) if args.reuse_ledger else []
+        self.have = {self.key(r) for r in load_ledger(self.ledger)}
+        self.command = shlex.join(["python", "-m", "bench.study",  # the runs' command: --report_only runs none
+                                   *(a for a in sys.argv[1:] if a != "--report_only")])
+        tokenizer_dir = _json(Path(self.train_config["data_dir"]) / "manifest.json")["tokenizer"]["dir"]
+        self.tasks_dir = task_data(self.plan, args, tokenizer_dir, self.ledger,
+                                   build=self.part == 0 and not args.report_only)
+        self.done = load_ledger(self.ledger)  # with the task-data builds
+        self.lstm_run, self.lstm_cmd, self.lstm_job = args.lstm_run, None, None
+        self.lstm_done = self.part != 0  # part 0 alone does the LSTM
+        self.specs = []
 
-    def record(entry):
-        append_ledger(ledger, entry)
-        done[:] = load_ledger(ledger)  # with what other parts recorded meanwhile
-        report()
+    @staticmethod
+    def key(r: dict) -> tuple:
+        return r["kind"], r.get("task"), r.get("arm"), r.get("seed"), r.get("model")
 
-    def zero_shot(model, run_dir):
-        if ("zero_shot", None, None, None, model) in have:
+    def spec_key(self, spec: dict) -> tuple:  # a fine-tuning run's key in the ledger
+        return self.key({"kind": "finetune", **spec})
+
+    def report(self) -> None:
+        from bench.study_report import write_report
+
+        write_report(self.done, self.config, Path(self.args.out_dir), self.command,
+                     None if self.args.report_only else time.time() - self.started, self.tasks_dir)
+
+    def record(self, entry: dict) -> None:
+        append_ledger(self.ledger, entry)
+        self.done[:] = load_ledger(self.ledger)  # with what other parts recorded meanwhile
+        self.report()
+
+    def zero_shot(self, model: str, run_dir: str) -> None:
+        if ("zero_shot", None, None, None, model) in self.have:
             return
-        out = runs_root / f"zero_shot_{model}.csv"
+        out = self.runs_root / f"zero_shot_{model}.csv"
         partial = out.with_suffix(".partial.csv")
         partial.unlink(missing_ok=True)
-        cmd = zero_shot_cmd(run_dir, plan, args, partial)
+        cmd = zero_shot_cmd(run_dir, self.plan, self.args, partial)
         print(f"zero-shot over the kept checkpoints of {run_dir} ...", flush=True)
         _, seconds = run_command(cmd)
         os.replace(partial, out)
-        record({"kind": "zero_shot", "model": model, "run_dir": run_dir, "csv": str(out), "cmd": shown_command(cmd),
-                "seconds": round(seconds, 1)})
+        self.record({"kind": "zero_shot", "model": model, "run_dir": run_dir, "csv": str(out),
+                     "cmd": shown_command(cmd), "seconds": round(seconds, 1)})
 
-    lstm_run, lstm_job, lstm_done = args.lstm_run, None, part != 0  # part 0 alone does the LSTM
-
-    def lstm_arm():
-        """The LSTM's zero-shot and fine-tuning runs, once its pre-training (if running here) has ended."""
-        nonlocal lstm_job, lstm_done
-        lstm_done = True
-        if lstm_job is not None:
-            stdout, seconds = lstm_job.wait()
-            lstm_job = None
-            record({"kind": "pretrain", "model": "lstm", "run_dir": lstm_run, "cmd": shown_command(lstm_cmd),
-                    "result": json.loads(stdout.strip().splitlines()[-1]), "seconds": round(seconds, 1)})
-        zero_shot("lstm", lstm_run)
-        finetune([s for s in specs if s["arm"] == "lstm"], len(specs))
-
-    def finetune(specs_, total):
-        for spec in specs_:
-            if not lstm_done and (lstm_job is None or lstm_job.finished()):
-                lstm_arm()  # as soon as it can: the LSTM's runs must not be the ones cut short by time
-            if spec_key(spec) in have:
-                continue
-            reused = reused_run(spec, plan, reuse)
-            if reused is not None:
-                print(f"[{spec['index']}/{total}] {spec['task']} {spec['arm']} seed {spec['seed']}: from "
-                      f"{args.reuse_ledger} ({reused['run_dir']})", flush=True)
-                record({"kind": "finetune", "task": spec["task"], "arm": spec["arm"], "seed": spec["seed"],
-                        **{k: reused[k] for k in ("run_dir", "cmd", "metrics", "seconds", "finished")},
-                        "reused_from": args.reuse_ledger})
-                have.add(spec_key(spec))
-                continue
-            print(f"[{spec['index']}/{total}] {spec['task']} {spec['arm']} seed {spec['seed']} ...", flush=True)
-            result = run_one({k: v for k, v in spec.items() if k != "index"})
-            print(f"    {result['seconds']:.0f} s, dev {json.dumps(result['metrics']['dev'])}", flush=True)
-            record({"kind": "finetune", **result})
-            have.add(spec_key(spec))
-
-    # The LSTM's pre-training is mostly sequential (one small matmul per time step), so it runs in the
-    # background beside the transformer's zero-shot and fine-tuning runs; the LSTM's own runs follow it.
-    if not lstm_run:
-        lstm_run, lstm_cmd = lstm_pretrain_cmd(args, train_config, preset, plan["lstm_steps"])
-        if ("pretrain", None, None, None, "lstm") not in have and part == 0:
-            log = runs_root / f"lstm_{preset}.log"
-            print(f"pre-training the LSTM baseline in the background (log: {log}): {shown_command(lstm_cmd)}",
+    def start_lstm(self) -> None:
+        """The LSTM's pre-training is mostly sequential (one small matmul per time step), so it runs in the
+        background beside the transformer's zero-shot and fine-tuning runs; the LSTM's own runs follow it."""
+        if self.lstm_run:
+            return
+        self.lstm_run, self.lstm_cmd = lstm_pretrain_cmd(self.args, self.train_config, self.preset, self.plan["lstm_steps"])
+        if ("pretrain", None, None, None, "lstm") not in self.have and self.part == 0:
+            log = self.runs_root / f"lstm_{self.preset}.log"
+            print(f"pre-training the LSTM baseline in the background (log: {log}): {shown_command(self.lstm_cmd)}",
                   flush=True)
-            lstm_job = BackgroundCommand(lstm_cmd, log)
-    specs = [{**spec, "index": i} for i, spec in enumerate(finetune_specs(plan, args, tasks_dir, preset, lstm_run), 1)]
-    # The runs not yet recorded, split: parts started together (same ledger) take disjoint shares.
-    transformer_specs = part_of([s for s in specs if s["arm"] != "lstm" and spec_key(s) not in have], part, parts)
-    try:
-        if part == 0:
-            zero_shot("transformer", args.pretrained)
-        finetune(transformer_specs, len(specs))
-        if not lstm_done:
-            print("the LSTM baseline's zero-shot and fine-tuning ...", flush=True)
-            lstm_arm()
-    except BaseException:
-        if lstm_job is not None:
-            lstm_job.stop()  # SIGTERM: the trainer saves its step; a re-run of the study resumes it
-        raise
-    done[:] = load_ledger(ledger)
-    report()
-    total = sum(r.get("seconds", 0) for r in done)
-    print(f"done {datetime.datetime.now().isoformat(timespec='seconds')}: this invocation {time.time() - started:.0f} s, "
-          f"all recorded runs {total:.0f} s; see {Path(args.out_dir) / 'results.md'}", flush=True)
+            self.lstm_job = BackgroundCommand(self.lstm_cmd, log)
+
+    def lstm_arm(self) -> None:
+        """The LSTM's zero-shot and fine-tuning runs, once its pre-training (if running here) has ended."""
+        self.lstm_done = True
+        if self.lstm_job is not None:
+            stdout, seconds = self.lstm_job.wait()
+            self.lstm_job = None
+            self.record({"kind": "pretrain", "model": "lstm", "run_dir": self.lstm_run,
+                         "cmd": shown_command(self.lstm_cmd), "result": json.loads(stdout.strip().splitlines()[-1]),
+                         "seconds": round(seconds, 1)})
+        self.zero_shot("lstm", self.lstm_run)
+        self.finetune([s for s in self.specs if s["arm"] == "lstm"])
+
+    def finetune(self, specs: list[dict]) -> None:
+        for spec in specs:
+            if not self.lstm_done and (self.lstm_job is None or self.lstm_job.finished()):
+                self.lstm_arm()  # as soon as it can: the LSTM's runs must not be the ones cut short by time
+            if self.spec_key(spec) in self.have:
+                continue
+            where = f"[{spec['index']}/{len(self.specs)}] {spec['task']} {spec['arm']} seed {spec['seed']}"
+            reused = reused_run(spec, self.plan, self.reuse)
+            if reused is not None:
+                print(f"{where}: from {self.args.reuse_ledger} ({reused['run_dir']})", flush=True)
+                self.record({"kind": "finetune", "task": spec["task"], "arm": spec["arm"], "seed": spec["seed"],
+                             **{k: reused[k] for k in ("run_dir", "cmd", "metrics", "seconds", "finished")},
+                             "reused_from": self.args.reuse_ledger})
+            else:
+                print(f"{where} ...", flush=True)
+                result = run_one({k: v for k, v in spec.items() if k != "index"})
+                print(f"    {result['seconds']:.0f} s, dev {json.dumps(result['metrics']['dev'])}", flush=True)
+                self.record({"kind": "finetune", **result})
+            self.have.add(self.spec_key(spec))
+
+    def run(self) -> None:
+        self.start_lstm()
+        specs = finetune_specs(self.plan, self.args, self.tasks_dir, self.preset, self.lstm_run)
+        self.specs = [{**spec, "index": i} for i, spec in enumerate(specs, 1)]
+        # The runs not yet recorded, split: parts started together (same ledger) take disjoint shares.
+        todo = [s for s in self.specs if s["arm"] != "lstm" and self.spec_key(s) not in self.have]
+        try:
+            if self.part == 0:
+                self.zero_shot("transformer", self.args.pretrained)
+            self.finetune(part_of(todo, self.part, self.parts))
+            if not self.lstm_done:
+                print("the LSTM baseline's zero-shot and fine-tuning ...", flush=True)
+                self.lstm_arm()
+        except BaseException:
+            if self.lstm_job is not None:
+                self.lstm_job.stop()  # SIGTERM: the trainer saves its step; a re-run of the study resumes it
+            raise
+        self.done[:] = load_ledger(self.ledger)
+        self.report()
+
+
+def main(argv):
+    del argv  # everything is a flag
+    study = Study(FLAGS)
+    if FLAGS.report_only:
+        study.report()
+        print(f"rewrote {Path(FLAGS.out_dir) / 'results.md'} from {study.ledger} ({len(study.done)} records)")
+        return
+    study.run()
+    total = sum(r.get("seconds", 0) for r in study.done)
+    print(f"done {datetime.datetime.now().isoformat(timespec='seconds')}: this invocation "
+          f"{time.time() - study.started:.0f} s, all recorded runs {total:.0f} s; see {Path(FLAGS.out_dir) / 'results.md'}",
+          flush=True)
 
 
 if __name__ == "__main__":

@@ -249,7 +249,7 @@ def write_report(records, config, out_dir: Path, command: str, seconds: float, t
               "pretrained_model_config": model_config}, indent=1, sort_keys=True), "```", "",
               "## Runs (from the repository root)", ""]
     lines += [f"- `{r['cmd']}` — {r['seconds']:.0f} s" + (f", dev {json.dumps(r['metrics']['dev'])}" if r["kind"] == "finetune" else "")
-              for r in records]
+              + (f" (run for and taken from `{r['reused_from']}`)" if r.get("reused_from") else "") for r in records]
     (out_dir / "results.md").write_text("\n".join(lines) + "\n")
     ablation_figure(scores, config["tasks"], ARM_LABELS, out_dir / "ablations.png")
     layer_figure(scores, config["transfer_tasks"], config["layers"], config["n_layer"], out_dir / "layer_transfer.png")
