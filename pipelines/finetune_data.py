@@ -54,21 +54,16 @@ from gpt_tf import word_split
 from gpt_tf.console import import_tensorflow, progress
 from gpt_tf.tasks import TaskSpec, csv_task, get_task
 from pipelines.common import command_line, commit_dir, encode_texts, remove_stale_temps, run_cli, tokenizer_files
-from pipelines.pretrain_data import COMPRESSION, MANIFEST, load_manifest, sha256_file
+from pipelines.records import COMPRESSION, MISSING_LABEL, TASK_FEATURES, find_manifest, record_file, sha256_file, \
+    tokenizer_entry, write_manifest
 from pipelines.task_splits import plan_outputs
 from pipelines.task_readers import CsvOptions, Example, available_splits, infer_csv_labels, \
     missing_split_reason, read_examples, split_files
 
 FORMAT_VERSION = 1
-MISSING_LABEL = -1.0
 REFERENCE_N_CTX = 512  # the paper's context; the manifest counts views longer than this
 _ENCODE_CHUNK = 2048
 _log = logging.getLogger(__name__)
-
-
-def record_file(split: str) -> str:
-    """File name of a split's records."""
-    return f"{split}.tfrecord.gz"
 
 
 def _fingerprint(task: TaskSpec, data_dir, splits: Sequence[str]) -> list:
@@ -205,7 +200,7 @@ def _existing(out: Path, chash: str, overwrite: bool) -> Optional[dict]:
         raise ValueError(f"--output_dir {out} exists and is not a folder")
     if not out.exists() or not any(out.iterdir()):
         return None
-    manifest = load_manifest(out)
+    manifest = find_manifest(out)
     if manifest and manifest.get("config_hash") == chash and all(
             (out / s["file"]).is_file() and (out / s["file"]).stat().st_size == s["bytes"]
             for s in manifest["splits"].values()):
@@ -263,9 +258,7 @@ def build_task_data(task: Union[str, TaskSpec], data_dir, tokenizer_dir, output_
         split_rows = {name: _write_split(task, name, recs, tmp, show_progress) for name, recs in records.items()}
         manifest = _manifest(task, chash, command, options, tokenizer, tokenizer_dir, data_dir,
                              split_rows, skipped, holdout, subsample)
-        with open(tmp / MANIFEST, "w", encoding="utf-8") as f:
-            json.dump(manifest, f, indent=1, ensure_ascii=False)
-            f.write("\n")
+        write_manifest(tmp, manifest)
         commit_dir(tmp, out)
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
@@ -301,16 +294,11 @@ def _write_split(task: TaskSpec, name: str, records: list, folder: Path, show_pr
 
 def _manifest(task, chash, command, options, tokenizer, tokenizer_dir, data_dir, splits, skipped, holdout, subsample):
     """The manifest.json content."""
-    files = [Path(tokenizer.encoder_path), Path(tokenizer.merges_path)]
     return {
         "format_version": FORMAT_VERSION, "config_hash": chash, "command": command,
         "task": task.name, "task_spec": task.to_dict(), "data_dir": str(data_dir), "options": options,
-        "record": {"compression": COMPRESSION, "missing_label": MISSING_LABEL,
-                   "features": {"guid": "bytes", "tokens_a": "int64 list", "tokens_b": "int64 list",
-                                "choice_tokens": "int64 list", "choice_lengths": "int64 list",
-                                "label": "float (absent when unlabelled)"}},
-        "tokenizer": {"dir": str(tokenizer_dir), "vocab_size": tokenizer.vocab_size,
-                      "files": [{"name": p.name, "path": str(p), "sha256": sha256_file(p)} for p in files]},
+        "record": {"compression": COMPRESSION, "missing_label": MISSING_LABEL, "features": dict(TASK_FEATURES)},
+        "tokenizer": tokenizer_entry(tokenizer, tokenizer_dir),
         "counts": {name: s["examples"] for name, s in splits.items()},
         "holdout": holdout,
         "train_subsample": subsample,

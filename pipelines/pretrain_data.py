@@ -46,14 +46,14 @@ import numpy as np
 
 from gpt_tf import word_split
 from gpt_tf.console import import_tensorflow, progress
-from pipelines.common import (MANIFEST, command_line, commit_dir, encode_pieces, hash_unit, remove_stale_temps,
-                              run_cli, sha256_file, tokenizer_files)
 from pipelines.books import Book, Skipped, find_book_files, iter_books
+from pipelines.common import command_line, commit_dir, encode_pieces, hash_unit, remove_stale_temps, run_cli, \
+    tokenizer_files
+from pipelines.records import COMPRESSION, PRETRAIN_FEATURE, find_manifest, sha256_file, shard_file, \
+    tokenizer_entry, write_manifest
 
 FORMAT_VERSION = 1
-FEATURE = "input_ids"
 SEPARATOR_TOKEN = "\n</w>"
-COMPRESSION = "GZIP"
 DEFAULT_VALID_FRACTION = 0.05
 _BLOCK_CHARS = 8192  # books are cut at newlines into blocks of about this size for encode_batch
 _log = logging.getLogger(__name__)
@@ -270,27 +270,18 @@ def write_split(stream: np.ndarray, cfg: PretrainConfig, name: str, out_dir: Pat
     shards = []
     with progress(total=n_seq, desc=f"write {name}", unit="seq", disable=not cfg.show_progress) as bar:
         for k in range(n_shards):
-            path = out_dir / f"{name}-{k:05d}-of-{n_shards:05d}.tfrecord.gz"
+            path = out_dir / shard_file(name, k, n_shards)
             first, last = k * cfg.shard_size, min(n_seq, (k + 1) * cfg.shard_size)
             with tf.io.TFRecordWriter(str(path), options) as writer:
                 for i in range(first, last):
                     window = stream[i * n_ctx: i * n_ctx + n_ctx + 1].tolist()
                     feature = tf.train.Feature(int64_list=tf.train.Int64List(value=window))
-                    example = tf.train.Example(features=tf.train.Features(feature={FEATURE: feature}))
+                    example = tf.train.Example(features=tf.train.Features(feature={PRETRAIN_FEATURE: feature}))
                     writer.write(example.SerializeToString())
             bar.update(last - first)
             shards.append({"file": path.name, "sequences": last - first, "first_sequence": first,
                            "bytes": path.stat().st_size, "sha256": sha256_file(path)})
     return shards
-
-
-def load_manifest(output_dir) -> Optional[dict]:
-    """The manifest of an output folder, or None if it has none."""
-    path = Path(output_dir) / MANIFEST
-    if not path.is_file():
-        return None
-    with open(path, encoding="utf-8") as f:
-        return json.load(f)
 
 
 def _is_up_to_date(cfg: PretrainConfig, chash: str) -> Optional[dict]:
@@ -301,7 +292,7 @@ def _is_up_to_date(cfg: PretrainConfig, chash: str) -> Optional[dict]:
         raise PretrainDataError(f"--output_dir {out} exists and is not a folder")
     if not out.exists() or not any(out.iterdir()):
         return None
-    manifest = load_manifest(out)
+    manifest = find_manifest(out)
     if manifest and manifest.get("config_hash") == chash and _outputs_intact(manifest, out, cfg):
         return manifest
     if not cfg.overwrite:
@@ -374,9 +365,7 @@ def build_pretraining_data(cfg: PretrainConfig) -> dict:
             shards = write_split(stream, cfg, name, tmp)
             splits[name] = _split_manifest(source, rows, stream, shards, skip, cfg)
         manifest = _manifest(cfg, chash, tokenizer, trained, sep, splits)
-        with open(tmp / MANIFEST, "w", encoding="utf-8") as f:
-            json.dump(manifest, f, indent=1, ensure_ascii=False)
-            f.write("\n")
+        write_manifest(tmp, manifest)
         commit_dir(tmp, out)
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
@@ -385,16 +374,14 @@ def build_pretraining_data(cfg: PretrainConfig) -> dict:
 
 def _manifest(cfg: PretrainConfig, chash: str, tokenizer, trained: bool, sep: int, splits: dict) -> dict:
     """The whole manifest.json content."""
-    files = [Path(tokenizer.encoder_path), Path(tokenizer.merges_path)]
     config = {k: v for k, v in dataclasses.asdict(cfg).items() if k not in ("show_progress", "command")}
     return {
         "format_version": FORMAT_VERSION, "config_hash": chash, "command": cfg.command, "config": config,
         "n_ctx": cfg.n_ctx, "sequence_length": cfg.n_ctx + 1, "stride": cfg.n_ctx,
-        "record": {"feature": FEATURE, "dtype": "int64", "shape": [cfg.n_ctx + 1],
+        "record": {"feature": PRETRAIN_FEATURE, "dtype": "int64", "shape": [cfg.n_ctx + 1],
                    "compression": COMPRESSION},
         "separator": {"token": SEPARATOR_TOKEN, "id": sep},
-        "tokenizer": {"dir": str(cfg.tokenizer_dir), "vocab_size": tokenizer.vocab_size, "trained": trained,
-                      "files": [{"name": p.name, "path": str(p), "sha256": sha256_file(p)} for p in files]},
+        "tokenizer": tokenizer_entry(tokenizer, cfg.tokenizer_dir, trained=trained),
         "totals": {key: sum(s[field] if field != "skipped" else len(s[field]) for s in splits.values())
                    for key, field in (("books", "num_books"), ("book_tokens", "book_tokens"),
                                       ("stream_tokens", "stream_tokens"), ("sequences", "sequences"),
