@@ -57,8 +57,9 @@ from pipelines.common import command_line, commit_dir, encode_texts, remove_stal
 from pipelines.records import COMPRESSION, MISSING_LABEL, TASK_FEATURES, find_manifest, record_file, sha256_file, \
     tokenizer_entry, write_manifest
 from pipelines.task_splits import plan_outputs
-from pipelines.task_readers import CsvOptions, Example, available_splits, infer_csv_labels, \
-    missing_split_reason, read_examples, split_files
+from pipelines.task_readers import CsvOptions, available_splits, infer_csv_labels, missing_split_reason, \
+    read_examples, split_files
+from pipelines.task_rows import Example
 
 FORMAT_VERSION = 1
 REFERENCE_N_CTX = 512  # the paper's context; the manifest counts views longer than this
