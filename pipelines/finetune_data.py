@@ -136,18 +136,11 @@ def write_records(records: Sequence[dict], path: Path, show_progress: bool = Fal
             writer.write(serialize(rec))
 
 
-def view_lengths(task: TaskSpec, rec: dict) -> list[int]:
-    """Untruncated token count of each model view of a record (special tokens included)."""
-    a, b = len(rec["tokens_a"]), len(rec["tokens_b"])
-    if task.input_type == "multiple_choice":
-        return [a + b + c + 3 for c in rec["choice_lengths"]]
-    return [a + 2] if task.input_type == "single" else [a + b + 3]
-
-
 def split_stats(task: TaskSpec, records: Sequence[dict]) -> dict:
     """Counts, label distribution and length statistics of one split."""
     labels = [r["label"] for r in records if r["label"] is not None]
-    lengths = np.asarray([n for r in records for n in view_lengths(task, r)] or [0])
+    lengths = [task.view_lengths(len(r["tokens_a"]), len(r["tokens_b"]), r["choice_lengths"]) for r in records]
+    lengths = np.asarray([n for views in lengths for n in views] or [0])
     stats = {"examples": len(records), "labeled": len(labels),
              "max_view_tokens": int(lengths.max()), "mean_view_tokens": round(float(lengths.mean()), 2),
              f"views_over_{REFERENCE_N_CTX}": int((lengths > REFERENCE_N_CTX).sum())}
