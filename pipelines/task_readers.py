@@ -20,9 +20,9 @@ Formats (`path_or_dir` is the dataset's folder, or one file to read for any spli
              RandomFifthSentenceQuiz1/2, AnswerRightEnding -> text_a = the 4 sentences, 2 choices, label 0/1.
   csv        generic: `{split}.csv` / `{split}.tsv` with columns named by `CsvOptions`.
 
-Conventions (rows are read by `pipelines.task_rows`). Labels are class indices into `task.label_names`
-(a float score for STS-B / regression csv). A gold label '-' (SNLI/MNLI: no annotator consensus) is always skipped, as the official
-evaluation does, and counted in `skipped`. A malformed row (wrong column count, unknown label, empty
+Conventions (rows are read by `pipelines.task_rows`). Labels are class indices into
+`task.label_names` (a float score for STS-B / regression csv). A gold label '-' (SNLI/MNLI: no
+annotator consensus) is always skipped, as the official evaluation does, and counted in `skipped`. A malformed row (wrong column count, unknown label, empty
 text, non-numeric or out-of-range score, bad JSON, bytes that are not UTF-8) raises `ValueError("{file}:{line}: ...")`, or with
 `skip_malformed=True` is skipped and counted. Nothing is dropped silently.
 """
