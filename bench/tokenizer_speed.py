@@ -2,7 +2,7 @@
 
 Each measurement is a fresh process (cold caches, as ``pipelines.pretrain_data`` starts) that loads
 GPT-1's BPE, reads the first ``--books`` training books and times ``encode_batch`` over their
-``text_blocks`` (the way ``pipelines/pretrain_data.py`` encodes a book). The baseline is the same
+``text_blocks`` (the way ``pipelines/book_stream.py`` encodes a book). The baseline is the same
 script run against ``git archive <ref>`` in a temporary folder. Rounds alternate the two so a load
 change on a shared machine hits both alike. Reported: the best wall-clock rate of the rounds (the
 least disturbed one) and the median rate per CPU-second of the process (all its threads: HF
@@ -36,7 +36,7 @@ def child(data_dir: Path, books_count: int) -> dict:
     """One measurement (run in a child process whose PYTHONPATH picks the tokenizer's source)."""
     from gpt_tf.tokenizer import GPTTokenizer  # pylint: disable=import-outside-toplevel
     from pipelines import books  # pylint: disable=import-outside-toplevel
-    from pipelines.pretrain_data import text_blocks  # pylint: disable=import-outside-toplevel
+    from pipelines.book_stream import text_blocks  # pylint: disable=import-outside-toplevel
     tokenizer = GPTTokenizer.from_dir(data_dir / "gpt1_bpe")
     root = data_dir / "books" / "train"
     texts = [b.text for b in (books.load_book(p, root) for p in books.find_book_files(root)[:books_count])

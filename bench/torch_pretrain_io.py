@@ -46,7 +46,7 @@ def split_stream(data_dir: str, split: str) -> np.ndarray:
     """The token stream whose stride-n_ctx windows are the split's records."""
     import tensorflow as tf
 
-    from pipelines.pretrain_data import COMPRESSION, FEATURE
+    from pipelines.records import COMPRESSION, PRETRAIN_FEATURE as FEATURE
     from pipelines.reader import resolve_shards
 
     files, manifest = resolve_shards(data_dir, split)
@@ -66,7 +66,7 @@ def split_stream(data_dir: str, split: str) -> np.ndarray:
 
 
 def export(data_dir: str, out: str) -> dict:
-    from pipelines.reader import read_manifest
+    from pipelines.records import read_manifest
 
     manifest = read_manifest(data_dir)
     streams = {split: split_stream(data_dir, split) for split in ("train", "valid")}
@@ -112,7 +112,7 @@ def import_run(weights_dir: str, data_dir: str, run_dir: str, model: str) -> dic
     from gpt_tf.config import get_preset
     from gpt_tf.trainer import Pretrainer, TrainConfig
     from gpt_tf.weights import load_hf_state_dict
-    from pipelines.reader import read_manifest
+    from pipelines.records import read_manifest
 
     setting, rows = read_log(weights_dir)
     manifest = read_manifest(data_dir)

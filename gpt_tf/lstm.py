@@ -20,7 +20,7 @@ import tensorflow as tf
 
 from gpt_tf.config import GPTConfig
 from gpt_tf.layers import PACKAGE, Conv1D, Dropout16
-from gpt_tf.model import GPTBackbone
+from gpt_tf.backbone import GPTBackbone
 
 
 @keras.saving.register_keras_serializable(package=PACKAGE)

@@ -1,8 +1,9 @@
 """GPT-1 models: the backbone (embeddings + decoder blocks) and the language model on top.
 
-Follows keras-hub's split: ``GPTBackbone`` maps token ids to the final block's states (and,
-on request, every block's states for layer-transfer studies); ``GPTLanguageModel`` adds the
-LM head tied to the token embedding (Eq. 2) and is what pre-training optimises (Eq. 1).
+Follows keras-hub's split: ``GPTBackbone`` (``gpt_tf/backbone.py``) maps token ids to the final
+block's states (and, on request, every block's states for layer-transfer studies);
+``GPTLanguageModel`` adds the LM head tied to the token embedding (Eq. 2) and is what
+pre-training optimises (Eq. 1).
 Fine-tuning tasks reuse the backbone. ``make_backbone`` picks the transformer or the LSTM
 baseline (``gpt_tf/lstm.py``) from ``config.model_type``.
 """
@@ -12,58 +13,14 @@ from __future__ import annotations
 import keras
 from keras import ops
 
+from gpt_tf.backbone import GPTBackbone
 from gpt_tf.config import GPTConfig
-from gpt_tf.layers import PACKAGE, GPTEmbedding, TransformerBlock
-
-
-@keras.saving.register_keras_serializable(package=PACKAGE)
-class GPTBackbone(keras.Model):
-    """Token ids ``[batch, length]`` (length ≤ n_ctx) → hidden states ``[batch, length, n_embd]``."""
-
-    def __init__(self, config: GPTConfig | dict, **kwargs):
-        super().__init__(**kwargs)
-        self.config = config if isinstance(config, GPTConfig) else GPTConfig(**config)
-        c, policy = self.config, self.dtype_policy
-        self.embed = GPTEmbedding(c.total_vocab, c.n_ctx, c.n_embd, c.embd_pdrop, c.init_std, name="embed", dtype=policy)
-        self.blocks = [self.make_block(i) for i in range(c.n_layer)]
-        self.embed.build()
-        for block in self.blocks:
-            block.build((None, None, c.n_embd))
-        self.built = True
-
-    def make_block(self, i):
-        """Block ``i``: a post-LN transformer block (the LSTM baseline overrides this)."""
-        c = self.config
-        return TransformerBlock(c.n_head, c.d_ff, c.attn_pdrop, c.resid_pdrop, c.layer_norm_epsilon, c.init_std,
-                                name=f"h{i}", dtype=self.dtype_policy)
-
-    def call(self, token_ids, training=False, return_all_states=False, positions=None):
-        """States ``[batch, length, n_embd]`` (or every block's, a list); with ``positions`` [batch],
-        only the final state at that position of each row, ``[batch, 1, n_embd]``: the last block
-        then runs its query, projection and MLP for that position alone (a task head's input)."""
-        if positions is not None and return_all_states:
-            raise ValueError("positions and return_all_states do not go together")
-        h = self.embed(token_ids, training=training)
-        states = []
-        for i, block in enumerate(self.blocks):
-            last = i == len(self.blocks) - 1
-            h = block(h, training=training, positions=positions) if last and positions is not None else \
-                block(h, training=training)
-            states.append(h)
-        return states if return_all_states else h
-
-    def get_config(self):
-        return {**super().get_config(), "config": self.config.to_dict()}
-
-    @classmethod
-    def from_config(cls, config):
-        return cls(**config)
+from gpt_tf.layers import PACKAGE
+from gpt_tf.lstm import LSTMBackbone
 
 
 def make_backbone(config: GPTConfig, dtype=None, name="backbone"):
     """The backbone ``config.model_type`` names: ``GPTBackbone`` ("gpt") or ``LSTMBackbone`` ("lstm")."""
-    from gpt_tf.lstm import LSTMBackbone  # it subclasses GPTBackbone
-
     cls = LSTMBackbone if config.model_type == "lstm" else GPTBackbone
     return cls(config, dtype=dtype, name=name)
 

@@ -27,12 +27,9 @@ import tensorflow as tf
 from keras import ops
 
 from gpt_tf.layers import PACKAGE, Conv1D
-from gpt_tf.model import GPTBackbone, lm_loss
+from gpt_tf.backbone import GPTBackbone
+from gpt_tf.model import lm_loss
 from gpt_tf.tasks import TaskSpec
-
-# Views per example fixed by the input type (multiple choice: any K >= 1 with the same weights).
-_FIXED_VIEWS = {"single": 1, "pair": 1, "pair_symmetric": 2}
-
 
 def as_task_spec(task) -> TaskSpec:
     """A ``TaskSpec`` from a spec or its dict form (``TaskSpec.to_dict()`` / a Keras config)."""
@@ -41,14 +38,6 @@ def as_task_spec(task) -> TaskSpec:
     if isinstance(task, Mapping):
         return TaskSpec.from_dict(task)
     raise TypeError(f"task must be a TaskSpec or a dict of its fields, got {type(task).__name__}")
-
-
-def head_units(task) -> int:
-    """Output width of W_y: classes for classification, 1 for regression and per-candidate choice."""
-    spec = as_task_spec(task)
-    if spec.head == "classification" and len(spec.label_names) < 2:
-        raise ValueError(f"task {spec.name!r}: a classification head needs >= 2 label_names, got {spec.label_names!r}")
-    return len(spec.label_names) if spec.head == "classification" else 1
 
 
 @keras.saving.register_keras_serializable(package=PACKAGE)
@@ -72,7 +61,7 @@ class GPTTaskModel(keras.Model):
         config, policy = backbone.config, self.dtype_policy
         # noise_shape (None, 1, None): one mask per example, shared by its K candidates.
         self.clf_dropout = keras.layers.Dropout(clf_pdrop, noise_shape=(None, 1, None), dtype=policy)
-        self.clf = Conv1D(head_units(self.task), config.init_std, name="clf", dtype=policy)
+        self.clf = Conv1D(self.task.head_units, config.init_std, name="clf", dtype=policy)
         self.clf.build((None, None, config.n_embd))
         self.built = True
 
@@ -84,10 +73,10 @@ class GPTTaskModel(keras.Model):
         """Static checks of ``input_ids``: rank 3 and the K the input type requires."""
         if len(input_ids.shape) != 3:
             raise ValueError(f"features['input_ids'] must be [batch, views, length], got shape {input_ids.shape}")
-        want, got = _FIXED_VIEWS.get(self.task.input_type), input_ids.shape[1]
-        if want is not None and got is not None and got != want:
+        got = input_ids.shape[1]
+        if got is not None and not self.task.accepts_views(got):
             raise ValueError(
-                f"task {self.task.name!r} ({self.task.input_type}) needs {want} view(s) per example, "
+                f"task {self.task.name!r} ({self.task.input_type}) needs {self.task.num_views} view(s) per example, "
                 f"got input_ids of shape {input_ids.shape}"
             )
 

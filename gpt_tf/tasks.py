@@ -26,6 +26,14 @@ from typing import Any, Mapping
 
 INPUT_TYPES = ("single", "pair", "pair_symmetric", "multiple_choice")
 HEADS = ("classification", "regression", "choice")
+# The text fields of one example per input type (the serving signatures' input names); a multiple
+# choice example also has its candidate answers.
+INPUT_FIELDS = {
+    "single": ("sentence",),
+    "pair": ("premise", "hypothesis"),
+    "pair_symmetric": ("sentence1", "sentence2"),
+    "multiple_choice": ("context",),
+}
 
 
 @dataclasses.dataclass(frozen=True)
@@ -75,6 +83,31 @@ class TaskSpec:
     def num_views(self) -> int:
         """K, the token sequences per example: 1, 2 (symmetric pair) or num_choices."""
         return {"pair_symmetric": 2, "multiple_choice": self.num_choices}.get(self.input_type, 1)
+
+    def accepts_views(self, views: int) -> bool:
+        """Whether the model takes ``views`` sequences per example: ``num_views``, or any number >= 1
+        for multiple choice (the same weights score any number of candidates)."""
+        return views >= 1 if self.input_type == "multiple_choice" else views == self.num_views
+
+    @property
+    def input_fields(self) -> tuple[str, ...]:
+        """The text fields of one example (``INPUT_FIELDS``); multiple choice adds its candidates."""
+        return INPUT_FIELDS[self.input_type]
+
+    @property
+    def head_units(self) -> int:
+        """Output width of W_y: classes for classification, 1 for regression and per-candidate choice."""
+        if self.head == "classification" and len(self.label_names) < 2:
+            raise ValueError(f"task {self.name!r}: a classification head needs >= 2 label_names, "
+                             f"got {self.label_names!r}")
+        return len(self.label_names) if self.head == "classification" else 1
+
+    def view_lengths(self, len_a: int, len_b: int, choice_lengths=()) -> list[int]:
+        """Untruncated token count of each view of an example (special tokens included); the two
+        orderings of a symmetric pair have the same length, listed once."""
+        if self.input_type == "multiple_choice":
+            return [len_a + len_b + c + 3 for c in choice_lengths]
+        return [len_a + 2] if self.input_type == "single" else [len_a + len_b + 3]
 
     def to_dict(self) -> dict:
         """JSON-friendly dict (lists for tuples); `TaskSpec.from_dict` reverses it."""

@@ -1,9 +1,10 @@
 """In-graph GPT-1 tokenizer from core TensorFlow ops only (no TF Text, no py_function).
 
-``TFGPTTokenizer(encoder_json, merges_bpe)(texts)`` maps ``tf.string [batch]``
+``TFGPTTokenizer(offline)(texts)`` maps ``tf.string [batch]``
 to ``int32`` ragged ``[batch, None]`` ids equal to ``GPTTokenizer.encode``'s,
-inside ``tf.function`` and in SavedModels served by stock TF Serving: the files
-are read in Python at construction and become ``StaticHashTable`` constants.
+inside ``tf.function`` and in SavedModels served by stock TF Serving: the vocabulary and merges
+of ``offline`` (a ``GPTTokenizer`` loaded from its two files; ``GPTTokenizer.tf_tokenizer()``
+builds one) become ``StaticHashTable`` constants. This module does not import ``gpt_tf.tokenizer``.
 
 Per batch of strings, mirroring the offline tokenizer step for step:
 
@@ -24,7 +25,7 @@ from gpt_tf.tf_strings import StringMap, lookup_table, replace_where
 from gpt_tf.tf_text_clean import TFTextCleaner
 from gpt_tf.tf_word_split import TFWordSplit
 from gpt_tf.text_clean import regex_char_class
-from gpt_tf.tokenizer import END_OF_WORD, GPTTokenizer
+from gpt_tf.word_split import END_OF_WORD
 
 _NO_RANK = tf.int64.max
 
@@ -49,11 +50,10 @@ def _whole_words(offline):
 class TFGPTTokenizer(tf.Module):
     """GPT-1 BPE tokenizer as a tf.Module: ``tf.string [batch] -> int32 ragged [batch, None]``."""
 
-    def __init__(self, encoder_json, merges_bpe, name=None):
-        """Reads the two files (in Python) and builds the lookup tables."""
+    def __init__(self, offline, name=None):
+        """Builds the lookup tables from ``offline``, a ``GPTTokenizer`` loaded from its files."""
         super().__init__(name=name)
-        offline = GPTTokenizer.from_files(encoder_json, merges_bpe)
-        self.encoder_path, self.merges_path = str(encoder_json), str(merges_bpe)
+        self.encoder_path, self.merges_path = str(offline.encoder_path), str(offline.merges_path)
         self.vocab_size = offline.vocab_size
         self._encoder = lookup_table(list(offline.encoder), list(offline.encoder.values()),
                                      tf.string, offline.unk_id)

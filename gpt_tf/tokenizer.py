@@ -27,10 +27,9 @@ from tokenizers.models import BPE
 from tokenizers.trainers import BpeTrainer
 
 from gpt_tf import text_clean
-from gpt_tf.word_split import WordSplitter
+from gpt_tf.word_split import END_OF_WORD, WordSplitter
 
 UNK = "<unk>"
-END_OF_WORD = "</w>"
 MERGES_HEADER = "#version: 0.2"
 ENCODER_FILE = "encoder.json"
 MERGES_FILE = "vocab.bpe"
@@ -198,8 +197,8 @@ class GPTTokenizer:
         return text.replace(END_OF_WORD, " ").rstrip(" ")
 
     def tf_tokenizer(self):
-        """The in-graph twin (``TFGPTTokenizer``) built from the same two files."""
+        """The in-graph twin (``TFGPTTokenizer``) of this tokenizer (one loaded from its two files)."""
         from gpt_tf.tf_tokenizer import TFGPTTokenizer  # pylint: disable=import-outside-toplevel
         if self.encoder_path is None or self.merges_path is None:
             raise ValueError("this tokenizer was not loaded from files; save() it and load it first")
-        return TFGPTTokenizer(self.encoder_path, self.merges_path)
+        return TFGPTTokenizer(self)

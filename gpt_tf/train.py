@@ -303,7 +303,7 @@ def main(argv):
 
 def _data_problems() -> list[str]:
     """The data folders' files against their manifests (``--verify_data``) and tokenizer (both modes)."""
-    from pipelines.common import data_file_problems, read_manifest_json, tokenizer_problems
+    from pipelines.records import data_file_problems, read_manifest as read_manifest_json, tokenizer_problems
 
     problems = []
     for data_dir in [FLAGS.data_dir, *FLAGS.aux_data_dirs]:
@@ -330,7 +330,7 @@ def _pretrain_setup():
 
     from gpt_tf.config import get_preset
     from gpt_tf.tokenizer import GPTTokenizer
-    from pipelines.common import read_manifest_json
+    from pipelines.records import read_manifest as read_manifest_json
 
     manifest = read_manifest_json(FLAGS.data_dir)
     tokenizer = GPTTokenizer.from_dir(FLAGS.tokenizer_dir or manifest["tokenizer"]["dir"])
@@ -380,7 +380,7 @@ def _finetune_main(keras, tf):
 
     import dataclasses
 
-    from pipelines.common import read_manifest_json
+    from pipelines.records import read_manifest as read_manifest_json
 
     manifest = read_manifest_json(FLAGS.data_dir)
     task = load_task_spec(FLAGS.data_dir)

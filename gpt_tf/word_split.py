@@ -45,6 +45,8 @@ from pathlib import Path
 
 from gpt_tf.text_clean import STANDARDIZE_RUN_CHARS, to_python_regex
 
+END_OF_WORD = "</w>"  # the BPE marks the end of each word of this split with it (GPT-1: ``x</w>``)
+
 RULES_FILE = Path(__file__).with_name("spacy_en_rules.json")
 # Chunks no rule can split: letters only (ASCII), digits only, the line break.
 SIMPLE_PATTERN = "[A-Za-z]+|[0-9]+|\n"

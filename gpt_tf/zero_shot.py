@@ -108,7 +108,7 @@ def main(argv):
         problems.append(f"cannot find the pre-training manifest of {FLAGS.run_dir} (train_config.json → data_dir); "
                         "give --tokenizer_dir")
     if manifest is not None:
-        from pipelines.common import tokenizer_problems
+        from pipelines.records import tokenizer_problems
 
         problems += tokenizer_problems(manifest, FLAGS.tokenizer_dir or manifest["tokenizer"]["dir"],
                                        f"the pre-training data of {FLAGS.run_dir}")

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import hashlib
-import json
 import logging
 import os
 import re
@@ -11,9 +10,7 @@ import shlex
 import shutil
 import sys
 from pathlib import Path
-from typing import Optional
 
-MANIFEST = "manifest.json"
 MAX_PIECE_CHARS = 1 << 15  # longer texts are tokenized in pieces cut at spaces
 _ENCODE_BUDGET_CHARS = 1 << 18  # characters per encode_batch call (~30 MB of tokenizer memory)
 
@@ -69,78 +66,6 @@ def encode_texts(tokenizer, texts: list[str]) -> list[list[int]]:
     out = [[] for _ in texts]
     for i, ids in encode_pieces(tokenizer, texts):
         out[i].extend(ids)
-    return out
-
-
-def sha256_file(path) -> str:
-    """Hex sha256 of a file's bytes (``gs://`` and other remote paths through ``tf.io.gfile``)."""
-    digest = hashlib.sha256()
-    if "://" in str(path):
-        import tensorflow as tf
-
-        opener = tf.io.gfile.GFile(str(path), "rb")
-    else:
-        opener = open(path, "rb")
-    with opener as f:
-        for chunk in iter(lambda: f.read(1 << 20), b""):
-            digest.update(chunk)
-    return digest.hexdigest()
-
-
-def read_manifest_json(data_dir) -> dict:
-    """``data_dir/manifest.json`` (local or remote); ValueError naming the file if it is not valid JSON."""
-    path = f"{str(data_dir).rstrip('/')}/{MANIFEST}"
-    if "://" in path:
-        import tensorflow as tf
-
-        with tf.io.gfile.GFile(path, "r") as f:
-            text = f.read()
-    else:
-        with open(path, encoding="utf-8") as f:
-            text = f.read()
-    try:
-        return json.loads(text)
-    except ValueError as err:
-        raise ValueError(f"{path}: not valid JSON ({err})") from None
-
-
-def _data_files(manifest: dict) -> list[dict]:
-    """Every ``{"file", "sha256", ...}`` entry of a pre-training (shards) or fine-tuning (splits) manifest."""
-    entries = []
-    for split in manifest.get("splits", {}).values():
-        entries += split.get("shards", [split] if "file" in split else [])
-    return [e for e in entries if "sha256" in e]
-
-
-def data_file_problems(data_dir, manifest: dict, names: Optional[set] = None) -> list[str]:
-    """One line per data file (shard) of ``manifest`` that is missing or whose sha256 differs from it."""
-    out = []
-    for entry in _data_files(manifest):
-        if names is not None and entry["file"] not in names:
-            continue
-        path = f"{str(data_dir).rstrip('/')}/{entry['file']}"
-        try:
-            digest = sha256_file(path)
-        except OSError as err:
-            out.append(f"{path}: unreadable ({err.strerror or err})")
-            continue
-        if digest != entry["sha256"]:
-            out.append(f"{path}: corrupt: its sha256 is {digest[:12]}…, the manifest says {entry['sha256'][:12]}… "
-                       "(rebuild the data, or copy the file again)")
-    return out
-
-
-def tokenizer_problems(manifest: dict, tokenizer_dir, data_dir) -> list[str]:
-    """One line per tokenizer file that differs from the one ``data_dir``'s manifest was built with."""
-    out = []
-    for entry in manifest.get("tokenizer", {}).get("files", []):
-        path = Path(tokenizer_dir) / entry["name"]
-        if not path.is_file():
-            out.append(f"{path}: missing; {data_dir}/{MANIFEST} was tokenized with it")
-        elif sha256_file(path) != entry["sha256"]:
-            out.append(f"{path} is not the tokenizer {data_dir} was built with (sha256 {sha256_file(path)[:12]}… vs "
-                       f"{entry['sha256'][:12]}… in its {MANIFEST}): was it retrained with --overwrite? Rebuild the "
-                       "data with this tokenizer, or point --tokenizer_dir at the original")
     return out
 
 

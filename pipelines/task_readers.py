@@ -20,9 +20,9 @@ Formats (`path_or_dir` is the dataset's folder, or one file to read for any spli
              RandomFifthSentenceQuiz1/2, AnswerRightEnding -> text_a = the 4 sentences, 2 choices, label 0/1.
   csv        generic: `{split}.csv` / `{split}.tsv` with columns named by `CsvOptions`.
 
-Conventions. Labels are class indices into `task.label_names` (a float score for STS-B / regression
-csv). A gold label '-' (SNLI/MNLI: no annotator consensus) is always skipped, as the official
-evaluation does, and counted in `skipped`. A malformed row (wrong column count, unknown label, empty
+Conventions (rows are read by `pipelines.task_rows`). Labels are class indices into
+`task.label_names` (a float score for STS-B / regression csv). A gold label '-' (SNLI/MNLI: no
+annotator consensus) is always skipped, as the official evaluation does, and counted in `skipped`. A malformed row (wrong column count, unknown label, empty
 text, non-numeric or out-of-range score, bad JSON, bytes that are not UTF-8) raises `ValueError("{file}:{line}: ...")`, or with
 `skip_malformed=True` is skipped and counted. Nothing is dropped silently.
 """
@@ -32,12 +32,12 @@ from __future__ import annotations
 import csv
 import dataclasses
 import json
-import math
-import re
 from pathlib import Path
-from typing import Optional, Union
+from typing import Optional
 
 from gpt_tf.tasks import TaskSpec
+from pipelines.task_rows import BadRow, Example, Rows, bad_utf8, first_file, iter_table, label_index, label_map, \
+    parse_score, peek_header, read_table, require_columns, text_field
 
 GLUE_TASKS = ("cola", "sst2", "mrpc", "stsb", "qqp", "mnli", "qnli", "rte")
 STS_RANGE = (0.0, 5.0)
@@ -60,18 +60,6 @@ _COLA_NO_HEADER = ("source", "label", "mark", "sentence")
 _STORY_COLUMNS = ("InputStoryid", "InputSentence1", "InputSentence2", "InputSentence3", "InputSentence4",
                   "RandomFifthSentenceQuiz1", "RandomFifthSentenceQuiz2")
 _STORY_LABEL = "AnswerRightEnding"
-_ESCAPED_BYTE = re.compile("[\udc80-\udcff]")  # a byte that is not UTF-8, read with errors="surrogateescape"
-
-
-@dataclasses.dataclass(frozen=True)
-class Example:
-    """One labelled (or, for test files, unlabelled) example before tokenization."""
-
-    guid: str
-    text_a: str
-    text_b: Optional[str]
-    choices: Optional[tuple[str, ...]]
-    label: Union[int, float, None]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -89,165 +77,26 @@ class CsvOptions:
     quoting: Optional[int] = None
 
 
-class _Rows:
-    """Collects malformed-row skips, or raises on the first one."""
-
-    def __init__(self, skip_malformed: bool):
-        self.skip_malformed = skip_malformed
-        self.skipped: list[dict] = []
-
-    def bad(self, file, line: int, reason: str) -> None:
-        """A malformed row: raise ValueError naming file and line, or count it."""
-        if not self.skip_malformed:
-            raise ValueError(f"{file}:{line}: {reason} (skip_malformed=True / --skip_malformed skips and "
-                             "counts such rows)")
-        self.skip(file, line, f"malformed: {reason}")
-
-    def skip(self, file, line: int, reason: str) -> None:
-        """A row skipped by the format's own convention (always counted)."""
-        self.skipped.append({"file": str(file), "line": int(line), "reason": reason})
-
-
-class _BadRow(Exception):
-    """Raised inside a row parser; turned into `_Rows.bad` by the caller (at ``line`` when it knows it)."""
-
-    def __init__(self, reason: str, line: int = 1):
-        super().__init__(reason)
-        self.line = line
-
-
-def _text(value: Optional[str], what: str) -> str:
-    """A non-empty text field, or _BadRow."""
-    if value is None or not str(value).strip():
-        raise _BadRow(f"empty {what}")
-    return str(value)
-
-
-def _label(raw: str, mapping: dict, what: str = "label") -> int:
-    """Index of a raw label value, or _BadRow listing the known values."""
-    if raw not in mapping:
-        raise _BadRow(f"unknown {what} {raw!r}; expected one of {sorted(mapping)}")
-    return mapping[raw]
-
-
-def _score(raw: str, lo: float = -math.inf, hi: float = math.inf) -> float:
-    """A finite float in [lo, hi], or _BadRow."""
-    try:
-        value = float(raw)
-    except (TypeError, ValueError):
-        raise _BadRow(f"score {raw!r} is not a number") from None
-    if not math.isfinite(value) or not lo <= value <= hi:
-        raise _BadRow(f"score {raw!r} is outside [{lo}, {hi}]")
-    return value
-
-
-def _name_map(task: TaskSpec) -> dict:
-    return {name: i for i, name in enumerate(task.label_names)}
-
-
-def _one_file(folder: Path, names: list[str], split: str) -> Path:
-    """The first existing `folder/name`, or FileNotFoundError listing what was tried."""
-    for name in names:
-        if (folder / name).is_file():
-            return folder / name
-    raise FileNotFoundError(f"{folder}: no file for split {split!r}; looked for {', '.join(names)}")
-
-
-def _bad_utf8(fields) -> Optional[str]:
-    """Why a row read with ``errors="surrogateescape"`` is not valid UTF-8 (None if it is)."""
-    for k, field in enumerate(fields, start=1):
-        match = _ESCAPED_BYTE.search(field) if field else None
-        if match:
-            return f"invalid UTF-8: byte 0x{ord(match.group()) - 0xDC00:02x} in field {k}"
-    return None
-
-
-def _iter_table(path: Path, delimiter: str, quoting: int):
-    """(line number, row) of a delimited file; line numbers count physical lines from 1. Bytes that
-    are not UTF-8 come through as U+DC80..U+DCFF (``_bad_utf8`` finds them)."""
-    with open(path, encoding="utf-8-sig", errors="surrogateescape", newline="") as f:
-        reader = csv.reader(f, delimiter=delimiter, quoting=quoting, strict=True)
-        start = 1
-        while True:
-            try:
-                row = next(reader)
-            except StopIteration:
-                return
-            except csv.Error as err:
-                raise ValueError(f"{path}:{start}: unreadable row: {err}") from err
-            yield start, row
-            start = reader.line_num + 1
-
-
-def _read_table(path: Path, rows: _Rows, parse, header, delimiter="\t", quoting=csv.QUOTE_NONE):
-    """Examples of a delimited file. `header`: tuple of column names when the file has none, or
-    None to take them from the first line. `parse(record: dict, line)` -> Example, None (a counted
-    convention skip) or raises _BadRow."""
-    out, columns = [], header
-    for line, row in _iter_table(path, delimiter, quoting):
-        if columns is None:
-            columns = _header_row(path, row)
-            continue
-        if not row:
-            continue  # blank line (a trailing newline): not a row
-        bad = _bad_utf8(row)
-        if bad:
-            rows.bad(path, line, bad)
-            continue
-        if len(row) != len(columns):
-            rows.bad(path, line, f"expected {len(columns)} columns {list(columns)}, found {len(row)}")
-            continue
-        try:
-            example = parse(dict(zip(columns, row)), line)
-        except _BadRow as err:
-            rows.bad(path, line, str(err))
-            continue
-        if example is not None:
-            out.append(example)
-    if columns is None:
-        raise ValueError(f"{path}:1: empty file, no header")
-    return out
-
-
-def _require_columns(path: Path, columns, needed) -> None:
-    missing = [c for c in needed if c and c not in columns]
-    if missing:
-        raise ValueError(f"{path}:1: missing column(s) {missing}; the header has {list(columns)}")
-
-
-def _header_row(path: Path, row) -> tuple:
-    bad = _bad_utf8(row)
-    if bad:
-        raise ValueError(f"{path}:1: header: {bad}")
-    return tuple(row)
-
-
-def _peek_header(path: Path, delimiter: str, quoting: int) -> tuple:
-    for _, row in _iter_table(path, delimiter, quoting):
-        return _header_row(path, row)
-    raise ValueError(f"{path}:1: empty file, no header")
-
-
 def _glue_file(task: TaskSpec, folder: Path, split: str) -> Path:
     extra = [f"multinli_1.0_{split}.jsonl"] if task.name == "mnli" else []
-    return _one_file(folder, [f"{split}.tsv", *extra], split)
+    return first_file(folder, [f"{split}.tsv", *extra], split)
 
 
-def _read_glue(task: TaskSpec, path: Path, split: str, rows: _Rows) -> list[Example]:
+def _read_glue(task: TaskSpec, path: Path, split: str, rows: Rows) -> list[Example]:
     """One GLUE TSV (or MultiNLI jsonl) file."""
     if path.suffix == ".jsonl":
         return _read_nli_jsonl(task, path, split, rows)
     col_a, col_b, col_label, raw_map = _GLUE_COLUMNS[task.name]
     header = None
-    if task.name == "cola" and _peek_header(path, "\t", csv.QUOTE_NONE)[:2] != ("index", "sentence"):
+    if task.name == "cola" and peek_header(path, "\t", csv.QUOTE_NONE)[:2] != ("index", "sentence"):
         header = _COLA_NO_HEADER
     if task.name in ("qnli", "rte", "mnli"):
-        raw_map = _name_map(task)
-    columns = header or _peek_header(path, "\t", csv.QUOTE_NONE)
+        raw_map = label_map(task)
+    columns = header or peek_header(path, "\t", csv.QUOTE_NONE)
     labeled = col_label in columns
     if not labeled and not split.startswith("test"):
         raise ValueError(f"{path}:1: no {col_label!r} column in a {split!r} file; header {list(columns)}")
-    _require_columns(path, columns, (col_a, col_b))
+    require_columns(path, columns, (col_a, col_b))
     id_col = next((c for c in ("index", "id", "pairID") if c in columns), None)
 
     def parse(rec, line):
@@ -256,44 +105,44 @@ def _read_glue(task: TaskSpec, path: Path, split: str, rows: _Rows) -> list[Exam
             raw = rec[col_label]
             if task.name == "mnli" and raw == NO_CONSENSUS:
                 return rows.skip(path, line, _NO_CONSENSUS_REASON)
-            label = _score(raw, *STS_RANGE) if raw_map is None else _label(raw, raw_map)
-        return Example(f"{split}-{rec[id_col] if id_col else line}", _text(rec[col_a], col_a),
-                       _text(rec[col_b], col_b) if col_b else None, None, label)
+            label = parse_score(raw, *STS_RANGE) if raw_map is None else label_index(raw, raw_map)
+        return Example(f"{split}-{rec[id_col] if id_col else line}", text_field(rec[col_a], col_a),
+                       text_field(rec[col_b], col_b) if col_b else None, None, label)
 
-    return _read_table(path, rows, parse, header)
+    return read_table(path, rows, parse, header)
 
 
-def _read_nli_jsonl(task: TaskSpec, path: Path, split: str, rows: _Rows) -> list[Example]:
+def _read_nli_jsonl(task: TaskSpec, path: Path, split: str, rows: Rows) -> list[Example]:
     """SNLI / MultiNLI jsonl: one JSON object per line with sentence1, sentence2, gold_label."""
-    out, mapping = [], _name_map(task)
+    out, mapping = [], label_map(task)
     with open(path, encoding="utf-8-sig", errors="surrogateescape") as f:
         for line, text in enumerate(f, start=1):
             if not text.strip():
                 continue
             try:
-                bad = _bad_utf8([text])
+                bad = bad_utf8([text])
                 if bad:
-                    raise _BadRow(bad.replace(" in field 1", ""))
+                    raise BadRow(bad.replace(" in field 1", ""))
                 rec = json.loads(text)
                 if not isinstance(rec, dict):
-                    raise _BadRow("not a JSON object")
+                    raise BadRow("not a JSON object")
                 gold = rec.get("gold_label")
                 if gold == NO_CONSENSUS:
                     rows.skip(path, line, _NO_CONSENSUS_REASON)
                     continue
-                label = None if gold is None and split.startswith("test") else _label(gold, mapping, "gold_label")
+                label = None if gold is None and split.startswith("test") else label_index(gold, mapping, "gold_label")
                 guid = f"{split}-{rec.get('pairID', line)}"
-                out.append(Example(guid, _text(rec.get("sentence1"), "sentence1"),
-                                   _text(rec.get("sentence2"), "sentence2"), None, label))
+                out.append(Example(guid, text_field(rec.get("sentence1"), "sentence1"),
+                                   text_field(rec.get("sentence2"), "sentence2"), None, label))
             except json.JSONDecodeError as err:
                 rows.bad(path, line, f"invalid JSON: {err.msg}")
-            except _BadRow as err:
+            except BadRow as err:
                 rows.bad(path, line, str(err))
     return out
 
 
 def _snli_file(folder: Path, split: str) -> Path:
-    return _one_file(folder, [f"snli_1.0_{split}.jsonl", f"{split}.jsonl"], split)
+    return first_file(folder, [f"snli_1.0_{split}.jsonl", f"{split}.jsonl"], split)
 
 
 def _scitail_file(folder: Path, split: str) -> Path:
@@ -304,15 +153,15 @@ def _scitail_file(folder: Path, split: str) -> Path:
     raise FileNotFoundError(f"{folder}: no {name} (looked in ., tsv_format/, SciTailV1.1/tsv_format/)")
 
 
-def _read_scitail(task: TaskSpec, path: Path, split: str, rows: _Rows) -> list[Example]:
+def _read_scitail(task: TaskSpec, path: Path, split: str, rows: Rows) -> list[Example]:
     """SciTail tsv_format: premise, hypothesis, label; no header."""
-    mapping = _name_map(task)
+    mapping = label_map(task)
 
     def parse(rec, line):
-        return Example(f"{split}-{line}", _text(rec["premise"], "premise"),
-                       _text(rec["hypothesis"], "hypothesis"), None, _label(rec["label"], mapping))
+        return Example(f"{split}-{line}", text_field(rec["premise"], "premise"),
+                       text_field(rec["hypothesis"], "hypothesis"), None, label_index(rec["label"], mapping))
 
-    return _read_table(path, rows, parse, ("premise", "hypothesis", "label"))
+    return read_table(path, rows, parse, ("premise", "hypothesis", "label"))
 
 
 def _race_files(folder: Path, split: str) -> list[Path]:
@@ -329,28 +178,28 @@ def _race_files(folder: Path, split: str) -> list[Path]:
     return files
 
 
-def _race_questions(rec: dict, guid: str, mapping: dict, num_choices: int, path: Path, rows: _Rows):
+def _race_questions(rec: dict, guid: str, mapping: dict, num_choices: int, path: Path, rows: Rows):
     """Examples of one RACE article; malformed questions are reported one by one."""
     lists = [rec.get(k) for k in ("questions", "options", "answers")]
     if not isinstance(rec.get("article"), str) or not all(isinstance(x, list) for x in lists):
-        raise _BadRow("expected keys article (string), questions, options, answers (lists)")
+        raise BadRow("expected keys article (string), questions, options, answers (lists)")
     questions, options, answers = lists
     if not len(questions) == len(options) == len(answers):
-        raise _BadRow(f"{len(questions)} questions, {len(options)} option lists, {len(answers)} answers")
-    article, out = _text(rec["article"], "article"), []
+        raise BadRow(f"{len(questions)} questions, {len(options)} option lists, {len(answers)} answers")
+    article, out = text_field(rec["article"], "article"), []
     for q, (question, opts, answer) in enumerate(zip(questions, options, answers), start=1):
         try:
             if not isinstance(opts, list) or len(opts) != num_choices:
-                raise _BadRow(f"expected {num_choices} options, got {opts!r}")
-            choices = tuple(_text(o, f"option {i}") for i, o in enumerate(opts, start=1))
+                raise BadRow(f"expected {num_choices} options, got {opts!r}")
+            choices = tuple(text_field(o, f"option {i}") for i, o in enumerate(opts, start=1))
             out.append(Example(f"{guid}#{q}", article, str(question).strip() or None, choices,
-                               _label(answer, mapping, "answer")))
-        except _BadRow as err:
+                               label_index(answer, mapping, "answer")))
+        except BadRow as err:
             rows.bad(path, 1, f"question {q}: {err}")
     return out
 
 
-def _read_race(task: TaskSpec, files: list[Path], split: str, rows: _Rows) -> list[Example]:
+def _read_race(task: TaskSpec, files: list[Path], split: str, rows: Rows) -> list[Example]:
     out = []
     for path in files:
         guid = f"{split.partition('_')[0]}/{path.parent.name}/{path.stem}"
@@ -359,14 +208,14 @@ def _read_race(task: TaskSpec, files: list[Path], split: str, rows: _Rows) -> li
             try:
                 text = data.decode("utf-8-sig")
             except UnicodeDecodeError as err:
-                raise _BadRow(f"invalid UTF-8: byte 0x{data[err.start]:02x}", data[:err.start].count(b"\n") + 1) from None
+                raise BadRow(f"invalid UTF-8: byte 0x{data[err.start]:02x}", data[:err.start].count(b"\n") + 1) from None
             rec = json.loads(text)
             if not isinstance(rec, dict):
-                raise _BadRow("not a JSON object")
-            out.extend(_race_questions(rec, guid, _name_map(task), task.num_choices, path, rows))
+                raise BadRow("not a JSON object")
+            out.extend(_race_questions(rec, guid, label_map(task), task.num_choices, path, rows))
         except json.JSONDecodeError as err:
             rows.bad(path, err.lineno, f"invalid JSON: {err.msg}")
-        except _BadRow as err:
+        except BadRow as err:
             rows.bad(path, err.line, str(err))
     return out
 
@@ -384,24 +233,24 @@ def _story_file(folder: Path, split: str) -> Path:
     return found[0]
 
 
-def _read_story_cloze(task: TaskSpec, path: Path, split: str, rows: _Rows) -> list[Example]:
+def _read_story_cloze(task: TaskSpec, path: Path, split: str, rows: Rows) -> list[Example]:
     """Story Cloze csv: 4 story sentences as context, 2 candidate endings, AnswerRightEnding 1|2."""
-    columns = _peek_header(path, ",", csv.QUOTE_MINIMAL)
-    _require_columns(path, columns, _STORY_COLUMNS)
+    columns = peek_header(path, ",", csv.QUOTE_MINIMAL)
+    require_columns(path, columns, _STORY_COLUMNS)
     mapping = {name: i for i, name in enumerate(task.label_names)}
 
     def parse(rec, line):
-        story = " ".join(_text(rec[f"InputSentence{i}"], f"InputSentence{i}") for i in range(1, 5))
-        choices = tuple(_text(rec[f"RandomFifthSentenceQuiz{i}"], f"RandomFifthSentenceQuiz{i}")
+        story = " ".join(text_field(rec[f"InputSentence{i}"], f"InputSentence{i}") for i in range(1, 5))
+        choices = tuple(text_field(rec[f"RandomFifthSentenceQuiz{i}"], f"RandomFifthSentenceQuiz{i}")
                         for i in (1, 2))
-        label = _label(rec[_STORY_LABEL].strip(), mapping, _STORY_LABEL) if _STORY_LABEL in rec else None
-        return Example(_text(rec["InputStoryid"], "InputStoryid"), story, None, choices, label)
+        label = label_index(rec[_STORY_LABEL].strip(), mapping, _STORY_LABEL) if _STORY_LABEL in rec else None
+        return Example(text_field(rec["InputStoryid"], "InputStoryid"), story, None, choices, label)
 
-    return _read_table(path, rows, parse, None, ",", csv.QUOTE_MINIMAL)
+    return read_table(path, rows, parse, None, ",", csv.QUOTE_MINIMAL)
 
 
 def _csv_file(folder: Path, split: str) -> Path:
-    return _one_file(folder, [f"{split}.csv", f"{split}.tsv"], split)
+    return first_file(folder, [f"{split}.csv", f"{split}.tsv"], split)
 
 
 def csv_dialect(path: Path, options: CsvOptions) -> tuple[str, int]:
@@ -427,25 +276,25 @@ def infer_csv_labels(paths, options: CsvOptions) -> tuple[str, ...]:
     for path in paths:
         delimiter, quoting = csv_dialect(Path(path), options)
         header = None
-        for _, row in _iter_table(Path(path), delimiter, quoting):
+        for _, row in iter_table(Path(path), delimiter, quoting):
             if header is None:
                 header = row
                 if options.label_column not in header:
                     break
-            elif len(row) == len(header) and not _bad_utf8(row):  # bad rows are reported when read
+            elif len(row) == len(header) and not bad_utf8(row):  # bad rows are reported when read
                 value = dict(zip(header, row))[options.label_column].strip()
                 if value:
                     values.append(value)
     return _sorted_labels(values)
 
 
-def _read_csv(task: TaskSpec, path: Path, split: str, rows: _Rows, options: CsvOptions) -> list[Example]:
+def _read_csv(task: TaskSpec, path: Path, split: str, rows: Rows, options: CsvOptions) -> list[Example]:
     """Generic CSV/TSV with a header naming the columns."""
     if task.input_type == "multiple_choice":
         raise ValueError("the generic csv reader supports single/pair/pair_symmetric tasks only")
     delimiter, quoting = csv_dialect(path, options)
-    columns = _peek_header(path, delimiter, quoting)
-    _require_columns(path, columns, (options.text_a_column, options.text_b_column, options.guid_column))
+    columns = peek_header(path, delimiter, quoting)
+    require_columns(path, columns, (options.text_a_column, options.text_b_column, options.guid_column))
     labeled = bool(options.label_column) and options.label_column in columns
     if options.label_column and not labeled and not split.startswith("test"):
         raise ValueError(f"{path}:1: no label column {options.label_column!r}; header {list(columns)}")
@@ -459,13 +308,13 @@ def _read_csv(task: TaskSpec, path: Path, split: str, rows: _Rows, options: CsvO
         label = None
         if labeled:
             raw = rec[options.label_column].strip()
-            label = _score(raw) if task.head == "regression" else _label(raw, mapping)
+            label = parse_score(raw) if task.head == "regression" else label_index(raw, mapping)
         guid = rec[options.guid_column] if options.guid_column else line
-        text_b = _text(rec[options.text_b_column], options.text_b_column) if options.text_b_column else None
-        return Example(f"{split}-{guid}", _text(rec[options.text_a_column], options.text_a_column), text_b,
+        text_b = text_field(rec[options.text_b_column], options.text_b_column) if options.text_b_column else None
+        return Example(f"{split}-{guid}", text_field(rec[options.text_a_column], options.text_a_column), text_b,
                        None, label)
 
-    return _read_table(path, rows, parse, None, delimiter, quoting)
+    return read_table(path, rows, parse, None, delimiter, quoting)
 
 
 def split_files(task: TaskSpec, path_or_dir, split: str) -> list[Path]:
@@ -519,7 +368,7 @@ def available_splits(task: TaskSpec, data_dir) -> list[str]:
 def read_examples(task: TaskSpec, path_or_dir, split: str, skip_malformed: bool = False,
                   csv_options: Optional[CsvOptions] = None) -> tuple[list[Example], list[dict]]:
     """Examples of one split, and the skipped rows [{"file", "line", "reason"}] (see module doc)."""
-    rows, files = _Rows(skip_malformed), split_files(task, path_or_dir, split)
+    rows, files = Rows(skip_malformed), split_files(task, path_or_dir, split)
     if task.name == "race":
         examples = _read_race(task, files, split, rows)
     elif task.name == "csv":

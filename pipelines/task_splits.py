@@ -10,7 +10,7 @@ import collections
 from typing import Optional
 
 from pipelines.common import hash_unit
-from pipelines.task_readers import Example
+from pipelines.task_rows import Example
 
 
 def split_by_hash(examples: list[Example], fraction: float, where: str) -> tuple[list, list]:

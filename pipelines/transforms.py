@@ -36,13 +36,8 @@ import tensorflow as tf
 
 from gpt_tf.config import SPECIAL_TOKENS
 from gpt_tf.tasks import TaskSpec
-from pipelines.finetune_data import MISSING_LABEL
-from pipelines.pretrain_data import COMPRESSION
-from pipelines.reader import read_manifest
+from pipelines.records import COMPRESSION, MANIFEST, TASK_TOKEN_FEATURES, read_manifest, split_entry, task_feature_spec
 from pipelines.task_batches import bucket_lengths, check_buckets, planned_batches
-
-_FEATURES = ("tokens_a", "tokens_b", "choice_tokens", "choice_lengths")
-
 
 def special_ids_from_config(config) -> dict:
     """{"start", "delimiter", "extract", "pad"} -> id, from a GPTConfig."""
@@ -51,11 +46,8 @@ def special_ids_from_config(config) -> dict:
 
 def parse_record(serialized: tf.Tensor) -> dict:
     """One serialized record -> {guid, tokens_a, tokens_b, choice_tokens, choice_lengths: int32, label}."""
-    spec = {name: tf.io.VarLenFeature(tf.int64) for name in _FEATURES}
-    spec["guid"] = tf.io.FixedLenFeature([], tf.string)
-    spec["label"] = tf.io.FixedLenFeature([], tf.float32, default_value=MISSING_LABEL)
-    parsed = tf.io.parse_single_example(serialized, spec)
-    for name in _FEATURES:
+    parsed = tf.io.parse_single_example(serialized, task_feature_spec())
+    for name in TASK_TOKEN_FEATURES:
         parsed[name] = tf.cast(tf.sparse.to_dense(parsed[name]), tf.int32)
     return parsed
 
@@ -150,7 +142,7 @@ def record_lengths(task: TaskSpec, serialized: tf.Tensor, n_ctx: int) -> tf.Tens
     Equals max(extract_index) + 1 of `transform_record`: the truncation rule cuts a view to n_ctx
     exactly when it is longer, so a view's length is min(its untruncated length, n_ctx).
     """
-    spec = {name: tf.io.RaggedFeature(tf.int64) for name in _FEATURES}
+    spec = {name: tf.io.RaggedFeature(tf.int64) for name in TASK_TOKEN_FEATURES}
     parsed = tf.io.parse_example(serialized, spec)
     a = tf.cast(parsed["tokens_a"].row_lengths(), tf.int32)
     b = tf.cast(parsed["tokens_b"].row_lengths(), tf.int32)
@@ -184,12 +176,12 @@ def load_task_spec(data_dir: str) -> TaskSpec:
 
 def num_examples(data_dir: str, split: str) -> int:
     """Records in a split, from the manifest."""
-    return int(_split_entry(_manifest(data_dir), data_dir, split)["examples"])
+    return int(split_entry(_manifest(data_dir), data_dir, split)["examples"])
 
 
 def split_guids(data_dir: str, split: str) -> list[str]:
     """The guids of a split's records, in file order (what a submission file is keyed by)."""
-    entry = _split_entry(_manifest(data_dir), data_dir, split)
+    entry = split_entry(_manifest(data_dir), data_dir, split)
     records = tf.data.TFRecordDataset(posixpath.join(data_dir, entry["file"]), compression_type=COMPRESSION)
     spec = {"guid": tf.io.FixedLenFeature([], tf.string)}
     return [g.decode("utf-8") for batch in records.batch(4096)
@@ -197,16 +189,7 @@ def split_guids(data_dir: str, split: str) -> list[str]:
 
 
 def _manifest(data_dir: str) -> dict:
-    try:
-        return read_manifest(data_dir)
-    except FileNotFoundError as err:
-        raise FileNotFoundError(f"{data_dir}: no manifest.json; build it with pipelines.finetune_data") from err
-
-
-def _split_entry(manifest: dict, data_dir: str, split: str) -> dict:
-    if split not in manifest.get("splits", {}):
-        raise ValueError(f"{data_dir}: no split {split!r}; it has {sorted(manifest.get('splits', {}))}")
-    return manifest["splits"][split]
+    return read_manifest(data_dir, "pipelines.finetune_data")
 
 
 def _check_task(task: TaskSpec, manifest: dict, data_dir: str) -> None:
@@ -240,11 +223,11 @@ def task_dataset(task: TaskSpec, data_dir: str, split: str, batch_size: int, n_c
     buckets = check_buckets(bucket_lengths(n_ctx) if buckets is None else buckets, n_ctx)
     manifest = _manifest(data_dir)
     _check_task(task, manifest, data_dir)
-    entry = _split_entry(manifest, data_dir, split)
+    entry = split_entry(manifest, data_dir, split)
     _check_special_ids(special_ids, int(manifest["tokenizer"]["vocab_size"]))
     path = posixpath.join(str(data_dir), entry["file"])
     if not tf.io.gfile.exists(path):
-        raise FileNotFoundError(f"{path}: listed in {data_dir}/manifest.json but missing")
+        raise FileNotFoundError(f"{path}: listed in {data_dir}/{MANIFEST} but missing")
     ids, num_records = {k: int(v) for k, v in special_ids.items()}, int(entry["examples"])
     records = tf.data.TFRecordDataset(path, compression_type=manifest["record"].get("compression", COMPRESSION))
     records = records.batch(num_records + 1)  # the whole split, one element

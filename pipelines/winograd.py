@@ -12,7 +12,7 @@ by a blank line::
 As the dataset's description says, "if the target pronoun appears more than once in the sentence,
 its first occurrence is the one to be resolved": the first whole-word, case-insensitive match.
 
-Each example becomes a ``pipelines.task_readers.Example`` ready for the substitution heuristic
+Each example becomes a ``pipelines.task_rows.Example`` ready for the substitution heuristic
 (§5): ``text_a`` = the sentence before the pronoun, ``text_b`` = the rest after it, ``choices`` =
 the two candidates, ``label`` = the index of the correct one. Malformed examples (not four lines,
 not two candidates, an answer that is neither candidate, a pronoun not in the sentence or nothing
@@ -25,7 +25,7 @@ from __future__ import annotations
 import re
 from pathlib import Path
 
-from pipelines.task_readers import Example, _Rows
+from pipelines.task_rows import Example, Rows
 
 SPLITS = ("train", "test")
 
@@ -81,7 +81,7 @@ def _example(lines: list[str], guid: str) -> Example:
 
 def read_dpr(path_or_dir, split: str, skip_malformed: bool = False) -> tuple[list[Example], list[dict]]:
     """Examples of one DPRD split and the skipped rows ``[{"file", "line", "reason"}]`` (see module doc)."""
-    path, rows, out = dpr_file(path_or_dir, split), _Rows(skip_malformed), []
+    path, rows, out = dpr_file(path_or_dir, split), Rows(skip_malformed), []
     for line, lines in _records(path):
         try:
             out.append(_example(lines, f"{split}-{line}"))

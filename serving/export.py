@@ -47,7 +47,7 @@ def _manifest_tokenizer_dir(data_dir: str) -> str:
 
 def check_tokenizer(data_dir: str, tokenizer_dir: str) -> None:
     """ValueError unless ``tokenizer_dir`` holds the tokenizer ``data_dir`` was built with (its manifest's sha256)."""
-    from pipelines.common import tokenizer_problems
+    from pipelines.records import tokenizer_problems
 
     problems = tokenizer_problems(_read_json(os.path.join(data_dir, "manifest.json")), tokenizer_dir, data_dir)
     if problems:

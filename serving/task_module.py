@@ -7,7 +7,7 @@ imports only ``tensorflow``.
 
 Signatures (inputs -> outputs; B = any batch size >= 1, K = views per example):
 
-* ``serving_default``: one ``tf.string [B]`` tensor per input field (``FIELDS``; multiple
+* ``serving_default``: one ``tf.string [B]`` tensor per input field (``TaskSpec.input_fields``; multiple
   choice adds ``choices`` ``[B, num_choices]``) -> classification and choice heads:
   ``probabilities`` float32 ``[B, C]``, ``label_ids`` int64 ``[B]``, ``label_names`` string
   ``[B]``, ``classes`` string ``[B, C]`` (the label of each column); regression: ``score``
@@ -38,28 +38,15 @@ import tensorflow as tf
 from gpt_tf.tasks import TaskSpec
 from pipelines.transforms import special_ids_from_config, transform_record
 
-# Signature input names per input type (multiple choice also has `choices`).
-FIELDS = {
-    "single": ("sentence",),
-    "pair": ("premise", "hypothesis"),
-    "pair_symmetric": ("sentence1", "sentence2"),
-    "multiple_choice": ("context",),
-}
-CHOICES = "choices"
-_VIEWS = {"single": 1, "pair": 1, "pair_symmetric": 2}
+CHOICES = "choices"  # the candidates' signature input (multiple choice)
 
 
 def input_specs(task: TaskSpec) -> dict:
     """``{field: TensorSpec}`` of the text signatures of ``task``."""
-    specs = {name: tf.TensorSpec([None], tf.string, name=name) for name in FIELDS[task.input_type]}
+    specs = {name: tf.TensorSpec([None], tf.string, name=name) for name in task.input_fields}
     if task.input_type == "multiple_choice":
         specs[CHOICES] = tf.TensorSpec([None, task.num_choices], tf.string, name=CHOICES)
     return specs
-
-
-def num_views(task: TaskSpec) -> int:
-    """K: views per example the model takes for ``task``."""
-    return _VIEWS.get(task.input_type, task.num_choices)
 
 
 def check_texts(name: str, texts: tf.Tensor) -> list:
@@ -96,7 +83,7 @@ class TaskServingModule(tf.Module):
             raise ValueError(f"the tokenizer has {tokenizer.vocab_size} tokens but the model {config.vocab_size}")
         self.n_ctx, self.total_vocab = config.n_ctx, config.total_vocab
         self.special_ids = special_ids_from_config(config)
-        self.views = num_views(task)
+        self.views = task.num_views
 
     # ---------------------------------------------------------------- graph pieces
     def _token_fields(self, fields: dict) -> dict:
@@ -112,7 +99,7 @@ class TaskServingModule(tf.Module):
 
     def _record(self, tokens: dict, i) -> dict:
         """Example ``i`` as the parsed-record dict ``transform_record`` takes (no label)."""
-        names = FIELDS[self.task.input_type]
+        names = self.task.input_fields
         empty = tf.zeros([0], tf.int32)
         record = {"tokens_a": tokens[names[0]][i], "tokens_b": tokens[names[1]][i] if len(names) > 1 else empty,
                   "choice_tokens": empty, "choice_lengths": empty, "label": tf.constant(-1.0)}

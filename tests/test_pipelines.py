@@ -14,6 +14,7 @@ import pytest
 
 from pipelines import books as books_lib
 from pipelines import pretrain_data as pd
+from pipelines import records
 
 ROOT = Path(__file__).resolve().parents[1]
 N_CTX = 64
@@ -186,8 +187,8 @@ def built(shared_data, tmp_path_factory):
 def _records(out_dir, manifest, split):
     import tensorflow as tf
     files = [str(Path(out_dir) / s["file"]) for s in manifest["splits"][split]["shards"]]
-    spec = {pd.FEATURE: tf.io.FixedLenFeature([N_CTX + 1], tf.int64)}
-    rows = [tf.io.parse_single_example(r, spec)[pd.FEATURE].numpy()
+    spec = {records.PRETRAIN_FEATURE: tf.io.FixedLenFeature([N_CTX + 1], tf.int64)}
+    rows = [tf.io.parse_single_example(r, spec)[records.PRETRAIN_FEATURE].numpy()
             for r in tf.data.TFRecordDataset(files, compression_type="GZIP")]
     return np.stack(rows)
 
@@ -197,7 +198,7 @@ def test_manifest_numbers_are_consistent(built):
     assert manifest["n_ctx"] == N_CTX and manifest["record"]["compression"] == "GZIP"
     assert manifest["tokenizer"]["vocab_size"] == tok.vocab_size == 1000
     for f in manifest["tokenizer"]["files"]:
-        assert pd.sha256_file(Path(cfg.tokenizer_dir) / f["name"]) == f["sha256"]
+        assert records.sha256_file(Path(cfg.tokenizer_dir) / f["name"]) == f["sha256"]
     assert manifest["separator"]["id"] in tok.encode("one\ntwo")
     assert set(manifest["splits"]) == {"train", "valid"}
     for split in manifest["splits"].values():

@@ -327,7 +327,7 @@ def test_skipped_rows_reach_the_manifest(tmp_path, tokenizer_dir):
     assert all(s["reason"].startswith("malformed") for s in m["skipped"])
     assert json.loads((tmp_path / "out/manifest.json").read_text())["skipped"] == m["skipped"]
     from gpt_tf.tokenizer import GPTTokenizer
-    from pipelines.task_readers import Example
+    from pipelines.task_rows import Example
 
     with pytest.raises(ValueError, match="'g1': text_b encodes to no token"):
         fd.tokenize_examples(GPTTokenizer.from_dir(tokenizer_dir), [Example("g1", "a", "\x00", None, 0)])

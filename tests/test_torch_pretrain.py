@@ -75,7 +75,7 @@ def test_reference_run_round_trip(records, tmp_path):
     from gpt_tf.config import GPTConfig
     from gpt_tf.model import GPTLanguageModel
     from gpt_tf.trainer import restore_pretrained_lm
-    from pipelines.pretrain_data import COMPRESSION, FEATURE
+    from pipelines.records import COMPRESSION, PRETRAIN_FEATURE as FEATURE
 
     tokens = tmp_path / "tokens.npz"
     meta = export(str(records), str(tokens))

@@ -24,7 +24,7 @@ from gpt_tf.lm_scorer import LMScorer
 from gpt_tf.metrics import matthews
 from gpt_tf.model import GPTLanguageModel
 from gpt_tf.tokenizer import GPTTokenizer
-from pipelines.task_readers import Example
+from pipelines.task_rows import Example
 from pipelines.winograd import read_dpr
 from tests.small_runs import run_cli
 
