@@ -125,7 +125,7 @@ def serialize(rec: dict) -> bytes:
                "choice_tokens": ints(rec["choice_tokens"]), "choice_lengths": ints(rec["choice_lengths"])}
     if rec["label"] is not None:
         feature["label"] = tf.train.Feature(float_list=tf.train.FloatList(value=[float(rec["label"])]))
-    return tf.train.Example(features=tf.train.Features(feature=feature)).SerializeToString()
+    return tf.train.Example(features=tf.train.Features(feature=feature)).SerializeToString(deterministic=True)
 
 
 def write_records(records: Sequence[dict], path: Path, show_progress: bool = False) -> None:
