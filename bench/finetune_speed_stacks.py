@@ -6,7 +6,7 @@ books of ``../shared/data/books/train``; the SST-2 training texts (``glue/SST-2/
 ``dev`` split that evaluation reads (so both phases run on training texts); and, for PyTorch, the
 same records as token-id views (``<s> text <e>``, cut to n_ctx as `pipelines.transforms` does).
 
-``ours``: `gpt_tf.finetuner.Finetuner`, the loop `python -m gpt_tf.train --task=sst2` runs: its
+``ours``: `gpt_tf.training.task_objective.Finetuner`, the loop `python -m gpt_tf.train --task=sst2` runs: its
 tf.data pipeline, its `strategy.run` train step (forward, Eq. 5 loss, backward, clipping, AdamW)
 and its `predict`. ``hf``: `transformers.Trainer` fine-tuning `OpenAIGPTForSequenceClassification`
 of the same shape, driven from a callback, with dynamic padding (each batch padded to its longest
@@ -93,7 +93,7 @@ class Ours:
         import tensorflow as tf
 
         from gpt_tf.config import get_preset
-        from gpt_tf.finetuner import FinetuneConfig, Finetuner
+        from gpt_tf.training.task_objective import FinetuneConfig, Finetuner
         from pipelines.transforms import load_task_spec
 
         tf.config.threading.set_intra_op_parallelism_threads(spec["threads"])
@@ -110,12 +110,14 @@ class Ours:
                                log=lambda m: None)
         self.iterator = iter(self.tuner._dataset(self.tuner.heads[0], "train", training=True))
         self.step, self.batch_size = self.tuner._train_steps[0], spec["batch_size"]
+        self.no_stop = tf.constant(0.0)  # the update's stop request (TrainLoop.make_update)
         self.info = {"n_params": int(sum(v.shape.num_elements() for v in self.tuner.model.trainable_variables)),
                      "buckets": list(getattr(self.tuner, "buckets", [spec["n_ctx"]]))}
 
     def train(self, steps: int) -> dict:
         for _ in range(steps):
-            task_loss, _, _ = self.step(self.iterator)
+            (task_sum, _), counts, _, _ = self.step(self.iterator, self.no_stop)
+            task_loss = task_sum / counts["examples"]
         return {"examples": steps * self.batch_size, "loss": float(task_loss)}  # float(): waits for the last step
 
     def evaluate(self) -> dict:

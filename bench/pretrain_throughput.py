@@ -119,7 +119,7 @@ def run(args) -> dict:
 
     from gpt_tf.config import get_preset
     from gpt_tf.strategy import make_strategy
-    from gpt_tf.trainer import Pretrainer, TrainConfig
+    from gpt_tf.training.lm_objective import Pretrainer, TrainConfig
 
     strategy = make_strategy(args.strategy)
     if args.precision != "float32":

@@ -110,7 +110,7 @@ def import_run(weights_dir: str, data_dir: str, run_dir: str, model: str) -> dic
     import tensorflow as tf
 
     from gpt_tf.config import get_preset
-    from gpt_tf.trainer import Pretrainer, TrainConfig
+    from gpt_tf.training.lm_objective import Pretrainer, TrainConfig
     from gpt_tf.weights import load_hf_state_dict
     from pipelines.records import read_manifest
 

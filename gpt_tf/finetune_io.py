@@ -1,15 +1,14 @@
-"""Files around a fine-tuning run: which model config a checkpoint implies, run configs, submissions."""
+"""Files around a fine-tuning run: its run configs and submission files (checkpoints: ``gpt_tf.checkpoints``)."""
 
 from __future__ import annotations
 
 import csv
 import dataclasses
-import json
 import os
 
 from typing import Optional
 
-from gpt_tf.config import GPTConfig, get_preset
+from gpt_tf.config import GPTConfig
 from gpt_tf.run_dir import DATA_FILE, write_json_atomic
 from gpt_tf.task_model import task_predictions
 
@@ -22,18 +21,6 @@ GLUE_SUBMISSIONS = {
 
 # Column names of non-GLUE submission files (Story Cloze: the official id and answer columns).
 SUBMISSION_HEADER = {"story_cloze": ("InputStoryid", "AnswerRightEnding")}
-
-
-def pretrained_model_config(path: str) -> GPTConfig:
-    """The GPTConfig of a pre-training (or fine-tuning) run dir, a checkpoint prefix or GPT-1 release shards."""
-    if os.path.isfile(os.path.join(path, "params_0.npy")):
-        return get_preset("gpt1")
-    run_dir = path if os.path.isdir(path) else os.path.dirname(os.path.dirname(path))  # run/checkpoints/ckpt-N
-    config_path = os.path.join(run_dir, "model_config.json")
-    if not os.path.isfile(config_path):
-        raise FileNotFoundError(f"{config_path} not found: {path} is not a gpt_tf run (nor GPT-1 release shards)")
-    with open(config_path) as f:
-        return GPTConfig(**json.load(f))
 
 
 def save_run_configs(run_dir: str, model_config: GPTConfig, config, data: Optional[dict] = None) -> None:

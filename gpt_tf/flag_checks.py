@@ -5,7 +5,9 @@ or unknown flag; this parser collects every one) and calls ``problems(FLAGS)`` r
 before TensorFlow is imported and before anything is written. ``NUMERIC`` has a rule for every
 integer and float flag of the CLI (``tests/test_flags.py`` checks that none is missing, so a new
 flag gets its rule here); enum flags are checked by absl against their ``DEFINE_enum`` values;
-``CHOICES`` lists the string flags whose value must be a known name.
+``CHOICES`` lists the string flags whose value must be a known name. ``MODE_ONLY`` names the flags
+that apply to one kind of run only (pre-training or fine-tuning, ``--task``): ``mode_problems``
+rejects one given for the other kind, so that no flag is silently ignored.
 
 No TensorFlow here: only the registries of names (``gpt_tf.config``, ``gpt_tf.tasks``).
 """
@@ -14,6 +16,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+import os
 import sys
 from typing import Callable, Optional
 
@@ -103,6 +106,72 @@ def problems(flag_values: flags.FlagValues, numeric: dict = NUMERIC, choices: di
         if value and value not in known():
             out.append(f"--{name}={value} is not one of {', '.join(known())}")
     return out
+
+
+# Flags that apply to one kind of run only: given (on the command line or in a flagfile) for the
+# other kind they are an error, not silently ignored.
+MODE_ONLY = {
+    "pre-training": ("warmup_steps", "keep_checkpoints", "eval_every", "eval_batches", "sample_every", "sample_prompt",
+                     "sample_length", "zero_shot_tasks", "zero_shot_data_dirs", "zero_shot_every",
+                     "zero_shot_max_examples", "zero_shot_reference_json"),
+    "fine-tuning": ("init_checkpoint", "transfer_layers", "epochs", "lm_coef", "clf_pdrop", "warmup_fraction",
+                    "aux_data_dirs", "task_mixture", "length_buckets", "buckets_per_octave", "predict_split"),
+}
+
+
+def mode_problems(flag_values: flags.FlagValues) -> list[str]:
+    """One line per given flag that does not apply to this kind of run (``--task``: fine-tuning)."""
+    finetuning = bool(flag_values.task)
+    other = "pre-training" if finetuning else "fine-tuning"
+    out = [f"--{name} applies to {other} only ({'drop --task' if finetuning else 'add --task'} or drop the flag)"
+           for name in MODE_ONLY[other] if name in flag_values and flag_values[name].present]
+    if finetuning and flag_values.lr_decay != "linear":
+        out.append(f"--lr_decay={flag_values.lr_decay}: fine-tuning decays linearly (the paper's recipe); "
+                   "give --lr_decay=linear or drop the flag")
+    return out
+
+
+def strategy_problems(fv: flags.FlagValues, environ=os.environ) -> list[str]:
+    """--strategy and the flags that describe its devices or cluster (pre-training and fine-tuning)."""
+    problems = []
+    if fv.num_cpu_devices > 1 and fv.strategy != "mirrored":
+        problems.append("--num_cpu_devices > 1 only makes sense with --strategy=mirrored")
+    if fv.strategy == "tpu" and not fv.tpu:
+        problems.append("--strategy=tpu needs --tpu (a TPU name, or `local` on a TPU VM)")
+    if fv.workers and fv.strategy != "multi_worker":
+        problems.append("--workers only makes sense with --strategy=multi_worker")
+    if fv.workers and "TF_CONFIG" in environ:
+        problems.append("--workers and the TF_CONFIG environment variable both describe the cluster; give one")
+    if fv.workers and not 0 <= fv.worker_index < len(fv.workers):
+        problems.append(f"--worker_index={fv.worker_index} is not an index of --workers ({len(fv.workers)} given)")
+    if fv.strategy == "multi_worker" and not fv.workers and "TF_CONFIG" not in environ:
+        problems.append("--strategy=multi_worker needs the cluster: --workers=host:port,... --worker_index=i, or TF_CONFIG")
+    return problems
+
+
+def finetune_problems(fv: flags.FlagValues) -> list[str]:
+    """Missing values and contradictions of a fine-tuning command (``--task``), before anything runs."""
+    problems = []
+    if fv.mode == "generate":
+        problems.append("--mode=generate is for language models, not with --task")
+    if fv.init_checkpoint and not (os.path.exists(fv.init_checkpoint) or os.path.exists(fv.init_checkpoint + ".index")):
+        problems.append(f"--init_checkpoint={fv.init_checkpoint} does not exist")
+    if fv.transfer_layers >= 0 and not fv.init_checkpoint:
+        problems.append("--transfer_layers needs --init_checkpoint (without it nothing is transferred)")
+    if fv.mode in ("eval", "predict") and fv.run_dir and not os.path.isdir(os.path.join(fv.run_dir, "checkpoints")):
+        problems.append(f"--mode={fv.mode} needs a fine-tuned run: no checkpoints in --run_dir={fv.run_dir}")
+    for path in fv.aux_data_dirs:
+        if not os.path.isfile(os.path.join(path, "manifest.json")):
+            problems.append(f"--aux_data_dirs: {path} has no manifest.json; build it with `python -m pipelines.finetune_data`")
+    if fv.task_mixture:
+        try:
+            weights = [float(w) for w in fv.task_mixture]
+        except ValueError:
+            weights = []
+        if len(weights) != 1 + len(fv.aux_data_dirs) or min(weights) < 0 or not sum(weights) > 0:
+            problems.append(f"--task_mixture={','.join(fv.task_mixture)} needs {1 + len(fv.aux_data_dirs)} "
+                            "non-negative numbers with a positive sum (--data_dir first, then --aux_data_dirs)")
+    return problems
 
 
 def fail(prog: str, found: list[str], what: str = "invalid flags") -> None:

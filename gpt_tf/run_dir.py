@@ -7,7 +7,7 @@ the run reads, so that data rebuilt in place (same path, other content) is notic
 Re-running a command on a folder that holds checkpoints resumes it, and the data position is
 computed from the step with the *current* batch size and data, so every hyper-parameter must be
 the one the run started with. ``resume_problems`` lists each field that differs, except those in
-``RESUMABLE``: the length of the run (``train_steps``, ``epochs``), how often it logs, checkpoints,
+``RESUMABLE``: the length of the run (``train_steps``, ``epochs``; fine-tuning's ``train_steps`` is a cap), how often it logs, checkpoints,
 evaluates and samples, how it computes the same update (``grad_accum_steps``, ``jit_compile``), and
 where its data lives (the data's identity is checked through ``data.json`` instead).
 
@@ -28,7 +28,8 @@ RESUMABLE = {
                                     "eval_batches", "sample_every", "sample_prompt", "sample_length", "jit_compile",
                                     "grad_accum_steps", "data_dir", "precision"}),
     "finetune_config.json": frozenset({"epochs", "log_every", "data_dir", "aux_data_dirs", "init_checkpoint",
-                                       "precision"}),
+                                       "precision", "train_steps", "checkpoint_every", "grad_accum_steps",
+                                       "jit_compile"}),
     "model_config.json": frozenset(),
     DATA_FILE: frozenset(),
 }

@@ -7,18 +7,14 @@
 ``multi_worker``  ``MultiWorkerMirroredStrategy`` from ``TF_CONFIG`` (``tf_config`` writes one);
 ``tpu``           ``TPUStrategy`` from a ``TPUClusterResolver`` (``tpu="local"`` on a TPU VM).
 
-Only the chief writes checkpoints, summaries and exports. Under multi-worker every worker must
-still call ``save`` (TF's collective save), so the others save to a private scratch folder
-(``checkpoint_managers``); every worker restores from the chief's folder, which must therefore be on
-storage all workers read (a shared file system or ``gs://``).
+Only the chief (``is_chief``) writes checkpoints, summaries and exports; where the other workers
+save, and where every worker restores from, is ``gpt_tf.checkpoints.checkpoint_managers``.
 """
 
 from __future__ import annotations
 
 import json
 import os
-import shutil
-import tempfile
 
 import tensorflow as tf
 
@@ -78,30 +74,3 @@ def is_chief(strategy) -> bool:
         return True
     task_type, task_id = resolver.task_type, resolver.task_id
     return task_type in (None, "chief") or (task_type == "worker" and task_id == 0 and "chief" not in resolver.cluster_spec().as_dict())
-
-
-def checkpoint_dirs(run_dir: str, strategy) -> tuple[str, str]:
-    """(read, write) checkpoint folders: the chief's ``run_dir/checkpoints`` and, off the chief, a scratch folder."""
-    shared = os.path.join(run_dir, "checkpoints")
-    if is_chief(strategy):
-        return shared, shared
-    scratch = tempfile.mkdtemp(prefix=f"gpt_tf_worker{strategy.cluster_resolver.task_id}_ckpt_")
-    return shared, scratch
-
-
-def checkpoint_managers(checkpoint: tf.train.Checkpoint, run_dir: str, strategy,
-                        max_to_keep: int) -> tuple[tf.train.CheckpointManager, tf.train.CheckpointManager]:
-    """(write, read) managers of ``checkpoint``: the same one on the chief; off it, scratch and the chief's.
-
-    Call ``remove_scratch(write, read)`` when training ends.
-    """
-    read_dir, write_dir = checkpoint_dirs(run_dir, strategy)
-    write = tf.train.CheckpointManager(checkpoint, write_dir, max_to_keep=max_to_keep)
-    read = write if read_dir == write_dir else tf.train.CheckpointManager(checkpoint, read_dir, max_to_keep=max_to_keep)
-    return write, read
-
-
-def remove_scratch(write: tf.train.CheckpointManager, read: tf.train.CheckpointManager) -> None:
-    """Deletes a non-chief worker's scratch checkpoints (``checkpoint_managers``); no-op on the chief."""
-    if write is not read:
-        shutil.rmtree(write.directory, ignore_errors=True)

@@ -9,6 +9,8 @@ r"""Command line: pre-train, evaluate or sample a GPT language model; fine-tune 
 
 With ``--task`` the run fine-tunes (§3.2) and the paper's fine-tuning recipe is the default for
 any flag the command line leaves unset (lr 6.25e-5, batch 32, 3 epochs, 0.2% warm-up, λ 0.5).
+Both run the one training loop (``gpt_tf/training``); a flag of the other kind of run is an error
+(``flag_checks.MODE_ONLY``).
 
 Flags are read here only; everything below takes dataclasses. Re-running the same command
 resumes from the run directory's latest checkpoint. Each mode ends with a one-line summary of its
@@ -58,7 +60,7 @@ flags.DEFINE_string("tokenizer_dir", "", "BPE files (encoder json + .bpe); defau
 flags.DEFINE_string("run_dir", None, "Where checkpoints, TensorBoard logs and configs go.")
 flags.DEFINE_integer("batch_size", 64, "Global batch size in sequences (the paper: 64).")
 flags.DEFINE_integer("grad_accum_steps", 1, "Micro-batches per update; the update equals the full batch's.")
-flags.DEFINE_integer("train_steps", 100_000, "Number of updates.")
+flags.DEFINE_integer("train_steps", 100_000, "Number of updates (fine-tuning: a cap; the schedule spans --epochs).")
 flags.DEFINE_float("learning_rate", 2.5e-4, "Peak learning rate (the paper: 2.5e-4).")
 flags.DEFINE_integer("warmup_steps", 2000, "Linear warm-up updates (the paper: 2000).")
 flags.DEFINE_enum("lr_decay", "cosine", ["cosine", "linear", "constant"], "Decay after warm-up.")
@@ -78,7 +80,8 @@ flags.DEFINE_bool("jit_compile", False, "XLA-compile each replica's forward/back
 flags.DEFINE_integer("seed", 0, "Seed for init, dropout and data order.")
 flags.DEFINE_bool("deterministic", False, "Enable TF op determinism (bit-exact resume; slower).")
 flags.DEFINE_integer("log_every", 10, "Log/summary period in steps.")
-flags.DEFINE_integer("checkpoint_every", 500, "Checkpoint period in steps.")
+flags.DEFINE_integer("checkpoint_every", 500, "Checkpoint period in steps (fine-tuning: only when given; "
+                     "it always saves at each epoch's end).")
 flags.DEFINE_integer("keep_checkpoints", 3, "Checkpoints kept.")
 flags.DEFINE_integer("eval_every", 0, "Held-out evaluation period in steps (0: at the end only).")
 flags.DEFINE_integer("eval_batches", 0, "Batches per periodic evaluation (0: the whole split).")
@@ -110,19 +113,19 @@ def _apply_finetune_defaults() -> None:
 
 def _check_flags() -> list[str]:
     """Contradictions and missing values, found before any work starts."""
-    problems = []
-    if FLAGS.task:
-        return _check_finetune_flags()
-    for name in ("data_dir", "run_dir"):
-        if not getattr(FLAGS, name):
-            problems.append(f"--{name} is required")
+    problems = [f"--{name} is required" for name in ("data_dir", "run_dir") if not getattr(FLAGS, name)]
+    builder = "finetune_data" if FLAGS.task else "pretrain_data"
     if FLAGS.data_dir and not os.path.isfile(os.path.join(FLAGS.data_dir, "manifest.json")):
-        problems.append(f"--data_dir={FLAGS.data_dir} has no manifest.json; build it with `python -m pipelines.pretrain_data`")
+        problems.append(f"--data_dir={FLAGS.data_dir} has no manifest.json; build it with `python -m pipelines.{builder}`")
     if FLAGS.batch_size > 0 and FLAGS.grad_accum_steps > 0 and FLAGS.batch_size % FLAGS.grad_accum_steps:
         problems.append(f"--batch_size={FLAGS.batch_size} is not divisible by --grad_accum_steps={FLAGS.grad_accum_steps}")
+    problems += flag_checks.mode_problems(FLAGS) + flag_checks.strategy_problems(FLAGS)
+    if FLAGS.strategy == "tpu" and FLAGS.precision == "float32":
+        logging.warning("TPUs are fastest with --precision=mixed_bfloat16")
+    if FLAGS.task:
+        return problems + flag_checks.finetune_problems(FLAGS)
     if FLAGS.warmup_steps < 0 or FLAGS.warmup_steps > FLAGS.train_steps:
         problems.append(f"--warmup_steps={FLAGS.warmup_steps} must be within [0, --train_steps={FLAGS.train_steps}]")
-    problems += _check_strategy_flags()
     if FLAGS.mode in ("eval", "generate") and FLAGS.run_dir and not os.path.isdir(os.path.join(FLAGS.run_dir, "checkpoints")):
         problems.append(f"--mode={FLAGS.mode} needs a trained run: no checkpoints in --run_dir={FLAGS.run_dir}")
     if FLAGS.zero_shot_reference_json and not os.path.isfile(FLAGS.zero_shot_reference_json):
@@ -144,26 +147,6 @@ def _zero_shot_config():
                           every=FLAGS.zero_shot_every, max_examples=FLAGS.zero_shot_max_examples, reference=reference)
 
 
-def _check_strategy_flags() -> list[str]:
-    """--strategy and the flags that describe its devices or cluster (pre-training and fine-tuning)."""
-    problems = []
-    if FLAGS.num_cpu_devices > 1 and FLAGS.strategy != "mirrored":
-        problems.append("--num_cpu_devices > 1 only makes sense with --strategy=mirrored")
-    if FLAGS.strategy == "tpu" and not FLAGS.tpu:
-        problems.append("--strategy=tpu needs --tpu (a TPU name, or `local` on a TPU VM)")
-    if FLAGS.workers and FLAGS.strategy != "multi_worker":
-        problems.append("--workers only makes sense with --strategy=multi_worker")
-    if FLAGS.workers and "TF_CONFIG" in os.environ:
-        problems.append("--workers and the TF_CONFIG environment variable both describe the cluster; give one")
-    if FLAGS.workers and not 0 <= FLAGS.worker_index < len(FLAGS.workers):
-        problems.append(f"--worker_index={FLAGS.worker_index} is not an index of --workers ({len(FLAGS.workers)} given)")
-    if FLAGS.strategy == "multi_worker" and not FLAGS.workers and "TF_CONFIG" not in os.environ:
-        problems.append("--strategy=multi_worker needs the cluster: --workers=host:port,... --worker_index=i, or TF_CONFIG")
-    if FLAGS.strategy == "tpu" and FLAGS.precision == "float32":
-        logging.warning("TPUs are fastest with --precision=mixed_bfloat16")
-    return problems
-
-
 def _strategy_and_precision(keras, model_config, seq):
     """The --strategy and the precision (--precision, ``auto`` resolved for ``model_config`` at batch x
     ``seq``); the global Keras dtype policy is set to that precision."""
@@ -179,36 +162,6 @@ def _strategy_and_precision(keras, model_config, seq):
     if precision != "float32":
         keras.mixed_precision.set_dtype_policy(precision)
     return strategy, precision
-
-
-def _check_finetune_flags() -> list[str]:
-    problems = []
-    for name in ("data_dir", "run_dir"):
-        if not getattr(FLAGS, name):
-            problems.append(f"--{name} is required")
-    if FLAGS.data_dir and not os.path.isfile(os.path.join(FLAGS.data_dir, "manifest.json")):
-        problems.append(f"--data_dir={FLAGS.data_dir} has no manifest.json; build it with `python -m pipelines.finetune_data`")
-    if FLAGS.mode == "generate":
-        problems.append("--mode=generate is for language models, not with --task")
-    problems += _check_strategy_flags()
-    if FLAGS.init_checkpoint and not (os.path.exists(FLAGS.init_checkpoint) or os.path.exists(FLAGS.init_checkpoint + ".index")):
-        problems.append(f"--init_checkpoint={FLAGS.init_checkpoint} does not exist")
-    if FLAGS.transfer_layers >= 0 and not FLAGS.init_checkpoint:
-        problems.append("--transfer_layers needs --init_checkpoint (without it nothing is transferred)")
-    if FLAGS.mode in ("eval", "predict") and FLAGS.run_dir and not os.path.isdir(os.path.join(FLAGS.run_dir, "checkpoints")):
-        problems.append(f"--mode={FLAGS.mode} needs a fine-tuned run: no checkpoints in --run_dir={FLAGS.run_dir}")
-    for path in FLAGS.aux_data_dirs:
-        if not os.path.isfile(os.path.join(path, "manifest.json")):
-            problems.append(f"--aux_data_dirs: {path} has no manifest.json; build it with `python -m pipelines.finetune_data`")
-    if FLAGS.task_mixture:
-        try:
-            weights = [float(w) for w in FLAGS.task_mixture]
-        except ValueError:
-            weights = []
-        if len(weights) != 1 + len(FLAGS.aux_data_dirs) or min(weights) < 0 or not sum(weights) > 0:
-            problems.append(f"--task_mixture={','.join(FLAGS.task_mixture)} needs {1 + len(FLAGS.aux_data_dirs)} "
-                            "non-negative numbers with a positive sum (--data_dir first, then --aux_data_dirs)")
-    return problems
 
 
 def _say(message: str) -> None:
@@ -249,7 +202,8 @@ def main(argv):
     from gpt_tf.monitor import TrainCallbacks
     from gpt_tf.preemption import PREEMPTED_EXIT_CODE, Preempted
     from gpt_tf.strategy import split_cpu
-    from gpt_tf.trainer import DataError, Pretrainer, TrainConfig
+    from gpt_tf.training.lm_objective import Pretrainer, TrainConfig
+    from gpt_tf.training.loop import DataError
 
     if FLAGS.deterministic:
         tf.config.experimental.enable_op_determinism()
@@ -351,7 +305,7 @@ def _pretrain_setup():
 def _finetune_model_config(tokenizer_vocab):
     """The backbone's config: the pre-trained run's, GPT-1's for release shards, else --model's."""
     from gpt_tf.config import get_preset
-    from gpt_tf.finetune_io import pretrained_model_config
+    from gpt_tf.checkpoints import pretrained_model_config
 
     if FLAGS.mode in ("eval", "predict") or os.path.isfile(os.path.join(FLAGS.run_dir, "model_config.json")):
         config = pretrained_model_config(FLAGS.run_dir)
@@ -372,15 +326,15 @@ def _finetune_model_config(tokenizer_vocab):
 
 
 def _finetune_main(keras, tf):
-    from gpt_tf.console import format_metrics
-    from gpt_tf.finetune_io import save_run_configs, write_submission
-    from gpt_tf.finetuner import FinetuneConfig, Finetuner
-    from gpt_tf.trainer import DataError
-    from pipelines.transforms import load_task_spec
-
     import dataclasses
 
+    from gpt_tf.console import format_metrics
+    from gpt_tf.finetune_io import save_run_configs, write_submission
+    from gpt_tf.preemption import PREEMPTED_EXIT_CODE, Preempted
+    from gpt_tf.training.loop import DataError
+    from gpt_tf.training.task_objective import FinetuneConfig, Finetuner
     from pipelines.records import read_manifest as read_manifest_json
+    from pipelines.transforms import load_task_spec
 
     manifest = read_manifest_json(FLAGS.data_dir)
     task = load_task_spec(FLAGS.data_dir)
@@ -397,15 +351,12 @@ def _finetune_main(keras, tf):
             sys.exit(f"gpt_tf.train: {path} was tokenized with {vocab} BPE tokens but the model has "
                      f"{model_config.vocab_size}: rebuild it with the same tokenizer as --data_dir")
     strategy, precision = _strategy_and_precision(keras, model_config, min(32, model_config.n_ctx))  # short views
-    config = FinetuneConfig(
-        data_dir=FLAGS.data_dir, run_dir=FLAGS.run_dir, init_checkpoint=FLAGS.init_checkpoint,
-        transfer_layers=FLAGS.transfer_layers, batch_size=FLAGS.batch_size, epochs=FLAGS.epochs,
-        learning_rate=FLAGS.learning_rate, warmup_fraction=FLAGS.warmup_fraction, lm_coef=FLAGS.lm_coef,
-        clf_pdrop=FLAGS.clf_pdrop, weight_decay=FLAGS.weight_decay, clip_norm=FLAGS.clip_norm,
-        precision=precision, seed=FLAGS.seed, log_every=FLAGS.log_every,
-        aux_data_dirs=tuple(FLAGS.aux_data_dirs), mixture=tuple(float(w) for w in FLAGS.task_mixture),
-        length_buckets=FLAGS.length_buckets, buckets_per_octave=FLAGS.buckets_per_octave,
-    )
+    same = ("data_dir", "run_dir", "init_checkpoint", "transfer_layers", "batch_size", "epochs", "learning_rate",
+            "warmup_fraction", "lm_coef", "clf_pdrop", "weight_decay", "clip_norm", "seed", "log_every",
+            "length_buckets", "buckets_per_octave", "grad_accum_steps", "jit_compile")
+    given = {n: FLAGS[n].value for n in ("train_steps", "checkpoint_every") if FLAGS[n].present}  # else: none / epochs
+    config = FinetuneConfig(**{n: FLAGS[n].value for n in same}, **given, precision=precision,
+                            aux_data_dirs=tuple(FLAGS.aux_data_dirs), mixture=tuple(float(w) for w in FLAGS.task_mixture))
     data = data_identity(data=manifest, **aux)
     if FLAGS.mode == "train":
         problems = resume_problems(FLAGS.run_dir, {"model_config.json": dataclasses.asdict(model_config),
@@ -418,6 +369,9 @@ def _finetune_main(keras, tf):
             save_run_configs(FLAGS.run_dir, model_config, config, data)
         try:
             results = tuner.train(progress=FLAGS.progress)
+        except Preempted as stopped:
+            _say(str(stopped))
+            sys.exit(PREEMPTED_EXIT_CODE)
         except DataError as err:
             sys.exit(f"gpt_tf.train: {err}")
     else:

@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import json
 import os
-import re
 import sys
 
 from absl import app, flags, logging
@@ -52,28 +51,6 @@ def run_manifest(run_dir: str) -> dict | None:
         return None
     with open(path) as f:
         return json.load(f)
-
-
-def kept_checkpoints(run_dir: str, step: int = 0) -> list[tuple[int, str]]:
-    """``[(step, prefix)]`` of the run's kept checkpoints in step order (only ``step`` if non-zero)."""
-    import tensorflow as tf
-
-    ckpt_dir = os.path.join(run_dir, "checkpoints")
-    state = tf.train.get_checkpoint_state(ckpt_dir)
-    prefixes = list(state.all_model_checkpoint_paths) if state else []
-    found = []
-    for prefix in prefixes:
-        match = re.search(r"ckpt-(\d+)$", prefix)
-        if match:
-            found.append((int(match.group(1)), prefix if os.path.isabs(prefix) else os.path.join(ckpt_dir, os.path.basename(prefix))))
-    found.sort()
-    if step:
-        found = [(s, p) for s, p in found if s == step]
-        if not found:
-            raise FileNotFoundError(f"{ckpt_dir}: no kept checkpoint at step {step}")
-    if not found:
-        raise FileNotFoundError(f"{ckpt_dir}: no checkpoints")
-    return found
 
 
 def _check_flags() -> list[str]:
@@ -122,11 +99,10 @@ def main(argv):
     tf = import_tensorflow()  # its start-up lines off the console (GPT_TF_VERBOSE=1 keeps them)
     import keras
 
-    from gpt_tf.finetune_io import pretrained_model_config
+    from gpt_tf.checkpoints import kept_checkpoints, pretrained_model_config, restore_pretrained_lm
     from gpt_tf.heuristics import ZeroShotSuite, append_csv, write_summaries
     from gpt_tf.model import GPTLanguageModel
     from gpt_tf.tokenizer import GPTTokenizer
-    from gpt_tf.trainer import restore_pretrained_lm
 
     tokenizer = GPTTokenizer.from_dir(FLAGS.tokenizer_dir or manifest["tokenizer"]["dir"])
     bos_id = (manifest or {}).get("separator", {}).get("id")

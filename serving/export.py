@@ -4,8 +4,8 @@ r"""Export trained models as TF Serving versions: ``<export_base>/<model_name>/<
     python -m serving.export --run_dir=runs/books_tiny --export_base=exported --model_name=books_lm
 
 A fine-tuning run dir (``finetune_config.json``) gives a task model (``serving/task_module.py``:
-text -> probabilities, label ids and names, or the score), restored through
-``gpt_tf.finetuner.Finetuner.restore``; its task and tokenizer come from the task data's
+text -> probabilities, label ids and names, or the score), restored by
+``gpt_tf.checkpoints.load_task_model`` (no training code); its task and tokenizer come from the task data's
 ``manifest.json``. A pre-training run dir (``train_config.json``) or a folder of GPT-1 release
 shards gives a language model (``serving/lm_module.py``). The version is one above the newest
 already there unless ``--version`` says otherwise; it appears atomically.
@@ -16,7 +16,6 @@ checkpoints hold float32 weights either way) and always answer in float32.
 
 from __future__ import annotations
 
-import dataclasses
 import json
 import os
 import sys
@@ -57,34 +56,21 @@ def check_tokenizer(data_dir: str, tokenizer_dir: str) -> None:
 def load_finetuned(run_dir: str, precision: str = "float32", data_dir: str = ""):
     """(``GPTTaskModel``, ``TaskSpec``, tokenizer dir) of a fine-tuning run's latest checkpoint.
 
-    The model is built by ``Finetuner`` itself (so a multi-task run gets its shared backbone and
-    every head; the primary task's is returned) and only the model's weights are restored: the
-    optimizer's slots are not needed to serve.
+    ``gpt_tf.checkpoints.load_task_model`` builds the model the run implies (a multi-task run gets
+    its shared backbone and every head; the primary task's is returned) and restores only its
+    weights: no optimizer, no training data.
     """
-    import tensorflow as tf
+    from gpt_tf.checkpoints import load_task_model
 
-    from gpt_tf.finetune_io import pretrained_model_config
-    from gpt_tf.finetuner import FinetuneConfig, Finetuner
-    from pipelines.transforms import load_task_spec
-
-    saved = _read_json(os.path.join(run_dir, "finetune_config.json"))
-    # No pre-trained initialisation (the checkpoint overwrites it) and the export's precision.
-    config = dataclasses.replace(FinetuneConfig(**saved), init_checkpoint="", precision=precision,
-                                 data_dir=data_dir or saved["data_dir"], run_dir=run_dir)
-    task = load_task_spec(config.data_dir)
-    tuner = Finetuner(task, pretrained_model_config(run_dir), config, tf.distribute.get_strategy(), log=lambda _: None)
-    latest = tuner.manager.latest_checkpoint
-    if not latest:
-        raise FileNotFoundError(f"{run_dir}/checkpoints holds no checkpoint")
-    tf.train.Checkpoint(model=tuner.checkpoint.model).restore(latest).expect_partial().assert_existing_objects_matched()
-    return tuner.model, task, _manifest_tokenizer_dir(config.data_dir)
+    data_dir = data_dir or _read_json(os.path.join(run_dir, "finetune_config.json"))["data_dir"]
+    model, task = load_task_model(run_dir, precision, data_dir)
+    return model, task, _manifest_tokenizer_dir(data_dir)
 
 
 def load_pretrained(path: str, precision: str = "float32", tokenizer_dir: str = ""):
     """(``GPTLanguageModel``, tokenizer dir) of a pre-training run dir or GPT-1 release shards."""
-    from gpt_tf.finetune_io import pretrained_model_config
+    from gpt_tf.checkpoints import pretrained_model_config, restore_pretrained_lm
     from gpt_tf.model import GPTLanguageModel
-    from gpt_tf.trainer import restore_pretrained_lm
 
     if not tokenizer_dir:
         if os.path.isfile(os.path.join(path, "params_0.npy")):

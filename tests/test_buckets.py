@@ -157,7 +157,7 @@ def test_bucketed_epoch_gives_the_padded_losses_and_views_share_a_bucket(built, 
 
 
 def test_predictions_come_back_in_file_order(built, tmp_path):
-    from gpt_tf.finetuner import FinetuneConfig, Finetuner
+    from gpt_tf.training.task_objective import FinetuneConfig, Finetuner
 
     spec = get_task("story_cloze")
     config = get_preset("test", vocab_size=40478, n_ctx=64)

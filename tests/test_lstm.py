@@ -15,12 +15,12 @@ import pytest
 import tensorflow as tf
 
 from gpt_tf.config import GPTConfig, get_preset
-from gpt_tf.finetuner import FinetuneConfig, Finetuner
+from gpt_tf.training.task_objective import FinetuneConfig, Finetuner
 from gpt_tf.lstm import LSTMBackbone
 from gpt_tf.model import GPTLanguageModel, make_backbone
 from gpt_tf.task_model import GPTTaskModel, transfer_layers
 from gpt_tf.tasks import get_task
-from gpt_tf.trainer import variables_by_key
+from gpt_tf.checkpoints import variables_by_key
 from pipelines.transforms import load_task_spec
 
 CONFIG = get_preset("lstm_test")

@@ -55,7 +55,7 @@ def reference_run(data_dir, run_dir, flags, pipelines=1, **overrides):
 
     from gpt_tf.config import get_preset
     from gpt_tf.tokenizer import GPTTokenizer
-    from gpt_tf.trainer import Pretrainer, TrainConfig
+    from gpt_tf.training.lm_objective import Pretrainer, TrainConfig
     from pipelines.reader import pretraining_dataset
 
     value = {f.split("=", 1)[0][2:]: f.split("=", 1)[1] for f in flags if "=" in f}

@@ -74,7 +74,7 @@ def test_reference_run_round_trip(records, tmp_path):
     from bench.torch_pretrain_io import export, import_run
     from gpt_tf.config import GPTConfig
     from gpt_tf.model import GPTLanguageModel
-    from gpt_tf.trainer import restore_pretrained_lm
+    from gpt_tf.checkpoints import restore_pretrained_lm
     from pipelines.records import COMPRESSION, PRETRAIN_FEATURE as FEATURE
 
     tokens = tmp_path / "tokens.npz"

@@ -4,8 +4,12 @@ The paper's recipe is the default: lr 6.25e-5, batch 32, 3 epochs, linear decay 
 warm-up, classifier dropout 0.1, λ = 0.5. The ablations of §5 are options: no pre-training
 (``init_checkpoint=""``), transfer of only the first ``transfer_layers`` blocks, λ = 0.
 
-Like pre-training, it is a custom ``strategy.run`` loop; each update all-reduces once, and the
-losses are scaled by global counts so any number of replicas gives the full-batch update.
+It runs on the one training loop (``gpt_tf.training.loop``), as pre-training does: the losses are
+normalised by the global batch's counts (examples, LM target tokens), so any number of replicas
+and of ``grad_accum_steps`` micro-batches gives the full-batch update; SIGTERM saves and stops
+(``Preempted``), the same command resumes mid-epoch exactly; ``jit_compile``, ``train_steps`` (a cap
+on updates; the learning-rate schedule still spans ``epochs``) and ``checkpoint_every`` (besides the
+checkpoint at each epoch's end) are the loop's.
 
 Multi-task fine-tuning (§5 suggests it for small sets such as RTE): ``aux_data_dirs`` adds tasks
 that share the backbone, each with its own W_y. Every update draws ONE task's batch, the task
@@ -26,16 +30,14 @@ import numpy as np
 import tensorflow as tf
 
 from gpt_tf import console
+from gpt_tf.checkpoints import build_task_models, pretrained_model_config, restore_pretrained_lm, unique_variables
 from gpt_tf.config import GPTConfig
-from gpt_tf.finetune_io import pretrained_model_config
 from gpt_tf.metrics import compute_metrics
-from gpt_tf.model import GPTLanguageModel, make_backbone
+from gpt_tf.model import GPTLanguageModel
 from gpt_tf.optim import WarmupDecay, make_optimizer
-from gpt_tf.strategy import checkpoint_managers, is_chief, remove_scratch
 from gpt_tf.task_model import GPTTaskModel, reset_special_embeddings, task_loss, task_predictions, transfer_layers
 from gpt_tf.tasks import TaskSpec
-from gpt_tf.trainer import (all_reduce_and_apply, named_data_error, restore_latest, restore_pretrained_lm,
-                            variables_by_key)
+from gpt_tf.training.loop import TrainLoop
 from pipelines.task_batches import bucket_lengths
 from pipelines.transforms import load_task_spec, num_examples, special_ids_from_config, task_dataset
 
@@ -64,6 +66,10 @@ class FinetuneConfig:
     mixture: tuple = ()  # sampling weights for (data_dir, *aux_data_dirs); () = proportional to examples
     length_buckets: bool = True  # pad each batch to a length bucket (pipelines/task_batches.py); False: to n_ctx
     buckets_per_octave: int = 4  # bucket lengths per doubling (fewer: less padding cut, fewer XLA/TPU compilations)
+    grad_accum_steps: int = 1  # micro-batches per update (within a replica); the update equals the full batch's
+    jit_compile: bool = False  # XLA-compile each micro-batch's forward/backward pass
+    train_steps: int = 0  # a cap on updates (0: all of ``epochs``); the schedule still spans ``epochs``
+    checkpoint_every: int = 0  # also checkpoint every N updates (0: only at each epoch's end and when stopped)
 
 
 @dataclasses.dataclass
@@ -92,9 +98,10 @@ class Finetuner:
 
     def __init__(self, task: TaskSpec, model_config: GPTConfig, config: FinetuneConfig, strategy, log=print):
         self.task, self.model_config, self.config, self.strategy, self.log = task, model_config, config, strategy, log
-        self.chief = is_chief(strategy)
-        if config.batch_size % strategy.num_replicas_in_sync:
-            raise ValueError(f"batch_size={config.batch_size} is not divisible by {strategy.num_replicas_in_sync} replicas")
+        per_replica, rem = divmod(config.batch_size, strategy.num_replicas_in_sync * config.grad_accum_steps)
+        if rem or per_replica == 0:
+            raise ValueError(f"batch_size={config.batch_size} is not a positive multiple of {strategy.num_replicas_in_sync} "
+                             f"replicas × grad_accum_steps ({config.grad_accum_steps})")
         data_dirs = (config.data_dir, *config.aux_data_dirs)
         tasks = (task, *(load_task_spec(d) for d in config.aux_data_dirs))
         names = [t.name for t in tasks]
@@ -118,24 +125,21 @@ class Finetuner:
         self.buckets = bucket_lengths(n_ctx, config.buckets_per_octave) if config.length_buckets else (n_ctx,)
         keras.utils.set_random_seed(config.seed)
         with strategy.scope():
-            backbone = make_backbone(model_config, dtype=config.precision)
-            self.heads = [
-                _Head(t, d, GPTTaskModel(backbone, t, clf_pdrop=config.clf_pdrop, dtype=config.precision))
-                for t, d in zip(tasks, data_dirs)
-            ]
+            models = build_task_models(model_config, tasks, config.clf_pdrop, config.precision)
+            self.heads = [_Head(t, d, m) for t, d, m in zip(tasks, data_dirs, models)]
             self.model = self.heads[0].model
             if config.init_checkpoint:
                 self._initialise_from(config.init_checkpoint)
-            variables = _unique(v for h in self.heads for v in h.model.variables)
-            trainable = _unique(v for h in self.heads for v in h.model.trainable_variables)
+            variables = unique_variables(v for m in models for v in m.variables)
+            trainable = unique_variables(v for m in models for v in m.trainable_variables)
             warmup = math.ceil(config.warmup_fraction * self.total_steps)
             self.lr_schedule = WarmupDecay(config.learning_rate, warmup, self.total_steps, "linear")
             self.optimizer = make_optimizer(trainable, self.lr_schedule, config.weight_decay, config.clip_norm)
-            self.step = tf.Variable(0, dtype=tf.int64, trainable=False, name="global_step")
-        self.checkpoint = tf.train.Checkpoint(model=variables_by_key(variables),
-                                              optimizer=variables_by_key(self.optimizer.variables), step=self.step)
         # Only the chief writes run_dir/checkpoints; other workers save to scratch and read the chief's.
-        self.manager, self.read_manager = checkpoint_managers(self.checkpoint, config.run_dir, strategy, 1)
+        self.loop = TrainLoop(strategy, config.run_dir, variables, self.optimizer, grad_accum_steps=config.grad_accum_steps,
+                              jit_compile=config.jit_compile, checkpoint_every=config.checkpoint_every, log=log)
+        self.chief, self.step = self.loop.chief, self.loop.step
+        self.end = min(self.total_steps, config.train_steps or self.total_steps)
         self._train_steps = [self._make_train_step(h) for h in self.heads]
         self._predict_steps = {h.task.name: self._predict_step(h.model) for h in self.heads}  # built once each
         self._eval_datasets = {}  # (task, split) -> its evaluation batches (`_eval_dataset`)
@@ -175,33 +179,30 @@ class Finetuner:
 
     # ------------------------------------------------------------------ steps
     def _make_train_step(self, head: _Head):
-        """One update on a batch of ``head``'s task: backbone + that head (a tf.function per task)."""
+        """One update on a batch of ``head``'s task: backbone + that head (``TrainLoop.make_update``, one per task).
+
+        L3 = task_sum / examples + λ·lm_sum / lm_tokens with the GLOBAL batch's counts, taken from the
+        features before the micro-batches run, so their gradients sum to the full batch's.
+        """
         lm_coef, model, task = self.config.lm_coef, head.model, head.task
 
-        def replica_step(features, label):
+        def counts(batch):
+            features, label = batch
             ctx = tf.distribute.get_replica_context()
+            lm = tf.reduce_sum(tf.cast(features["lm_weights"], tf.float32)) if lm_coef else tf.constant(0.0)
+            return {"examples": ctx.all_reduce(tf.distribute.ReduceOp.SUM, tf.cast(tf.shape(label)[0], tf.float32)),
+                    "lm_tokens": tf.maximum(ctx.all_reduce(tf.distribute.ReduceOp.SUM, lm), 1.0)}
+
+        def grads(batch, counts):
+            features, label = batch
             variables = model.trainable_variables
             with tf.GradientTape() as tape:
                 outputs = model(features, training=True, with_lm="targets" if lm_coef else False)
                 parts = task_loss(task, outputs, features, label, lm_coef)
-                examples = ctx.all_reduce(tf.distribute.ReduceOp.SUM, parts["examples"])
-                lm_tokens = tf.maximum(ctx.all_reduce(tf.distribute.ReduceOp.SUM, parts["lm_tokens"]), 1.0)
-                task_part = parts["task_sum"] / examples
-                lm_part = parts["lm_sum"] / lm_tokens
-                loss = task_part + lm_coef * lm_part
-            grad_norm = all_reduce_and_apply(tape.gradient(loss, variables), variables, self.optimizer)
-            reduce = lambda t: ctx.all_reduce(tf.distribute.ReduceOp.SUM, t)
-            return reduce(task_part), reduce(lm_part), grad_norm
+                loss = parts["task_sum"] / counts["examples"] + lm_coef * (parts["lm_sum"] / counts["lm_tokens"])
+            return tape.gradient(loss, variables), [parts["task_sum"], parts["lm_sum"]]
 
-        @tf.function
-        def run(iterator):
-            features, label = next(iterator)
-            task_l, lm_l, grad_norm = self.strategy.run(replica_step, args=(features, label))
-            self.step.assign_add(1)
-            first = lambda t: self.strategy.experimental_local_results(t)[0]
-            return first(task_l), first(lm_l), first(grad_norm)
-
-        return run
+        return self.loop.make_update(model.trainable_variables, grads, counts, n_sums=2)
 
     def _predict_step(self, model):
         @tf.function(reduce_retracing=True)  # one trace for every bucket length
@@ -250,62 +251,62 @@ class Finetuner:
         return results
 
     def restore(self, resuming: bool = True) -> int:
-        return restore_latest(self.read_manager, self.step, self.log, resuming)
+        return self.loop.restore(resuming)
 
     def train(self, progress=True) -> dict:
-        """Runs ``epochs`` epochs; evaluates and checkpoints at each epoch's end; returns the last metrics."""
-        try:
-            return self._train(progress)
-        finally:
-            remove_scratch(self.manager, self.read_manager)
+        """Runs ``epochs`` epochs (at most ``train_steps`` updates); evaluates and checkpoints at each
+        epoch's end (and at a ``train_steps`` cap); returns the last metrics.
 
-    def _train(self, progress) -> dict:
+        Raises ``Preempted`` after saving the step reached when SIGTERM arrives on any worker.
+        """
         c = self.config
         start = self.restore()
-        writer = tf.summary.create_file_writer(os.path.join(c.run_dir, "tb")) if self.chief else None
         consumed = np.bincount(self.schedule[:start], minlength=len(self.heads))  # batches each task has used
-        iterators = [iter(self._dataset(h, c.train_split, training=True, start_batch=int(n)))
-                     for h, n in zip(self.heads, consumed)]
-        multi = len(self.heads) > 1
-        bar = console.progress(total=self.total_steps, initial=start, unit="step",
-                               desc=f"fine-tuning {'+'.join(h.task.name for h in self.heads)}",
-                               disable=not (progress and self.chief),
-                               every=console.line_every(self.total_steps - start, multiple_of=c.log_every))
-        results = {}
-        for step in range(start + 1, self.total_steps + 1):
-            i = int(self.schedule[step - 1])
-            try:
-                task_l, lm_l, grad_norm = self._train_steps[i](iterators[i])
-            except tf.errors.DataLossError as err:
-                raise named_data_error(err, [self.heads[i].data_dir]) from None
-            bar.update(1)
-            if writer and (step % c.log_every == 0 or step == self.total_steps):
-                bar.set_postfix(task_loss=f"{float(task_l):.3f}", lm_loss=f"{float(lm_l):.3f}", refresh=False)
-                prefix = f"train/{self.heads[i].task.name}/" if multi else "train/"
-                with writer.as_default(step=step):
-                    tf.summary.scalar(prefix + "task_loss", task_l)
-                    tf.summary.scalar(prefix + "lm_loss", lm_l)
-                    tf.summary.scalar("train/grad_norm", grad_norm)
-                    tf.summary.scalar("train/learning_rate", self.lr_schedule(step - 1))
-            if step % self.steps_per_epoch == 0:
-                results = self.evaluate_all()
-                epoch = step // self.steps_per_epoch
-                bar.write(f"epoch {epoch}: {console.format_metrics(results)}")
-                if writer:
-                    with writer.as_default(step=step):
-                        for split, metrics in results.items():
-                            for name, value in metrics.items():
-                                tf.summary.scalar(f"{split}/{name}", value)
-                self.manager.save(checkpoint_number=step)
-        bar.close()
-        return results
+        self._iterators = [iter(self._dataset(h, c.train_split, training=True, start_batch=int(n)))
+                           for h, n in zip(self.heads, consumed)]
+        self._writer = tf.summary.create_file_writer(os.path.join(c.run_dir, "tb")) if self.chief else None
+        self._bar = console.progress(total=self.end, initial=start, unit="step",
+                                     desc=f"fine-tuning {'+'.join(h.task.name for h in self.heads)}",
+                                     disable=not (progress and self.chief),
+                                     every=console.line_every(self.end - start, multiple_of=c.log_every))
+        self._results = {}
+        self.loop.run(self.end, self)
+        self._bar.close()
+        return self._results
 
+    # ------------------------------------------------------------------ the loop's hooks
+    def run_update(self, step, stop):
+        i = int(self.schedule[step])
+        return self._train_steps[i](self._iterators[i], stop)
 
-def _unique(variables) -> list:
-    """``variables`` without repeats (the heads share the backbone's), in first-seen order."""
-    seen, out = set(), []
-    for v in variables:
-        if id(v) not in seen:
-            seen.add(id(v))
-            out.append(v)
-    return out
+    def data_dirs(self, step):
+        return [self.heads[int(self.schedule[step])].data_dir]
+
+    def after_update(self, step, outputs) -> bool:
+        """Logs every ``log_every`` steps; evaluates every task at each epoch's end (and at the end):
+        a checkpoint is due then."""
+        c, i = self.config, int(self.schedule[step - 1])
+        (task_sum, lm_sum), counts, grad_norm, _ = outputs
+        task_l, lm_l = task_sum / counts["examples"], lm_sum / counts["lm_tokens"]
+        self._bar.update(1)
+        if self._writer and (step % c.log_every == 0 or step == self.end):
+            self._bar.set_postfix(task_loss=f"{float(task_l):.3f}", lm_loss=f"{float(lm_l):.3f}", refresh=False)
+            prefix = f"train/{self.heads[i].task.name}/" if len(self.heads) > 1 else "train/"
+            with self._writer.as_default(step=step):
+                tf.summary.scalar(prefix + "task_loss", task_l)
+                tf.summary.scalar(prefix + "lm_loss", lm_l)
+                tf.summary.scalar("train/grad_norm", grad_norm)
+                tf.summary.scalar("train/learning_rate", self.lr_schedule(step - 1))
+        if step % self.steps_per_epoch and step != self.end:
+            return False
+        self._results = self.evaluate_all()
+        self._bar.write(f"epoch {step / self.steps_per_epoch:g}: {console.format_metrics(self._results)}")
+        if self._writer:
+            with self._writer.as_default(step=step):
+                for split, metrics in self._results.items():
+                    for name, value in metrics.items():
+                        tf.summary.scalar(f"{split}/{name}", value)
+        return True
+
+    def after_save(self, step) -> None:
+        del step

@@ -1,0 +1,185 @@
+"""One home for checkpoints and run folders: keys, managers, restoring, and the model a run implies.
+
+A checkpoint holds ``model`` and ``optimizer`` (each a ``variables_by_key`` dict) and ``step``.
+Only the chief writes into ``run_dir/checkpoints``; under multi-worker every worker must still call
+``save`` (TF's collective save), so the others save to a private scratch folder
+(``checkpoint_managers``) and every worker restores from the chief's folder, which must therefore
+be on storage all workers read (a shared file system or ``gs://``).
+
+Readers of finished runs (``serving/export.py``, ``gpt_tf/zero_shot.py``) build models here
+without any optimizer or training data: ``load_task_model`` (a fine-tuning run) and
+``restore_pretrained_lm`` (a pre-training run, a checkpoint prefix or GPT-1 release shards).
+Nothing here imports training code or ``pipelines``.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import shutil
+import tempfile
+
+import tensorflow as tf
+
+from gpt_tf.config import GPTConfig, get_preset
+from gpt_tf.strategy import is_chief
+
+CHECKPOINTS = "checkpoints"  # a run folder's sub-folder
+
+
+def read_json(path: str) -> dict:
+    """A JSON file of a run or data folder; FileNotFoundError naming it when it is missing."""
+    if not os.path.isfile(path):
+        raise FileNotFoundError(f"{path} not found")
+    with open(path) as f:
+        return json.load(f)
+
+
+def variables_by_key(variables):
+    """A checkpointable dict of the raw tf.Variables behind Keras variables, keyed by index and path.
+
+    Keras numbers dropout seed generators and optimizers process-wide (``seed_generator_7``,
+    ``gpt_adam_w_1``); the number is dropped so that the same model and optimizer built in another
+    process (or built twice in one) map to the same keys.
+    """
+    key = lambda i, v: f"{i:04d}." + re.sub(r"(seed_generator|gpt_adam_w)_\d+", r"\1", v.path).replace("/", ".")
+    return {key(i, v): v.value for i, v in enumerate(variables)}
+
+
+def unique_variables(variables) -> list:
+    """``variables`` without repeats (task heads share the backbone's), in first-seen order."""
+    seen, out = set(), []
+    for v in variables:
+        if id(v) not in seen:
+            seen.add(id(v))
+            out.append(v)
+    return out
+
+
+# ---------------------------------------------------------------------- managers
+def checkpoint_dirs(run_dir: str, strategy) -> tuple[str, str]:
+    """(read, write) checkpoint folders: the chief's ``run_dir/checkpoints`` and, off the chief, a scratch folder."""
+    shared = os.path.join(run_dir, CHECKPOINTS)
+    if is_chief(strategy):
+        return shared, shared
+    scratch = tempfile.mkdtemp(prefix=f"gpt_tf_worker{strategy.cluster_resolver.task_id}_ckpt_")
+    return shared, scratch
+
+
+def checkpoint_managers(checkpoint: tf.train.Checkpoint, run_dir: str, strategy,
+                        max_to_keep: int) -> tuple[tf.train.CheckpointManager, tf.train.CheckpointManager]:
+    """(write, read) managers of ``checkpoint``: the same one on the chief; off it, scratch and the chief's.
+
+    Call ``remove_scratch(write, read)`` when training ends.
+    """
+    read_dir, write_dir = checkpoint_dirs(run_dir, strategy)
+    write = tf.train.CheckpointManager(checkpoint, write_dir, max_to_keep=max_to_keep)
+    read = write if read_dir == write_dir else tf.train.CheckpointManager(checkpoint, read_dir, max_to_keep=max_to_keep)
+    return write, read
+
+
+def remove_scratch(write: tf.train.CheckpointManager, read: tf.train.CheckpointManager) -> None:
+    """Deletes a non-chief worker's scratch checkpoints (``checkpoint_managers``); no-op on the chief."""
+    if write is not read:
+        shutil.rmtree(write.directory, ignore_errors=True)
+
+
+def restore_latest(manager: tf.train.CheckpointManager, step: tf.Variable, log=print, resuming: bool = True) -> int:
+    """Restores ``manager``'s latest checkpoint, if any, every object matched; returns the step.
+
+    ``resuming``: training goes on from it ("resumed from"), else the model is only read ("loaded").
+    """
+    latest = manager.latest_checkpoint
+    if latest:
+        manager.checkpoint.restore(latest).assert_existing_objects_matched()
+        at = int(step.numpy())
+        log(f"resumed from {latest} at step {at}" if resuming else f"loaded {latest} (step {at})")
+    return int(step.numpy())
+
+
+def kept_checkpoints(run_dir: str, step: int = 0) -> list[tuple[int, str]]:
+    """``[(step, prefix)]`` of the run's kept checkpoints in step order (only ``step`` if non-zero)."""
+    ckpt_dir = os.path.join(run_dir, CHECKPOINTS)
+    state = tf.train.get_checkpoint_state(ckpt_dir)
+    found = []
+    for prefix in list(state.all_model_checkpoint_paths) if state else []:
+        match = re.search(r"ckpt-(\d+)$", prefix)
+        if match:
+            found.append((int(match.group(1)), prefix if os.path.isabs(prefix) else os.path.join(ckpt_dir, os.path.basename(prefix))))
+    found.sort()
+    if step:
+        found = [(s, p) for s, p in found if s == step]
+        if not found:
+            raise FileNotFoundError(f"{ckpt_dir}: no kept checkpoint at step {step}")
+    if not found:
+        raise FileNotFoundError(f"{ckpt_dir}: no checkpoints")
+    return found
+
+
+# ---------------------------------------------------------------------- the model a run implies
+def pretrained_model_config(path: str) -> GPTConfig:
+    """The GPTConfig of a pre-training (or fine-tuning) run dir, a checkpoint prefix or GPT-1 release shards."""
+    if os.path.isfile(os.path.join(path, "params_0.npy")):
+        return get_preset("gpt1")
+    run_dir = path if os.path.isdir(path) else os.path.dirname(os.path.dirname(path))  # run/checkpoints/ckpt-N
+    config_path = os.path.join(run_dir, "model_config.json")
+    if not os.path.isfile(config_path):
+        raise FileNotFoundError(f"{config_path} not found: {path} is not a gpt_tf run (nor GPT-1 release shards)")
+    with open(config_path) as f:
+        return GPTConfig(**json.load(f))
+
+
+def restore_pretrained_lm(lm, path: str) -> str:
+    """Loads pre-trained weights into the ``GPTLanguageModel`` ``lm``; returns what was read.
+
+    ``path``: a pre-training run dir (its latest checkpoint), a checkpoint prefix, or a directory of
+    the GPT-1 release shards (``params_0.npy`` … with ``params_shapes.json``).
+    """
+    if os.path.isfile(os.path.join(path, "params_0.npy")):
+        from gpt_tf.weights import load_gpt1_release
+
+        load_gpt1_release(lm, path)
+        return path
+    prefix = tf.train.latest_checkpoint(os.path.join(path, CHECKPOINTS)) if os.path.isdir(path) else path
+    if not prefix or not tf.io.gfile.exists(prefix + ".index"):
+        raise FileNotFoundError(f"no pre-trained checkpoint at {path} (want a run dir, a ckpt prefix or GPT-1 shards)")
+    tf.train.Checkpoint(model=variables_by_key(lm.variables)).restore(prefix).expect_partial().assert_existing_objects_matched()
+    return prefix
+
+
+def task_spec_of(data_dir: str):
+    """The ``TaskSpec`` a task data folder was built for (its ``manifest.json``)."""
+    from gpt_tf.tasks import TaskSpec
+
+    return TaskSpec.from_dict(read_json(os.path.join(data_dir, "manifest.json"))["task_spec"])
+
+
+def build_task_models(model_config: GPTConfig, tasks, clf_pdrop: float, precision: str) -> list:
+    """One ``GPTTaskModel`` per task, all on one backbone (the primary task first): a run's model.
+
+    Fine-tuning and ``load_task_model`` build it here alike, so the checkpoint keys (variable order) match.
+    """
+    from gpt_tf.model import make_backbone
+    from gpt_tf.task_model import GPTTaskModel
+
+    backbone = make_backbone(model_config, dtype=precision)
+    return [GPTTaskModel(backbone, task, clf_pdrop=clf_pdrop, dtype=precision) for task in tasks]
+
+
+def load_task_model(run_dir: str, precision: str = "float32", data_dir: str = ""):
+    """(``GPTTaskModel``, ``TaskSpec``) of a fine-tuning run's latest checkpoint: its primary task.
+
+    Built from the run's ``model_config.json`` and ``finetune_config.json`` (a multi-task run gets its
+    shared backbone and every head); only the model's weights are restored: no optimizer, no data.
+    ``data_dir``: the primary task's data folder, if not where the run read it.
+    """
+    saved = read_json(os.path.join(run_dir, "finetune_config.json"))
+    tasks = [task_spec_of(d) for d in (data_dir or saved["data_dir"], *saved.get("aux_data_dirs", ()))]
+    models = build_task_models(pretrained_model_config(run_dir), tasks, saved.get("clf_pdrop", 0.1), precision)
+    latest = tf.train.latest_checkpoint(os.path.join(run_dir, CHECKPOINTS))
+    if not latest:
+        raise FileNotFoundError(f"{run_dir}/{CHECKPOINTS} holds no checkpoint")
+    model = variables_by_key(unique_variables(v for m in models for v in m.variables))
+    tf.train.Checkpoint(model=model).restore(latest).expect_partial().assert_existing_objects_matched()
+    return models[0], tasks[0]

@@ -1,0 +1,160 @@
+"""The one training loop: a custom ``strategy.run`` step loop with pluggable objectives (Keras ``fit``
+breaks under multi-worker). Pre-training (``lm_objective``) and fine-tuning (``task_objective``) both
+run ``TrainLoop``; an objective supplies its model, optimizer, data and loss, the loop the rest.
+
+One update = one global batch, split evenly over replicas and, within a replica, into
+``grad_accum_steps`` micro-batches whose gradients are summed before the single all-reduce. Each
+micro-batch's loss is normalised by the GLOBAL batch's counts (``counts_fn``: examples, target
+tokens), computed from the features before the micro-batch loop, so any number of replicas and
+micro-batches gives exactly the full-batch update. ``jit_compile`` compiles each micro-batch's
+forward/backward pass with XLA; the all-reduce and the optimizer update stay outside, where
+tf.distribute's cross-device collectives run.
+
+Checkpoints (``gpt_tf.checkpoints``) hold the model, the optimizer (moments, step counter), the
+dropout seed state and the step. The data position is a function of the step: the input
+pipelines are deterministic, so on resume each skips the batches it had already produced. This
+works under every strategy (distributed iterators cannot be checkpointed), and a killed run resumes
+bit-for-bit where its last checkpoint was taken. On SIGTERM (``gpt_tf.preemption``) the stop request
+is all-reduced with the update's losses, so every worker finishes the same update, saves it and
+raises ``Preempted``: a preempted run loses no update and repeats no batch.
+"""
+
+from __future__ import annotations
+
+import os
+
+import tensorflow as tf
+
+from gpt_tf.checkpoints import checkpoint_managers, remove_scratch, restore_latest, variables_by_key
+from gpt_tf.preemption import Preempted, StopRequest
+from gpt_tf.strategy import is_chief
+
+
+class DataError(RuntimeError):
+    """A data file could not be read during training (e.g. a corrupt shard); the message names it."""
+
+
+def named_data_error(err: tf.errors.OpError, data_dirs) -> DataError:
+    """``err`` (tf.data's ``DataLossError``, which names no file) as a ``DataError`` naming the bad file(s).
+
+    The files are found by their sha256 against the manifests. Raised from the failed step, before
+    its update is applied or any checkpoint is saved, so the last checkpoint predates the bad read.
+    """
+    from pipelines.records import data_file_problems, read_manifest as read_manifest_json
+
+    bad = [line for d in data_dirs for line in data_file_problems(d, read_manifest_json(d))]
+    where = "; ".join(bad[:3]) + (f"; and {len(bad) - 3} more" if len(bad) > 3 else "")
+    where = where or f"a file under {', '.join(map(str, data_dirs))} (each one's sha256 still matches)"
+    detail = err.message.strip().splitlines()[0][:200]
+    return DataError(f"reading the data failed: {where} [{type(err).__name__}: {detail}]; "
+                     "no checkpoint was written after the failed read")
+
+
+def all_reduce_and_apply(grads, variables, optimizer):
+    """In a replica: sums gradients over replicas (once), then clips and applies them; returns the norm."""
+    grads = tf.distribute.get_replica_context().all_reduce(tf.distribute.ReduceOp.SUM, grads)
+    grad_norm = tf.linalg.global_norm(grads)
+    optimizer.apply(grads, variables)
+    return grad_norm
+
+
+def micro_batches(batch, accum: int):
+    """``batch`` (a nest of tensors with the batch first) as ``accum`` stacked micro-batches."""
+    return tf.nest.map_structure(lambda t: tf.reshape(t, tf.concat([[accum, -1], tf.shape(t)[1:]], 0)), batch)
+
+
+class TrainLoop:
+    """The step loop, its checkpoints and its update functions, for the variables of one objective.
+
+    ``model_variables`` and ``optimizer`` are what a checkpoint holds besides the step; the step
+    variable is made here, under ``strategy``.
+    """
+
+    def __init__(self, strategy, run_dir: str, model_variables, optimizer, *, grad_accum_steps: int = 1,
+                 jit_compile: bool = False, checkpoint_every: int = 0, keep_checkpoints: int = 1, log=print):
+        self.strategy, self.optimizer, self.log = strategy, optimizer, log
+        self.grad_accum_steps, self.jit_compile, self.checkpoint_every = grad_accum_steps, jit_compile, checkpoint_every
+        self.chief = is_chief(strategy)
+        with strategy.scope():
+            self.step = tf.Variable(0, dtype=tf.int64, trainable=False, name="global_step")
+        self.checkpoint = tf.train.Checkpoint(model=variables_by_key(model_variables),
+                                              optimizer=variables_by_key(optimizer.variables), step=self.step)
+        self.manager, self.read_manager = checkpoint_managers(self.checkpoint, run_dir, strategy, keep_checkpoints)
+
+    def restore(self, resuming: bool = True) -> int:
+        """Restores the chief's latest checkpoint if any; returns the step reached (``restore_latest``)."""
+        return restore_latest(self.read_manager, self.step, self.log, resuming)
+
+    # ------------------------------------------------------------------ one update
+    def make_update(self, variables, grads_fn, counts_fn, n_sums: int):
+        """A ``tf.function(iterator, stop) -> (sums, counts, grad_norm, stop)``: one update of ``variables``.
+
+        In each replica ``counts_fn(batch)`` gives the global batch's normalisers (a dict; it
+        all-reduces what it needs), then ``grads_fn(micro_batch, counts) -> (grads, sums)`` runs per
+        micro-batch: the gradients of that micro-batch's share of the global loss and ``n_sums`` loss
+        sums to report. The sums and ``stop`` (float32, > 0 to request a stop) come back summed over
+        all replicas, ``stop`` in the same all-reduce as the sums.
+        """
+        accum = self.grad_accum_steps
+        if self.jit_compile:
+            grads_fn = tf.function(grads_fn, jit_compile=True)
+
+        def replica(batch, stop):
+            counts = counts_fn(batch)
+            if accum == 1:
+                grads, sums = grads_fn(batch, counts)
+            else:
+                micro = micro_batches(batch, accum)
+                grads = [tf.zeros_like(v.value) for v in variables]
+                sums = [tf.constant(0.0)] * n_sums
+                for i in tf.range(accum):
+                    g, s = grads_fn(tf.nest.map_structure(lambda t: t[i], micro), counts)
+                    grads = [a + b for a, b in zip(grads, g)]
+                    sums = [a + b for a, b in zip(sums, s)]
+            # Any worker's stop request reaches every worker with the sums: they all stop after this update.
+            stop = tf.identity(stop)  # placed on this replica's device (collectives need one)
+            *sums, stop = tf.distribute.get_replica_context().all_reduce(tf.distribute.ReduceOp.SUM, [*sums, stop])
+            grad_norm = all_reduce_and_apply(grads, variables, self.optimizer)
+            return sums, counts, grad_norm, stop
+
+        @tf.function
+        def update(iterator, stop):
+            batch = next(iterator)
+            out = self.strategy.run(replica, args=(batch, stop))
+            self.step.assign_add(1)
+            first = lambda t: self.strategy.experimental_local_results(t)[0]  # identical on all replicas
+            return tf.nest.map_structure(first, out)
+
+        return update
+
+    # ------------------------------------------------------------------ the loop
+    def run(self, end: int, objective) -> None:
+        """Runs updates until the step reaches ``end``; raises ``Preempted`` after saving on SIGTERM.
+
+        ``objective`` provides ``run_update(step, stop)`` (update number ``step + 1``; returns the
+        ``make_update`` outputs), ``data_dirs(step)`` (named when a read fails), ``after_update(step,
+        outputs) -> bool`` (logging, evaluation; True: save a checkpoint now) and ``after_save(step)``.
+        A checkpoint is saved every ``checkpoint_every`` steps (0: never for that reason), at ``end``,
+        when ``after_update`` asks and when stopping.
+        """
+        try:
+            with StopRequest() as stop_request:
+                self._run(end, objective, stop_request)
+        finally:
+            remove_scratch(self.manager, self.read_manager)
+
+    def _run(self, end, objective, stop_request) -> None:
+        while (step := int(self.step.numpy())) < end:
+            try:
+                outputs = objective.run_update(step, tf.constant(float(stop_request.requested)))
+            except tf.errors.DataLossError as err:
+                raise named_data_error(err, objective.data_dirs(step)) from None
+            step = int(self.step.numpy())
+            due = objective.after_update(step, outputs)
+            stopping = float(outputs[-1]) > 0 and step < end
+            every = self.checkpoint_every and step % self.checkpoint_every == 0
+            if due or every or step == end or stopping:
+                self.manager.save(checkpoint_number=step)
+            if stopping:
+                raise Preempted(step, os.path.join(self.read_manager.directory, f"ckpt-{step}"))
+            objective.after_save(step)

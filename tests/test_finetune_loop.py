@@ -1,0 +1,112 @@
+"""Fine-tuning on the one training loop: SIGTERM and kill -9 mid-epoch resume exactly, accumulation equals
+the full batch, and a flag of the other kind of run is rejected by name.
+
+Each run is a subprocess of ``python -m gpt_tf.train --task=...`` on the ``test`` preset over small
+slices of the real SST-2 and STS-B files (GPT-1's BPE).
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import pytest
+
+from tests.test_train import ENV, ROOT, max_abs_diff, model_weights, run_cli
+
+PREEMPTED = 143
+# SST-2, 64 records in batches of 8: 8 updates an epoch, 24 in all; a checkpoint every 3 lands mid-epoch.
+FLAGS = ["--model=test", "--n_ctx=64", "--batch_size=8", "--epochs=3", "--seed=2", "--log_every=1",
+         "--progress=false", "--json", "--deterministic", "--learning_rate=1e-3", "--checkpoint_every=3"]
+
+
+@pytest.fixture(scope="module")
+def built(shared_data, tmp_path_factory):
+    from pipelines import finetune_data as fd
+
+    out = tmp_path_factory.mktemp("loop_tasks")
+    for task, folder in (("sst2", "glue/SST-2"), ("stsb", "glue/STS-B")):
+        fd.build_task_data(task, shared_data / folder, shared_data / "gpt1_bpe", out / task, show_progress=False,
+                           max_examples=64 if task == "sst2" else 40)
+    return out
+
+
+@pytest.fixture(scope="module")
+def straight(built, tmp_path_factory):
+    """An uninterrupted run (dropout on); its flags."""
+    run_dir = tmp_path_factory.mktemp("straight")
+    flags = [*FLAGS, "--task=sst2", f"--data_dir={built / 'sst2'}"]
+    run_cli("gpt_tf.train", *flags, f"--run_dir={run_dir}")
+    return run_dir, flags
+
+
+def wait_for_checkpoint(run_dir, name, proc):
+    """Waits until the run lists checkpoint ``name`` (e.g. ``ckpt-3``: mid-epoch 1)."""
+    state = run_dir / "checkpoints" / "checkpoint"
+    deadline = time.time() + 240
+    while not (state.exists() and f'"{name}"' in state.read_text()) and proc.poll() is None and time.time() < deadline:
+        time.sleep(0.02)
+    assert proc.poll() is None, "the run ended before it could be stopped"
+
+
+def test_sigterm_saves_exits_143_and_the_same_command_resumes_to_the_same_weights(straight, tmp_path):
+    run_dir, flags = straight
+    stopped = tmp_path / "stopped"
+    proc = subprocess.Popen([sys.executable, "-m", "gpt_tf.train", *flags, f"--run_dir={stopped}"], cwd=ROOT, env=ENV,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    wait_for_checkpoint(stopped, "ckpt-3", proc)
+    proc.send_signal(signal.SIGTERM)
+    _, err = proc.communicate(timeout=240)
+    assert proc.returncode == PREEMPTED, err[-3000:]
+    line = next(x for x in err.splitlines() if x.startswith("preempted (SIGTERM): saved step "))
+    step = int(line.split("saved step ")[1].split()[0])
+    assert 3 <= step < 24 and (stopped / "checkpoints" / f"ckpt-{step}.index").exists()
+    resumed = run_cli("gpt_tf.train", *flags, f"--run_dir={stopped}")
+    assert f"at step {step}" in resumed.stderr
+    assert max_abs_diff(model_weights(run_dir, 24), model_weights(stopped, 24)) == 0.0
+
+
+def test_kill_9_mid_epoch_then_resume_gives_bit_identical_weights(straight, tmp_path):
+    run_dir, flags = straight
+    killed = tmp_path / "killed"
+    proc = subprocess.Popen([sys.executable, "-m", "gpt_tf.train", *flags, f"--run_dir={killed}"], cwd=ROOT, env=ENV,
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    wait_for_checkpoint(killed, "ckpt-3", proc)
+    os.kill(proc.pid, signal.SIGKILL)
+    proc.wait()
+    assert not (killed / "checkpoints" / "ckpt-24.index").exists()
+    assert "resumed from" in run_cli("gpt_tf.train", *flags, f"--run_dir={killed}").stderr
+    assert max_abs_diff(model_weights(run_dir, 24), model_weights(killed, 24)) == 0.0
+
+
+def test_grad_accum_2_gives_the_full_batch_update(built, tmp_path):
+    # Dropout off (micro-batches draw other masks); λ = 0.5, so both losses' global counts matter.
+    flags = [*FLAGS, "--task=stsb", f"--data_dir={built / 'stsb'}", "--dropout=0", "--clf_pdrop=0", "--epochs=1"]
+    run_cli("gpt_tf.train", *flags, f"--run_dir={tmp_path / 'full'}")
+    run_cli("gpt_tf.train", *flags, "--grad_accum_steps=2", f"--run_dir={tmp_path / 'accum'}")
+    full, accum = model_weights(tmp_path / "full", 5), model_weights(tmp_path / "accum", 5)
+    assert max_abs_diff(full, accum) < 1e-5
+
+
+def test_train_steps_caps_fine_tuning_and_evaluates_there(built, tmp_path):
+    flags = [*FLAGS, "--task=stsb", f"--data_dir={built / 'stsb'}", "--epochs=2", "--train_steps=7"]
+    proc = run_cli("gpt_tf.train", *flags, f"--run_dir={tmp_path / 'run'}")
+    assert (tmp_path / "run" / "checkpoints" / "ckpt-7.index").exists()
+    assert not (tmp_path / "run" / "checkpoints" / "ckpt-10.index").exists()
+    assert '"dev"' in proc.stdout.strip().splitlines()[-1]
+
+
+@pytest.mark.parametrize("args, message", [
+    (["--task=rte", "--warmup_steps=5"], "--warmup_steps applies to pre-training only"),
+    (["--task=rte", "--eval_every=5"], "--eval_every applies to pre-training only"),
+    (["--task=rte", "--lr_decay=cosine"], "--lr_decay=cosine: fine-tuning decays linearly"),
+    (["--epochs=2"], "--epochs applies to fine-tuning only"),
+    (["--lm_coef=0"], "--lm_coef applies to fine-tuning only"),
+    (["--warmup_fraction=0.1"], "--warmup_fraction applies to fine-tuning only"),
+])
+def test_a_flag_for_the_other_kind_of_run_is_rejected(args, message):
+    proc = run_cli("gpt_tf.train", "--data_dir=/tmp", "--run_dir=/tmp/x", *args, check=False, timeout=60)
+    assert proc.returncode == 2 and message in proc.stderr, proc.stderr
