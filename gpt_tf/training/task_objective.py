@@ -300,7 +300,9 @@ class Finetuner:
         if step % self.steps_per_epoch and step != self.end:
             return False
         self._results = self.evaluate_all()
-        self._bar.write(f"epoch {step / self.steps_per_epoch:g}: {console.format_metrics(self._results)}")
+        epoch, rest = divmod(step, self.steps_per_epoch)  # a --train_steps cap may end an epoch early
+        where = f"epoch {epoch}" if not rest else f"update {step} ({step / self.steps_per_epoch:.2f} epochs)"
+        self._bar.write(f"{where}: {console.format_metrics(self._results)}")
         if self._writer:
             with self._writer.as_default(step=step):
                 for split, metrics in self._results.items():
