@@ -13,7 +13,7 @@ Phases, each a subprocess whose command, output and wall-clock time go to ``<run
 
 1. task data: ``--tasks_dir`` as built, or (``--train_subsample=N``) the official files under
    ``--data_root`` rebuilt with the pre-trained run's tokenizer, N train examples by guid hash;
-2. zero-shot (``python -m gpt_tf.zero_shot``) on every kept checkpoint of the transformer's pre-training
+2. zero-shot (``python -m gpt_tf.analysis.zero_shot``) on every kept checkpoint of the transformer's pre-training
    and on its initialisation (step 0);
 3. fine-tuning (``bench/finetune_runs.py``, the paper's recipe): per task and seed the arms ``full``
    (all blocks transferred, λ 0.5), ``scratch`` (no pre-training) and ``lm0`` (λ = 0), plus
@@ -206,7 +206,7 @@ def zero_shot_cmd(run_dir: str, plan: dict, args, out_csv: Path) -> list[str]:
     dirs = {"race": args.race_dir, "dprd": args.dprd_dir,
             **{t: str(Path(args.data_root) / OFFICIAL[t]) for t in ("cola", "sst2", "story_cloze")}}
     tasks = plan["zero_shot_tasks"]
-    return [sys.executable, "-m", "gpt_tf.zero_shot", f"--run_dir={run_dir}", f"--task={','.join(tasks)}",
+    return [sys.executable, "-m", "gpt_tf.analysis.zero_shot", f"--run_dir={run_dir}", f"--task={','.join(tasks)}",
             f"--data_dir={','.join(dirs[t] for t in tasks)}", "--include_init", f"--output_csv={out_csv}",
             f"--max_examples={plan['zero_shot_max_examples']}", f"--holdout_fraction={STORY_CLOZE_HOLDOUT}"]
 

@@ -22,7 +22,7 @@ import subprocess
 from pathlib import Path
 
 from bench.finetune_runs import dev_score, main_metric, median_spread
-from gpt_tf.heuristics import HEURISTICS
+from gpt_tf.analysis.heuristics import HEURISTICS
 from gpt_tf.metrics import spearman
 
 ARM_LABELS = {"full": "Transformer w/ aux LM (full)", "scratch": "Transformer w/o pre-training",

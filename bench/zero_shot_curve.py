@@ -1,6 +1,6 @@
 r"""Fig. 2 (right) for one pre-training run: zero-shot scores over its kept checkpoints, as a table and a figure.
 
-    python -m gpt_tf.zero_shot --run_dir=runs/books_tiny --task=cola,sst2,story_cloze --include_init \
+    python -m gpt_tf.analysis.zero_shot --run_dir=runs/books_tiny --task=cola,sst2,story_cloze --include_init \
         --data_dir=../shared/data/glue/CoLA,../shared/data/glue/SST-2,../shared/data/story_cloze \
         --output_csv=runs/zero_shot_books/zero_shot.csv
     python -m bench.zero_shot_curve --csv=runs/zero_shot_books/zero_shot.csv --out=docs/zero_shot_books
@@ -22,7 +22,7 @@ FLAGS = flags.FLAGS
 
 
 def define_flags():
-    flags.DEFINE_string("csv", None, "The CSV `python -m gpt_tf.zero_shot` appended to.")
+    flags.DEFINE_string("csv", None, "The CSV `python -m gpt_tf.analysis.zero_shot` appended to.")
     flags.DEFINE_string("out", None, "Output path without suffix: <out>.md and <out>.png.")
     flags.DEFINE_string("ledger", "bench/results/reproduction.jsonl", "Fine-tuned scores for the references.")
     flags.DEFINE_string("model_name", "transformer", "Row label of the run in the table and the figure.")
@@ -33,7 +33,7 @@ def references(ledger: Path, tasks) -> dict:
     from bench.finetune_runs import dev_score, load_ledger, median_spread
     from bench.reproduction import best_recipes, cell_runs
     from bench.study_report import MIN_MARGIN
-    from gpt_tf.heuristics import HEURISTICS
+    from gpt_tf.analysis.heuristics import HEURISTICS
 
     records = load_ledger(ledger) if ledger.is_file() else []
     chosen = best_recipes(records)

@@ -1,8 +1,8 @@
-"""Zero-shot scoring speed (`gpt_tf/lm_scorer.py`): the scorer before and after length buckets, interleaved.
+"""Zero-shot scoring speed (`gpt_tf/analysis/lm_scorer.py`): the scorer before and after length buckets, interleaved.
 
     python -m bench.zero_shot_speed          # ~5 min on 2 cores -> bench/results/zero_shot_speed.{json,md}
 
-The requests are those of the §5 heuristics (`gpt_tf/heuristics.py`) on the real dev sets of
+The requests are those of the §5 heuristics (`gpt_tf/analysis/heuristics.py`) on the real dev sets of
 SST-2 (sentence + "very" -> "positive" / "negative"), CoLA (the sentence) and Story Cloze (the
 30% hold-out of val: story -> each ending), tokenized with the 8k BPE of `bench/finetune_speed.py`;
 the model is the `tiny` preset with random weights (speed does not depend on the weights).
@@ -38,7 +38,7 @@ def before_scorer(lm, bos_id, batch_size):
     """The LMScorer of the previous commit: batch padded to its longest sequence, the LM head at every position."""
     import tensorflow as tf
 
-    from gpt_tf.lm_scorer import LMScorer
+    from gpt_tf.analysis.lm_scorer import LMScorer
 
     class Before(LMScorer):
         def _batch_scores(self, tokens, mask):
@@ -66,8 +66,8 @@ def main(argv):
 
     from bench.finetune_speed_stacks import train_bpe
     from gpt_tf.config import get_preset
-    from gpt_tf.heuristics import HEURISTICS, load_examples, requests
-    from gpt_tf.lm_scorer import LMScorer
+    from gpt_tf.analysis.heuristics import HEURISTICS, load_examples, requests
+    from gpt_tf.analysis.lm_scorer import LMScorer
     from gpt_tf.model import GPTLanguageModel
     from gpt_tf.tokenizer import GPTTokenizer
 

@@ -6,7 +6,7 @@ Only the chief writes into ``run_dir/checkpoints``; under multi-worker every wor
 (``checkpoint_managers``) and every worker restores from the chief's folder, which must therefore
 be on storage all workers read (a shared file system or ``gs://``).
 
-Readers of finished runs (``serving/export.py``, ``gpt_tf/zero_shot.py``) build models here
+Readers of finished runs (``serving/export.py``, ``gpt_tf/analysis/zero_shot.py``) build models here
 without any optimizer or training data: ``load_task_model`` (a fine-tuning run) and
 ``restore_pretrained_lm`` (a pre-training run, a checkpoint prefix or GPT-1 release shards).
 Nothing here imports training code or ``pipelines``.

@@ -93,7 +93,7 @@ flags.DEFINE_float("temperature", 1.0, "--mode=generate: sampling temperature (0
 flags.DEFINE_integer("top_k", 40, "--mode=generate: sample among the k likeliest tokens (0: all).")
 flags.DEFINE_bool("progress", True, "Show a progress bar (a plain line every few steps where stderr is not a terminal).")
 flags.DEFINE_bool("json", False, "End with the result as one JSON line on stdout (for scripts) instead of a summary.")
-flags.DEFINE_list("zero_shot_tasks", [], "Pre-training: §5 zero-shot tasks scored during training (gpt_tf/heuristics.py): "
+flags.DEFINE_list("zero_shot_tasks", [], "Pre-training: §5 zero-shot tasks scored during training (gpt_tf/analysis/heuristics.py): "
                   "cola, sst2, race, story_cloze, dprd.")
 flags.DEFINE_list("zero_shot_data_dirs", [], "Each zero-shot task's folder in its official layout, in --zero_shot_tasks order.")
 flags.DEFINE_integer("zero_shot_every", 0, "Zero-shot period in steps (0: at the end only); writes run_dir/zero_shot.csv.")
@@ -137,7 +137,7 @@ def _check_flags() -> list[str]:
 
 def _zero_shot_config():
     """The --zero_shot_* flags as a ``ZeroShotConfig`` (no TensorFlow import)."""
-    from gpt_tf.heuristics import ZeroShotConfig
+    from gpt_tf.analysis.heuristics import ZeroShotConfig
 
     reference = {}
     if FLAGS.zero_shot_reference_json:
@@ -197,9 +197,9 @@ def main(argv):
     tf = import_tensorflow()  # its start-up lines off the console (GPT_TF_VERBOSE=1 keeps them)
     import keras
 
-    from gpt_tf.baselines import unigram_perplexity
+    from gpt_tf.analysis.baselines import unigram_perplexity
     from gpt_tf.generate import Sampler
-    from gpt_tf.monitor import TrainCallbacks
+    from gpt_tf.training.monitor import TrainCallbacks
     from gpt_tf.preemption import PREEMPTED_EXIT_CODE, Preempted
     from gpt_tf.strategy import split_cpu
     from gpt_tf.training.lm_objective import Pretrainer, TrainConfig
@@ -221,7 +221,7 @@ def main(argv):
         trainer.save_model_config(data_identity(data=manifest))
         zero_shot = None
         if FLAGS.zero_shot_tasks:
-            from gpt_tf.heuristics import ZeroShotSuite
+            from gpt_tf.analysis.heuristics import ZeroShotSuite
 
             zero_shot = ZeroShotSuite(_zero_shot_config(), tokenizer, bos_id=manifest.get("separator", {}).get("id"))
         callbacks = TrainCallbacks(trainer, tokenizer, progress=FLAGS.progress, zero_shot=zero_shot)
@@ -329,7 +329,7 @@ def _finetune_main(keras, tf):
     import dataclasses
 
     from gpt_tf.console import format_metrics
-    from gpt_tf.finetune_io import save_run_configs, write_submission
+    from gpt_tf.training.finetune_io import save_run_configs, write_submission
     from gpt_tf.preemption import PREEMPTED_EXIT_CODE, Preempted
     from gpt_tf.training.loop import DataError
     from gpt_tf.training.task_objective import FinetuneConfig, Finetuner

@@ -119,7 +119,7 @@ def test_a_tokenizer_retrained_under_its_data_stops_every_command(trained, share
     for mode in ("train", "generate"):
         proc = run_cli("gpt_tf.train", *own, f"--data_dir={data}", f"--run_dir={run_dir}", f"--mode={mode}", check=False)
         assert proc.returncode == 2 and expected in proc.stderr, (mode, proc.stderr)
-    proc = run_cli("gpt_tf.zero_shot", f"--run_dir={run_dir}", "--task=sst2",
+    proc = run_cli("gpt_tf.analysis.zero_shot", f"--run_dir={run_dir}", "--task=sst2",
                    f"--data_dir={shared_data / 'glue' / 'SST-2'}", f"--output_csv={tmp_path / 'z.csv'}", check=False)
     assert proc.returncode == 2 and f"{merges} is not the tokenizer" in proc.stderr, proc.stderr
     proc = run_cli("serving.export", f"--run_dir={run_dir}", f"--export_base={tmp_path / 'exported'}", check=False)

@@ -128,7 +128,7 @@ def server(base):
 @pytest.fixture(scope="module")
 def sst2_run(shared_data, bpe, config, tmp_path_factory):
     """A real fine-tuning run dir: 16 SST-2 rows, 2 updates of 8, mixed_bfloat16 (as the CLI writes it)."""
-    from gpt_tf.finetune_io import save_run_configs
+    from gpt_tf.training.finetune_io import save_run_configs
     from gpt_tf.training.task_objective import FinetuneConfig, Finetuner
     from pipelines.finetune_data import build_task_data
 

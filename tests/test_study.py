@@ -111,7 +111,7 @@ def test_report_tables_checks_and_figures(tmp_path):
     csv_path.write_text("step,task,split,metric,score,chance,reference,normalized,examples,threshold\n"
                         "0,sst2,dev,accuracy,0.5,0.5,,,8,\n250,sst2,dev,accuracy,0.59,0.5,,,8,\n"
                         "250,cola,dev,matthews,0.1,0.0,,,8,0.3\n")
-    records.append({"kind": "zero_shot", "model": "transformer", "csv": str(csv_path), "cmd": "python -m gpt_tf.zero_shot",
+    records.append({"kind": "zero_shot", "model": "transformer", "csv": str(csv_path), "cmd": "python -m gpt_tf.analysis.zero_shot",
                     "seconds": 5.0})
     config = {"pretrained": str(pre), "preset": "tiny", "tasks_dir": str(tmp_path / "tasks"), "tasks": ["rte", "sst2"],
               "transfer_tasks": ["rte"], "layers": [0, 2], "n_layer": 4, "epochs": 3, "seeds": [0, 1, 2],

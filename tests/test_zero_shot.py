@@ -4,7 +4,7 @@ Real rows of SST-2, CoLA and Story Cloze from ../shared/data go through the suit
 RACE and DPRD (not in ../shared/data) are small samples written here in their official layouts.
 Decisions are checked with planted language models whose preferences are known exactly. The CLI
 test pre-trains the `lstm_test` baseline with periodic zero-shot evaluation, then re-scores its
-kept checkpoints post hoc with `python -m gpt_tf.zero_shot`: the two must agree.
+kept checkpoints post hoc with `python -m gpt_tf.analysis.zero_shot`: the two must agree.
 """
 
 from __future__ import annotations
@@ -19,8 +19,8 @@ import pytest
 import tensorflow as tf
 
 from gpt_tf.config import get_preset
-from gpt_tf.heuristics import HEURISTICS, ZeroShotConfig, ZeroShotSuite, best_threshold, normalised
-from gpt_tf.lm_scorer import LMScorer
+from gpt_tf.analysis.heuristics import HEURISTICS, ZeroShotConfig, ZeroShotSuite, best_threshold, normalised
+from gpt_tf.analysis.lm_scorer import LMScorer
 from gpt_tf.metrics import matthews
 from gpt_tf.model import GPTLanguageModel
 from gpt_tf.tokenizer import GPTTokenizer
@@ -237,13 +237,13 @@ def test_lstm_pretraining_with_periodic_zero_shot_equals_post_hoc(lm_data, share
     events = b"".join(p.read_bytes() for p in (run_dir / "tb").glob("events.out.tfevents.*"))
     assert b"zero_shot/story_cloze" in events
     out = tmp_path / "post_hoc.csv"
-    run_cli("gpt_tf.zero_shot", f"--run_dir={run_dir}", f"--task={tasks}", f"--data_dir={dirs}", "--max_examples=16",
+    run_cli("gpt_tf.analysis.zero_shot", f"--run_dir={run_dir}", f"--task={tasks}", f"--data_dir={dirs}", "--max_examples=16",
             f"--output_csv={out}")
     assert _csv_rows(out) == periodic
 
 
 def test_cli_flag_errors_come_before_any_work(tmp_path):
-    proc = run_cli("gpt_tf.zero_shot", f"--run_dir={tmp_path}", "--task=cola,foo", "--data_dir=x",
+    proc = run_cli("gpt_tf.analysis.zero_shot", f"--run_dir={tmp_path}", "--task=cola,foo", "--data_dir=x",
                    f"--output_csv={tmp_path / 'z.csv'}", check=False)
     assert proc.returncode != 0
     for needle in ("no model_config.json", "unknown zero-shot task 'foo'", "--output_csv must be outside"):

@@ -2,7 +2,7 @@
 
 TensorBoard (``run_dir/tb``): ``train/{loss,perplexity,learning_rate,grad_norm,tokens_per_sec}``,
 ``valid/{loss,perplexity}``, ``samples/text`` and the run's hyper-parameters (HParams tab); with a
-zero-shot suite (``gpt_tf/heuristics.py``), ``zero_shot[_normalized]/<task>`` every ``every`` steps
+zero-shot suite (``gpt_tf/analysis/heuristics.py``, given by the CLI), ``zero_shot[_normalized]/<task>`` every ``every`` steps
 and at the end, also appended to ``run_dir/zero_shot.csv`` (a resumed run may repeat the rows of
 steps after its last checkpoint). Only the chief worker writes.
 """
@@ -18,7 +18,6 @@ from tensorboard.plugins.hparams import api as hp
 
 from gpt_tf import console
 from gpt_tf.generate import Sampler
-from gpt_tf.heuristics import append_csv, write_summaries
 
 
 class TrainCallbacks:
@@ -80,8 +79,7 @@ class TrainCallbacks:
         rows = self.zero_shot.evaluate(self.trainer.model, step=step)
         self.bar.write(f"step {step} zero-shot: " + ", ".join(f"{r['task']} {r['metric']} {r['score']:.4f}" for r in rows))
         if self.writer:
-            write_summaries(self.writer, rows, step)
-            append_csv(os.path.join(self.trainer.config.run_dir, "zero_shot.csv"), rows)
+            self.zero_shot.record(rows, self.writer, step, os.path.join(self.trainer.config.run_dir, "zero_shot.csv"))
         return rows
 
     def sample(self, step):

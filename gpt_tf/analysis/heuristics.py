@@ -4,7 +4,7 @@
     suite = ZeroShotSuite(config, tokenizer, bos_id=separator_id)
     rows = suite.evaluate(lm, step=1000)   # one dict per task: score, chance, normalised score
 
-Three kinds of heuristic, one code path each, all on ``gpt_tf.lm_scorer.LMScorer``:
+Three kinds of heuristic, one code path each, all on ``gpt_tf.analysis.lm_scorer.LMScorer``:
 
 * ``threshold`` (CoLA): the sentence's average token log-probability, ``acceptable`` iff above a
   threshold; the threshold maximises the Matthews correlation on ``train``, the score is on ``dev``.
@@ -176,10 +176,15 @@ class ZeroShotSuite:
 
     def evaluate(self, lm, step: int | None = None) -> list[dict]:
         """One row per task (see ``CSV_COLUMNS``) for the LM's current weights."""
-        from gpt_tf.lm_scorer import LMScorer  # TensorFlow: imported only when scoring
+        from gpt_tf.analysis.lm_scorer import LMScorer  # TensorFlow: imported only when scoring
 
         scorer = LMScorer(lm, bos_id=self.bos_id, batch_size=self.config.batch_size)
         return [self._evaluate_task(HEURISTICS[task], scorer, step) for task in self.config.tasks]
+
+    def record(self, rows: list[dict], writer, step: int, csv_path: str) -> None:
+        """``evaluate``'s rows to TensorBoard (``writer``) and appended to the CSV at ``csv_path``."""
+        write_summaries(writer, rows, step)
+        append_csv(csv_path, rows)
 
     def _evaluate_task(self, h: Heuristic, scorer, step) -> dict:
         examples, reqs = self.data[h.task][h.eval_split]

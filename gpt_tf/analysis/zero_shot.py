@@ -1,6 +1,6 @@
-r"""Command line: the §5 zero-shot heuristics (``gpt_tf/heuristics.py``) on a pre-training run's checkpoints.
+r"""Command line: the §5 zero-shot heuristics (``gpt_tf/analysis/heuristics.py``) on a pre-training run's checkpoints.
 
-    python -m gpt_tf.zero_shot --run_dir=runs/books_tiny \
+    python -m gpt_tf.analysis.zero_shot --run_dir=runs/books_tiny \
         --task=cola,sst2,story_cloze --data_dir=../shared/data/glue/CoLA,../shared/data/glue/SST-2,../shared/data/story_cloze \
         --output_csv=runs/study/zero_shot_books_tiny.csv [--step=N] [--reference_json=ref.json] [--tb_dir=DIR]
 
@@ -71,7 +71,7 @@ def main(argv):
         raise app.UsageError(f"unexpected arguments: {' '.join(argv[1:])}")
     if not FLAGS["verbosity"].present:
         logging.set_verbosity(logging.WARNING)
-    from gpt_tf.heuristics import ZeroShotConfig
+    from gpt_tf.analysis.heuristics import ZeroShotConfig
 
     reference = {}
     if FLAGS.reference_json:
@@ -92,7 +92,7 @@ def main(argv):
     if problems:
         from gpt_tf.flag_checks import fail
 
-        fail("gpt_tf.zero_shot", problems)
+        fail("gpt_tf.analysis.zero_shot", problems)
 
     from gpt_tf.console import import_tensorflow
 
@@ -100,7 +100,7 @@ def main(argv):
     import keras
 
     from gpt_tf.checkpoints import kept_checkpoints, pretrained_model_config, restore_pretrained_lm
-    from gpt_tf.heuristics import ZeroShotSuite, append_csv, write_summaries
+    from gpt_tf.analysis.heuristics import ZeroShotSuite, append_csv, write_summaries
     from gpt_tf.model import GPTLanguageModel
     from gpt_tf.tokenizer import GPTTokenizer
 

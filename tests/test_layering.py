@@ -1,0 +1,83 @@
+"""The package's layers only point down, and no two files import each other in a circle.
+
+Layers, bottom up: the core (``gpt_tf/*.py`` but the CLI), ``pipelines/``, ``gpt_tf/training/``,
+``gpt_tf/analysis/`` (§5), then the command lines on top (``gpt_tf/train.py``, ``bench/``);
+``serving/`` stands beside training on the core and ``pipelines`` only. Every import counts, those
+inside functions too (they are how heavy modules are loaded lazily, not a way around the layers).
+"""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+PACKAGES = ("gpt_tf", "pipelines", "serving")
+
+
+def _module(path: Path) -> str:
+    parts = path.relative_to(ROOT).with_suffix("").parts
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+def _imports(path: Path) -> set[str]:
+    """The project modules ``path`` imports (``from a.b import c`` counts c when it is a module)."""
+    found = set()
+    for node in ast.walk(ast.parse(path.read_text(), str(path))):
+        names = []
+        if isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
+            names = [node.module] + [f"{node.module}.{a.name}" for a in node.names]
+        elif isinstance(node, ast.Import):
+            names = [a.name for a in node.names]
+        found.update(n for n in names if n.split(".")[0] in PACKAGES)
+    return found
+
+
+def graph() -> dict[str, set[str]]:
+    files = {_module(p): p for pkg in PACKAGES for p in (ROOT / pkg).rglob("*.py")}
+    return {m: {d for d in _imports(p) if d in files and d != m} for m, p in files.items()}
+
+
+def layer(module: str) -> str:
+    if module == "gpt_tf.train":
+        return "cli"
+    for prefix, name in (("gpt_tf.training", "training"), ("gpt_tf.analysis", "analysis"), ("gpt_tf", "core"),
+                         ("pipelines", "pipelines"), ("serving", "serving")):
+        if module == prefix or module.startswith(prefix + "."):
+            return name
+    raise AssertionError(module)
+
+
+# What each layer may import (itself included).
+ALLOWED = {"core": {"core"}, "pipelines": {"core", "pipelines"}, "training": {"core", "pipelines", "training"},
+           "analysis": {"core", "pipelines", "training", "analysis"}, "serving": {"core", "pipelines", "serving"},
+           "cli": {"core", "pipelines", "training", "analysis", "cli"}}
+
+
+def test_every_import_points_down_a_layer():
+    g = graph()
+    assert {"gpt_tf.training.loop", "gpt_tf.analysis.zero_shot", "gpt_tf.checkpoints", "serving.export"} <= set(g)
+    upward = sorted(f"{m} ({layer(m)}) -> {d} ({layer(d)})" for m, deps in g.items() for d in deps
+                    if layer(d) not in ALLOWED[layer(m)])
+    assert not upward, "\n".join(upward)
+
+
+def test_no_circle_of_files():
+    g = graph()
+    state, circles = {}, []
+
+    def visit(m, path):
+        state[m] = "open"
+        for d in sorted(g[m]):
+            if state.get(d) == "open":
+                circles.append(path[path.index(d):] + [d])
+            elif d not in state:
+                visit(d, path + [d])
+        state[m] = "done"
+
+    for m in sorted(g):
+        if m not in state:
+            visit(m, [m])
+    # a package's __init__ importing its own modules is not a circle between files
+    circles = [c for c in circles if not any(len(set(c)) == 2 and c[0] == m.rsplit(".", 1)[0] for m in c)]
+    assert not circles, "\n".join(" -> ".join(c) for c in circles)
