@@ -26,6 +26,7 @@ import sys
 from absl import app, flags, logging
 
 from gpt_tf import flag_checks
+from gpt_tf.recipes import PAPER_FINETUNE
 from gpt_tf.run_dir import DATA_FILE, data_identity, resume_problems, write_json_atomic
 
 FLAGS = flags.FLAGS
@@ -35,10 +36,10 @@ flags.DEFINE_string("task", "", "Fine-tune on this task (gpt_tf.tasks); --data_d
 flags.DEFINE_string("init_checkpoint", "", "Fine-tuning: pre-training run dir, ckpt prefix or GPT-1 release dir; "
                     "empty = no pre-training.")
 flags.DEFINE_integer("transfer_layers", -1, "Fine-tuning: blocks transferred from --init_checkpoint (-1: all).")
-flags.DEFINE_integer("epochs", 3, "Fine-tuning epochs (the paper: 3).")
-flags.DEFINE_float("lm_coef", 0.5, "Fine-tuning: λ of the auxiliary LM loss (the paper: 0.5; 0 disables).")
-flags.DEFINE_float("clf_pdrop", 0.1, "Fine-tuning: classifier dropout (the paper: 0.1).")
-flags.DEFINE_float("warmup_fraction", 0.002, "Fine-tuning: warm-up as a fraction of all updates (the paper: 0.2%).")
+flags.DEFINE_integer("epochs", PAPER_FINETUNE["epochs"], "Fine-tuning epochs (the paper: 3).")
+flags.DEFINE_float("lm_coef", PAPER_FINETUNE["lm_coef"], "Fine-tuning: λ of the auxiliary LM loss (the paper: 0.5; 0 disables).")
+flags.DEFINE_float("clf_pdrop", PAPER_FINETUNE["clf_pdrop"], "Fine-tuning: classifier dropout (the paper: 0.1).")
+flags.DEFINE_float("warmup_fraction", PAPER_FINETUNE["warmup_fraction"], "Fine-tuning: warm-up as a fraction of all updates (the paper: 0.2%).")
 flags.DEFINE_list("aux_data_dirs", [], "Fine-tuning: more tasks' TFRecords trained together with --data_dir's "
                   "(multi-task: one backbone, one head per task).")
 flags.DEFINE_list("task_mixture", [], "Multi-task: sampling weight per task (--data_dir first, then --aux_data_dirs); "
@@ -101,7 +102,8 @@ flags.DEFINE_integer("zero_shot_max_examples", 0, "Zero-shot: a fixed hash sampl
 flags.DEFINE_string("zero_shot_reference_json", "", "Zero-shot: JSON {task: reference score} for normalised scores.")
 
 
-FINETUNE_DEFAULTS = {"learning_rate": 6.25e-5, "batch_size": 32, "lr_decay": "linear"}
+# Flags shared with pre-training whose unset value differs when fine-tuning.
+FINETUNE_DEFAULTS = {k: PAPER_FINETUNE[k] for k in ("learning_rate", "batch_size", "lr_decay")}
 
 
 def _apply_finetune_defaults() -> None:

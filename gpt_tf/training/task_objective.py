@@ -35,6 +35,7 @@ from gpt_tf.config import GPTConfig
 from gpt_tf.metrics import compute_metrics
 from gpt_tf.model import GPTLanguageModel
 from gpt_tf.optim import WarmupDecay, make_optimizer
+from gpt_tf.recipes import PAPER_FINETUNE
 from gpt_tf.task_model import GPTTaskModel, reset_special_embeddings, task_loss, task_predictions, transfer_layers
 from gpt_tf.tasks import TaskSpec
 from gpt_tf.training.loop import TrainLoop
@@ -50,12 +51,12 @@ class FinetuneConfig:
     run_dir: str
     init_checkpoint: str = ""  # pre-training run dir, checkpoint prefix or GPT-1 release dir; "" = from scratch
     transfer_layers: int = -1  # blocks transferred from init_checkpoint; -1 = all
-    batch_size: int = 32
-    epochs: int = 3
-    learning_rate: float = 6.25e-5
-    warmup_fraction: float = 0.002
-    lm_coef: float = 0.5
-    clf_pdrop: float = 0.1
+    batch_size: int = PAPER_FINETUNE["batch_size"]
+    epochs: int = PAPER_FINETUNE["epochs"]
+    learning_rate: float = PAPER_FINETUNE["learning_rate"]
+    warmup_fraction: float = PAPER_FINETUNE["warmup_fraction"]
+    lm_coef: float = PAPER_FINETUNE["lm_coef"]
+    clf_pdrop: float = PAPER_FINETUNE["clf_pdrop"]
     weight_decay: float = 0.01
     clip_norm: float = 1.0
     precision: str = "float32"

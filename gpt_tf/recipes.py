@@ -1,0 +1,16 @@
+"""The paper's fine-tuning recipe (§4.1, "Fine-tuning details"), written once.
+
+``FinetuneConfig``'s defaults and the fine-tuning defaults of ``python -m gpt_tf.train --task`` come
+from here; ``configs/finetune_paper.flags`` says the same to the command line (tests/test_flags.py
+holds the two equal). Weight decay 0.01 and clipping at norm 1 are shared with pre-training.
+"""
+
+PAPER_FINETUNE = {
+    "learning_rate": 6.25e-5,
+    "batch_size": 32,
+    "epochs": 3,
+    "lr_decay": "linear",
+    "warmup_fraction": 0.002,  # 0.2% of all updates
+    "lm_coef": 0.5,  # λ of the auxiliary LM loss (Eq. 5)
+    "clf_pdrop": 0.1,  # dropout before the classifier
+}
