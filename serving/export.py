@@ -36,19 +36,20 @@ def _read_json(path: str) -> dict:
 
 def _manifest_tokenizer_dir(data_dir: str) -> str:
     """The tokenizer folder a data manifest names (relative paths are from the current directory)."""
-    path = os.path.join(data_dir, "manifest.json")
-    tokenizer_dir = _read_json(path)["tokenizer"]["dir"]
+    from pipelines.records import MANIFEST, read_manifest
+
+    tokenizer_dir = read_manifest(data_dir)["tokenizer"]["dir"]
     if not os.path.isdir(tokenizer_dir):
-        raise FileNotFoundError(f"{path} names tokenizer dir {tokenizer_dir!r}, which does not exist here; "
+        raise FileNotFoundError(f"{os.path.join(data_dir, MANIFEST)} names tokenizer dir {tokenizer_dir!r}, which does not exist here; "
                                 "pass --tokenizer_dir")
     return tokenizer_dir
 
 
 def check_tokenizer(data_dir: str, tokenizer_dir: str) -> None:
     """ValueError unless ``tokenizer_dir`` holds the tokenizer ``data_dir`` was built with (its manifest's sha256)."""
-    from pipelines.records import tokenizer_problems
+    from pipelines.records import read_manifest, tokenizer_problems
 
-    problems = tokenizer_problems(_read_json(os.path.join(data_dir, "manifest.json")), tokenizer_dir, data_dir)
+    problems = tokenizer_problems(read_manifest(data_dir), tokenizer_dir, data_dir)
     if problems:
         raise ValueError("; ".join(problems))
 

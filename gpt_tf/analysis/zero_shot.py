@@ -41,16 +41,14 @@ flags.DEFINE_integer("batch_size", 32, "Sequences per LM call.")
 
 def run_manifest(run_dir: str) -> dict | None:
     """The pre-training data manifest of a run (via its train_config.json), or None if it cannot be found."""
+    from pipelines.records import MANIFEST, read_manifest
+
     config_path = os.path.join(run_dir, "train_config.json")
     if not os.path.isfile(config_path):
         return None
     with open(config_path) as f:
         data_dir = json.load(f).get("data_dir", "")
-    path = os.path.join(data_dir, "manifest.json")
-    if not os.path.isfile(path):
-        return None
-    with open(path) as f:
-        return json.load(f)
+    return read_manifest(data_dir) if os.path.isfile(os.path.join(data_dir, MANIFEST)) else None
 
 
 def _check_flags() -> list[str]:
