@@ -1,0 +1,137 @@
+"""Export and serving end to end, on real GLUE / Story Cloze text and GPT-1's BPE.
+
+One package-scoped set-up, shared by test_serving_export.py and test_serving_api.py: a real SST-2
+fine-tuning run (``test`` preset, mixed_bfloat16, 16 real rows) exported with ``serving.export.export_run``, plus a random STS-B model and a random LM;
+``python -m serving.server`` serves the three from one ``models.config`` with batching on. The
+server starts first so that its start-up overlaps the exports; it picks the versions up as they
+appear.
+"""
+
+from __future__ import annotations
+
+import select
+import subprocess
+import sys
+import time
+
+import grpc
+import pytest
+import tensorflow as tf
+from tensorflow_serving.apis import get_model_status_pb2, model_service_pb2_grpc
+
+from gpt_tf.config import get_preset
+from gpt_tf.model import GPTBackbone, GPTLanguageModel
+from gpt_tf.task_model import GPTTaskModel
+from gpt_tf.tasks import get_task
+from gpt_tf.tokenizer import GPTTokenizer
+from tests.serving_e2e.helpers import (ENV, MAX_REQUEST_BYTES, ROOT, free_port, glue_examples, offline_features,
+                                      reference_probabilities)
+
+
+# ---------------------------------------------------------------------------------------------- set-up
+@pytest.fixture(scope="package")
+def bpe(shared_data):
+    return shared_data / "gpt1_bpe"
+
+
+@pytest.fixture(scope="package")
+def tokenizer(bpe):
+    return GPTTokenizer.from_dir(bpe)
+
+
+@pytest.fixture(scope="package")
+def config():
+    return get_preset("test", vocab_size=40478)
+
+
+@pytest.fixture(scope="package")
+def base(tmp_path_factory):
+    """The served base path and its models.config (the versions appear later)."""
+    root = tmp_path_factory.mktemp("served")
+    entries = "".join(f'  config {{ name: "{m}" base_path: "{root / m}" model_platform: "tensorflow" }}\n'
+                      for m in ("sst2", "stsb", "lm"))
+    (root / "models.config").write_text(f"model_config_list {{\n{entries}}}\n")
+    (root / "batching.txt").write_text("max_batch_size { value: 8 }\nbatch_timeout_micros { value: 0 }\n")
+    return root
+
+
+@pytest.fixture(scope="package")
+def server(base):
+    """``python -m serving.server`` on free ports (started, not yet waited for)."""
+    grpc_port, rest_port = free_port(), free_port()
+    log = open(base / "server.log", "w")
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "serving.server", f"--model_config_file={base / 'models.config'}",
+         f"--port={grpc_port}", f"--rest_api_port={rest_port}", "--enable_batching",
+         f"--batching_parameters_file={base / 'batching.txt'}", "--file_system_poll_wait_seconds=0.3",
+         f"--max_request_bytes={MAX_REQUEST_BYTES}"],
+        cwd=ROOT, env=ENV, stdout=subprocess.PIPE, stderr=log, text=True)
+    yield proc, grpc_port, rest_port
+    proc.terminate()
+    try:
+        assert proc.wait(timeout=30) == 0, (base / "server.log").read_text()[-3000:]
+    finally:
+        proc.kill()
+        log.close()
+
+
+@pytest.fixture(scope="package")
+def sst2_run(shared_data, bpe, config, tmp_path_factory):
+    """A real fine-tuning run dir: 16 SST-2 rows, 2 updates of 8, mixed_bfloat16 (as the CLI writes it)."""
+    from gpt_tf.training.finetune_io import save_run_configs
+    from gpt_tf.training.task_objective import FinetuneConfig, Finetuner
+    from pipelines.finetune_data import build_task_data
+
+    root = tmp_path_factory.mktemp("sst2")
+    build_task_data("sst2", shared_data / "glue" / "SST-2", bpe, root / "data", max_examples=16, show_progress=False)
+    ft = FinetuneConfig(data_dir=str(root / "data"), run_dir=str(root / "run"), batch_size=8, epochs=1,
+                        learning_rate=1e-3, precision="mixed_bfloat16")
+    Finetuner(get_task("sst2"), config, ft, tf.distribute.get_strategy(), log=lambda _: None).train(progress=False)
+    save_run_configs(ft.run_dir, config, ft)
+    return ft.run_dir
+
+
+@pytest.fixture(scope="package")
+def exported(server, base, sst2_run, bpe, config):
+    """Exports the three models into the served base path; returns the in-process references."""
+    from serving.export import export_lm, export_run, export_task_model, load_finetuned
+
+    export_run(sst2_run, str(base), "sst2")
+    stsb = GPTTaskModel(GPTBackbone(config, name="backbone"), get_task("stsb"))
+    export_task_model(stsb, get_task("stsb"), str(bpe), str(base), "stsb")
+    lm = GPTLanguageModel.from_config_preset(config)
+    export_lm(lm, str(bpe), str(base), "lm", top_k=5)
+    sst2_model, _, _ = load_finetuned(sst2_run)  # float32, as exported
+    return {"sst2": sst2_model, "stsb": stsb, "lm": lm}
+
+
+@pytest.fixture(scope="package")
+def served(server, exported):
+    """(gRPC port, REST port) once the server has every model available."""
+    proc, grpc_port, rest_port = server
+    ready, _, _ = select.select([proc.stdout], [], [], 120)
+    assert ready, "serving.server printed nothing in 120 s"
+    line = proc.stdout.readline()
+    assert f"gRPC on 127.0.0.1:{grpc_port}, REST on 127.0.0.1:{rest_port}" in line, line
+    stub = model_service_pb2_grpc.ModelServiceStub(grpc.insecure_channel(f"127.0.0.1:{grpc_port}"))
+    deadline = time.time() + 120
+    for name in ("sst2", "stsb", "lm"):
+        while True:
+            try:
+                status = stub.GetModelStatus(get_model_status_pb2.GetModelStatusRequest(model_spec={"name": name}))
+                if status.model_version_status[0].state == 30:  # AVAILABLE
+                    break
+            except grpc.RpcError:
+                pass
+            assert time.time() < deadline and proc.poll() is None, f"{name} never became available"
+            time.sleep(0.2)
+    return grpc_port, rest_port
+
+
+@pytest.fixture(scope="package")
+def sst2_dev(shared_data, tokenizer, config, exported):
+    """Real SST-2 dev sentences, their offline features and the in-process model's probabilities."""
+    examples = glue_examples(shared_data, "sst2", "glue/SST-2", "dev", 12)
+    ids, extract = offline_features(get_task("sst2"), examples, tokenizer, config)
+    return [e.text_a for e in examples], reference_probabilities(exported["sst2"], ids, extract)
+
