@@ -168,8 +168,14 @@ def main(argv) -> None:
           f"{manifest['num_valid']} valid), {manifest['total_bytes']} bytes")
 
 
-if __name__ == "__main__":
-    from absl import app, flags as absl_flags
+def define_flags() -> None:
+    from absl import flags as absl_flags
 
     absl_flags.DEFINE_string("output_dir", None, "Folder to write train/ and valid/ plays into.", required=True)
+
+
+if __name__ == "__main__":
+    from absl import app
+
+    define_flags()
     app.run(main)

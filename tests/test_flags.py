@@ -16,12 +16,13 @@ import pytest
 from absl import flags
 
 from gpt_tf import flag_checks
-from gpt_tf import train  # noqa: F401 -- defines the CLI's flags on absl's FLAGS
+from gpt_tf import train_flags
 from tests.small_runs import ENV, ROOT
 
 FLAGS = flags.FLAGS
+train_flags.define_flags()  # the CLI's flags on absl's FLAGS, as `python -m gpt_tf.train` defines them
 NUMERIC_TYPES = (flags.IntegerParser, flags.FloatParser)
-OWN = {flag.name for flag in FLAGS.flags_by_module_dict()["gpt_tf.train"]}
+OWN = {flag.name for flag in FLAGS.flags_by_module_dict()["gpt_tf.train_flags"]}
 
 
 def numeric_flags():

@@ -1,7 +1,7 @@
 """The package's layers only point down, and no two files import each other in a circle.
 
 Layers, bottom up: the core (``gpt_tf/*.py`` but the CLI), ``pipelines/``, ``gpt_tf/training/``,
-``gpt_tf/analysis/`` (§5), then the command lines on top (``gpt_tf/train.py``, ``bench/``);
+``gpt_tf/analysis/`` (§5), then the command lines on top (``gpt_tf/train.py`` and its flags, ``bench/``);
 ``serving/`` stands beside training on the core and ``pipelines`` only. Every import counts, those
 inside functions too (they are how heavy modules are loaded lazily, not a way around the layers).
 """
@@ -39,7 +39,7 @@ def graph() -> dict[str, set[str]]:
 
 
 def layer(module: str) -> str:
-    if module == "gpt_tf.train":
+    if module in ("gpt_tf.train", "gpt_tf.train_flags"):
         return "cli"
     for prefix, name in (("gpt_tf.training", "training"), ("gpt_tf.analysis", "analysis"), ("gpt_tf", "core"),
                          ("pipelines", "pipelines"), ("serving", "serving")):

@@ -53,8 +53,9 @@ def test_flags_that_may_change_on_resume(trained):
 def test_the_fields_that_may_change_are_fields_the_cli_writes():
     from absl import flags
 
-    from gpt_tf import train
+    from gpt_tf import train, train_flags
 
+    train_flags.define_flags()
     flags.FLAGS.unparse_flags()
     flags.FLAGS(["gpt_tf.train"])
     try:

@@ -25,18 +25,21 @@ from absl import app, flags, logging
 
 FLAGS = flags.FLAGS
 
-flags.DEFINE_string("run_dir", None, "Pre-training run (model_config.json, train_config.json, checkpoints/).")
-flags.DEFINE_list("task", [], "Zero-shot tasks: cola, sst2, race, story_cloze, dprd.")
-flags.DEFINE_list("data_dir", [], "Each task's folder (or file) in its official layout, in --task order.")
-flags.DEFINE_string("output_csv", None, "CSV the rows are appended to.")
-flags.DEFINE_integer("step", 0, "Evaluate only this checkpoint step (0: every kept checkpoint).")
-flags.DEFINE_bool("include_init", False, "Also score a fresh initialisation with the run's seed, as step 0.")
-flags.DEFINE_string("tb_dir", "", "Also write TensorBoard scalars here (empty: none).")
-flags.DEFINE_string("tokenizer_dir", "", "BPE files (default: the one the run's pre-training manifest names).")
-flags.DEFINE_string("reference_json", "", "JSON {task: reference score} for the normalised score (Fig. 2 right).")
-flags.DEFINE_integer("max_examples", 0, "Score a fixed hash sample of this many examples per split (0: all).")
-flags.DEFINE_float("holdout_fraction", 0.3, "Story Cloze: score the hash hold-out of val that fine-tuning uses as dev.")
-flags.DEFINE_integer("batch_size", 32, "Sequences per LM call.")
+
+def define_flags() -> None:
+    """The CLI's flags (defined when it starts, so importing this module defines none)."""
+    flags.DEFINE_string("run_dir", None, "Pre-training run (model_config.json, train_config.json, checkpoints/).")
+    flags.DEFINE_list("task", [], "Zero-shot tasks: cola, sst2, race, story_cloze, dprd.")
+    flags.DEFINE_list("data_dir", [], "Each task's folder (or file) in its official layout, in --task order.")
+    flags.DEFINE_string("output_csv", None, "CSV the rows are appended to.")
+    flags.DEFINE_integer("step", 0, "Evaluate only this checkpoint step (0: every kept checkpoint).")
+    flags.DEFINE_bool("include_init", False, "Also score a fresh initialisation with the run's seed, as step 0.")
+    flags.DEFINE_string("tb_dir", "", "Also write TensorBoard scalars here (empty: none).")
+    flags.DEFINE_string("tokenizer_dir", "", "BPE files (default: the one the run's pre-training manifest names).")
+    flags.DEFINE_string("reference_json", "", "JSON {task: reference score} for the normalised score (Fig. 2 right).")
+    flags.DEFINE_integer("max_examples", 0, "Score a fixed hash sample of this many examples per split (0: all).")
+    flags.DEFINE_float("holdout_fraction", 0.3, "Story Cloze: score the hash hold-out of val that fine-tuning uses as dev.")
+    flags.DEFINE_integer("batch_size", 32, "Sequences per LM call.")
 
 
 def run_manifest(run_dir: str) -> dict | None:
@@ -127,6 +130,7 @@ def main(argv):
 
 
 def run():
+    define_flags()
     app.run(main)
 
 

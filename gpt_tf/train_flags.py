@@ -1,0 +1,86 @@
+"""The flags of ``python -m gpt_tf.train``, defined when the CLI starts (``define_flags()`` in ``train.run``).
+
+Importing a module defines no flag, so the CLIs of the project never collide on a name; the checks
+of their values are in ``gpt_tf/flag_checks.py``.
+"""
+
+from __future__ import annotations
+
+from absl import flags
+
+from gpt_tf.recipes import PAPER_FINETUNE
+
+
+def define_flags() -> None:
+    """Defines the CLI's flags on absl's ``FLAGS`` (a second call in the same process does nothing)."""
+    if "init_checkpoint" in flags.FLAGS:
+        return
+    flags.DEFINE_enum("mode", "train", ["train", "eval", "generate", "predict"], "What to do.")
+    flags.DEFINE_string("task", "", "Fine-tune on this task (gpt_tf.tasks); --data_dir then holds its TFRecords.")
+    flags.DEFINE_string("init_checkpoint", "", "Fine-tuning: pre-training run dir, ckpt prefix or GPT-1 release dir; "
+                        "empty = no pre-training.")
+    flags.DEFINE_integer("transfer_layers", -1, "Fine-tuning: blocks transferred from --init_checkpoint (-1: all).")
+    flags.DEFINE_integer("epochs", PAPER_FINETUNE["epochs"], "Fine-tuning epochs (the paper: 3).")
+    flags.DEFINE_float("lm_coef", PAPER_FINETUNE["lm_coef"], "Fine-tuning: λ of the auxiliary LM loss (the paper: 0.5; 0 disables).")
+    flags.DEFINE_float("clf_pdrop", PAPER_FINETUNE["clf_pdrop"], "Fine-tuning: classifier dropout (the paper: 0.1).")
+    flags.DEFINE_float("warmup_fraction", PAPER_FINETUNE["warmup_fraction"], "Fine-tuning: warm-up as a fraction of all updates (the paper: 0.2%).")
+    flags.DEFINE_list("aux_data_dirs", [], "Fine-tuning: more tasks' TFRecords trained together with --data_dir's "
+                      "(multi-task: one backbone, one head per task).")
+    flags.DEFINE_list("task_mixture", [], "Multi-task: sampling weight per task (--data_dir first, then --aux_data_dirs); "
+                      "empty = proportional to training examples.")
+    flags.DEFINE_bool("length_buckets", True, "Fine-tuning: pad each batch to the shortest length bucket (8, 12, 16, 20, "
+                      "24, 28, 32, 40, ... n_ctx) that holds its examples; --nolength_buckets pads every batch to n_ctx.")
+    flags.DEFINE_integer("buckets_per_octave", 4, "Fine-tuning: length buckets per doubling of the length (4: 8, 12, 16, "
+                         "20, ...; 1: 8, 16, 32, ...). Each bucket is one XLA/TPU compilation; fewer pad more.")
+    flags.DEFINE_string("predict_split", "", "--mode=predict: split to predict (default: the task's first eval split, "
+                        "e.g. dev; `test` for a GLUE submission).")
+    flags.DEFINE_string("model", "tiny", "Model preset: gpt1, small, tiny or test; lstm_small, lstm_tiny or lstm_test "
+                        "for the LSTM baseline.")
+    flags.DEFINE_integer("n_ctx", 0, "Override the preset's context length (0: keep).")
+    flags.DEFINE_float("dropout", -1.0, "Override embedding/attention/residual dropout (-1: keep 0.1).")
+    flags.DEFINE_string("data_dir", None, "TFRecords from `python -m pipelines.pretrain_data` (has manifest.json).")
+    flags.DEFINE_bool("verify_data", True, "Check every data file's sha256 against its manifest before training or "
+                      "evaluating (false: skip, for huge sets).")
+    flags.DEFINE_string("tokenizer_dir", "", "BPE files (encoder json + .bpe); default: the one manifest.json names.")
+    flags.DEFINE_string("run_dir", None, "Where checkpoints, TensorBoard logs and configs go.")
+    flags.DEFINE_integer("batch_size", 64, "Global batch size in sequences (the paper: 64).")
+    flags.DEFINE_integer("grad_accum_steps", 1, "Micro-batches per update; the update equals the full batch's.")
+    flags.DEFINE_integer("train_steps", 100_000, "Number of updates (fine-tuning: a cap; the schedule spans --epochs).")
+    flags.DEFINE_float("learning_rate", 2.5e-4, "Peak learning rate (the paper: 2.5e-4).")
+    flags.DEFINE_integer("warmup_steps", 2000, "Linear warm-up updates (the paper: 2000).")
+    flags.DEFINE_enum("lr_decay", "cosine", ["cosine", "linear", "constant"], "Decay after warm-up.")
+    flags.DEFINE_float("weight_decay", 0.01, "Decoupled weight decay on weight matrices (the paper: 0.01).")
+    flags.DEFINE_float("clip_norm", 1.0, "Clip gradients to this global norm (0: off).")
+    flags.DEFINE_enum("precision", "float32", ["float32", "mixed_bfloat16", "auto"], "Compute precision; auto: the faster "
+                      "of the two for this model on this machine, timed once and cached (gpt_tf/precision.py).")
+    flags.DEFINE_enum("strategy", "default", ["default", "one_device", "mirrored", "multi_worker", "tpu"], "tf.distribute.")
+    flags.DEFINE_integer("num_cpu_devices", 1, "Split the CPU into this many logical devices (to test mirrored).")
+    flags.DEFINE_string("tpu", "", "TPU name or grpc address, with --strategy=tpu.")
+    flags.DEFINE_string("tpu_zone", "", "TPU zone, with --strategy=tpu.")
+    flags.DEFINE_string("gcp_project", "", "GCP project, with --strategy=tpu.")
+    flags.DEFINE_list("workers", [], "With --strategy=multi_worker: every worker's host:port (the first is chief); "
+                      "writes TF_CONFIG for this process instead of reading it from the environment.")
+    flags.DEFINE_integer("worker_index", 0, "With --workers: this process's index in --workers.")
+    flags.DEFINE_bool("jit_compile", False, "XLA-compile each replica's forward/backward pass (GPU; TPUs always compile).")
+    flags.DEFINE_integer("seed", 0, "Seed for init, dropout and data order.")
+    flags.DEFINE_bool("deterministic", False, "Enable TF op determinism (bit-exact resume; slower).")
+    flags.DEFINE_integer("log_every", 10, "Log/summary period in steps.")
+    flags.DEFINE_integer("checkpoint_every", 500, "Checkpoint period in steps (fine-tuning: only when given; "
+                         "it always saves at each epoch's end).")
+    flags.DEFINE_integer("keep_checkpoints", 3, "Checkpoints kept.")
+    flags.DEFINE_integer("eval_every", 0, "Held-out evaluation period in steps (0: at the end only).")
+    flags.DEFINE_integer("eval_batches", 0, "Batches per periodic evaluation (0: the whole split).")
+    flags.DEFINE_integer("sample_every", 0, "Text sample period in steps (0: at the end only).")
+    flags.DEFINE_string("sample_prompt", "", "Prompt for samples during training.")
+    flags.DEFINE_integer("sample_length", 64, "Tokens per sample.")
+    flags.DEFINE_string("prompt", "", "--mode=generate: the prompt.")
+    flags.DEFINE_float("temperature", 1.0, "--mode=generate: sampling temperature (0: greedy).")
+    flags.DEFINE_integer("top_k", 40, "--mode=generate: sample among the k likeliest tokens (0: all).")
+    flags.DEFINE_bool("progress", True, "Show a progress bar (a plain line every few steps where stderr is not a terminal).")
+    flags.DEFINE_bool("json", False, "End with the result as one JSON line on stdout (for scripts) instead of a summary.")
+    flags.DEFINE_list("zero_shot_tasks", [], "Pre-training: §5 zero-shot tasks scored during training (gpt_tf/analysis/heuristics.py): "
+                      "cola, sst2, race, story_cloze, dprd.")
+    flags.DEFINE_list("zero_shot_data_dirs", [], "Each zero-shot task's folder in its official layout, in --zero_shot_tasks order.")
+    flags.DEFINE_integer("zero_shot_every", 0, "Zero-shot period in steps (0: at the end only); writes run_dir/zero_shot.csv.")
+    flags.DEFINE_integer("zero_shot_max_examples", 0, "Zero-shot: a fixed hash sample of this many examples per split (0: all).")
+    flags.DEFINE_string("zero_shot_reference_json", "", "Zero-shot: JSON {task: reference score} for normalised scores.")
