@@ -25,7 +25,7 @@ import sys
 
 from absl import app, flags, logging
 
-from gpt_tf import flag_checks
+from gpt_tf import flag_checks, train_flags
 from gpt_tf.recipes import PAPER_FINETUNE
 from gpt_tf.run_dir import DATA_FILE, data_identity, resume_problems, write_json_atomic
 from gpt_tf.train_flags import define_flags
@@ -325,6 +325,7 @@ def _finetune_main(keras, tf):
 
 def run():
     define_flags()
+    flags.adopt_module_key_flags(train_flags)  # --help lists them
     app.run(main, flags_parser=flag_checks.lenient_parser("gpt_tf.train"))
 
 
