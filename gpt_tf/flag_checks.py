@@ -125,6 +125,12 @@ def mode_problems(flag_values: flags.FlagValues) -> list[str]:
     other = "pre-training" if finetuning else "fine-tuning"
     out = [f"--{name} applies to {other} only ({'drop --task' if finetuning else 'add --task'} or drop the flag)"
            for name in MODE_ONLY[other] if name in flag_values and flag_values[name].present]
+    if finetuning and flag_values.init_checkpoint and flag_values["model"].present:
+        out.append("--model: with --init_checkpoint the model is the pre-trained one (drop --model)")
+    generating = [f"--{name}" for name in ("prompt", "temperature", "top_k")
+                  if name in flag_values and flag_values[name].present]
+    if generating and flag_values.mode != "generate":
+        out.append(f"{', '.join(generating)} only apply to --mode=generate")
     if finetuning and flag_values.lr_decay != "linear":
         out.append(f"--lr_decay={flag_values.lr_decay}: fine-tuning decays linearly (the paper's recipe); "
                    "give --lr_decay=linear or drop the flag")
