@@ -148,13 +148,6 @@ def restore_pretrained_lm(lm, path: str) -> str:
     return prefix
 
 
-def task_spec_of(data_dir: str):
-    """The ``TaskSpec`` a task data folder was built for (its ``manifest.json``)."""
-    from gpt_tf.tasks import TaskSpec
-
-    return TaskSpec.from_dict(read_json(os.path.join(data_dir, "manifest.json"))["task_spec"])
-
-
 def build_task_models(model_config: GPTConfig, tasks, clf_pdrop: float, precision: str) -> list:
     """One ``GPTTaskModel`` per task, all on one backbone (the primary task first): a run's model.
 
@@ -167,15 +160,17 @@ def build_task_models(model_config: GPTConfig, tasks, clf_pdrop: float, precisio
     return [GPTTaskModel(backbone, task, clf_pdrop=clf_pdrop, dtype=precision) for task in tasks]
 
 
-def load_task_model(run_dir: str, precision: str = "float32", data_dir: str = ""):
+def load_task_model(run_dir: str, load_task_spec, precision: str = "float32", data_dir: str = ""):
     """(``GPTTaskModel``, ``TaskSpec``) of a fine-tuning run's latest checkpoint: its primary task.
 
     Built from the run's ``model_config.json`` and ``finetune_config.json`` (a multi-task run gets its
     shared backbone and every head); only the model's weights are restored: no optimizer, no data.
+    ``load_task_spec(data_dir)``: the ``TaskSpec`` a task data folder was built for (its manifest,
+    read by ``pipelines.transforms.load_task_spec``, which the core does not import).
     ``data_dir``: the primary task's data folder, if not where the run read it.
     """
     saved = read_json(os.path.join(run_dir, "finetune_config.json"))
-    tasks = [task_spec_of(d) for d in (data_dir or saved["data_dir"], *saved.get("aux_data_dirs", ()))]
+    tasks = [load_task_spec(d) for d in (data_dir or saved["data_dir"], *saved.get("aux_data_dirs", ()))]
     models = build_task_models(pretrained_model_config(run_dir), tasks, saved.get("clf_pdrop", 0.1), precision)
     latest = tf.train.latest_checkpoint(os.path.join(run_dir, CHECKPOINTS))
     if not latest:

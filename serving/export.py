@@ -16,7 +16,6 @@ checkpoints hold float32 weights either way) and always answer in float32.
 
 from __future__ import annotations
 
-import json
 import os
 import sys
 
@@ -25,13 +24,6 @@ from absl import app, flags, logging
 FLAGS = flags.FLAGS
 
 WARMUP_TEXT = "a warm-up request."
-
-
-def _read_json(path: str) -> dict:
-    if not os.path.isfile(path):
-        raise FileNotFoundError(f"{path} not found")
-    with open(path) as f:
-        return json.load(f)
 
 
 def _manifest_tokenizer_dir(data_dir: str) -> str:
@@ -61,22 +53,23 @@ def load_finetuned(run_dir: str, precision: str = "float32", data_dir: str = "")
     its shared backbone and every head; the primary task's is returned) and restores only its
     weights: no optimizer, no training data.
     """
-    from gpt_tf.checkpoints import load_task_model
+    from gpt_tf.checkpoints import load_task_model, read_json
+    from pipelines.transforms import load_task_spec
 
-    data_dir = data_dir or _read_json(os.path.join(run_dir, "finetune_config.json"))["data_dir"]
-    model, task = load_task_model(run_dir, precision, data_dir)
+    data_dir = data_dir or read_json(os.path.join(run_dir, "finetune_config.json"))["data_dir"]
+    model, task = load_task_model(run_dir, load_task_spec, precision, data_dir)
     return model, task, _manifest_tokenizer_dir(data_dir)
 
 
 def load_pretrained(path: str, precision: str = "float32", tokenizer_dir: str = ""):
     """(``GPTLanguageModel``, tokenizer dir) of a pre-training run dir or GPT-1 release shards."""
-    from gpt_tf.checkpoints import pretrained_model_config, restore_pretrained_lm
+    from gpt_tf.checkpoints import pretrained_model_config, read_json, restore_pretrained_lm
     from gpt_tf.model import GPTLanguageModel
 
     if not tokenizer_dir:
         if os.path.isfile(os.path.join(path, "params_0.npy")):
             raise ValueError(f"{path} holds GPT-1 release shards: pass --tokenizer_dir (GPT-1's BPE files)")
-        tokenizer_dir = _manifest_tokenizer_dir(_read_json(os.path.join(path, "train_config.json"))["data_dir"])
+        tokenizer_dir = _manifest_tokenizer_dir(read_json(os.path.join(path, "train_config.json"))["data_dir"])
     lm = GPTLanguageModel.from_config_preset(pretrained_model_config(path), dtype=precision)
     restore_pretrained_lm(lm, path)
     return lm, tokenizer_dir
@@ -120,8 +113,10 @@ def export_lm(lm, tokenizer_dir: str, base_path: str, model_name: str, version: 
 def export_run(run_dir: str, base_path: str, model_name: str = "", version: int = 0, precision: str = "float32",
                tokenizer_dir: str = "", data_dir: str = "", top_k: int = 10) -> str:
     """Exports a fine-tuning run, a pre-training run or GPT-1 release shards; returns the version folder."""
+    from gpt_tf.checkpoints import read_json
+
     if os.path.isfile(os.path.join(run_dir, "finetune_config.json")):
-        data_dir = data_dir or _read_json(os.path.join(run_dir, "finetune_config.json"))["data_dir"]
+        data_dir = data_dir or read_json(os.path.join(run_dir, "finetune_config.json"))["data_dir"]
         check_tokenizer(data_dir, tokenizer_dir or _manifest_tokenizer_dir(data_dir))
         model, task, run_tokenizer = load_finetuned(run_dir, precision, data_dir)
         return export_task_model(model, task, tokenizer_dir or run_tokenizer, base_path, model_name or task.name,
@@ -131,7 +126,7 @@ def export_run(run_dir: str, base_path: str, model_name: str = "", version: int 
         raise FileNotFoundError(f"{run_dir}: not a fine-tuning run (finetune_config.json), a pre-training run "
                                 "(train_config.json) nor GPT-1 release shards (params_0.npy)")
     if os.path.isfile(os.path.join(run_dir, "train_config.json")):
-        lm_data = _read_json(os.path.join(run_dir, "train_config.json"))["data_dir"]
+        lm_data = read_json(os.path.join(run_dir, "train_config.json"))["data_dir"]
         check_tokenizer(lm_data, tokenizer_dir or _manifest_tokenizer_dir(lm_data))
     lm, lm_tokenizer = load_pretrained(run_dir, precision, tokenizer_dir)
     return export_lm(lm, lm_tokenizer, base_path, model_name or "lm", version, top_k)
