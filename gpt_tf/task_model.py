@@ -31,6 +31,7 @@ from gpt_tf.backbone import GPTBackbone
 from gpt_tf.model import lm_loss
 from gpt_tf.tasks import TaskSpec
 
+
 def as_task_spec(task) -> TaskSpec:
     """A ``TaskSpec`` from a spec or its dict form (``TaskSpec.to_dict()`` / a Keras config)."""
     if isinstance(task, TaskSpec):

@@ -190,11 +190,11 @@ def main(argv):
 
 def _data_problems() -> list[str]:
     """The data folders' files against their manifests (``--verify_data``) and tokenizer (both modes)."""
-    from pipelines.records import data_file_problems, read_manifest as read_manifest_json, tokenizer_problems
+    from pipelines.records import data_file_problems, read_manifest, tokenizer_problems
 
     problems = []
     for data_dir in [FLAGS.data_dir, *FLAGS.aux_data_dirs]:
-        manifest = read_manifest_json(data_dir)
+        manifest = read_manifest(data_dir)
         tokenizer_dir = (FLAGS.tokenizer_dir if data_dir == FLAGS.data_dir else "") or manifest["tokenizer"]["dir"]
         if not FLAGS.task or os.path.isdir(tokenizer_dir):  # fine-tuning reads ids only; export needs the files
             problems += tokenizer_problems(manifest, tokenizer_dir, data_dir)
@@ -217,9 +217,9 @@ def _pretrain_setup():
 
     from gpt_tf.config import get_preset
     from gpt_tf.tokenizer import GPTTokenizer
-    from pipelines.records import read_manifest as read_manifest_json
+    from pipelines.records import read_manifest
 
-    manifest = read_manifest_json(FLAGS.data_dir)
+    manifest = read_manifest(FLAGS.data_dir)
     tokenizer = GPTTokenizer.from_dir(FLAGS.tokenizer_dir or manifest["tokenizer"]["dir"])
     overrides = {"vocab_size": tokenizer.vocab_size, "n_ctx": FLAGS.n_ctx or int(manifest["n_ctx"])}
     if FLAGS.dropout >= 0:
@@ -266,10 +266,10 @@ def _finetune_main(keras, tf):
     from gpt_tf.preemption import PREEMPTED_EXIT_CODE, Preempted
     from gpt_tf.training.loop import DataError
     from gpt_tf.training.task_objective import FinetuneConfig, Finetuner
-    from pipelines.records import read_manifest as read_manifest_json
+    from pipelines.records import read_manifest
     from pipelines.transforms import load_task_spec
 
-    manifest = read_manifest_json(FLAGS.data_dir)
+    manifest = read_manifest(FLAGS.data_dir)
     task = load_task_spec(FLAGS.data_dir)
     if task.name != FLAGS.task:
         sys.exit(f"gpt_tf.train: --task={FLAGS.task} but {FLAGS.data_dir} holds task {task.name!r}")
@@ -277,7 +277,7 @@ def _finetune_main(keras, tf):
         sys.exit(f"gpt_tf.train: --predict_split={FLAGS.predict_split}, but {FLAGS.data_dir} holds the splits "
                  f"{', '.join(manifest['splits'])}")
     model_config = _finetune_model_config(int(manifest["tokenizer"]["vocab_size"]))
-    aux = {f"aux_{i}": read_manifest_json(path) for i, path in enumerate(FLAGS.aux_data_dirs)}
+    aux = {f"aux_{i}": read_manifest(path) for i, path in enumerate(FLAGS.aux_data_dirs)}
     for path, aux_manifest in zip(FLAGS.aux_data_dirs, aux.values()):
         vocab = int(aux_manifest["tokenizer"]["vocab_size"])
         if vocab != model_config.vocab_size:

@@ -39,6 +39,7 @@ from gpt_tf.tasks import TaskSpec
 from pipelines.records import COMPRESSION, MANIFEST, TASK_TOKEN_FEATURES, read_manifest, split_entry, task_feature_spec
 from pipelines.task_batches import bucket_lengths, check_buckets, planned_batches
 
+
 def special_ids_from_config(config) -> dict:
     """{"start", "delimiter", "extract", "pad"} -> id, from a GPTConfig."""
     return {name: config.special_id(name) for name in SPECIAL_TOKENS}
@@ -183,7 +184,7 @@ def split_guids(data_dir: str, split: str) -> list[str]:
     """The guids of a split's records, in file order (what a submission file is keyed by)."""
     entry = split_entry(_manifest(data_dir), data_dir, split)
     records = tf.data.TFRecordDataset(posixpath.join(data_dir, entry["file"]), compression_type=COMPRESSION)
-    spec = {"guid": tf.io.FixedLenFeature([], tf.string)}
+    spec = {"guid": task_feature_spec()["guid"]}
     return [g.decode("utf-8") for batch in records.batch(4096)
             for g in tf.io.parse_example(batch, spec)["guid"].numpy()]
 

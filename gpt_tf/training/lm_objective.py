@@ -118,22 +118,18 @@ class Pretrainer:
         return self.strategy.distribute_datasets_from_function(dataset_fn)
 
     # ------------------------------------------------------------------ steps
-    def _global_tokens(self):
-        return tf.cast(self.config.batch_size * self.model_config.n_ctx, tf.float32)
-
     def _counts(self, batch):
         """The global batch's target tokens (every position of every sequence is a target)."""
         del batch
-        return {"tokens": self._global_tokens()}
+        return {"tokens": tf.cast(self.config.batch_size * self.model_config.n_ctx, tf.float32)}
 
     def _micro_grads(self, batch, counts):
         """Gradients of one micro-batch's share of the global mean loss, and its loss sum."""
-        del counts  # the same constant, divided by inside the gradient as always
         x, y = batch
         variables = self.model.trainable_variables
         with tf.GradientTape() as tape:
             loss_sum, _ = lm_loss(self.model(x, training=True), y)
-            scaled = loss_sum / self._global_tokens()
+            scaled = loss_sum / counts["tokens"]
         return tape.gradient(scaled, variables), [loss_sum]
 
     def _replica_eval_step(self, inputs, targets):

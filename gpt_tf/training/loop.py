@@ -40,9 +40,9 @@ def named_data_error(err: tf.errors.OpError, data_dirs) -> DataError:
     The files are found by their sha256 against the manifests. Raised from the failed step, before
     its update is applied or any checkpoint is saved, so the last checkpoint predates the bad read.
     """
-    from pipelines.records import data_file_problems, read_manifest as read_manifest_json
+    from pipelines.records import data_file_problems, read_manifest
 
-    bad = [line for d in data_dirs for line in data_file_problems(d, read_manifest_json(d))]
+    bad = [line for d in data_dirs for line in data_file_problems(d, read_manifest(d))]
     where = "; ".join(bad[:3]) + (f"; and {len(bad) - 3} more" if len(bad) > 3 else "")
     where = where or f"a file under {', '.join(map(str, data_dirs))} (each one's sha256 still matches)"
     detail = err.message.strip().splitlines()[0][:200]
