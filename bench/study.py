@@ -46,7 +46,7 @@ from absl import app, flags
 from bench import study_flags
 from bench.finetune_runs import (ROOT, BackgroundCommand, append_ledger, finetune_spec, load_ledger, preset_of,
                                  run_command, run_one, shown_command)
-from bench.study_flags import FLAGS, RECIPES, SCALES, define_flags, parse_args  # noqa: F401 -- parse_args: for tests
+from bench.study_flags import FLAGS, RECIPES, SCALES, define_flags
 
 # Where each task's official files sit under --data_root (the layout of ../shared/data).
 OFFICIAL = {"sst2": "glue/SST-2", "cola": "glue/CoLA", "mrpc": "glue/MRPC", "stsb": "glue/STS-B", "rte": "glue/RTE",

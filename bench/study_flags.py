@@ -10,16 +10,17 @@ SCALES = {
     # End to end in minutes: 3 tasks, 1 seed, 64 training examples, 1 epoch, a 20-step LSTM.
     "smoke": {"tasks": "sst2,rte,story_cloze", "transfer_tasks": "sst2,rte,story_cloze", "seeds": "0", "layers": "0,2",
               "epochs": 1, "train_subsample": 64, "zero_shot_tasks": "cola,sst2,story_cloze",
-              "zero_shot_max_examples": 64, "lstm_steps": 20},
+              "zero_shot_max_examples": 64, "lstm_steps": 20, "recipe": "paper"},
     # The study: every task with training data here, 1,000 training examples each (hash sample), 3 seeds,
     # every layer count, the paper's 3 epochs, the LSTM pre-trained as long as the transformer.
     "cpu": {"tasks": "cola,sst2,mrpc,stsb,rte,story_cloze", "transfer_tasks": "sst2,rte,story_cloze", "seeds": "0,1,2",
             "layers": "all", "epochs": 3, "train_subsample": 1000, "zero_shot_tasks": "cola,sst2,story_cloze",
-            "zero_shot_max_examples": 0, "lstm_steps": 0},
+            "zero_shot_max_examples": 0, "lstm_steps": 0, "recipe": "paper"},
     # As "cpu" on the task data as built in --tasks_dir (e.g. data/tasks_books: up to 4,000 examples).
     "cpu_full_data": {"tasks": "cola,sst2,mrpc,stsb,rte,story_cloze", "transfer_tasks": "sst2,rte,story_cloze",
                       "seeds": "0,1,2", "layers": "all", "epochs": 3, "train_subsample": 0,
-                      "zero_shot_tasks": "cola,sst2,story_cloze", "zero_shot_max_examples": 0, "lstm_steps": 0},
+                      "zero_shot_tasks": "cola,sst2,story_cloze", "zero_shot_max_examples": 0, "lstm_steps": 0,
+                      "recipe": "paper"},
     # The books model with the small-model recipes bench/reproduction.py chose on dev (issue #13), on the
     # full training sets of the three cheapest tasks, every layer count, one seed; the full and scratch arms
     # can come from the reproduction's ledger (--reuse_ledger) and a short LSTM pre-training (150 updates).
@@ -27,8 +28,6 @@ SCALES = {
               "layers": "all", "epochs": 0, "train_subsample": 0, "zero_shot_tasks": "cola,sst2,story_cloze",
               "zero_shot_max_examples": 0, "lstm_steps": 150, "recipe": "tiny"},
 }
-for _scale in SCALES.values():
-    _scale.setdefault("recipe", "paper")
 # --recipe: the flagfile suffix of each task's fine-tuning recipe (configs/finetune_<task><suffix>.flags).
 RECIPES = {"paper": "", "tiny": "_tiny"}
 

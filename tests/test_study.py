@@ -11,8 +11,9 @@ from pathlib import Path
 
 import pytest
 
-from bench.study import (coarse_to_fine, finetune_specs, lstm_pretrain_cmd, parse_args, parse_part, part_of, recipe_flags,
-                         resolve_plan, reused_run)
+from bench.study import (coarse_to_fine, finetune_specs, lstm_pretrain_cmd, parse_part, part_of, recipe_flags, resolve_plan,
+                         reused_run)
+from bench.study_flags import parse_args
 from bench.study_report import write_report
 
 TRAIN_CONFIG = {"data_dir": "data/books_tiny", "batch_size": 32, "grad_accum_steps": 1, "learning_rate": 3e-4,
