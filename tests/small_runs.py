@@ -12,6 +12,7 @@ import shutil
 import socket
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import numpy as np
@@ -79,6 +80,15 @@ def model_weights(run_dir, step):
 def max_abs_diff(a, b):
     assert a.keys() == b.keys()
     return max(float(np.max(np.abs(a[k] - b[k]))) for k in a)
+
+
+def wait_for_checkpoint(run_dir: Path, name: str, proc: subprocess.Popen, timeout: float = 240) -> None:
+    """Waits until the run of ``proc`` lists checkpoint ``name`` (e.g. ``ckpt-3``) in ``run_dir``, still running."""
+    state = Path(run_dir) / "checkpoints" / "checkpoint"
+    deadline = time.time() + timeout
+    while not (state.exists() and f'"{name}"' in state.read_text()) and proc.poll() is None and time.time() < deadline:
+        time.sleep(0.02)
+    assert proc.poll() is None, f"the run ended before it could be stopped at {name}"
 
 
 def books_folder(shared_data: Path, root: Path, chars: int = 60_000) -> tuple[Path, Path]:

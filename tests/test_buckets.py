@@ -11,7 +11,6 @@ import os
 import signal
 import subprocess
 import sys
-import time
 
 import keras
 import numpy as np
@@ -23,7 +22,7 @@ from gpt_tf.tasks import get_task
 from pipelines import finetune_data as fd
 from pipelines import transforms
 from pipelines.task_batches import bucket_lengths, epoch_plan
-from tests.small_runs import ENV, ROOT, max_abs_diff, model_weights, run_cli
+from tests.small_runs import ENV, ROOT, max_abs_diff, model_weights, run_cli, wait_for_checkpoint
 
 SPECIAL = {"start": 40478, "delimiter": 40479, "extract": 40480, "pad": 40481}
 TASKS = {"sst2": ("glue/SST-2", {"max_examples": 64}), "rte": ("glue/RTE", {"max_examples": 40}),
@@ -183,11 +182,7 @@ def test_kill_9_then_resume_gives_bit_identical_weights(built, tmp_path):
     killed = tmp_path / "killed"
     proc = subprocess.Popen([sys.executable, "-m", "gpt_tf.train", *flags, f"--run_dir={killed}"], cwd=ROOT, env=ENV,
                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    state = killed / "checkpoints" / "checkpoint"  # lists ckpt-8 once epoch 1 (64 records / 8) is saved
-    deadline = time.time() + 240
-    while not (state.exists() and "ckpt-8" in state.read_text()) and proc.poll() is None and time.time() < deadline:
-        time.sleep(0.02)
-    assert proc.poll() is None, "the run ended before it could be killed"
+    wait_for_checkpoint(killed, "ckpt-8", proc)  # listed once epoch 1 (64 records / 8) is saved
     os.kill(proc.pid, signal.SIGKILL)
     proc.wait()
     assert not (killed / "checkpoints" / "ckpt-24.index").exists()

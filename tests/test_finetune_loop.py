@@ -11,11 +11,10 @@ import os
 import signal
 import subprocess
 import sys
-import time
 
 import pytest
 
-from tests.test_train import ENV, ROOT, max_abs_diff, model_weights, run_cli
+from tests.small_runs import ENV, ROOT, max_abs_diff, model_weights, run_cli, wait_for_checkpoint
 
 PREEMPTED = 143
 # SST-2, 64 records in batches of 8: 8 updates an epoch, 24 in all; a checkpoint every 3 lands mid-epoch.
@@ -41,15 +40,6 @@ def straight(built, tmp_path_factory):
     flags = [*FLAGS, "--task=sst2", f"--data_dir={built / 'sst2'}"]
     run_cli("gpt_tf.train", *flags, f"--run_dir={run_dir}")
     return run_dir, flags
-
-
-def wait_for_checkpoint(run_dir, name, proc):
-    """Waits until the run lists checkpoint ``name`` (e.g. ``ckpt-3``: mid-epoch 1)."""
-    state = run_dir / "checkpoints" / "checkpoint"
-    deadline = time.time() + 240
-    while not (state.exists() and f'"{name}"' in state.read_text()) and proc.poll() is None and time.time() < deadline:
-        time.sleep(0.02)
-    assert proc.poll() is None, "the run ended before it could be stopped"
 
 
 def test_sigterm_saves_exits_143_and_the_same_command_resumes_to_the_same_weights(straight, tmp_path):

@@ -19,6 +19,7 @@ import pytest
 
 from tests.small_runs import BASE_FLAGS, ENV, ROOT, max_abs_diff, model_weights, run_cli
 
+
 @pytest.fixture(scope="module")
 def data_dir(shared_data, tmp_path_factory):
     books = tmp_path_factory.mktemp("books")

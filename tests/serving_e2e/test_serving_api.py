@@ -264,7 +264,6 @@ def test_client_library_reports_server_errors(served):
         client.close()
 
 
-
 def test_b64_strings_over_rest(served, sst2_dev):
     _, port = served
     texts, expected = sst2_dev

@@ -118,7 +118,6 @@ def test_saved_models_run_in_a_process_that_imports_only_tensorflow(base, export
     assert got["lm_ids"][0] == tokenizer.encode(texts[0])
 
 
-
 def test_export_cli_errors_name_the_problem(tmp_path):
     proc = subprocess.run([sys.executable, "-m", "serving.export", f"--run_dir={tmp_path}",
                            f"--export_base={tmp_path / 'out'}"], cwd=ROOT, env=ENV, capture_output=True, text=True,
