@@ -17,7 +17,7 @@ import time
 import numpy as np
 import pytest
 
-from tests.small_runs import BASE_FLAGS, ENV, ROOT, max_abs_diff, model_weights, run_cli
+from tests.small_runs import BASE_FLAGS, ENV, ROOT, max_abs_diff, model_weights, run_cli, wait_for_checkpoint
 
 
 @pytest.fixture(scope="module")
@@ -63,11 +63,9 @@ def test_kill_9_then_same_command_resumes_to_identical_weights(straight_run):
     killed_dir = run_dir.parent / "killed"
     cmd = [sys.executable, "-m", "gpt_tf.train", *flags, f"--run_dir={killed_dir}"]
     proc = subprocess.Popen(cmd, cwd=ROOT, env=ENV, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    first = killed_dir / "checkpoints" / "ckpt-20.index"
-    deadline = time.time() + 240
-    while not first.exists() and proc.poll() is None and time.time() < deadline:
-        time.sleep(0.05)
-    assert proc.poll() is None, "the run ended before it could be killed"
+    # Wait for the manager's state file to list ckpt-20, not for ckpt-20.index: the index is written
+    # before the state file, and a kill between the two leaves nothing to resume from.
+    wait_for_checkpoint(killed_dir, "ckpt-20", proc)
     os.kill(proc.pid, signal.SIGKILL)
     proc.wait()
     assert not (killed_dir / "checkpoints" / "ckpt-60.index").exists()
