@@ -1,0 +1,267 @@
+"""Where a fine-tuning step's time goes, in gpt_tf and in HF Trainer: op time by kind, side by side.
+
+    python -m bench.finetune_profile        # ~4 min on 2 cores -> bench/results/finetune_profile.{json,md}
+
+`bench/finetune_speed.py` times the two stacks; this says why they are where they are. Each stack runs
+in its own process, on the same data, shape and settings as finetune_speed (the `tiny` shape, SST-2
+training texts, n_ctx 64, batch 32, one thread, λ = 0 for ours: HF's objective), warms up, then
+records ``--steps`` training steps and one evaluation pass with the framework's own profiler
+(`tf.profiler` for ours, `torch.profiler` for HF). Every op's own (self) time goes to one kind:
+
+    matmul      dense and batched matrix products (oneDNN / MKL in both stacks), forward and backward
+    optimizer   gradient clipping and the AdamW update (ours: the optimizer's name scope, which holds
+                both; HF: under ``Optimizer.step``, plus clip_grad_norm_'s foreach / vector-norm ops)
+    dropout     random masks and their application, forward and backward
+    other ops   everything else the graph / autograd runs: GELU, layer norm, softmax, adds, copies
+    outside ops wall time minus all ops' time: Python, dispatch, input pipeline waits, and on a
+                shared machine the time the thread waited for a core ("others' CPU": the share of
+                the machine's CPU other processes used meanwhile)
+
+A stack whose time is mostly ``matmul`` is compute-bound: the same oneDNN kernels run the same
+products in both stacks, so it cannot get much faster than the other without doing fewer products.
+"""
+
+from __future__ import annotations
+
+import collections
+import datetime
+import json
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+from absl import app, flags
+
+from bench.train_throughput import save_report
+from bench.train_throughput_report import machine_info
+from bench.train_throughput_stacks import busy_seconds, cpu_seconds
+
+ROOT = Path(__file__).resolve().parents[1]
+FLAGS = flags.FLAGS
+KINDS = ("matmul", "optimizer", "dropout", "other ops", "outside ops")
+TAG = "@@finetune_profile "
+OTHERS = "others' CPU"
+
+
+def define_flags():
+    flags.DEFINE_integer("warmup_steps", 50, "steps before recording (tracing, first allocations); 50 = one of "
+                         "HF's length-grouped megabatches, so the recorded steps are one whole megabatch")
+    flags.DEFINE_integer("steps", 50, "training steps recorded")
+    flags.DEFINE_integer("batch_size", 32, "batch size of both stacks")
+    flags.DEFINE_integer("n_ctx", 64, "context of the fine-tuned model")
+    flags.DEFINE_integer("threads", 1, "threads of both stacks (TF intra- and inter-op, torch intra-op)")
+    flags.DEFINE_integer("books", 20, "Gutenberg books the 8k BPE is trained on (bench/finetune_speed_stacks.py)")
+    flags.DEFINE_string("data_root", "data/bench_finetune_speed", "BPE and task records (cached; as finetune_speed's)")
+    flags.DEFINE_string("shared_data", str(ROOT.parent / "shared" / "data"), "the shared data folder (books, GLUE)")
+    flags.DEFINE_string("out", "bench/results/finetune_profile.json", "the JSON report (the .md goes beside it)")
+    flags.DEFINE_enum("worker", None, ["ours", "hf"], "internal: profile this stack and print its result")
+
+
+class Clock:
+    """Wall seconds, this process's CPU seconds and the machine's busy CPU seconds since it was made."""
+
+    def __init__(self):
+        self.start = (time.perf_counter(), cpu_seconds(), busy_seconds())
+
+    def read(self) -> dict:
+        now = (time.perf_counter(), cpu_seconds(), busy_seconds())
+        wall, own, busy = (a - b for a, b in zip(now, self.start))
+        return {"wall_s": wall, "cpu_s": own, "others_cpu_s": max(0.0, busy - own)}
+
+
+# ----------------------------------------------------------------------------- ours (TensorFlow)
+
+
+def tf_kind(name: str, optimizer_scope: str) -> str | None:
+    """The kind of a TF executor event ``scope/op:OpType``; None for events that are not ops."""
+    if ":" not in name or "::" in name:  # op events are scope:OpType; ExecutorState::Process etc. wrap them
+        return None
+    scope, op_type = name.rsplit(":", 1)
+    if optimizer_scope in scope:
+        return "optimizer"
+    if "dropout" in scope.lower():
+        return "dropout"
+    return "matmul" if "MatMul" in op_type else "other ops"
+
+
+def tf_op_seconds(logdir: str, optimizer_scope: str) -> dict:
+    """Self seconds per kind of the ops in the newest trace under ``logdir`` (TF's executor threads)."""
+    from tensorflow.tsl.profiler.protobuf import xplane_pb2
+
+    path = sorted(Path(logdir).glob("plugins/profile/*/*.xplane.pb"))[-1]
+    space = xplane_pb2.XSpace()
+    space.ParseFromString(path.read_bytes())
+    seconds = collections.Counter()
+    for plane in space.planes:
+        for line in plane.lines:
+            if not line.name.startswith("tf_Compute"):
+                continue
+            for event in line.events:
+                kind = tf_kind(plane.event_metadata[event.metadata_id].name, optimizer_scope)
+                if kind:
+                    seconds[kind] += event.duration_ps / 1e12
+    return dict(seconds)
+
+
+def profile_ours(spec: dict, warmup_steps: int, steps: int) -> dict:
+    import tempfile
+
+    import tensorflow as tf
+
+    from bench.finetune_speed_stacks import Ours
+
+    stack = Ours(spec)
+    scope = stack.tuner.optimizer.name
+    stack.train(warmup_steps)
+    stack.evaluate()
+    out = {}
+    for phase, work in (("train", lambda: stack.train(steps)), ("eval", stack.evaluate)):
+        logdir = tempfile.mkdtemp(prefix=f"finetune_profile_{phase}_")
+        tf.profiler.experimental.start(logdir)
+        clock = Clock()
+        examples = work()["examples"]
+        times = clock.read()
+        tf.profiler.experimental.stop()
+        out[phase] = {**times, "examples": examples, "op_s": tf_op_seconds(logdir, scope)}
+    return out
+
+
+# ----------------------------------------------------------------------------- HF Trainer (PyTorch)
+
+TORCH_MATMULS = {"aten::mm", "aten::addmm", "aten::bmm", "aten::baddbmm", "aten::_addmm_activation"}
+# torch.nn.utils.clip_grad_norm_ (the model itself uses none of these).
+TORCH_CLIP_OPS = {"aten::_foreach_norm", "aten::linalg_vector_norm", "aten::_foreach_mul_", "aten::stack",
+                  "aten::clamp"}
+
+
+def torch_kind(event) -> str:
+    """The kind of a torch profiler event, from its name and its ancestors' names."""
+    names, parent = [event.name], event.cpu_parent
+    while parent is not None:
+        names.append(parent.name)
+        parent = parent.cpu_parent
+    if any(n.startswith("Optimizer.step") for n in names) or event.name in TORCH_CLIP_OPS:
+        return "optimizer"
+    if any("dropout" in n.lower() for n in names) or event.name == "aten::bernoulli_":
+        return "dropout"
+    return "matmul" if event.name in TORCH_MATMULS else "other ops"
+
+
+def torch_op_seconds(prof) -> dict:
+    """Self seconds per kind of the aten ops recorded (the ``aten::`` events: what the kernels ran)."""
+    seconds = collections.Counter()
+    for event in prof.events():
+        if event.name.startswith("aten::"):
+            seconds[torch_kind(event)] += event.self_cpu_time_total / 1e6
+    return dict(seconds)
+
+
+def profile_hf(spec: dict, warmup_steps: int, steps: int) -> dict:
+    from torch.profiler import ProfilerActivity, profile
+
+    from bench.finetune_speed_stacks import HF
+
+    out, state = {}, {}
+
+    def serve(hf) -> bool:
+        """Called before training and whenever ``hf.target`` steps are done: warm-up, then record."""
+        if not hf.target:
+            hf.target = warmup_steps
+            return True
+        if "prof" not in state:
+            state["prof"] = profile(activities=[ProfilerActivity.CPU])
+            state["prof"].start()
+            state["clock"] = Clock()
+            hf.target += steps
+            return True
+        times = state["clock"].read()
+        state["prof"].stop()
+        out["train"] = {**times, "examples": steps * spec["batch_size"], "op_s": torch_op_seconds(state["prof"])}
+        return False
+
+    hf = HF(spec, serve)
+    hf.evaluate()  # warm-up
+    with profile(activities=[ProfilerActivity.CPU]) as prof:
+        clock = Clock()
+        examples = hf.evaluate()["examples"]
+        times = clock.read()
+    out["eval"] = {**times, "examples": examples, "op_s": torch_op_seconds(prof)}
+    if serve(hf):
+        hf.trainer.train()
+    return out
+
+
+# ----------------------------------------------------------------------------- report
+
+
+def per_example_ms(result: dict) -> dict:
+    """ms per example of each kind; ``outside ops`` is the wall time no op accounts for."""
+    n, ops = result["examples"], result["op_s"]
+    row = {kind: 1000 * ops.get(kind, 0.0) / n for kind in KINDS[:-1]}
+    row["outside ops"] = max(0.0, 1000 * (result["wall_s"] - sum(ops.values())) / n)
+    row["total"] = 1000 * result["wall_s"] / n
+    row[OTHERS] = result["others_cpu_s"] / ((os.cpu_count() or 1) * result["wall_s"])
+    return {k: round(v, 3) for k, v in row.items()}
+
+
+def markdown(report: dict) -> str:
+    m, s = report["machine"], report["settings"]
+    lines = [f"`{report['command']}`", "",
+             f"{m['cpu']}, {m['cores']} cores, {report['date']}; tensorflow {m['versions']['tensorflow']}, torch "
+             f"{m['versions']['torch']}, transformers {m['versions']['transformers']}. Settings: "
+             + ", ".join(f"{k} {v}" for k, v in s.items()) + ".", ""]
+    for phase, title in (("train", "Training step"), ("eval", "Evaluation (forward pass)")):
+        lines += [f"{title}: ms per example (share of the stack's wall time)", "",
+                  "| stack | " + " | ".join(KINDS) + " | total | examples/s | others' CPU |",
+                  "|---|" + "---:|" * (len(KINDS) + 3)]
+        for stack, rows in report["rows"].items():
+            row = rows[phase]
+            cells = [f"{row[k]:.2f} ({100 * row[k] / row['total']:.0f}%)" for k in KINDS]
+            lines.append(f"| {stack} | " + " | ".join(cells) + f" | {row['total']:.2f} | {1000 / row['total']:.0f} "
+                         f"| {100 * row[OTHERS]:.0f}% |")
+        lines.append("")
+    return "\n".join(lines)
+
+
+def main(argv):
+    del argv  # everything is a flag
+    spec = {"batch_size": FLAGS.batch_size, "n_ctx": FLAGS.n_ctx, "threads": FLAGS.threads, "train_steps": FLAGS.steps}
+    if FLAGS.worker:
+        spec = {**spec, **json.loads(sys.stdin.readline())}
+        profile = profile_ours if FLAGS.worker == "ours" else profile_hf
+        print(TAG + json.dumps(profile(spec, FLAGS.warmup_steps, FLAGS.steps)), flush=True)
+        return
+    from bench.finetune_speed_stacks import lengths_summary, prepare_data
+
+    log = lambda msg: print(msg, flush=True)  # noqa: E731
+    task_dir = prepare_data(Path(FLAGS.data_root), Path(FLAGS.shared_data), FLAGS.books, FLAGS.n_ctx, log).resolve()
+    stacks = {"gpt_tf, buckets, λ = 0": {"stack": "ours", "buckets": True, "lm_coef": 0.0, "precision": "float32"},
+              "HF Trainer, fp32": {"stack": "hf", "precision": "float32"}}
+    rows = {}
+    for name, stack in stacks.items():
+        log(f"profiling {name} ...")
+        worker = [sys.executable, "-m", "bench.finetune_profile", f"--worker={stack['stack']}",
+                  *(f"--{k}={getattr(FLAGS, k)}" for k in ("warmup_steps", "steps", "batch_size", "n_ctx", "threads"))]
+        done = subprocess.run(worker, input=json.dumps({**stack, "task_dir": str(task_dir)}) + "\n", text=True,
+                              capture_output=True, cwd=ROOT)
+        line = next((x for x in done.stdout.splitlines() if x.startswith(TAG)), None)
+        if done.returncode or line is None:
+            raise RuntimeError(f"{name}: the worker failed (exit {done.returncode}):\n{done.stderr[-3000:]}")
+        result = json.loads(line[len(TAG):])
+        rows[name] = {phase: per_example_ms(result[phase]) for phase in ("train", "eval")}
+        log(f"  {name}: {rows[name]}")
+    report = {"command": " ".join(["python -m bench.finetune_profile", *sys.argv[1:]]),
+              "date": datetime.datetime.now().astimezone().isoformat(timespec="seconds"), "machine": machine_info(),
+              "settings": {"model": "tiny (4 x 256, 4 heads, FFN 1024, 8k BPE)", "n_ctx": FLAGS.n_ctx,
+                           "batch": FLAGS.batch_size, "warm-up steps": FLAGS.warmup_steps,
+                           "recorded steps": FLAGS.steps,
+                           "threads per stack": FLAGS.threads, "texts": lengths_summary(task_dir)},
+              "rows": rows}
+    save_report(report, markdown(report), Path(FLAGS.out), log)
+
+
+if __name__ == "__main__":
+    define_flags()
+    app.run(main)
