@@ -57,9 +57,7 @@ def main(argv):
     del argv  # everything is a flag
     import keras
 
-    from gpt_tf.checkpoints import build_task_models, pretrained_model_config, restore_pretrained_lm
-    from gpt_tf.model import GPTLanguageModel
-    from gpt_tf.task_model import reset_special_embeddings, transfer_layers
+    from gpt_tf.checkpoints import build_task_models, initialise_from_pretrained, pretrained_model_config
     from pipelines.transforms import load_task_spec, special_ids_from_config
 
     task = load_task_spec(FLAGS.task_dir)
@@ -70,11 +68,8 @@ def main(argv):
     for arm in ("pretrained", "random"):
         keras.utils.set_random_seed(FLAGS.seed)
         model = build_task_models(config, [task], 0.1, "float32")[0]
-        if arm == "pretrained":
-            lm = GPTLanguageModel.from_config_preset(pretrained_model_config(FLAGS.pretrained))
-            restore_pretrained_lm(lm, FLAGS.pretrained)
-            transfer_layers(lm, model.backbone, config.n_layer)
-            reset_special_embeddings(model.backbone, seed=FLAGS.seed)
+        if arm == "pretrained":  # as fine-tuning starts: every block transferred
+            initialise_from_pretrained(model, FLAGS.pretrained, config.n_layer, seed=FLAGS.seed)
         print(f"{task.name} {arm}: dev pearson by ridge penalty {probe(model, task, FLAGS, special_ids)}", flush=True)
 
 

@@ -148,6 +148,20 @@ def restore_pretrained_lm(lm, path: str) -> str:
     return prefix
 
 
+def initialise_from_pretrained(model, path: str, n_layers: int, seed: int = 0) -> list[str]:
+    """Fine-tuning's start (§3.2): the pre-trained LM at ``path`` (see ``restore_pretrained_lm``) into
+    ``model``'s backbone: its embeddings and first ``n_layers`` blocks, then the special-token rows
+    re-drawn (deterministic in ``seed``). Returns the paths of the variables overwritten."""
+    from gpt_tf.model import GPTLanguageModel
+    from gpt_tf.task_model import reset_special_embeddings, transfer_layers
+
+    lm = GPTLanguageModel.from_config_preset(pretrained_model_config(path))  # its own n_ctx
+    restore_pretrained_lm(lm, path)
+    copied = transfer_layers(lm, model.backbone, n_layers)
+    reset_special_embeddings(model.backbone, seed=seed)
+    return copied
+
+
 def build_task_models(model_config: GPTConfig, tasks, clf_pdrop: float, precision: str) -> list:
     """One ``GPTTaskModel`` per task, all on one backbone (the primary task first): a run's model.
 

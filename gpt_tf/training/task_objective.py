@@ -30,13 +30,12 @@ import numpy as np
 import tensorflow as tf
 
 from gpt_tf import console
-from gpt_tf.checkpoints import build_task_models, pretrained_model_config, restore_pretrained_lm, unique_variables
+from gpt_tf.checkpoints import build_task_models, initialise_from_pretrained, unique_variables
 from gpt_tf.config import GPTConfig
 from gpt_tf.metrics import compute_metrics
-from gpt_tf.model import GPTLanguageModel
 from gpt_tf.optim import WarmupDecay, make_optimizer
 from gpt_tf.recipes import PAPER_FINETUNE
-from gpt_tf.task_model import GPTTaskModel, reset_special_embeddings, task_loss, task_predictions, transfer_layers
+from gpt_tf.task_model import GPTTaskModel, task_loss, task_predictions
 from gpt_tf.tasks import TaskSpec
 from gpt_tf.training.loop import TrainLoop
 from pipelines.task_batches import bucket_lengths
@@ -150,11 +149,8 @@ class Finetuner:
 
     def _initialise_from(self, path):
         """Pre-trained LM → backbone (first ``transfer_layers`` blocks), special-token rows re-drawn."""
-        lm = GPTLanguageModel.from_config_preset(pretrained_model_config(path))  # its own n_ctx
-        restore_pretrained_lm(lm, path)
         n = self.model_config.n_layer if self.config.transfer_layers < 0 else self.config.transfer_layers
-        copied = transfer_layers(lm, self.model.backbone, n)
-        reset_special_embeddings(self.model.backbone, seed=self.config.seed)
+        copied = initialise_from_pretrained(self.model, path, n, seed=self.config.seed)
         self.log(f"initialised from {path}: embeddings + {n} of {self.model_config.n_layer} blocks ({len(copied)} arrays)")
 
     # ------------------------------------------------------------------ data
