@@ -26,17 +26,15 @@ from __future__ import annotations
 import collections
 import datetime
 import json
-import os
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 from absl import app, flags
 
 from bench.train_throughput import save_report
 from bench.train_throughput_report import machine_info
-from bench.train_throughput_stacks import busy_seconds, cpu_seconds
+from bench.train_throughput_stacks import Clock, timed
 
 ROOT = Path(__file__).resolve().parents[1]
 FLAGS = flags.FLAGS
@@ -57,18 +55,6 @@ def define_flags():
     flags.DEFINE_string("shared_data", str(ROOT.parent / "shared" / "data"), "the shared data folder (books, GLUE)")
     flags.DEFINE_string("out", "bench/results/finetune_profile.json", "the JSON report (the .md goes beside it)")
     flags.DEFINE_enum("worker", None, ["ours", "hf"], "internal: profile this stack and print its result")
-
-
-class Clock:
-    """Wall seconds, this process's CPU seconds and the machine's busy CPU seconds since it was made."""
-
-    def __init__(self):
-        self.start = (time.perf_counter(), cpu_seconds(), busy_seconds())
-
-    def read(self) -> dict:
-        now = (time.perf_counter(), cpu_seconds(), busy_seconds())
-        wall, own, busy = (a - b for a, b in zip(now, self.start))
-        return {"wall_s": wall, "cpu_s": own, "others_cpu_s": max(0.0, busy - own)}
 
 
 # ----------------------------------------------------------------------------- ours (TensorFlow)
@@ -120,11 +106,9 @@ def profile_ours(spec: dict, warmup_steps: int, steps: int) -> dict:
     for phase, work in (("train", lambda: stack.train(steps)), ("eval", stack.evaluate)):
         logdir = tempfile.mkdtemp(prefix=f"finetune_profile_{phase}_")
         tf.profiler.experimental.start(logdir)
-        clock = Clock()
-        examples = work()["examples"]
-        times = clock.read()
+        result, times = timed(work)
         tf.profiler.experimental.stop()
-        out[phase] = {**times, "examples": examples, "op_s": tf_op_seconds(logdir, scope)}
+        out[phase] = {**times, "examples": result["examples"], "op_s": tf_op_seconds(logdir, scope)}
     return out
 
 
@@ -184,10 +168,8 @@ def profile_hf(spec: dict, warmup_steps: int, steps: int) -> dict:
     hf = HF(spec, serve)
     hf.evaluate()  # warm-up
     with profile(activities=[ProfilerActivity.CPU]) as prof:
-        clock = Clock()
-        examples = hf.evaluate()["examples"]
-        times = clock.read()
-    out["eval"] = {**times, "examples": examples, "op_s": torch_op_seconds(prof)}
+        result, times = timed(hf.evaluate)
+    out["eval"] = {**times, "examples": result["examples"], "op_s": torch_op_seconds(prof)}
     if serve(hf):
         hf.trainer.train()
     return out
@@ -200,9 +182,9 @@ def per_example_ms(result: dict) -> dict:
     """ms per example of each kind; ``outside ops`` is the wall time no op accounts for."""
     n, ops = result["examples"], result["op_s"]
     row = {kind: 1000 * ops.get(kind, 0.0) / n for kind in KINDS[:-1]}
-    row["outside ops"] = max(0.0, 1000 * (result["wall_s"] - sum(ops.values())) / n)
-    row["total"] = 1000 * result["wall_s"] / n
-    row[OTHERS] = result["others_cpu_s"] / ((os.cpu_count() or 1) * result["wall_s"])
+    row["outside ops"] = max(0.0, 1000 * (result["s"] - sum(ops.values())) / n)
+    row["total"] = 1000 * result["s"] / n
+    row[OTHERS] = result["others_cpu_share"]
     return {k: round(v, 3) for k, v in row.items()}
 
 

@@ -186,14 +186,25 @@ def busy_seconds():
     return (sum(fields[:8]) - fields[3] - fields[4]) / os.sysconf("SC_CLK_TCK")  # minus idle and iowait
 
 
+class Clock:
+    """Started when made; ``read()``: wall seconds, own CPU seconds and the share of the machine's CPU
+    time that other processes used meanwhile (0: we had the machine to ourselves)."""
+
+    def __init__(self):
+        self.start = (busy_seconds(), cpu_seconds(), time.perf_counter())
+
+    def read(self) -> dict:
+        busy, cpu, start = self.start
+        wall, own = time.perf_counter() - start, cpu_seconds() - cpu
+        others = max(0.0, busy_seconds() - busy - own) / ((os.cpu_count() or 1) * wall)
+        return {"s": wall, "cpu_s": own, "others_cpu_share": min(others, 1.0)}
+
+
 def timed(fn):
-    """Runs ``fn()``; returns its result, wall seconds, own CPU seconds and the share of the machine's
-    CPU time that other processes used meanwhile (0: we had the machine to ourselves)."""
-    busy, cpu, start = busy_seconds(), cpu_seconds(), time.perf_counter()
+    """Runs ``fn()``; returns its result and the ``Clock`` reading over it."""
+    clock = Clock()
     result = fn()
-    wall, own = time.perf_counter() - start, cpu_seconds() - cpu
-    others = max(0.0, busy_seconds() - busy - own) / ((os.cpu_count() or 1) * wall)
-    return result, {"s": wall, "cpu_s": own, "others_cpu_share": min(others, 1.0)}
+    return result, clock.read()
 
 
 def measure_peak(lib, sizes, reps, threads, quiet_share):

@@ -18,16 +18,14 @@ from __future__ import annotations
 
 import datetime
 import json
-import os
 import sys
-import time
 from pathlib import Path
 
 import numpy as np
 from absl import app, flags
 
 from bench.train_throughput_report import machine_info, median
-from bench.train_throughput_stacks import busy_seconds, cpu_seconds
+from bench.train_throughput_stacks import timed
 
 ROOT = Path(__file__).resolve().parents[1]
 FLAGS = flags.FLAGS
@@ -83,10 +81,8 @@ def main(argv):
     log, sums = {name: [] for name in scorers}, {}
     for r in range(args.rounds + 1):
         for name, scorer in scorers.items():
-            busy, cpu, start = busy_seconds(), cpu_seconds(), time.perf_counter()
-            sums[name], _ = scorer.score(reqs)
-            wall = time.perf_counter() - start
-            others = max(0.0, busy_seconds() - busy - (cpu_seconds() - cpu)) / ((os.cpu_count() or 1) * wall)
+            (sums[name], _), times = timed(lambda: scorer.score(reqs))
+            wall, others = times["s"], times["others_cpu_share"]
             print(f"  round {r}{' (warm-up)' if not r else ''} {name}: {tokens / wall:.0f} tokens/s, "
                   f"{100 * others:.0f}% others' CPU", flush=True)
             if r:
