@@ -18,7 +18,6 @@ import threading
 import time
 from pathlib import Path
 
-import numpy as np
 import pytest
 import tensorflow as tf
 
