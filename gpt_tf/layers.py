@@ -5,11 +5,12 @@ Every layer mirrors a scope of the released TensorFlow code (openai/finetune-tra
 post-LN: ``n = LN(x + attn(x)); h = LN(n + mlp(n))``. GELU is the tanh approximation the
 release used. Weights are N(0, 0.02), biases 0, layer-norm gains 1.
 
-Speed notes (measured in ``bench/train_throughput.py``): Q, K and V come out of one matmul and
-are split with one ``split`` (whose gradient is one concat, not three full-size slice gradients);
-the causal mask is an additive constant bias; ``Conv1D`` is a 2-D MatMul + BiasAdd, which oneDNN
-fuses; dropout masks come from 16 random bits per element; the attention softmax runs in float32
-even under ``mixed_bfloat16`` so masked logits (-1e9) stay exact.
+Speed notes (measured in ``bench/train_throughput.py``, ``bench/finetune_speed.py``): Q, K and V
+come out of one matmul and are split with one ``split`` (whose gradient is one concat, not three
+full-size slice gradients); the causal mask is an additive constant bias; ``Conv1D`` is a 2-D
+MatMul + BiasAdd, which oneDNN fuses; dropout masks come from 16 random bits per element, for static
+and dynamic (length-bucketed) shapes alike; the attention softmax runs in float32 even under
+``mixed_bfloat16`` so masked logits (-1e9) stay exact.
 """
 
 from __future__ import annotations
@@ -74,12 +75,12 @@ class Dropout16(keras.layers.Dropout):
     """
 
     def call(self, inputs, training=False):
-        n = inputs.shape.num_elements()
-        if not training or self.rate <= 0 or self.noise_shape is not None or n is None or n % 2:
+        if not training or self.rate <= 0 or self.noise_shape is not None:
             return super().call(inputs, training=training)
-        bits = tf.random.stateless_uniform([n // 2], self.seed_generator.next(), minval=None, maxval=None,
+        n = tf.size(inputs)  # static or not: length-bucketed batches have a dynamic length
+        bits = tf.random.stateless_uniform([(n + 1) // 2], self.seed_generator.next(), minval=None, maxval=None,
                                            dtype=tf.uint32)
-        draws = tf.reshape(tf.bitcast(bits, tf.int16), tf.shape(inputs))  # uniform over [-2^15, 2^15)
+        draws = tf.reshape(tf.reshape(tf.bitcast(bits, tf.int16), [-1])[:n], tf.shape(inputs))  # over [-2^15, 2^15)
         keep = draws >= tf.constant(round(self.rate * 65536) - 32768, tf.int16)
         return tf.where(keep, inputs * tf.cast(1.0 / (1.0 - self.rate), inputs.dtype), tf.zeros_like(inputs))
 

@@ -101,3 +101,22 @@ def test_checkpoint_keys_do_not_depend_on_what_the_process_built_before(model):
     assert list(variables_by_key(first.variables)) == list(variables_by_key(second.variables))
     other = GPTLanguageModel.from_config(model.get_config())  # new dropout seed generators
     assert list(variables_by_key(other.variables)) == list(variables_by_key(model.variables))
+
+
+def _dropout16_mask(shape, signature_shape, seed=7):
+    from gpt_tf.layers import Dropout16
+
+    layer = Dropout16(0.1, seed=seed)
+    run = tf.function(lambda t: layer(t, training=True), input_signature=[tf.TensorSpec(signature_shape)])
+    return _np(run(tf.ones(shape))).reshape(-1)
+
+
+def test_dropout16_takes_its_16_bit_path_when_the_length_is_dynamic():
+    """Length-bucketed batches reach the layers with a dynamic length; the mask must still come from
+    16-bit draws (not Keras's float draws): the same seed gives the same mask as with a static shape,
+    an odd size the first draws of the next even one, and the drop rate and 1/(1 - rate) scale are exact."""
+    static = _dropout16_mask([3, 334, 5], [3, 334, 5])
+    np.testing.assert_array_equal(_dropout16_mask([3, 334, 5], [None, None, 5]), static)
+    np.testing.assert_array_equal(_dropout16_mask([5009], [None]), static[:5009])
+    assert set(np.unique(static).tolist()) == {0.0, np.float32(1 / 0.9)}
+    assert abs((static == 0).mean() - 0.1) < 0.01
