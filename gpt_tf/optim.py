@@ -4,7 +4,7 @@
   ``len(p.get_shape()) > 1`` rule); none on biases and layer-norm gains/biases.
 * Learning rate: linear warm-up from 0 over ``warmup_steps`` updates, then cosine (pre-training)
   or linear (fine-tuning) annealing to 0 at ``total_steps``.
-* Gradient clipping by global norm.
+* Gradient clipping by global norm (``GPTAdamW.clip_and_apply``).
 
 ``GPTAdamW`` expects gradients that the training step has already summed across replicas (the
 step all-reduces once, so clipping sees the true global norm); it therefore skips Keras's own
@@ -62,8 +62,24 @@ class GPTAdamW(keras.optimizers.AdamW):
     ``var -= lr·sqrt(1 - β2^t)/(1 - β1^t) · m / (sqrt(v) + ε)``.
     """
 
+    def __init__(self, *args, clip_norm=None, **kwargs):
+        super().__init__(*args, **kwargs)
+        self.clip_norm = clip_norm
+
     def _all_reduce_sum_gradients(self, grads_and_vars):
         return list(grads_and_vars)
+
+    def clip_and_apply(self, grads, variables):
+        """Clips ``grads`` to global norm ``clip_norm`` (if set), applies them; returns the norm before clipping.
+
+        The norm is computed once, for the clipping and the log (Keras's ``global_clipnorm`` would
+        compute it a second time: one more pass over every gradient).
+        """
+        norm = tf.linalg.global_norm(grads)
+        if self.clip_norm:
+            grads, _ = tf.clip_by_global_norm(grads, self.clip_norm, use_norm=norm)
+        self.apply(grads, variables)
+        return norm
 
     def _apply_weight_decay(self, variables):
         """Folded into ``update_step``."""
@@ -92,7 +108,7 @@ def make_optimizer(variables, learning_rate, weight_decay=0.01, clip_norm=1.0, b
         beta_1=beta_1,
         beta_2=beta_2,
         epsilon=epsilon,
-        global_clipnorm=clip_norm if clip_norm and clip_norm > 0 else None,
+        clip_norm=clip_norm if clip_norm and clip_norm > 0 else None,
     )
     optimizer.exclude_from_weight_decay(var_list=[v for v in variables if len(v.shape) < 2])
     optimizer.build(variables)

@@ -53,9 +53,7 @@ def named_data_error(err: tf.errors.OpError, data_dirs) -> DataError:
 def all_reduce_and_apply(grads, variables, optimizer):
     """In a replica: sums gradients over replicas (once), then clips and applies them; returns the norm."""
     grads = tf.distribute.get_replica_context().all_reduce(tf.distribute.ReduceOp.SUM, grads)
-    grad_norm = tf.linalg.global_norm(grads)
-    optimizer.apply(grads, variables)
-    return grad_norm
+    return optimizer.clip_and_apply(grads, variables)
 
 
 def micro_batches(batch, accum: int):

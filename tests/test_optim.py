@@ -1,0 +1,39 @@
+"""The optimizer (§4.1): AdamW with decoupled weight decay on rank >= 2 weights, clipped by global norm."""
+
+import numpy as np
+import tensorflow as tf
+
+from gpt_tf.optim import make_optimizer
+
+
+def _reference_step(params, moments, grads, t, lr, wd, clip, b1=0.9, b2=0.999, eps=1e-8):
+    """One update as the module doc states it, in float64 NumPy; returns the norm before clipping."""
+    norm = np.sqrt(sum((g.astype(np.float64) ** 2).sum() for g in grads))
+    scale = clip / max(norm, clip)
+    for p, (m, v), g in zip(params, moments, grads):
+        g = g * scale
+        if p.ndim >= 2:
+            p -= lr * wd * p
+        m += (g - m) * (1 - b1)
+        v += (g * g - v) * (1 - b2)
+        p -= lr * np.sqrt(1 - b2**t) / (1 - b1**t) * m / (np.sqrt(v) + eps)
+    return norm
+
+
+def test_clip_and_apply_is_clipped_adamw_with_decay_on_matrices_only():
+    rng = np.random.default_rng(0)
+    shapes = [(6, 4), (4,), (3, 5, 2)]
+    start = [rng.normal(size=s).astype(np.float32) for s in shapes]
+    variables = [tf.Variable(p) for p in start]
+    optimizer = make_optimizer(variables, learning_rate=0.1, weight_decay=0.05, clip_norm=1.0)
+    params = [p.astype(np.float64) for p in start]
+    moments = [(np.zeros(s), np.zeros(s)) for s in shapes]
+    apply = tf.function(optimizer.clip_and_apply)
+    for t, size in enumerate([3.0, 0.01, 2.0], start=1):  # norms above and below the clip norm
+        grads = [(size * rng.normal(size=s)).astype(np.float32) for s in shapes]
+        norm = apply([tf.constant(g) for g in grads], variables)
+        expected = _reference_step(params, moments, [g.astype(np.float64) for g in grads], t, 0.1, 0.05, 1.0)
+        np.testing.assert_allclose(float(norm), expected, rtol=1e-5)
+        for v, p in zip(variables, params):
+            np.testing.assert_allclose(v.numpy(), p, rtol=1e-5, atol=1e-6)
+    assert not np.allclose(variables[1].numpy(), start[1])  # the bias moved, by Adam alone
