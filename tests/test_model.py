@@ -1,5 +1,7 @@
 """The GPT language model: shapes, causality, the tied LM head, config and .keras round trips."""
 
+import os
+
 import keras
 import numpy as np
 import pytest
@@ -120,3 +122,35 @@ def test_dropout16_takes_its_16_bit_path_when_the_length_is_dynamic():
     np.testing.assert_array_equal(_dropout16_mask([5009], [None]), static[:5009])
     assert set(np.unique(static).tolist()) == {0.0, np.float32(1 / 0.9)}
     assert abs((static == 0).mean() - 0.1) < 0.01
+
+
+def _executed_op_types(fn, *args) -> set:
+    """The op types ``fn`` (a tf.function) ran, after grappler's rewrites (from a tf.profiler trace)."""
+    import tempfile
+    from pathlib import Path
+
+    from tensorflow.tsl.profiler.protobuf import xplane_pb2
+
+    fn(*args)  # trace and optimise first
+    logdir = tempfile.mkdtemp()
+    tf.profiler.experimental.start(logdir)
+    fn(*args)
+    tf.profiler.experimental.stop()
+    space = xplane_pb2.XSpace()
+    space.ParseFromString(sorted(Path(logdir).glob("plugins/profile/*/*.xplane.pb"))[-1].read_bytes())
+    return {plane.event_metadata[e.metadata_id].name.rsplit(":", 1)[-1] for plane in space.planes
+            for line in plane.lines if line.name.startswith("tf_Compute") for e in line.events}
+
+
+@pytest.mark.skipif(os.environ.get("TF_ENABLE_ONEDNN_OPTS") == "0", reason="oneDNN's graph rewrites are off")
+def test_mlp_inference_runs_the_gelu_inside_the_fused_matmul():
+    """oneDNN fuses MatMul + BiasAdd + GELU only when they share a name scope (gpt_tf.layers.Conv1D):
+    evaluation and serving then run no element-wise GELU ops at all."""
+    from gpt_tf.layers import MLP
+
+    mlp = MLP(64)
+    mlp.build((None, None, 32))
+    run = tf.function(lambda t: mlp(t, training=False), input_signature=[tf.TensorSpec([None, None, 32])])
+    ops = _executed_op_types(run, tf.random.normal([2, 5, 32]))
+    assert "Tanh" not in ops and "Pow" not in ops, sorted(ops)
+    assert any("FusedMatMul" in op for op in ops), sorted(ops)
