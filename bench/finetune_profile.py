@@ -1,6 +1,7 @@
 """Where a fine-tuning step's time goes, in gpt_tf and in HF Trainer: op time by kind, side by side.
 
     python -m bench.finetune_profile        # ~4 min on 2 cores -> bench/results/finetune_profile.{json,md}
+    python -m bench.finetune_profile --precision=bfloat16 --out=bench/results/finetune_profile_bf16.json
 
 `bench/finetune_speed.py` times the two stacks; this says why they are where they are. Each stack runs
 in its own process, on the same data, shape and settings as finetune_speed (the `tiny` shape, SST-2
@@ -49,6 +50,8 @@ def define_flags():
     flags.DEFINE_integer("steps", 50, "training steps recorded")
     flags.DEFINE_integer("batch_size", 32, "batch size of both stacks")
     flags.DEFINE_integer("n_ctx", 64, "context of the fine-tuned model")
+    flags.DEFINE_enum("precision", "float32", ["float32", "bfloat16"], "both stacks: float32, or bfloat16 "
+                      "(ours mixed_bfloat16, HF Trainer bf16=True)")
     flags.DEFINE_integer("threads", 1, "threads of both stacks (TF intra- and inter-op, torch intra-op)")
     flags.DEFINE_integer("books", 20, "Gutenberg books the 8k BPE is trained on (bench/finetune_speed_stacks.py)")
     flags.DEFINE_string("data_root", "data/bench_finetune_speed", "BPE and task records (cached; as finetune_speed's)")
@@ -219,8 +222,11 @@ def main(argv):
 
     log = lambda msg: print(msg, flush=True)  # noqa: E731
     task_dir = prepare_data(Path(FLAGS.data_root), Path(FLAGS.shared_data), FLAGS.books, FLAGS.n_ctx, log).resolve()
-    stacks = {"gpt_tf, buckets, λ = 0": {"stack": "ours", "buckets": True, "lm_coef": 0.0, "precision": "float32"},
-              "HF Trainer, fp32": {"stack": "hf", "precision": "float32"}}
+    bf16 = FLAGS.precision == "bfloat16"
+    short, ours_precision = ("bf16", "mixed_bfloat16") if bf16 else ("fp32", "float32")
+    stacks = {f"gpt_tf, buckets, λ = 0, {short}": {"stack": "ours", "buckets": True, "lm_coef": 0.0,
+                                                   "precision": ours_precision},
+              f"HF Trainer, {short}": {"stack": "hf", "precision": FLAGS.precision}}
     rows = {}
     for name, stack in stacks.items():
         log(f"profiling {name} ...")
@@ -237,7 +243,7 @@ def main(argv):
     report = {"command": " ".join(["python -m bench.finetune_profile", *sys.argv[1:]]),
               "date": datetime.datetime.now().astimezone().isoformat(timespec="seconds"), "machine": machine_info(),
               "settings": {"model": "tiny (4 x 256, 4 heads, FFN 1024, 8k BPE)", "n_ctx": FLAGS.n_ctx,
-                           "batch": FLAGS.batch_size, "warm-up steps": FLAGS.warmup_steps,
+                           "batch": FLAGS.batch_size, "precision": FLAGS.precision, "warm-up steps": FLAGS.warmup_steps,
                            "recorded steps": FLAGS.steps,
                            "threads per stack": FLAGS.threads, "texts": lengths_summary(task_dir)},
               "rows": rows}

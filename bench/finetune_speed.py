@@ -6,11 +6,13 @@ Stacks (`bench/finetune_speed_stacks.py`), each in its own worker process, all t
 (4 layers, 256 dims, 4 heads, 1024 FFN, 8k BPE + 4 special tokens) with n_ctx 64, batch 32, on the
 same SST-2 training texts tokenized with the project's tokenizer, from random weights:
 
-    today_padded         gpt_tf at ``--baseline`` (the commit before length buckets), λ = 0.5: every
-                         batch padded to n_ctx; its gpt_tf/ and pipelines/ are taken with `git archive`
-    ours_padded          this checkout with --nolength_buckets, λ = 0.5 (not in the default set)
+    ours_padded          this checkout with --nolength_buckets, λ = 0.5: every batch padded to n_ctx, as
+                         before length buckets (a stack that ran the commit before them, ef438ba, through
+                         `git archive`, stopped working when the training loop moved to gpt_tf/training/)
     ours_bucketed        this checkout's default: batches padded to length buckets, λ = 0.5
     ours_bucketed_lm0    the same with λ = 0: the objective HF's classifier trains (no auxiliary LM head)
+    ours_bucketed_bf16, ours_bucketed_lm0_bf16
+                         the same two in mixed_bfloat16
     hf_float32           transformers.Trainer, OpenAIGPTForSequenceClassification, dynamic padding,
                          train_sampling_strategy="group_by_length", fp32
     hf_bfloat16          the same with bf16=True (torch.autocast bfloat16)
@@ -25,9 +27,11 @@ rounds. Each measurement also records the share of the machine's CPU time other 
 meanwhile ("others' CPU"): the machine may be shared, and load changes hit every stack alike only
 on average; examples per CPU second (the worker's own CPU time) is the steadier figure on a busy
 machine. ``--threads`` applies to every stack (TF intra- and inter-op, torch intra-op): 1 on a
-shared 2-core machine, where 2-thread torch collapses under contention. Our precision is
-``--precision`` (float32 by default; bf16 is slower than float32 for this size on AVX512_BF16
-Xeons, see README), HF's is measured both ways.
+shared 2-core machine, where 2-thread torch collapses under contention. Both stacks are
+measured in float32 and bfloat16 (the ``_bf16`` stacks; the other stacks of ours take ``--precision``,
+float32 by default). The ratios to HF take HF's faster precision for each phase, and ours in the
+precision ``--precision=auto`` would pick: the one whose λ = 0 training step is faster (bf16 is slower
+than float32 for this size on AVX512_BF16 Xeons, faster on AMD Zen 5; see README).
 """
 
 from __future__ import annotations
@@ -35,9 +39,7 @@ from __future__ import annotations
 import datetime
 import json
 import os
-import subprocess
 import sys
-import tempfile
 from pathlib import Path
 
 from absl import app, flags
@@ -48,22 +50,23 @@ from bench.train_throughput_stacks import busy_seconds
 
 ROOT = Path(__file__).resolve().parents[1]
 FLAGS = flags.FLAGS
-BASELINE = "ef438ba"  # the last commit before length buckets
 STACKS = {
-    "today_padded": {"stack": "ours", "baseline": True, "lm_coef": 0.5},
     "ours_padded": {"stack": "ours", "buckets": False, "lm_coef": 0.5},
     "ours_bucketed": {"stack": "ours", "buckets": True, "lm_coef": 0.5},
     "ours_bucketed_lm0": {"stack": "ours", "buckets": True, "lm_coef": 0.0},
+    "ours_bucketed_bf16": {"stack": "ours", "buckets": True, "lm_coef": 0.5, "precision": "mixed_bfloat16"},
+    "ours_bucketed_lm0_bf16": {"stack": "ours", "buckets": True, "lm_coef": 0.0, "precision": "mixed_bfloat16"},
     "hf_float32": {"stack": "hf", "precision": "float32"},
     "hf_bfloat16": {"stack": "hf", "precision": "bfloat16"},
 }
-DEFAULT_STACKS = ("today_padded", "ours_bucketed", "ours_bucketed_lm0", "hf_float32", "hf_bfloat16")
-EVAL_STACKS = ("today_padded", "ours_padded", "ours_bucketed", "hf_float32", "hf_bfloat16")  # λ: no change in eval
+DEFAULT_STACKS = ("ours_padded", "ours_bucketed", "ours_bucketed_bf16", "ours_bucketed_lm0", "ours_bucketed_lm0_bf16",
+                  "hf_float32", "hf_bfloat16")
+# λ changes nothing in evaluation: one stack per precision
+EVAL_STACKS = ("ours_padded", "ours_bucketed", "ours_bucketed_bf16", "hf_float32", "hf_bfloat16")
 
 
 def define_flags():
     flags.DEFINE_string("stacks", ",".join(DEFAULT_STACKS), "comma-separated subset of " + ",".join(STACKS))
-    flags.DEFINE_string("baseline", BASELINE, "git revision of today_padded")
     flags.DEFINE_integer("rounds", 3, "counted rounds (after one warm-up round)")
     flags.DEFINE_integer("train_steps", 50, "training steps per worker per round")
     flags.DEFINE_integer("batch_size", 32, "batch size of every stack")
@@ -89,23 +92,12 @@ def measure(worker: Worker, command: str, wait_quiet_s: float = 0.0) -> dict:
             "others_cpu_share": min(others, 1.0), "waited_s": round(waited, 1)}
 
 
-def baseline_code(rev: str) -> str:
-    """A temp folder holding gpt_tf/ and pipelines/ as of git revision ``rev``."""
-    folder = tempfile.mkdtemp(prefix="finetune_speed_baseline_")
-    archive = subprocess.run(["git", "-C", str(ROOT), "archive", rev, "gpt_tf", "pipelines"], check=True,
-                             capture_output=True).stdout
-    subprocess.run(["tar", "-x", "-C", folder], input=archive, check=True)
-    return folder
-
-
 def run(args, specs: dict, log) -> dict:
     """Starts every worker, then the interleaved rounds; returns ``{stack: {"train": [...], "eval": [...]}}``."""
     workers, logs = {}, {name: {"train": [], "eval": []} for name in specs}
-    baseline = baseline_code(args.baseline) if any(s.get("baseline") for s in specs.values()) else None
     try:
         for name, spec in specs.items():
-            workers[name] = Worker(spec, module="bench.finetune_speed", tag="@@finetune_speed ",
-                                   code_root=baseline if spec.get("baseline") else None)
+            workers[name] = Worker(spec, module="bench.finetune_speed", tag="@@finetune_speed ")
             logs[name]["info"] = workers[name].read("READY")
             log(f"  {name} ready: {logs[name]['info']}")
         names = list(specs)
@@ -138,15 +130,18 @@ def summarise(logs: dict) -> dict:
         rows[name]["others_cpu_share"] = round(median([m["others_cpu_share"] for m in phases["train"]]), 3)
     ratio = lambda a, b, phase: round(rows[a][phase] / rows[b][phase], 2) if (  # noqa: E731
         phase in rows.get(a, {}) and phase in rows.get(b, {})) else None
-    hf = max((n for n in ("hf_float32", "hf_bfloat16") if n in rows), key=lambda n: rows[n].get("train", 0), default=None)
-    hf_eval = max((n for n in ("hf_float32", "hf_bfloat16") if n in rows), key=lambda n: rows[n].get("eval", 0),
-                  default=None)
+    best = lambda names, phase: max((n for n in names if phase in rows.get(n, {})),  # noqa: E731
+                                    key=lambda n: rows[n][phase], default=None)
+    hf, hf_eval = best(("hf_float32", "hf_bfloat16"), "train"), best(("hf_float32", "hf_bfloat16"), "eval")
+    # Ours in the precision `--precision=auto` would pick: the faster training step (then used for evaluation too).
+    lm0 = best(("ours_bucketed_lm0", "ours_bucketed_lm0_bf16"), "train")
+    ours = {"ours_bucketed_lm0_bf16": "ours_bucketed_bf16"}.get(lm0, "ours_bucketed")
     goals = {
-        "train bucketed / today's padded (goal >= 3)": ratio("ours_bucketed", "today_padded", "train"),
-        "eval bucketed / today's padded (goal >= 3)": ratio("ours_bucketed", "today_padded", "eval"),
-        f"train bucketed λ=0 / best HF ({hf}) (goal >= 1.5)": ratio("ours_bucketed_lm0", hf, "train") if hf else None,
-        f"train bucketed λ=0.5 / best HF ({hf})": ratio("ours_bucketed", hf, "train") if hf else None,
-        f"eval bucketed / best HF ({hf_eval}) (goal >= 1.5)": ratio("ours_bucketed", hf_eval, "eval") if hf_eval else None,
+        "train bucketed / padded (goal >= 3)": ratio("ours_bucketed", "ours_padded", "train"),
+        "eval bucketed / padded (goal >= 3)": ratio("ours_bucketed", "ours_padded", "eval"),
+        f"train {lm0} / best HF ({hf}) (goal >= 1.5)": ratio(lm0, hf, "train") if hf and lm0 else None,
+        f"train {ours} (λ=0.5) / best HF ({hf})": ratio(ours, hf, "train") if hf else None,
+        f"eval {ours} / best HF ({hf_eval}) (goal >= 1.5)": ratio(ours, hf_eval, "eval") if hf_eval else None,
     }
     return {"rows": rows, "ratios": goals}
 
@@ -190,7 +185,6 @@ def main(argv):
               "settings": {"model": "tiny (4 x 256, 4 heads, FFN 1024, 8k BPE)", "n_ctx": args.n_ctx,
                            "batch": args.batch_size, "train steps per round": args.train_steps,
                            "rounds": f"{args.rounds} (+1 warm-up)", "ours precision": args.precision,
-                           "baseline": args.baseline,
                            "threads per stack": args.threads, "BPE books": args.books, "wait_quiet_s": args.wait_quiet,
                            "texts": lengths_summary(task_dir)},
               "stacks": specs}

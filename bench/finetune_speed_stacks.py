@@ -102,10 +102,9 @@ class Ours:
             keras.mixed_precision.set_dtype_policy(spec["precision"])
         task_dir = spec["task_dir"]
         model_config = get_preset("tiny", n_ctx=spec["n_ctx"])
-        buckets = {} if spec.get("baseline") else {"length_buckets": spec["buckets"]}  # the baseline has none
         config = FinetuneConfig(data_dir=task_dir, run_dir=tempfile.mkdtemp(prefix="finetune_speed_"),
                                 batch_size=spec["batch_size"], lm_coef=spec["lm_coef"], precision=spec["precision"],
-                                seed=0, **buckets)
+                                seed=0, length_buckets=spec["buckets"])
         self.tuner = Finetuner(load_task_spec(task_dir), model_config, config, tf.distribute.get_strategy(),
                                log=lambda m: None)
         self.iterator = iter(self.tuner._dataset(self.tuner.heads[0], "train", training=True))
