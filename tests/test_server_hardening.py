@@ -270,13 +270,17 @@ def test_clients_that_go_away_leave_no_traceback(server):
 
 def test_memory_is_flat_under_malformed_traffic(server):
     """Malformed requests of every kind until RSS settles (the allocator's arenas fill up), then 5,000
-    more: RSS within ±5%.
+    more: RSS within ±8%. A check for gross leaks of the whole process (TensorFlow's side included);
+    slow leaks in the Python request path are the next test's job, which measures them exactly.
 
-    One request in 45 has a 1 MB body (``bench.soak`` sends more of them, for minutes). The warm-up
-    goes on in bursts of 500 until one moves RSS by under 1% (at most 4,000 requests): on a loaded CI
-    machine 1,000 were once not enough (888 MB after them, 947 MB at the end, against 938-946 MB flat
-    over 8,000 requests when run alone). Its power, measured by planting a leak in ``parse_body``: 15 kB
-    kept per parsed request fails it (916 -> 970 MB), 10 kB does not (924 -> 961 MB)."""
+    One request in 45 has a 1 MB body (``bench.soak`` sends more of them, for minutes). RSS keeps
+    creeping up, more slowly, for thousands of requests: the allocators' fragmentation from the 1 MB
+    bodies (small malformed requests alone stay flat to 0.1 MB over 12,000; malloc_trim after each big
+    body does not flatten it). So the warm-up is at least 4,000 requests, in bursts of 1,000, until one
+    moves RSS by under 1% (at most 8,000). With shorter warm-ups, loaded CI machines failed it twice:
+    888 MB after 1,000 requests -> 947 MB, and 892 MB after 1,500 -> 937 MB (±5% then). Its power is
+    coarse: with the shorter warm-up and ±5%, a leak planted in ``parse_body`` of 15 kB per parsed
+    request failed it (916 -> 970 MB) and 10 kB did not; with this warm-up 15 kB passes ±5%."""
     proc, grpc_port, port, _ = server
     small = [k for k in KINDS if k not in GOOD and not k.startswith("big_")]
     bad = small * 4 + ["big_bad_json"] + small * 4 + ["big_ragged"]
@@ -295,16 +299,70 @@ def test_memory_is_flat_under_malformed_traffic(server):
 
     assert len(burst(1000)) == 1000
     readings = [server_stats(proc.pid)["rss_mb"]]
-    while len(readings) < 7:
-        assert len(burst(500)) == 500
+    while len(readings) < 8:
+        assert len(burst(1000)) == 1000
         readings.append(server_stats(proc.pid)["rss_mb"])
-        if abs(readings[-1] / readings[-2] - 1) < 0.01:
+        if len(readings) >= 4 and abs(readings[-1] / readings[-2] - 1) < 0.01:
             break
     after_warmup = readings[-1]
     results = burst(5000)
     end = server_stats(proc.pid)["rss_mb"]
     assert len(results) == 5000 and proc.poll() is None
-    assert abs(end / after_warmup - 1) <= 0.05, {"warm-up": readings, "end": end}
+    assert abs(end / after_warmup - 1) <= 0.08, {"warm-up": readings, "end": end}
+
+
+def test_rest_front_keeps_no_python_memory_per_malformed_request(tmp_path):
+    """The REST front in this process (the same ``RestServer`` and ``ModelRegistry`` that
+    ``serving.server`` runs) under ``tracemalloc``: after a warm-up, 1,000 malformed requests of every
+    REST kind, 1 MB bodies included, leave under 500 bytes of Python memory each (measured: 20). Unlike
+    RSS, traced memory is not moved by the allocators' fragmentation, so a slow leak cannot hide in it:
+    a leak planted in ``parse_body`` of 2 kB per parsed body fails it (1,212 bytes per request)."""
+    import gc
+    import tracemalloc
+
+    from serving.rest import RestServer
+
+    class Count:  # drive()'s results, counted instead of kept (they would be traced too)
+        def __init__(self):
+            self.n = 0
+
+        def append(self, _):
+            self.n += 1
+
+    save_length_model(tmp_path / "sst2" / "1")
+    registry = ModelRegistry([ModelConfig("sst2", str(tmp_path / "sst2"))], log=lambda _: None)
+    registry.poll()
+    rest = RestServer(registry, HOST, 0, 2_000_000, THREADS, TIMEOUT_MS / 1000, log=lambda _: None)
+    rest.start()
+    small = [k for k in KINDS if k not in GOOD and not k.startswith(("big_", "grpc"))]
+    bad = small * 4 + ["big_bad_json"] + small * 4 + ["big_ragged"]
+    clients = [Client(rest.port, free_port()) for _ in range(THREADS)]  # REST kinds only: no gRPC server
+
+    def burst(total):
+        count, lock = Count(), threading.Lock()
+        deadline = time.monotonic() + 120
+        threads = [threading.Thread(target=drive, args=(c, bad, 5 * i, deadline, total // THREADS, count, lock))
+                   for i, c in enumerate(clients)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+        return count.n
+
+    try:
+        assert burst(300) == 300
+        tracemalloc.start()
+        assert burst(300) == 300
+        gc.collect()
+        before = tracemalloc.get_traced_memory()[0]
+        assert burst(1000) == 1000
+        gc.collect()
+        grown = tracemalloc.get_traced_memory()[0] - before
+        assert grown < 1000 * 500, f"{grown / 1000:.0f} bytes of Python memory kept per request"
+    finally:
+        tracemalloc.stop()
+        rest.stop()
+        registry.stop()
 
 
 def test_server_flags_are_checked_before_anything_starts():
