@@ -69,7 +69,7 @@ def _train_step(config, precision: str, batch: int, seq: int):
         with tf.GradientTape() as tape:
             total, count = lm_loss(model(tokens[:, :-1], training=True), tokens[:, 1:])
             loss = total / count
-        optimizer.apply_gradients(zip(tape.gradient(loss, variables), variables))
+        optimizer.clip_and_apply(tape.gradient(loss, variables), variables)  # as the training loop does
         return loss
 
     return lambda: float(step())
