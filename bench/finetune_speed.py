@@ -1,6 +1,7 @@
 """Fine-tuning speed on SST-2: gpt_tf padded to n_ctx, gpt_tf length-bucketed, and HF Trainer, interleaved.
 
     python -m bench.finetune_speed                       # ~15 min on 2 cores -> bench/results/finetune_speed.{json,md}
+    python -m bench.finetune_speed --padding_only        # tokens per example after padding, ours and HF's
 
 Stacks (`bench/finetune_speed_stacks.py`), each in its own worker process, all the `tiny` shape
 (4 layers, 256 dims, 4 heads, 1024 FFN, 8k BPE + 4 special tokens) with n_ctx 64, batch 32, on the
@@ -79,6 +80,8 @@ def define_flags():
     flags.DEFINE_string("data_root", "data/bench_finetune_speed", "BPE and task records (cached)")
     flags.DEFINE_string("shared_data", str(ROOT.parent / "shared" / "data"), "the shared data folder (books, GLUE)")
     flags.DEFINE_string("out", "bench/results/finetune_speed.json", "the JSON report (the .md goes beside it)")
+    flags.DEFINE_bool("padding_only", False, "only print the training tokens per example after padding, "
+                      "ours (buckets) and HF's (group_by_length), over one epoch; no timing")
     flags.DEFINE_string("worker", None, "internal: run as a worker with this JSON spec")
 
 
@@ -173,10 +176,13 @@ def main(argv):
     unknown = [s for s in args.stacks.split(",") if s not in STACKS]
     if unknown:
         raise app.UsageError(f"--stacks: unknown {unknown}; choose from {list(STACKS)}")
-    from bench.finetune_speed_stacks import lengths_summary, prepare_data
+    from bench.finetune_speed_stacks import lengths_summary, padding_summary, prepare_data
 
     log = lambda msg: print(msg, flush=True)  # noqa: E731
     task_dir = prepare_data(Path(args.data_root), Path(args.shared_data), args.books, args.n_ctx, log).resolve()
+    padding = padding_summary(task_dir, args.batch_size, args.n_ctx)
+    if args.padding_only:
+        return log(f"training tokens per example after padding (batch {args.batch_size}, one epoch): {padding}")
     common = {"task_dir": str(task_dir), "batch_size": args.batch_size, "n_ctx": args.n_ctx,
               "train_steps": args.train_steps, "threads": args.threads}
     specs = {name: {"precision": args.precision, **common, **STACKS[name]} for name in args.stacks.split(",")}
@@ -186,7 +192,8 @@ def main(argv):
                            "batch": args.batch_size, "train steps per round": args.train_steps,
                            "rounds": f"{args.rounds} (+1 warm-up)", "ours precision": args.precision,
                            "threads per stack": args.threads, "BPE books": args.books, "wait_quiet_s": args.wait_quiet,
-                           "texts": lengths_summary(task_dir)},
+                           "texts": lengths_summary(task_dir),
+                           "training tokens per example after padding": padding},
               "stacks": specs}
     log(f"{report['machine']['cpu']}, {report['machine']['cores']} cores; texts: {report['settings']['texts']}")
     report["logs"] = run(args, specs, log)

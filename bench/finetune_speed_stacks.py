@@ -80,6 +80,26 @@ def lengths_summary(task_dir: Path) -> dict:
     return out
 
 
+def padding_summary(task_dir: Path, batch_size: int, n_ctx: int) -> dict:
+    """Tokens per training example after padding, over one epoch of SST-2's training texts: ours
+    (the real `epoch_plan`, default buckets) and HF Trainer's (its `group_by_length` sampler,
+    `get_length_grouped_indices`, then each batch padded to its longest text as `HF.collate` does)."""
+    import numpy as np
+    import torch
+    from transformers.trainer_pt_utils import get_length_grouped_indices
+
+    from pipelines.task_batches import bucket_lengths, epoch_plan
+
+    lengths = np.array([len(x) for x in json.loads((task_dir / VIEWS_FILE).read_text())["train"]["input_ids"]])
+    _, padded = epoch_plan(lengths, bucket_lengths(n_ctx), batch_size, 0, 0, training=True)
+    order = np.array(get_length_grouped_indices(lengths.tolist(), batch_size,
+                                                generator=torch.Generator().manual_seed(0)))
+    hf = sum(lengths[order[i:i + batch_size]].max() * len(order[i:i + batch_size])
+             for i in range(0, len(order), batch_size))
+    return {"unpadded": round(float(lengths.mean()), 2), "ours_buckets": round(float(np.mean(padded)), 2),
+            "hf_group_by_length": round(float(hf / len(order)), 2)}
+
+
 # ----------------------------------------------------------------------------- ours
 
 
