@@ -268,6 +268,36 @@ def test_clients_that_go_away_leave_no_traceback(server):
     assert "Traceback" not in added and len(added.splitlines()) <= 3, added[-2000:]
 
 
+class Count:
+    """A results sink for ``drive`` that counts instead of keeping (kept results would be traced memory)."""
+
+    def __init__(self):
+        self.n = 0
+
+    def append(self, _):
+        self.n += 1
+
+
+def malformed_kinds(grpc: bool) -> list:
+    """Every malformed request kind, one 1 MB body in 45 (``bench.soak``'s kinds; REST only without gRPC)."""
+    skip = ("big_",) if grpc else ("big_", "grpc")
+    small = [k for k in KINDS if k not in GOOD and not k.startswith(skip)]
+    return small * 4 + ["big_bad_json"] + small * 4 + ["big_ragged"]
+
+
+def burst(clients, kinds, total: int, seconds: float) -> int:
+    """``total`` requests of ``kinds`` from ``clients`` in parallel (bounded by ``seconds``); returns how many ran."""
+    count, lock = Count(), threading.Lock()
+    deadline = time.monotonic() + seconds
+    threads = [threading.Thread(target=drive, args=(c, kinds, 5 * i, deadline, total // len(clients), count, lock))
+               for i, c in enumerate(clients)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    return count.n
+
+
 def test_memory_is_flat_under_malformed_traffic(server):
     """Malformed requests of every kind until RSS settles (the allocator's arenas fill up), then 5,000
     more: RSS within ±8%. A check for gross leaks of the whole process (TensorFlow's side included);
@@ -282,32 +312,18 @@ def test_memory_is_flat_under_malformed_traffic(server):
     coarse: with the shorter warm-up and ±5%, a leak planted in ``parse_body`` of 15 kB per parsed
     request failed it (916 -> 970 MB) and 10 kB did not; with this warm-up 15 kB passes ±5%."""
     proc, grpc_port, port, _ = server
-    small = [k for k in KINDS if k not in GOOD and not k.startswith("big_")]
-    bad = small * 4 + ["big_bad_json"] + small * 4 + ["big_ragged"]
-    clients = [Client(port, grpc_port) for _ in range(THREADS)]
-
-    def burst(total):
-        results, lock = [], threading.Lock()
-        deadline = time.monotonic() + 240
-        threads = [threading.Thread(target=drive, args=(c, bad, 5 * i, deadline, total // THREADS, results, lock))
-                   for i, c in enumerate(clients)]
-        for t in threads:
-            t.start()
-        for t in threads:
-            t.join()
-        return results
-
-    assert len(burst(1000)) == 1000
+    clients, bad = [Client(port, grpc_port) for _ in range(THREADS)], malformed_kinds(grpc=True)
+    assert burst(clients, bad, 1000, 240) == 1000
     readings = [server_stats(proc.pid)["rss_mb"]]
     while len(readings) < 8:
-        assert len(burst(1000)) == 1000
+        assert burst(clients, bad, 1000, 240) == 1000
         readings.append(server_stats(proc.pid)["rss_mb"])
         if len(readings) >= 4 and abs(readings[-1] / readings[-2] - 1) < 0.01:
             break
     after_warmup = readings[-1]
-    results = burst(5000)
+    done = burst(clients, bad, 5000, 240)
     end = server_stats(proc.pid)["rss_mb"]
-    assert len(results) == 5000 and proc.poll() is None
+    assert done == 5000 and proc.poll() is None
     assert abs(end / after_warmup - 1) <= 0.08, {"warm-up": readings, "end": end}
 
 
@@ -316,46 +332,27 @@ def test_rest_front_keeps_no_python_memory_per_malformed_request(tmp_path):
     ``serving.server`` runs) under ``tracemalloc``: after a warm-up, 1,000 malformed requests of every
     REST kind, 1 MB bodies included, leave under 500 bytes of Python memory each (measured: 20). Unlike
     RSS, traced memory is not moved by the allocators' fragmentation, so a slow leak cannot hide in it:
-    a leak planted in ``parse_body`` of 2 kB per parsed body fails it (1,212 bytes per request)."""
+    a leak planted in ``parse_body`` of 2 kB per parsed body fails it (1,206–1,212 bytes per request)."""
     import gc
     import tracemalloc
 
     from serving.rest import RestServer
-
-    class Count:  # drive()'s results, counted instead of kept (they would be traced too)
-        def __init__(self):
-            self.n = 0
-
-        def append(self, _):
-            self.n += 1
 
     save_length_model(tmp_path / "sst2" / "1")
     registry = ModelRegistry([ModelConfig("sst2", str(tmp_path / "sst2"))], log=lambda _: None)
     registry.poll()
     rest = RestServer(registry, HOST, 0, 2_000_000, THREADS, TIMEOUT_MS / 1000, log=lambda _: None)
     rest.start()
-    small = [k for k in KINDS if k not in GOOD and not k.startswith(("big_", "grpc"))]
-    bad = small * 4 + ["big_bad_json"] + small * 4 + ["big_ragged"]
     clients = [Client(rest.port, free_port()) for _ in range(THREADS)]  # REST kinds only: no gRPC server
-
-    def burst(total):
-        count, lock = Count(), threading.Lock()
-        deadline = time.monotonic() + 120
-        threads = [threading.Thread(target=drive, args=(c, bad, 5 * i, deadline, total // THREADS, count, lock))
-                   for i, c in enumerate(clients)]
-        for t in threads:
-            t.start()
-        for t in threads:
-            t.join()
-        return count.n
+    bad = malformed_kinds(grpc=False)
 
     try:
-        assert burst(300) == 300
+        assert burst(clients, bad, 300, 120) == 300
         tracemalloc.start()
-        assert burst(300) == 300
+        assert burst(clients, bad, 300, 120) == 300
         gc.collect()
         before = tracemalloc.get_traced_memory()[0]
-        assert burst(1000) == 1000
+        assert burst(clients, bad, 1000, 120) == 1000
         gc.collect()
         grown = tracemalloc.get_traced_memory()[0] - before
         assert grown < 1000 * 500, f"{grown / 1000:.0f} bytes of Python memory kept per request"
