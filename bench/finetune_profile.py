@@ -75,22 +75,28 @@ def tf_kind(name: str, optimizer_scope: str) -> str | None:
     return "matmul" if "MatMul" in op_type else "other ops"
 
 
-def tf_op_seconds(logdir: str, optimizer_scope: str) -> dict:
-    """Self seconds per kind of the ops in the newest trace under ``logdir`` (TF's executor threads)."""
+def tf_compute_events(logdir: str):
+    """``(name, picoseconds)`` of every event on TF's executor threads in the newest trace under
+    ``logdir`` (``tf.profiler.experimental.start(logdir)`` ... ``stop()``); op events are named ``scope:OpType``."""
     from tensorflow.tsl.profiler.protobuf import xplane_pb2
 
     path = sorted(Path(logdir).glob("plugins/profile/*/*.xplane.pb"))[-1]
     space = xplane_pb2.XSpace()
     space.ParseFromString(path.read_bytes())
-    seconds = collections.Counter()
     for plane in space.planes:
         for line in plane.lines:
-            if not line.name.startswith("tf_Compute"):
-                continue
-            for event in line.events:
-                kind = tf_kind(plane.event_metadata[event.metadata_id].name, optimizer_scope)
-                if kind:
-                    seconds[kind] += event.duration_ps / 1e12
+            if line.name.startswith("tf_Compute"):
+                for event in line.events:
+                    yield plane.event_metadata[event.metadata_id].name, event.duration_ps
+
+
+def tf_op_seconds(logdir: str, optimizer_scope: str) -> dict:
+    """Self seconds per kind of the ops in the newest trace under ``logdir`` (TF's executor threads)."""
+    seconds = collections.Counter()
+    for name, picoseconds in tf_compute_events(logdir):
+        kind = tf_kind(name, optimizer_scope)
+        if kind:
+            seconds[kind] += picoseconds / 1e12
     return dict(seconds)
 
 

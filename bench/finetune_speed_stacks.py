@@ -94,10 +94,10 @@ def padding_summary(task_dir: Path, batch_size: int, n_ctx: int) -> dict:
     _, padded = epoch_plan(lengths, bucket_lengths(n_ctx), batch_size, 0, 0, training=True)
     order = np.array(get_length_grouped_indices(lengths.tolist(), batch_size,
                                                 generator=torch.Generator().manual_seed(0)))
-    hf = sum(lengths[order[i:i + batch_size]].max() * len(order[i:i + batch_size])
-             for i in range(0, len(order), batch_size))
+    hf_batches = [lengths[order[i:i + batch_size]] for i in range(0, len(order), batch_size)]
+    hf = sum(b.max() * len(b) for b in hf_batches) / len(order)
     return {"unpadded": round(float(lengths.mean()), 2), "ours_buckets": round(float(np.mean(padded)), 2),
-            "hf_group_by_length": round(float(hf / len(order)), 2)}
+            "hf_group_by_length": round(float(hf), 2)}
 
 
 # ----------------------------------------------------------------------------- ours

@@ -127,19 +127,15 @@ def test_dropout16_takes_its_16_bit_path_when_the_length_is_dynamic():
 def _executed_op_types(fn, *args) -> set:
     """The op types ``fn`` (a tf.function) ran, after grappler's rewrites (from a tf.profiler trace)."""
     import tempfile
-    from pathlib import Path
 
-    from tensorflow.tsl.profiler.protobuf import xplane_pb2
+    from bench.finetune_profile import tf_compute_events
 
     fn(*args)  # trace and optimise first
     logdir = tempfile.mkdtemp()
     tf.profiler.experimental.start(logdir)
     fn(*args)
     tf.profiler.experimental.stop()
-    space = xplane_pb2.XSpace()
-    space.ParseFromString(sorted(Path(logdir).glob("plugins/profile/*/*.xplane.pb"))[-1].read_bytes())
-    return {plane.event_metadata[e.metadata_id].name.rsplit(":", 1)[-1] for plane in space.planes
-            for line in plane.lines if line.name.startswith("tf_Compute") for e in line.events}
+    return {name.rsplit(":", 1)[-1] for name, _ in tf_compute_events(logdir)}
 
 
 @pytest.mark.skipif(os.environ.get("TF_ENABLE_ONEDNN_OPTS") == "0", reason="oneDNN's graph rewrites are off")
