@@ -222,7 +222,11 @@ class TransformerBlock(keras.layers.Layer):
 
 @keras.saving.register_keras_serializable(package=PACKAGE)
 class GPTEmbedding(keras.layers.Layer):
-    """Token + learned position embedding with embedding dropout; also the tied LM head (Eq. 2)."""
+    """Token + learned position embedding with embedding dropout; also the tied LM head (Eq. 2).
+
+    The tables are read in their own (float32) dtype: the rows are gathered, then cast to the compute
+    dtype. Keras's autocast would cast the whole token table to bfloat16 on every call first (40k
+    rows for a few hundred gathered under ``mixed_bfloat16``)."""
 
     def __init__(self, total_vocab, n_ctx, n_embd, embd_pdrop=0.1, init_std=0.02, **kwargs):
         super().__init__(**kwargs)
@@ -235,16 +239,18 @@ class GPTEmbedding(keras.layers.Layer):
 
     def build(self, input_shape=None):
         self.tokens_embed = self.add_weight(
-            name="tokens_embed", shape=(self.total_vocab, self.n_embd), initializer=_normal(self.init_std)
+            name="tokens_embed", shape=(self.total_vocab, self.n_embd), initializer=_normal(self.init_std),
+            autocast=False,  # see the class doc; ``logits`` casts the table itself
         )
         self.positions_embed = self.add_weight(
-            name="positions_embed", shape=(self.n_ctx, self.n_embd), initializer=_normal(self.init_std)
+            name="positions_embed", shape=(self.n_ctx, self.n_embd), initializer=_normal(self.init_std),
+            autocast=False,
         )
 
     def call(self, token_ids, training=False):
         length = ops.shape(token_ids)[-1]
         h = ops.take(self.tokens_embed, token_ids, axis=0) + self.positions_embed[:length]
-        return self.dropout(h, training=training)
+        return self.dropout(ops.cast(h, self.compute_dtype), training=training)
 
     def logits(self, h):
         """The LM head tied to the token embedding: ``h @ W_e^T``."""

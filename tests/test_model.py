@@ -150,3 +150,23 @@ def test_mlp_inference_runs_the_gelu_inside_the_fused_matmul():
     ops = _executed_op_types(run, tf.random.normal([2, 5, 32]))
     assert "Tanh" not in ops and "Pow" not in ops, sorted(ops)
     assert any("FusedMatMul" in op for op in ops), sorted(ops)
+
+
+def test_mixed_precision_embedding_casts_the_gathered_rows_not_the_table():
+    """Under mixed_bfloat16 the token table stays float32: the rows are gathered, then cast (Keras's
+    autocast would cast the whole [vocab, d] table on every call); the output is that cast exactly."""
+    from gpt_tf.layers import GPTEmbedding
+
+    layer = GPTEmbedding(300, 16, 8, embd_pdrop=0.1, dtype="mixed_bfloat16")
+    layer.build()
+    ids = tf.constant([[1, 7, 299, 3]])
+    run = tf.function(lambda t: layer(t, training=False))
+    graph = run.get_concrete_function(ids).graph
+    cast_shapes = [op.inputs[0].shape.as_list() for op in graph.get_operations() if op.type == "Cast"]
+    assert [300, 8] not in cast_shapes, cast_shapes
+    out = run(ids)
+    assert out.dtype == tf.bfloat16
+    table, positions = _np(layer.tokens_embed), _np(layer.positions_embed)  # float32, read outside any autocast
+    assert table.dtype == np.float32
+    expected = tf.cast(table[[1, 7, 299, 3]] + positions[:4], tf.bfloat16)
+    np.testing.assert_array_equal(_np(out[0]).astype(np.float32), _np(expected).astype(np.float32))
