@@ -86,33 +86,32 @@ class GPTAdamW(keras.optimizers.AdamW):
 
     def _update_scalars(self, learning_rate) -> dict:
         """The update's scalars: computed once per update, not once per variable (for `tiny`'s 52
-        variables that was ~300 more tiny graph ops per step, each costing the executor a few µs)."""
+        variables that was ~270 more tiny graph ops per step, each costing the executor a few µs)."""
         step = tf.cast(self.iterations + 1, tf.float32)
         lr = tf.cast(learning_rate, tf.float32)
         beta_1, beta_2 = tf.constant(self.beta_1, tf.float32), tf.constant(self.beta_2, tf.float32)
-        return {"lr": lr, "decay": lr * self.weight_decay if self.weight_decay else None,
-                "beta_1": beta_1, "beta_2": beta_2, "beta1_power": tf.pow(beta_1, step),
-                "beta2_power": tf.pow(beta_2, step), "epsilon": tf.constant(self.epsilon, tf.float32)}
+        return {"lr": lr, "decay": lr * (self.weight_decay or 0.0), "beta_1": beta_1, "beta_2": beta_2,
+                "beta1_power": tf.pow(beta_1, step), "beta2_power": tf.pow(beta_2, step),
+                "epsilon": tf.constant(self.epsilon, tf.float32)}
 
-    def _distributed_tf_update_step(self, distribution, grads_and_vars, learning_rate):
-        scalars = self._update_scalars(learning_rate)
-        for grad, var in grads_and_vars:
-            distribution.extended.update(var, self._update_variable, args=(grad, scalars), group=False)
+    def _backend_update_step(self, grads, trainable_variables, learning_rate):
+        # Computed in the replica context and handed on where Keras hands on the learning rate: under
+        # MirroredStrategy they become per-replica values, and each variable's update on each device
+        # receives that device's (`update_step`'s third argument).
+        super()._backend_update_step(grads, trainable_variables, self._update_scalars(learning_rate))
 
-    def update_step(self, gradient, variable, learning_rate):
-        self._update_variable(variable, gradient, self._update_scalars(learning_rate))
-
-    def _update_variable(self, variable, gradient, s):
+    def update_step(self, gradient, variable, scalars):
+        """One variable's update; ``scalars`` come from `_update_scalars` (via `_backend_update_step`)."""
         if variable.dtype != tf.float32:
             raise TypeError(f"{variable.name}: GPTAdamW updates float32 variables, got {variable.dtype}")
-        if s["decay"] is not None and self._use_weight_decay(variable):
-            variable.assign_sub(variable * s["decay"])
+        if self.weight_decay and self._use_weight_decay(variable):
+            variable.assign_sub(variable * scalars["decay"])
         index = self._get_variable_index(variable)
         m, v = self._momentums[index].value, self._velocities[index].value
         tf.raw_ops.ResourceApplyAdam(
-            var=variable.handle, m=m.handle, v=v.handle, beta1_power=s["beta1_power"], beta2_power=s["beta2_power"],
-            lr=s["lr"], beta1=s["beta_1"], beta2=s["beta_2"], epsilon=s["epsilon"],
-            grad=tf.cast(gradient, tf.float32), use_locking=False,
+            var=variable.handle, m=m.handle, v=v.handle, beta1_power=scalars["beta1_power"],
+            beta2_power=scalars["beta2_power"], lr=scalars["lr"], beta1=scalars["beta_1"], beta2=scalars["beta_2"],
+            epsilon=scalars["epsilon"], grad=tf.cast(gradient, tf.float32), use_locking=False,
         )
 
 
