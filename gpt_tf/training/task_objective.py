@@ -141,7 +141,7 @@ class Finetuner:
         self.chief, self.step = self.loop.chief, self.loop.step
         self.end = min(self.total_steps, config.train_steps or self.total_steps)
         self._train_steps = [self._make_train_step(h) for h in self.heads]
-        self._predict_steps = {h.task.name: self._predict_step(h.model) for h in self.heads}  # built once each
+        self._predict_passes = {h.task.name: self._predict_pass(h.model) for h in self.heads}  # built once each
         self._eval_datasets = {}  # (task, split) -> its evaluation batches (`_eval_dataset`)
         if len(self.heads) > 1:
             mix = ", ".join(f"{h.task.name} {w:.3f}" for h, w in zip(self.heads, self.weights))
@@ -201,7 +201,7 @@ class Finetuner:
 
         return self.loop.make_update(model.trainable_variables, grads, counts, n_sums=2)
 
-    def _predict_step(self, model):
+    def _predict_pass(self, model):
         """A whole prediction pass in one graph: ``run(dataset)`` loops over the (distributed) batches
         in TF and returns the task outputs, labels and record indices of all of them, concatenated.
 
@@ -236,8 +236,8 @@ class Finetuner:
     def predict(self, split, task_name=None):
         """Task outputs and labels for every example of ``split`` in file order (numpy); the primary task by default."""
         head = self._head(task_name)
-        step = self._predict_steps[head.task.name]
-        outs, labels, index = (t.numpy() for t in step(self._eval_dataset(head, split)))
+        run = self._predict_passes[head.task.name]
+        outs, labels, index = (t.numpy() for t in run(self._eval_dataset(head, split)))
         real = index >= 0  # ghost rows fill the last batch
         order = np.argsort(index[real], kind="stable")
         if not np.array_equal(index[real][order], np.arange(num_examples(head.data_dir, split))):
