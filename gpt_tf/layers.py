@@ -64,13 +64,15 @@ class Conv1D(keras.layers.Layer):
     def call(self, x, training=False):
         # As the release's conv1d: a 2-D MatMul + BiasAdd (fused by oneDNN), not tensordot + add.
         y = tf.nn.bias_add(tf.matmul(tf.reshape(x, (-1, x.shape[-1])), self.w), self.b)
-        if self.activation and training and y.dtype != tf.float32:
-            # Training keeps the pre-activation for the gradient, so nothing fuses the activation;
-            # run it (and its gradient) in float32: CPU element-wise kernels take ~2x as long in
-            # bfloat16 as in float32, and float32 halves the rounding error of the 16-bit chain.
-            y = tf.cast(self.ACTIVATIONS[self.activation](tf.cast(y, tf.float32)), y.dtype)
-        elif self.activation:
-            y = self.ACTIVATIONS[self.activation](y)
+        if self.activation:
+            activation = self.ACTIVATIONS[self.activation]
+            if training and y.dtype != tf.float32:
+                # Training keeps the pre-activation for the gradient, so nothing fuses the activation;
+                # run it (and its gradient) in float32: CPU element-wise kernels take ~2x as long in
+                # bfloat16 as in float32, and float32 halves the rounding error of the 16-bit chain.
+                y = tf.cast(activation(tf.cast(y, tf.float32)), y.dtype)
+            else:
+                y = activation(y)
         return tf.reshape(y, tf.concat([tf.shape(x)[:-1], [self.units]], 0))
 
     def get_config(self):
