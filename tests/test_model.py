@@ -192,3 +192,32 @@ def test_mixed_precision_training_runs_the_gelu_and_its_gradient_in_float32():
     assert tanh_types == {"Tanh": tf.float32, "TanhGrad": tf.float32}, tanh_types
     y, grads = step(tf.random.normal([2, 5, 32]))
     assert y.dtype == tf.bfloat16 and all(g.dtype == tf.float32 for g in grads)
+
+
+@pytest.mark.parametrize("policy, tol", [("float32", 2e-6), ("mixed_bfloat16", 0.05)])
+def test_layer_norm_matches_keras_values_and_gradients(policy, tol):
+    """`LayerNorm`'s hand-written gradient gives Keras LayerNormalization's values and gradients (x, gain,
+    bias); in bfloat16 within the input's rounding (one bf16 ulp at |x| ~ 4 is 0.016)."""
+    from gpt_tf.layers import LayerNorm
+
+    rng = np.random.default_rng(0)
+    ours, keras_ln = LayerNorm(epsilon=1e-5, dtype=policy), keras.layers.LayerNormalization(epsilon=1e-5, dtype=policy)
+    for layer in (ours, keras_ln):
+        layer.build((None, 7, 64))
+    gain, bias = rng.normal(size=64).astype("float32"), rng.normal(size=64).astype("float32")
+    for layer in (ours, keras_ln):
+        layer.gamma.assign(gain)
+        layer.beta.assign(bias)
+    x = tf.constant(rng.normal(size=(3, 7, 64)) * 4 + 2, tf.float32)
+    dy = tf.constant(rng.normal(size=(3, 7, 64)), tf.float32)
+    results = []
+    for layer in (ours, keras_ln):
+        with tf.GradientTape() as tape:
+            tape.watch(x)
+            y = layer(x)
+        results.append([y, *tape.gradient(y, [x, layer.gamma, layer.beta], output_gradients=tf.cast(dy, y.dtype))])
+    assert results[0][0].dtype == results[1][0].dtype
+    for name, a, b in zip(["y", "dx", "dgain", "dbias"], *results):
+        a, b = _np(tf.cast(a, tf.float32)), _np(tf.cast(b, tf.float32))
+        np.testing.assert_allclose(a, b, rtol=tol, atol=tol * max(1.0, np.abs(b).max()) / 4, err_msg=name)
+    assert LayerNorm.from_config(ours.get_config()).epsilon == 1e-5
