@@ -37,3 +37,16 @@ def test_clip_and_apply_is_clipped_adamw_with_decay_on_matrices_only():
         for v, p in zip(variables, params):
             np.testing.assert_allclose(v.numpy(), p, rtol=1e-5, atol=1e-6)
     assert not np.allclose(variables[1].numpy(), start[1])  # the bias moved, by Adam alone
+
+
+def test_clip_norm_is_the_dense_gradients_norm_when_a_token_repeats():
+    """A gather's gradient (IndexedSlices, a row per occurrence) is clipped by the norm of its summed rows."""
+    table = tf.Variable(tf.ones([5, 3]))
+    optimizer = make_optimizer([table], learning_rate=0.1, weight_decay=0.0, clip_norm=1.0)
+    with tf.GradientTape() as tape:
+        loss = tf.reduce_sum(tf.gather(table, [1, 1, 1, 2]))
+    grad = tape.gradient(loss, table)
+    assert isinstance(grad, tf.IndexedSlices)
+    norm = tf.function(optimizer.clip_and_apply)([grad], [table])
+    np.testing.assert_allclose(float(norm), np.sqrt(3 * 3**2 + 3 * 1**2), rtol=1e-6)  # rows 1 and 2 of the dense gradient
+    np.testing.assert_allclose(table.numpy()[[0, 3, 4]], 1.0)  # untouched rows: no gradient, no decay
