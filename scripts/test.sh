@@ -4,4 +4,7 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/setup.sh dev
 export PYTHONPATH=$PWD TF_CPP_MIN_LOG_LEVEL=2
-exec .venv/bin/python -m pytest -q "$@"
+# Two workers (pytest-xdist): most tests wait on one-core work (a subprocess's start-up, a server), so two
+# of them share the 2 cores well; a file, and tests/serving_e2e/ as a whole, stay on one worker
+# (tests/conftest.py). Later arguments win: `bash scripts/test.sh -n 0` runs in one process.
+exec .venv/bin/python -m pytest -q -n 2 --dist loadgroup "$@"

@@ -19,3 +19,14 @@ def shared_data() -> Path:
             pytest.fail(f"{message} (required when CI=true)")
         pytest.skip(message)
     return path
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_collection_modifyitems(config, items):
+    """Under pytest-xdist (`scripts/test.sh`: two workers, ``--dist loadgroup``), a test file runs whole on
+    one worker (its module fixtures are built once) and tests/serving_e2e/ runs whole on one (its package
+    fixtures, the exported models and the server, cost ~110 s). Runs before xdist reads the groups."""
+    for item in items:
+        path = Path(str(item.fspath))
+        group = "serving_e2e" if path.parent.name == "serving_e2e" else path.stem
+        item.add_marker(pytest.mark.xdist_group(group))

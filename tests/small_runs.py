@@ -39,6 +39,15 @@ def run_cli(module: str, *args, check: bool = True, timeout: int = 300) -> subpr
     return proc
 
 
+def run_clis(*calls, timeout: int = 300) -> list[subprocess.CompletedProcess]:
+    """Independent ``run_cli`` calls, each ``(module, *args)``, run at once (most of a small run is the
+    single-threaded start-up); their results in order, each checked as ``run_cli`` checks it."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    with ThreadPoolExecutor(len(calls)) as pool:
+        return list(pool.map(lambda call: run_cli(*call, timeout=timeout), calls))
+
+
 def start(args, env=None) -> subprocess.Popen:
     """``python -m gpt_tf.train *args`` in the background (one worker of a cluster)."""
     return subprocess.Popen([sys.executable, "-m", "gpt_tf.train", *args], cwd=ROOT, env=env or ENV,

@@ -11,7 +11,7 @@ import json
 
 import pytest
 
-from tests.small_runs import BASE_FLAGS, ENV, finish, free_ports, model_weights, run_cli, start
+from tests.small_runs import BASE_FLAGS, ENV, finish, free_ports, model_weights, run_cli, run_clis, start
 
 FT_FLAGS = ["--batch_size=8", "--epochs=2", "--log_every=1", "--seed=1", "--progress=false", "--json", "--deterministic"]
 
@@ -34,9 +34,13 @@ def pretrained(shared_data, tmp_path_factory):
     return root / "lm_run", bpe
 
 
-def build_task(task, data_dir, bpe, out, *extra):
-    run_cli("pipelines.finetune_data", f"--task={task}", f"--data_dir={data_dir}", f"--tokenizer_dir={bpe}",
+def build_task_args(task, data_dir, bpe, out, *extra):
+    return ("pipelines.finetune_data", f"--task={task}", f"--data_dir={data_dir}", f"--tokenizer_dir={bpe}",
             f"--output_dir={out}", "--noprogress", *extra)
+
+
+def build_task(task, data_dir, bpe, out, *extra):
+    run_cli(*build_task_args(task, data_dir, bpe, out, *extra))
     return out
 
 
@@ -100,21 +104,23 @@ def test_from_scratch_other_task_types(pretrained, shared_data, tmp_path, task, 
 
 def test_multitask_heads_share_one_backbone(pretrained, shared_data, tmp_path):
     _, bpe = pretrained
-    rte = build_task("rte", shared_data / "glue" / "RTE", bpe, tmp_path / "rte", "--max_examples=16")
-    stsb = build_task("stsb", shared_data / "glue" / "STS-B", bpe, tmp_path / "stsb", "--max_examples=16")
+    rte, stsb = tmp_path / "rte", tmp_path / "stsb"
+    run_clis(build_task_args("rte", shared_data / "glue" / "RTE", bpe, rte, "--max_examples=16"),
+             build_task_args("stsb", shared_data / "glue" / "STS-B", bpe, stsb, "--max_examples=16"))
     flags = ["--task=rte", f"--data_dir={rte}", *FT_FLAGS, "--model=test", "--n_ctx=64", "--epochs=1"]
     last_json = lambda proc: json.loads(proc.stdout.strip().splitlines()[-1])
-    single = last_json(run_cli("gpt_tf.train", *flags, f"--run_dir={tmp_path / 'single'}"))
     # With STS-B's weight at 0 the multi-task run must be exactly the single-task run, plus an idle head.
-    idle = last_json(run_cli("gpt_tf.train", *flags, f"--aux_data_dirs={stsb}", "--task_mixture=1,0",
-                             f"--run_dir={tmp_path / 'idle'}"))
+    # Proportional mixture of 16 + 16 examples: one RTE epoch (2 batches) is 4 updates in expectation.
+    single, idle, proc = run_clis(("gpt_tf.train", *flags, f"--run_dir={tmp_path / 'single'}"),
+                                  ("gpt_tf.train", *flags, f"--aux_data_dirs={stsb}", "--task_mixture=1,0",
+                                   f"--run_dir={tmp_path / 'idle'}"),
+                                  ("gpt_tf.train", *flags, f"--aux_data_dirs={stsb}", f"--run_dir={tmp_path / 'both'}"))
+    single, idle = last_json(single), last_json(idle)
     assert idle["dev"] == single["dev"] and "stsb/dev" in idle
     w_single, w_idle = model_weights(tmp_path / "single", 2), model_weights(tmp_path / "idle", 2)
     assert len(w_idle) == len(w_single) + 2  # W_y and its bias for STS-B
     for key, value in w_single.items():
         assert (w_idle[key] == value).all(), key
-    # Proportional mixture of 16 + 16 examples: one RTE epoch (2 batches) is 4 updates in expectation.
-    proc = run_cli("gpt_tf.train", *flags, f"--aux_data_dirs={stsb}", f"--run_dir={tmp_path / 'both'}")
     assert "multi-task: 4 updates drawn from rte 0.500, stsb 0.500" in proc.stderr
     both = last_json(proc)
     assert -1.0 <= both["stsb/dev"]["pearson"] <= 1.0 and both["stsb/dev"]["examples"] == 16

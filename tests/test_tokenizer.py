@@ -199,7 +199,7 @@ def test_graph_repairs_mojibake_as_ftfy(gpt1_tf, shared_data):
     sentences = [s for s in glue_sentences(shared_data / "glue", per_task=3000) if not s.isascii()]
     sentences += ["Iraq’s café — naïve “quoted” 50€ Ñandú ½ ™ …", "Привет мир — да", "Straße – Größe x\u00a0y"]
     texts = []
-    for _ in range(240):  # 1,200 texts (the graph's repair loop costs ~15 ms a mojibake text, eager)
+    for _ in range(240):  # 1,200 texts
         text, encoding = rng.choice(sentences), rng.choice(["latin-1", "cp1252", "cp1251", "cp1250", "mac_roman",
                                                             "cp437"])
         mojibake = text.encode("utf-8").decode(encoding, errors="replace")
@@ -208,8 +208,8 @@ def test_graph_repairs_mojibake_as_ftfy(gpt1_tf, shared_data):
         texts += [mojibake, mojibake.encode("utf-8").decode("cp1252", errors="replace"), " ".join(words),
                   mojibake.replace("\u00a0", " "), f"{text}\n{mojibake}"]
     assert sum(t != text_clean.fix_text(t) for t in texts) > 600  # ftfy repairs most of them
-    graph = [t.decode("utf-8") for i in range(0, len(texts), 100)
-             for t in gpt1_tf.clean(tf.constant(texts[i: i + 100])).numpy()]
+    clean = tf.function(gpt1_tf.clean)  # in a graph, as training and serving run it (eager: ~15 ms a mojibake text)
+    graph = [t.decode("utf-8") for i in range(0, len(texts), 100) for t in clean(tf.constant(texts[i: i + 100])).numpy()]
     bad = [(t, g) for t, g in zip(texts, graph) if g != text_clean.clean_text(t)]
     assert not bad, bad[:3]
 
