@@ -14,6 +14,10 @@ same SST-2 training texts tokenized with the project's tokenizer, from random we
     ours_bucketed_lm0    the same with λ = 0: the objective HF's classifier trains (no auxiliary LM head)
     ours_bucketed_bf16, ours_bucketed_lm0_bf16
                          the same two in mixed_bfloat16
+    ours_every_length_lm0_bf16
+                         not a default stack: ours_bucketed_lm0_bf16 with one bucket per length (1 ... n_ctx,
+                         a shape per length): what the finest grid would buy over the default buckets
+                         (evaluated too, in bf16)
     hf_float32           transformers.Trainer, OpenAIGPTForSequenceClassification, dynamic padding,
                          train_sampling_strategy="group_by_length", fp32
     hf_bfloat16          the same with bf16=True (torch.autocast bfloat16)
@@ -57,13 +61,16 @@ STACKS = {
     "ours_bucketed_lm0": {"stack": "ours", "buckets": True, "lm_coef": 0.0},
     "ours_bucketed_bf16": {"stack": "ours", "buckets": True, "lm_coef": 0.5, "precision": "mixed_bfloat16"},
     "ours_bucketed_lm0_bf16": {"stack": "ours", "buckets": True, "lm_coef": 0.0, "precision": "mixed_bfloat16"},
+    "ours_every_length_lm0_bf16": {"stack": "ours", "buckets": True, "lm_coef": 0.0, "precision": "mixed_bfloat16",
+                                   "every_length": True},
     "hf_float32": {"stack": "hf", "precision": "float32"},
     "hf_bfloat16": {"stack": "hf", "precision": "bfloat16"},
 }
 DEFAULT_STACKS = ("ours_padded", "ours_bucketed", "ours_bucketed_bf16", "ours_bucketed_lm0", "ours_bucketed_lm0_bf16",
                   "hf_float32", "hf_bfloat16")
 # λ changes nothing in evaluation: one stack per precision
-EVAL_STACKS = ("ours_padded", "ours_bucketed", "ours_bucketed_bf16", "hf_float32", "hf_bfloat16")
+EVAL_STACKS = ("ours_padded", "ours_bucketed", "ours_bucketed_bf16", "ours_every_length_lm0_bf16", "hf_float32",
+               "hf_bfloat16")
 
 
 def define_flags():
@@ -146,6 +153,10 @@ def summarise(logs: dict) -> dict:
         f"train {ours} (λ=0.5) / best HF ({hf})": ratio(ours, hf, "train") if hf else None,
         f"eval {ours} / best HF ({hf_eval}) (goal >= 1.5)": ratio(ours, hf_eval, "eval") if hf_eval else None,
     }
+    if "ours_every_length_lm0_bf16" in rows and hf:
+        goals[f"train ours_every_length_lm0_bf16 / best HF ({hf})"] = ratio("ours_every_length_lm0_bf16", hf, "train")
+        goals[f"eval ours_every_length_lm0_bf16 / best HF ({hf_eval})"] = ratio("ours_every_length_lm0_bf16", hf_eval,
+                                                                                 "eval")
     return {"rows": rows, "ratios": goals}
 
 

@@ -92,11 +92,13 @@ def padding_summary(task_dir: Path, batch_size: int, n_ctx: int) -> dict:
 
     lengths = np.array([len(x) for x in json.loads((task_dir / VIEWS_FILE).read_text())["train"]["input_ids"]])
     _, padded = epoch_plan(lengths, bucket_lengths(n_ctx), batch_size, 0, 0, training=True)
+    _, every = epoch_plan(lengths, tuple(range(1, n_ctx + 1)), batch_size, 0, 0, training=True)
     order = np.array(get_length_grouped_indices(lengths.tolist(), batch_size,
                                                 generator=torch.Generator().manual_seed(0)))
     hf_batches = [lengths[order[i:i + batch_size]] for i in range(0, len(order), batch_size)]
     hf = sum(b.max() * len(b) for b in hf_batches) / len(order)
     return {"unpadded": round(float(lengths.mean()), 2), "ours_buckets": round(float(np.mean(padded)), 2),
+            "ours_every_length": round(float(np.mean(every)), 2),
             "hf_group_by_length": round(float(hf), 2)}
 
 
@@ -127,6 +129,8 @@ class Ours:
                                 seed=0, length_buckets=spec["buckets"])
         self.tuner = Finetuner(load_task_spec(task_dir), model_config, config, tf.distribute.get_strategy(),
                                log=lambda m: None)
+        if spec.get("every_length"):  # a bucket per length: read by the datasets built below and by predict
+            self.tuner.buckets = tuple(range(1, spec["n_ctx"] + 1))
         self.iterator = iter(self.tuner._dataset(self.tuner.heads[0], "train", training=True))
         self.step, self.batch_size = self.tuner._train_steps[0], spec["batch_size"]
         self.no_stop = tf.constant(0.0)  # the update's stop request (TrainLoop.make_update)
