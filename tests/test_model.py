@@ -221,3 +221,35 @@ def test_layer_norm_matches_keras_values_and_gradients(policy, tol):
         a, b = _np(tf.cast(a, tf.float32)), _np(tf.cast(b, tf.float32))
         np.testing.assert_allclose(a, b, rtol=tol, atol=tol * max(1.0, np.abs(b).max()) / 4, err_msg=name)
     assert LayerNorm.from_config(ours.get_config()).epsilon == 1e-5
+
+
+def test_token_cross_entropy_matches_tf_values_and_gradients():
+    """`token_cross_entropy` (softmax-based, with a written-out gradient) equals TF's fused sparse
+    softmax cross-entropy in value and gradient, over leading dims, on logits spread wide enough that
+    the target's probability underflows float32 (its log would be -inf), and inside a tf.function;
+    `lm_loss` uses it."""
+    from gpt_tf.model import lm_loss, token_cross_entropy
+
+    rng = np.random.default_rng(0)
+    logits = tf.constant(rng.normal(size=(2, 3, 5, 97)) * 8, tf.float32)
+    targets = tf.constant(rng.integers(0, 97, (2, 3, 5)), tf.int32)
+    logits = tf.tensor_scatter_nd_update(logits, [[0, 0, 0, 3]], [-200.0])  # p[target] = 0 in float32
+    targets = tf.tensor_scatter_nd_update(targets, [[0, 0, 0]], [3])
+    upstream = tf.constant(rng.normal(size=(2, 3, 5)), tf.float32)
+
+    def value_and_grad(fn):
+        with tf.GradientTape() as tape:
+            tape.watch(logits)
+            loss = fn(logits, targets)
+        return loss, tape.gradient(loss, logits, output_gradients=upstream)
+
+    ours = value_and_grad(token_cross_entropy)
+    graph = tf.function(lambda: value_and_grad(token_cross_entropy))()
+    ref = value_and_grad(lambda x, t: tf.nn.sparse_softmax_cross_entropy_with_logits(labels=t, logits=x))
+    assert float(ref[0][0, 0, 0]) > 150  # the underflowing target: a finite, large loss in both
+    for got in (ours, graph):
+        np.testing.assert_allclose(_np(got[0]), _np(ref[0]), rtol=2e-6, atol=2e-5)
+        np.testing.assert_allclose(_np(got[1]), _np(ref[1]), rtol=2e-6, atol=2e-6)
+    total, count = lm_loss(logits, targets, tf.ones_like(upstream))
+    np.testing.assert_allclose(float(total), float(tf.reduce_sum(ref[0])), rtol=1e-6)
+    assert float(count) == 30
