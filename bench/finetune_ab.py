@@ -23,6 +23,7 @@ from pathlib import Path
 from absl import app, flags
 
 from bench.finetune_speed import STACKS, measure
+from bench.finetune_speed_stacks import define_data_flags
 from bench.train_throughput import Worker, save_report
 from bench.train_throughput_report import machine_info
 
@@ -36,9 +37,7 @@ def define_flags():
                       "bench.finetune_speed stack both workers run")
     flags.DEFINE_integer("train_steps", 100, "training steps per worker per round")
     flags.DEFINE_integer("rounds", 6, "counted rounds (after one warm-up round)")
-    flags.DEFINE_string("data_root", "data/bench_finetune_speed", "BPE and task records (as bench.finetune_speed)")
-    flags.DEFINE_string("shared_data", str(ROOT.parent / "shared" / "data"), "the shared data folder (books, GLUE)")
-    flags.DEFINE_string("out", "bench/results/finetune_ab.json", "the JSON report (the .md goes beside it)")
+    define_data_flags("bench/results/finetune_ab.json")
 
 
 def git(*args) -> str:

@@ -33,6 +33,7 @@ from pathlib import Path
 
 from absl import app, flags
 
+from bench.finetune_speed_stacks import define_data_flags
 from bench.train_throughput import save_report
 from bench.train_throughput_report import machine_info
 from bench.train_throughput_stacks import Clock, timed
@@ -54,9 +55,7 @@ def define_flags():
                       "(ours mixed_bfloat16, HF Trainer bf16=True)")
     flags.DEFINE_integer("threads", 1, "threads of both stacks (TF intra- and inter-op, torch intra-op)")
     flags.DEFINE_integer("books", 20, "Gutenberg books the 8k BPE is trained on (bench/finetune_speed_stacks.py)")
-    flags.DEFINE_string("data_root", "data/bench_finetune_speed", "BPE and task records (cached; as finetune_speed's)")
-    flags.DEFINE_string("shared_data", str(ROOT.parent / "shared" / "data"), "the shared data folder (books, GLUE)")
-    flags.DEFINE_string("out", "bench/results/finetune_profile.json", "the JSON report (the .md goes beside it)")
+    define_data_flags("bench/results/finetune_profile.json")
     flags.DEFINE_enum("worker", None, ["ours", "hf"], "internal: profile this stack and print its result")
 
 

@@ -49,6 +49,7 @@ from pathlib import Path
 
 from absl import app, flags
 
+from bench.finetune_speed_stacks import define_data_flags
 from bench.train_throughput import Worker, save_report, wait_until_quiet
 from bench.train_throughput_report import machine_info, median
 from bench.train_throughput_stacks import busy_seconds
@@ -84,9 +85,7 @@ def define_flags():
     flags.DEFINE_integer("threads", 1, "threads of every stack: TF intra- and inter-op, torch intra-op")
     flags.DEFINE_float("wait_quiet", 0.0, "before each measurement, wait up to this many "
                        "seconds for other processes to use at most 10% of the CPUs")
-    flags.DEFINE_string("data_root", "data/bench_finetune_speed", "BPE and task records (cached)")
-    flags.DEFINE_string("shared_data", str(ROOT.parent / "shared" / "data"), "the shared data folder (books, GLUE)")
-    flags.DEFINE_string("out", "bench/results/finetune_speed.json", "the JSON report (the .md goes beside it)")
+    define_data_flags("bench/results/finetune_speed.json")
     flags.DEFINE_bool("padding_only", False, "only print the training tokens per example after padding, "
                       "ours (buckets) and HF's (group_by_length), over one epoch; no timing")
     flags.DEFINE_string("worker", None, "internal: run as a worker with this JSON spec")

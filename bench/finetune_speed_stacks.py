@@ -41,6 +41,16 @@ def train_bpe(root: Path, shared: Path, books: int, log=print) -> Path:
     return bpe
 
 
+def define_data_flags(out: str) -> None:
+    """The fine-tuning benches' shared flags: where their data lives (cached) and where the report goes."""
+    from absl import flags
+
+    shared = Path(__file__).resolve().parents[2] / "shared" / "data"
+    flags.DEFINE_string("data_root", "data/bench_finetune_speed", "BPE and task records (cached; built on first use)")
+    flags.DEFINE_string("shared_data", str(shared), "the shared data folder (books, GLUE)")
+    flags.DEFINE_string("out", out, "the JSON report (the .md goes beside it)")
+
+
 def prepare_data(root: Path, shared: Path, books: int, n_ctx: int, log=print) -> Path:
     """Builds (or finds) the BPE, the SST-2 records and the PyTorch views under ``root``; returns the task folder."""
     from pipelines.finetune_data import build_task_data
