@@ -8,6 +8,7 @@ one running ``--base`` from a temporary `git worktree`. Both start from the same
 each trains on the same ``--train_steps`` batches; they alternate (the order flips every round) and
 round 0 is warm-up. The figure is the ratio of the mean examples/s over the counted rounds; the
 per-round pairs are in the report. Differences under ~2% are within the noise of a quiet 2-core machine.
+The rounds are `bench.finetune_speed.run`'s (training only: neither worker is an evaluation stack).
 """
 
 from __future__ import annotations
@@ -22,9 +23,9 @@ from pathlib import Path
 
 from absl import app, flags
 
-from bench.finetune_speed import STACKS, measure
+from bench.finetune_speed import STACKS, run
 from bench.finetune_speed_stacks import define_data_flags
-from bench.train_throughput import Worker, save_report
+from bench.train_throughput import save_report
 from bench.train_throughput_report import machine_info
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -37,6 +38,8 @@ def define_flags():
                       "bench.finetune_speed stack both workers run")
     flags.DEFINE_integer("train_steps", 100, "training steps per worker per round")
     flags.DEFINE_integer("rounds", 6, "counted rounds (after one warm-up round)")
+    flags.DEFINE_float("wait_quiet", 0.0, "before each measurement, wait up to this many "
+                       "seconds for other processes to use at most 10% of the CPUs")
     define_data_flags("bench/results/finetune_ab.json")
 
 
@@ -68,24 +71,12 @@ def main(argv):
         this_rev += " + uncommitted changes"
     tree = Path(tempfile.mkdtemp(prefix="finetune_ab_")) / "base"
     git("worktree", "add", "--detach", str(tree), base_rev)
-    workers = {}
     try:
-        workers["base"] = Worker(spec, module="bench.finetune_speed", tag="@@finetune_speed ", code_root=tree)
-        workers["this"] = Worker(spec, module="bench.finetune_speed", tag="@@finetune_speed ")
-        for worker in workers.values():
-            worker.read("READY")
-        rates = {name: [] for name in workers}
-        for r in range(FLAGS.rounds + 1):
-            for name in (("base", "this") if r % 2 else ("this", "base")):
-                rate = measure(workers[name], "train")["examples_per_s"]
-                log(f"  round {r}{' (warm-up)' if not r else ''} {name}: {rate:.1f} examples/s")
-                if r:
-                    rates[name].append(rate)
+        logs = run(FLAGS, {"base": spec, "this": spec}, log, code_roots={"base": tree})
     finally:
-        for worker in workers.values():
-            worker.close()
         git("worktree", "remove", "--force", str(tree))
         shutil.rmtree(tree.parent, ignore_errors=True)
+    rates = {name: [m["examples_per_s"] for m in logs[name]["train"]] for name in ("base", "this")}
     means = {name: statistics.mean(v) for name, v in rates.items()}
     report = {"command": " ".join(["python -m bench.finetune_ab", *sys.argv[1:]]),
               "date": datetime.datetime.now().astimezone().isoformat(timespec="seconds"), "machine": machine_info(),

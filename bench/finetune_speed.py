@@ -54,7 +54,6 @@ from bench.train_throughput import Worker, save_report, wait_until_quiet
 from bench.train_throughput_report import machine_info, median
 from bench.train_throughput_stacks import busy_seconds
 
-ROOT = Path(__file__).resolve().parents[1]
 FLAGS = flags.FLAGS
 STACKS = {
     "ours_padded": {"stack": "ours", "buckets": False, "lm_coef": 0.5},
@@ -101,12 +100,14 @@ def measure(worker: Worker, command: str, wait_quiet_s: float = 0.0) -> dict:
             "others_cpu_share": min(others, 1.0), "waited_s": round(waited, 1)}
 
 
-def run(args, specs: dict, log) -> dict:
-    """Starts every worker, then the interleaved rounds; returns ``{stack: {"train": [...], "eval": [...]}}``."""
+def run(args, specs: dict, log, code_roots: dict | None = None) -> dict:
+    """Starts every worker, then the interleaved rounds; returns ``{stack: {"train": [...], "eval": [...]}}``.
+    ``code_roots``: stack name -> a checkout that stack's worker runs from (`Worker`'s ``code_root``)."""
     workers, logs = {}, {name: {"train": [], "eval": []} for name in specs}
     try:
         for name, spec in specs.items():
-            workers[name] = Worker(spec, module="bench.finetune_speed", tag="@@finetune_speed ")
+            workers[name] = Worker(spec, module="bench.finetune_speed", tag="@@finetune_speed ",
+                                   code_root=(code_roots or {}).get(name))
             logs[name]["info"] = workers[name].read("READY")
             log(f"  {name} ready: {logs[name]['info']}")
         names = list(specs)

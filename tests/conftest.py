@@ -27,6 +27,5 @@ def pytest_collection_modifyitems(config, items):
     one worker (its module fixtures are built once) and tests/serving_e2e/ runs whole on one (its package
     fixtures, the exported models and the server, cost ~110 s). Runs before xdist reads the groups."""
     for item in items:
-        path = Path(str(item.fspath))
-        group = "serving_e2e" if path.parent.name == "serving_e2e" else path.stem
+        group = "serving_e2e" if item.path.parent.name == "serving_e2e" else item.path.stem
         item.add_marker(pytest.mark.xdist_group(group))
