@@ -41,6 +41,11 @@ def train_bpe(root: Path, shared: Path, books: int, log=print) -> Path:
     return bpe
 
 
+def every_length_buckets(n_ctx: int) -> tuple[int, ...]:
+    """A bucket per length, 1 ... ``n_ctx``: the finest grid (the ``ours_every_length_lm0_bf16`` stack)."""
+    return tuple(range(1, n_ctx + 1))
+
+
 def define_data_flags(out: str) -> None:
     """The fine-tuning benches' shared flags: where their data lives (cached) and where the report goes."""
     from absl import flags
@@ -102,7 +107,7 @@ def padding_summary(task_dir: Path, batch_size: int, n_ctx: int) -> dict:
 
     lengths = np.array([len(x) for x in json.loads((task_dir / VIEWS_FILE).read_text())["train"]["input_ids"]])
     _, padded = epoch_plan(lengths, bucket_lengths(n_ctx), batch_size, 0, 0, training=True)
-    _, every = epoch_plan(lengths, tuple(range(1, n_ctx + 1)), batch_size, 0, 0, training=True)
+    _, every = epoch_plan(lengths, every_length_buckets(n_ctx), batch_size, 0, 0, training=True)
     order = np.array(get_length_grouped_indices(lengths.tolist(), batch_size,
                                                 generator=torch.Generator().manual_seed(0)))
     hf_batches = [lengths[order[i:i + batch_size]] for i in range(0, len(order), batch_size)]
@@ -140,7 +145,7 @@ class Ours:
         self.tuner = Finetuner(load_task_spec(task_dir), model_config, config, tf.distribute.get_strategy(),
                                log=lambda m: None)
         if spec.get("every_length"):  # a bucket per length: read by the datasets built below and by predict
-            self.tuner.buckets = tuple(range(1, spec["n_ctx"] + 1))
+            self.tuner.buckets = every_length_buckets(spec["n_ctx"])
         self.iterator = iter(self.tuner._dataset(self.tuner.heads[0], "train", training=True))
         self.step, self.batch_size = self.tuner._train_steps[0], spec["batch_size"]
         self.no_stop = tf.constant(0.0)  # the update's stop request (TrainLoop.make_update)
