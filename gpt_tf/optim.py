@@ -18,6 +18,7 @@ import math
 import keras
 import tensorflow as tf
 
+from gpt_tf import kernels
 from gpt_tf.layers import PACKAGE
 
 
@@ -56,10 +57,11 @@ class WarmupDecay(keras.optimizers.schedules.LearningRateSchedule):
 class GPTAdamW(keras.optimizers.AdamW):
     """Keras AdamW fed with gradients already all-reduced by the training step (see module doc).
 
-    The update runs in TF's fused ``ResourceApplyAdam`` kernel (one pass over var, m, v instead of
-    ~12 element-wise ops), with the decoupled weight decay folded in just before it; the arithmetic
-    is Keras AdamW's: ``var -= lr·wd·var``; ``m += (g - m)(1 - β1)``; ``v += (g² - v)(1 - β2)``;
-    ``var -= lr·sqrt(1 - β2^t)/(1 - β1^t) · m / (sqrt(v) + ε)``.
+    The arithmetic is Keras AdamW's: ``var -= lr·wd·var``; ``m += (g - m)(1 - β1)``;
+    ``v += (g² - v)(1 - β2)``; ``var -= lr·sqrt(1 - β2^t)/(1 - β1^t) · m / (sqrt(v) + ε)``. It runs in
+    one pass over var, m, v and the gradient in gpt_tf's fused kernel (``gpt_tf.kernels``) where that
+    runs; else in TF's ``ResourceApplyAdam`` (one pass instead of ~12 element-wise ops) after a
+    separate decay (``var - lr·wd·var``: two more passes).
     """
 
     def __init__(self, *args, clip_norm=None, **kwargs):
@@ -97,9 +99,14 @@ class GPTAdamW(keras.optimizers.AdamW):
         step = tf.cast(self.iterations + 1, tf.float32)
         lr = tf.cast(learning_rate, tf.float32)
         beta_1, beta_2 = tf.constant(self.beta_1, tf.float32), tf.constant(self.beta_2, tf.float32)
-        return {"lr": lr, "decay": lr * (self.weight_decay or 0.0), "beta_1": beta_1, "beta_2": beta_2,
-                "beta1_power": tf.pow(beta_1, step), "beta2_power": tf.pow(beta_2, step),
-                "epsilon": tf.constant(self.epsilon, tf.float32)}
+        scalars = {"lr": lr, "decay": lr * (self.weight_decay or 0.0), "beta_1": beta_1, "beta_2": beta_2,
+                   "beta1_power": tf.pow(beta_1, step), "beta2_power": tf.pow(beta_2, step),
+                   "epsilon": tf.constant(self.epsilon, tf.float32)}
+        if kernels.ops() is not None:  # the fused kernel's [alpha, decay, β1, β2, ε], alpha as ResourceApplyAdam's
+            alpha = lr * tf.sqrt(1.0 - scalars["beta2_power"]) / (1.0 - scalars["beta1_power"])
+            packed = [alpha, scalars["decay"], beta_1, beta_2, scalars["epsilon"]]
+            scalars["fused"], scalars["fused_no_decay"] = tf.stack(packed), tf.stack([*packed[:1], 0.0 * lr, *packed[2:]])
+        return scalars
 
     def _backend_update_step(self, grads, trainable_variables, learning_rate):
         # Computed in the replica context and handed on where Keras hands on the learning rate: under
@@ -111,10 +118,16 @@ class GPTAdamW(keras.optimizers.AdamW):
         """One variable's update; ``scalars`` come from `_update_scalars` (via `_backend_update_step`)."""
         if variable.dtype != tf.float32:
             raise TypeError(f"{variable.name}: GPTAdamW updates float32 variables, got {variable.dtype}")
-        if self.weight_decay and self._use_weight_decay(variable):
-            variable.assign_sub(variable * scalars["decay"])
+        decayed = bool(self.weight_decay) and self._use_weight_decay(variable)
         index = self._get_variable_index(variable)
         m, v = self._momentums[index].value, self._velocities[index].value
+        lib = kernels.ops()
+        if lib is not None:
+            grad = gradient if gradient.dtype in (tf.float32, tf.bfloat16) else tf.cast(gradient, tf.float32)
+            kernels.fused_adamw(lib, variable, m, v, grad, scalars["fused" if decayed else "fused_no_decay"])
+            return
+        if decayed:
+            variable.assign_sub(variable * scalars["decay"])
         tf.raw_ops.ResourceApplyAdam(
             var=variable.handle, m=m.handle, v=v.handle, beta1_power=scalars["beta1_power"],
             beta2_power=scalars["beta2_power"], lr=scalars["lr"], beta1=scalars["beta_1"], beta2=scalars["beta_2"],

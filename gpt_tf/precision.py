@@ -44,11 +44,14 @@ def cpu_name() -> str:
 
 
 def cache_key(config, batch: int, seq: int) -> str:
-    """Machine + TensorFlow version + model shape + timed batch: one cache entry."""
+    """Machine + TensorFlow version + model shape + timed batch + whether the fused kernels run: one cache entry."""
     import tensorflow as tf
 
+    from gpt_tf import kernels
+
     shape = f"{config.model_type} L{config.n_layer} d{config.n_embd} h{config.n_head} ff{config.d_ff} V{config.total_vocab}"
-    return f"{cpu_name()} x{os.cpu_count()} | tf {tf.__version__} | {shape} | {batch}x{seq}"
+    fused = "fused kernels" if kernels.ops() is not None else "stock ops"
+    return f"{cpu_name()} x{os.cpu_count()} | tf {tf.__version__} | {shape} | {batch}x{seq} | {fused}"
 
 
 def _train_step(config, precision: str, batch: int, seq: int):

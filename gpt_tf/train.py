@@ -25,7 +25,7 @@ import sys
 
 from absl import app, flags, logging
 
-from gpt_tf import flag_checks, train_flags
+from gpt_tf import flag_checks, kernels, train_flags
 from gpt_tf.recipes import PAPER_FINETUNE
 from gpt_tf.run_dir import DATA_FILE, data_identity, resume_problems, write_json_atomic
 from gpt_tf.train_flags import define_flags
@@ -92,6 +92,7 @@ def _strategy_and_precision(keras, model_config, seq):
     precision, reason = resolve_precision(FLAGS.precision, model_config, FLAGS.batch_size, seq)
     if FLAGS.precision == "auto":
         _say(reason)
+    _say(kernels.status())  # builds the fused CPU kernels on a machine's first run (~10 s)
     if precision != "float32":
         keras.mixed_precision.set_dtype_policy(precision)
     return strategy, precision

@@ -34,3 +34,6 @@ if [[ ! -f "$(stamp "$req")" ]]; then
   "${PIP[@]}" -r "$req"
   touch "$(stamp "$req")" "$(stamp requirements.txt)"  # the test extras include the runtime stack
 fi
+# gpt_tf's fused CPU kernels (gpt_tf/kernels): built once per machine (~10 s) into ~/.cache/gpt_tf/kernels.
+# Without a C++ compiler this prints why and training runs TensorFlow's stock ops (same results, slower).
+PYTHONPATH=$PWD .venv/bin/python -m gpt_tf.kernels

@@ -172,10 +172,14 @@ def test_mixed_precision_embedding_casts_the_gathered_rows_not_the_table():
     np.testing.assert_array_equal(_np(out[0]).astype(np.float32), _np(expected).astype(np.float32))
 
 
-def test_mixed_precision_training_runs_the_gelu_and_its_gradient_in_float32():
-    """In training nothing fuses the GELU (its gradient needs the pre-activation), and CPU element-wise
-    kernels are ~2x slower in bfloat16: under mixed_bfloat16 the GELU and its gradient run in float32."""
+def test_mixed_precision_training_runs_the_gelu_and_its_gradient_in_float32(monkeypatch):
+    """Without the fused kernel (gpt_tf/kernels: tests/test_kernels.py), nothing fuses the GELU in
+    training (its gradient needs the pre-activation), and CPU element-wise kernels are ~2x slower in
+    bfloat16: under mixed_bfloat16 the stock GELU and its gradient run in float32."""
+    from gpt_tf import kernels
     from gpt_tf.layers import MLP
+
+    monkeypatch.setattr(kernels, "ops", lambda: None)
 
     mlp = MLP(64, dtype="mixed_bfloat16")
     mlp.build((None, None, 32))

@@ -1,0 +1,91 @@
+"""Fused CPU kernels for the training step, in C++ (``fused_ops.cc``), with TensorFlow's stock ops as the fallback.
+
+TensorFlow runs an element-wise chain as one kernel per op, each a pass over memory; at the sizes this
+project trains on a CPU those passes, not the matrix products, are what it can still save. Two chains:
+
+* **AdamW** (``fused_adamw``): the decoupled decay and the Adam update in one pass over var, m, v and the
+  gradient (read as bfloat16 or float32), where the stock path is a decay product, a subtraction and
+  TF's ``ResourceApplyAdam`` (plus the gradient's cast under mixed_bfloat16). Same arithmetic as
+  Keras AdamW (``GPTAdamW``'s docstring).
+* **The tanh GELU in training** (``gelu``): forward and gradient in one pass each, computed in float32
+  from the bfloat16 or float32 pre-activation (the stock path: ~8 element-wise kernels forward, ~12
+  backward, and four casts under mixed_bfloat16). Inference keeps ``tf.nn.gelu``, which oneDNN fuses
+  into the matrix product, and exported SavedModels hold no custom op (stock TF Serving loads them).
+
+Both are exact to float32 rounding against the stock ops (``tests/test_kernels.py``). The library is
+built on first use with the machine's C++ compiler (``build.py``, ~10 s, cached per machine;
+``python -m gpt_tf.kernels`` builds it ahead, as ``scripts/setup.sh`` does). The stock ops run instead,
+with the reason in ``status()``, where it cannot be built or loaded, when a GPU or TPU is visible (the
+kernels are CPU-only), inside XLA-compiled functions (``--jit_compile``), and with
+``GPT_TF_FUSED_KERNELS=0`` (for A/B runs).
+"""
+
+from __future__ import annotations
+
+import functools
+import os
+
+ENV = "GPT_TF_FUSED_KERNELS"
+
+
+@functools.lru_cache(maxsize=None)
+def _load():
+    """``(ops module or None, one line saying what runs and why)``; once per process."""
+    import tensorflow as tf
+
+    if os.environ.get(ENV, "1").strip().lower() in ("0", "false", "off", "no"):
+        return None, f"fused CPU kernels: off ({ENV}={os.environ[ENV]}); TensorFlow's stock ops run"
+    accelerators = [d.device_type for d in tf.config.list_logical_devices() if d.device_type in ("GPU", "TPU")]
+    if accelerators:
+        return None, f"fused CPU kernels: off ({accelerators[0]} visible; they are CPU-only)"
+    from gpt_tf.kernels.build import KernelBuildError, library_path
+
+    try:
+        path = library_path()
+        return tf.load_op_library(str(path)), f"fused CPU kernels: on ({path})"
+    except (KernelBuildError, tf.errors.OpError, OSError) as e:
+        return None, f"fused CPU kernels: off, TensorFlow's stock ops run (same results, slower): {e}"
+
+
+def ops():
+    """The loaded kernel library, or None where the stock ops run (see ``status()``)."""
+    return _load()[0]
+
+
+def status() -> str:
+    """One line: whether the fused kernels run, and why not where they do not."""
+    return _load()[1]
+
+
+def _in_xla() -> bool:
+    from tensorflow.python.framework import ops as tf_ops
+    from tensorflow.python.ops import control_flow_util
+
+    return bool(control_flow_util.GraphOrParentsInXlaContext(tf_ops.get_default_graph()))
+
+
+def can_fuse(x) -> bool:
+    """Whether ``fused_gelu`` runs the kernel on ``x`` (else the caller runs the stock ops)."""
+    import tensorflow as tf
+
+    return ops() is not None and x.dtype in (tf.float32, tf.bfloat16) and not _in_xla()
+
+
+def fused_gelu(x):
+    """The tanh GELU of ``layers.gelu`` (the release's), by the fused kernel, with its fused gradient;
+    computed in float32, returned in ``x``'s dtype. Call where ``can_fuse(x)``."""
+    import tensorflow as tf
+
+    lib = ops()
+
+    @tf.custom_gradient
+    def gelu(x):
+        return lib.gpt_gelu(x), lambda dy: lib.gpt_gelu_grad(dy, x)
+
+    return gelu(x)
+
+
+def fused_adamw(lib, var, m, v, grad, scalars):
+    """One AdamW update of the float32 resource variables ``var``, ``m``, ``v`` by ``grad`` (float32 or
+    bfloat16); ``scalars`` = [alpha, decay, beta1, beta2, epsilon] (``GPTAdamW._update_scalars``)."""
+    return lib.gpt_fused_adam_w(var=var.handle, m=m.handle, v=v.handle, grad=grad, scalars=scalars)

@@ -1,0 +1,16 @@
+"""``python -m gpt_tf.kernels``: builds the fused CPU kernels now (scripts/setup.sh runs it) and says what runs."""
+
+from gpt_tf.console import import_tensorflow
+
+
+def main() -> int:
+    import_tensorflow()
+    from gpt_tf import kernels
+
+    line = kernels.status()
+    print(line, flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

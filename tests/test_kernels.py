@@ -1,0 +1,159 @@
+"""gpt_tf's fused CPU kernels (gpt_tf/kernels): the same values as the stock ops they replace, used
+where they should be, and the stock ops where they cannot run. In CI the kernels must build."""
+
+import os
+
+import numpy as np
+import pytest
+import tensorflow as tf
+
+from gpt_tf import kernels
+from gpt_tf.kernels.build import KernelBuildError, library_path
+
+
+@pytest.fixture(scope="module")
+def lib():
+    lib = kernels.ops()
+    if lib is None:
+        if os.environ.get("CI") == "true":
+            pytest.fail(f"the fused kernels must build in CI: {kernels.status()}")
+        pytest.skip(kernels.status())
+    return lib
+
+
+def _op_types(concrete) -> set:
+    """Every op type in a traced function, the functions it calls included (a custom gradient's ops
+    can sit in one)."""
+    graph_def = concrete.graph.as_graph_def()
+    return {n.op for n in graph_def.node} | {n.op for f in graph_def.library.function for n in f.node_def}
+
+
+def _stock_gelu_and_grad(x, dy):
+    with tf.GradientTape() as tape:
+        tape.watch(x)
+        xf = tf.cast(x, tf.float32)
+        y = tf.cast(tf.nn.gelu(xf, approximate=True), x.dtype)
+    return y, tape.gradient(y, x, output_gradients=dy)
+
+
+def _exact_gelu_and_grad(x, dy):
+    """The tanh GELU and dy times its derivative in float64 (numpy)."""
+    x, dy = (tf.cast(t, tf.float64).numpy() for t in (x, dy))
+    k, a = np.sqrt(2 / np.pi), 0.044715
+    t = np.tanh(k * (x + a * x ** 3))
+    return 0.5 * x * (1 + t), dy * (0.5 * (1 + t) + 0.5 * x * (1 - t * t) * k * (1 + 3 * a * x * x))
+
+
+@pytest.mark.parametrize("dtype", [tf.float32, tf.bfloat16])
+def test_fused_gelu_is_as_exact_as_the_stock_gelu_and_its_gradient(lib, dtype):
+    """Forward and gradient against the float64 formula: the kernel's error is no larger than that of
+    TF's ``tf.nn.gelu`` (tanh form) and its autodiff gradient, computed in float32 and rounded to the
+    input dtype, the path it replaces (where 1 + tanh cancels, for x < -3, both lose digits alike)."""
+    rng = np.random.default_rng(0)
+    x = tf.cast(tf.constant(np.concatenate([rng.normal(size=4000) * 3, [0.0, -20.0, 20.0, 1e-3]]), tf.float32), dtype)
+    dy = tf.cast(tf.constant(rng.normal(size=x.shape[0]), tf.float32), dtype)
+    with tf.GradientTape() as tape:
+        tape.watch(x)
+        y = kernels.fused_gelu(x)
+    dx = tape.gradient(y, x, output_gradients=dy)
+    assert y.dtype == dx.dtype == dtype
+    stock_y, stock_dx = _stock_gelu_and_grad(x, dy)
+    for name, got, stock, exact in zip(("y", "dx"), (y, dx), (stock_y, stock_dx), _exact_gelu_and_grad(x, dy)):
+        err = np.abs(tf.cast(got, tf.float64).numpy() - exact).max()
+        stock_err = np.abs(tf.cast(stock, tf.float64).numpy() - exact).max()
+        assert err <= 1.25 * stock_err + 1e-7, (name, err, stock_err)
+        assert err < (2e-2 if dtype == tf.bfloat16 else 2e-5) * np.abs(exact).max(), (name, err)
+
+
+def test_fused_gelu_is_what_training_runs_and_inference_keeps_the_stock_gelu(lib):
+    """The MLP in training runs GptGelu / GptGeluGrad (no Tanh); in inference, TF's GELU, which oneDNN
+    fuses into the matmul and stock TF Serving can load (no custom op in an exported graph)."""
+    from gpt_tf.layers import MLP
+
+    mlp = MLP(64, dtype="mixed_bfloat16")
+    mlp.build((None, None, 32))
+
+    @tf.function
+    def step(x):
+        with tf.GradientTape() as tape:
+            loss = tf.reduce_sum(tf.cast(mlp(x, training=True), tf.float32))
+        return tape.gradient(loss, mlp.trainable_variables)
+
+    train_ops = _op_types(step.get_concrete_function(tf.TensorSpec([2, 5, 32])))
+    assert {"GptGelu", "GptGeluGrad"} <= train_ops and "Tanh" not in train_ops, sorted(train_ops)
+    infer = tf.function(lambda x: mlp(x, training=False)).get_concrete_function(tf.TensorSpec([2, 5, 32]))
+    assert not _op_types(infer) & {"GptGelu", "GptGeluGrad"}
+
+
+def test_xla_compiled_training_falls_back_to_the_stock_gelu(lib):
+    """XLA cannot compile a custom op: inside ``jit_compile`` functions (``--jit_compile``) the MLP
+    traces the stock GELU, and gives the fused path's values."""
+    from gpt_tf.layers import MLP
+
+    mlp = MLP(64)
+    mlp.build((None, None, 32))
+    x = tf.random.stateless_normal([2, 5, 32], seed=[1, 2])
+    fused = tf.function(lambda x: mlp.c_fc(x, training=True))
+    xla = tf.function(lambda x: mlp.c_fc(x, training=True), jit_compile=True)
+    np.testing.assert_allclose(xla(x).numpy(), fused(x).numpy(), rtol=1e-5, atol=1e-6)
+    graph_ops, xla_ops = _op_types(fused.get_concrete_function(x)), _op_types(xla.get_concrete_function(x))
+    assert "GptGelu" in graph_ops and "GptGelu" not in xla_ops and "Tanh" in xla_ops
+
+
+@pytest.mark.parametrize("grad_dtype", [tf.float32, tf.bfloat16])
+def test_fused_adamw_matches_decay_then_resource_apply_adam(lib, grad_dtype):
+    """Three fused updates = the stock path: ``var -= lr·wd·var``, then TF's ResourceApplyAdam (ε outside
+    the bias correction, as Keras), to float32 rounding; a bf16 gradient is read as its float32 value."""
+    rng = np.random.default_rng(1)
+    shape = (37, 53)  # not a multiple of any vector width
+    w0, m0, v0 = rng.normal(size=shape), rng.normal(size=shape) * 0.01, rng.random(shape) * 1e-4
+    fused = [tf.Variable(a, dtype=tf.float32) for a in (w0, m0, v0)]
+    stock = [tf.Variable(a, dtype=tf.float32) for a in (w0, m0, v0)]
+    lr, wd, b1, b2, eps = 1e-3, 0.1, 0.9, 0.999, 1e-8  # decay 1e-4·w per update: far above the tolerance
+    for t in range(1, 4):
+        g = tf.cast(tf.constant(rng.normal(size=shape), tf.float32), grad_dtype)
+        alpha = tf.constant(lr) * tf.sqrt(1.0 - tf.constant(b2 ** t)) / (1.0 - tf.constant(b1 ** t))  # as ApplyAdam
+        kernels.fused_adamw(lib, *fused, g, tf.stack([alpha, *tf.constant([lr * wd, b1, b2, eps], tf.float32)]))
+        w, m, v = stock
+        w.assign_sub(w * (lr * wd))
+        tf.raw_ops.ResourceApplyAdam(var=w.handle, m=m.handle, v=v.handle, beta1_power=b1 ** t, beta2_power=b2 ** t,
+                                     lr=lr, beta1=b1, beta2=b2, epsilon=eps, grad=tf.cast(g, tf.float32))
+    for name, a, b in zip("wmv", fused, stock):
+        # float32 rounding at the arrays' scale (one kernel contracts a·b + c into one rounding, TF's two)
+        np.testing.assert_allclose(a.numpy(), b.numpy(), rtol=1e-6, atol=1e-6 * np.abs(b.numpy()).max(), err_msg=name)
+    assert not np.allclose(fused[0].numpy(), w0)  # it moved
+
+
+def test_gpt_adamw_gives_the_same_updates_with_and_without_the_kernel(lib, monkeypatch):
+    """``GPTAdamW`` end to end (decay on matrices only, clipping, 3 updates): fused against stock."""
+    from gpt_tf.optim import make_optimizer
+
+    rng = np.random.default_rng(2)
+    init = [rng.normal(size=(8, 6)), rng.normal(size=(6,)), rng.normal(size=(5, 8))]
+    grads = [[rng.normal(size=a.shape) for a in init] for _ in range(3)]
+    results = []
+    for use_kernel in (True, False):
+        if not use_kernel:
+            monkeypatch.setattr(kernels, "ops", lambda: None)
+        variables = [tf.Variable(a, dtype=tf.float32) for a in init]
+        opt = make_optimizer(variables, learning_rate=1e-2, weight_decay=0.1, clip_norm=1.0)
+        apply = tf.function(lambda gs: opt.clip_and_apply(gs, variables))
+        for step in grads:
+            apply([tf.constant(g, tf.float32) for g in step])
+        results.append([v.numpy() for v in variables])
+    for a, b in zip(*results):
+        np.testing.assert_allclose(a, b, rtol=1e-6, atol=1e-7)
+
+
+def test_build_failure_is_a_named_reason_and_the_stock_ops_run(monkeypatch, tmp_path):
+    """No usable compiler: ``library_path`` says which and why; ``status()`` says the stock ops run."""
+    monkeypatch.setenv("GPT_TF_KERNEL_DIR", str(tmp_path))
+    monkeypatch.setenv("CXX", "/bin/false")
+    with pytest.raises(KernelBuildError, match="/bin/false"):
+        library_path()
+    assert not list(tmp_path.iterdir())  # no half-written library left behind
+    lib, line = kernels._load.__wrapped__()
+    assert lib is None and "stock ops run" in line and "/bin/false" in line
+    monkeypatch.setenv("GPT_TF_FUSED_KERNELS", "0")
+    lib, line = kernels._load.__wrapped__()
+    assert lib is None and "GPT_TF_FUSED_KERNELS=0" in line
