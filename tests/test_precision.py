@@ -10,6 +10,7 @@ import pytest
 
 from gpt_tf import precision
 from gpt_tf.config import get_preset
+from gpt_tf.kernels.build import kernel_dir
 from tests.small_runs import ENV, ROOT
 
 
@@ -46,11 +47,12 @@ def test_cli_says_what_auto_picked(shared_data, tmp_path):
                     show_progress=False)
     flags = ["--task=sst2", f"--data_dir={data}", "--model=test", "--n_ctx=32", "--batch_size=8", "--epochs=1",
              "--progress=false", "--precision=auto"]
-    env = {**ENV, "XDG_CACHE_HOME": str(tmp_path / "cache")}
+    env = {**ENV, "XDG_CACHE_HOME": str(tmp_path / "cache"), "GPT_TF_KERNEL_DIR": str(kernel_dir())}  # built once
     first, second = (subprocess.run([sys.executable, "-m", "gpt_tf.train", *flags, f"--run_dir={tmp_path / run}"],
                                     cwd=ROOT, env=env, capture_output=True, text=True, timeout=300, check=True)
                      for run in ("a", "b"))
     assert "precision auto: " in first.stderr and "measured now" in first.stderr
+    assert "fused CPU kernels: " in first.stderr  # on, or off with the reason
     line = next(x for x in second.stderr.splitlines() if x.startswith("precision auto: "))
     assert "cached" in line and str(tmp_path / "cache" / "gpt_tf" / "precision.json") in line
     picked = line.split()[2]

@@ -122,8 +122,8 @@ class GeluGradOp : public OpKernel {
     OP_REQUIRES(ctx, dy.shape().IsSameSize(x.shape()),
                 ::tensorflow::errors::InvalidArgument("GptGeluGrad: dy ", dy.shape().DebugString(), " and x ",
                                                       x.shape().DebugString(), " differ"));
-    Tensor* dx = nullptr;
-    OP_REQUIRES_OK(ctx, ctx->allocate_output(0, x.shape(), &dx));
+    Tensor* dx = nullptr;  // in dy's buffer where nothing else holds dy (no fresh pages to touch)
+    OP_REQUIRES_OK(ctx, ctx->forward_input_or_allocate_output({0}, 0, x.shape(), &dx));
     auto xf = x.flat<T>().template cast<float>();
     auto dyf = dy.flat<T>().template cast<float>();
     auto t = (kK * (xf + kA * xf * xf * xf)).tanh();
