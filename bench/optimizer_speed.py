@@ -6,8 +6,10 @@ Same parameter shapes (the `tiny` backbone's trainable variables), random gradie
 clipped, one thread each, median of ``--reps`` updates after ``--warmup``, the stacks alternating:
 
     gpt_tf graph   ``GPTAdamW.clip_and_apply`` in a ``tf.function``: the update the training loop runs
-                   (global-norm clip, decoupled decay, TF's fused ``ResourceApplyAdam``)
-    gpt_tf XLA     the same function with ``jit_compile=True``
+                   (global-norm clip, then gpt_tf's fused AdamW kernel where it runs, else the decoupled
+                   decay and TF's fused ``ResourceApplyAdam``; ``GPT_TF_FUSED_KERNELS=0`` for the latter)
+    gpt_tf XLA     the same function with ``jit_compile=True`` (always the stock ops: XLA cannot compile
+                   the kernel)
     torch fused    ``clip_grad_norm_`` + ``torch.optim.AdamW(fused=True)``: HF Trainer's default
                    ``adamw_torch_fused``
 """

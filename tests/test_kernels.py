@@ -145,6 +145,23 @@ def test_gpt_adamw_gives_the_same_updates_with_and_without_the_kernel(lib, monke
         np.testing.assert_allclose(a, b, rtol=1e-6, atol=1e-7)
 
 
+def test_gpt_adamw_compiled_with_xla_runs_the_stock_update(lib):
+    """XLA cannot compile the kernel: a ``jit_compile`` update traces the stock ops and gives the
+    fused update's values (``bench/optimizer_speed.py`` times that path)."""
+    from gpt_tf.optim import make_optimizer
+
+    rng = np.random.default_rng(3)
+    init, grad = rng.normal(size=(8, 6)), rng.normal(size=(8, 6))
+    results = []
+    for jit in (False, True):
+        variables = [tf.Variable(init, dtype=tf.float32)]
+        opt = make_optimizer(variables, learning_rate=1e-2, weight_decay=0.1, clip_norm=1.0)
+        apply = tf.function(lambda gs: opt.clip_and_apply(gs, variables), jit_compile=jit)
+        apply([tf.constant(grad, tf.float32)])
+        results.append(variables[0].numpy())
+    np.testing.assert_allclose(results[1], results[0], rtol=1e-6, atol=1e-7)
+
+
 def test_build_failure_is_a_named_reason_and_the_stock_ops_run(monkeypatch, tmp_path):
     """No usable compiler: ``library_path`` says which and why; ``status()`` says the stock ops run."""
     monkeypatch.setenv("GPT_TF_KERNEL_DIR", str(tmp_path))

@@ -52,12 +52,18 @@ def ops():
     return _load()[0]
 
 
+def graph_ops():
+    """``ops()`` for the function being traced: None inside an XLA-compiled one."""
+    return None if in_xla() else ops()
+
+
 def status() -> str:
     """One line: whether the fused kernels run, and why not where they do not."""
     return _load()[1]
 
 
-def _in_xla() -> bool:
+def in_xla() -> bool:
+    """Whether the function being traced is XLA-compiled (XLA cannot compile a custom op)."""
     from tensorflow.python.framework import ops as tf_ops
     from tensorflow.python.ops import control_flow_util
 
@@ -68,7 +74,7 @@ def can_fuse(x) -> bool:
     """Whether ``fused_gelu`` runs the kernel on ``x`` (else the caller runs the stock ops)."""
     import tensorflow as tf
 
-    return ops() is not None and x.dtype in (tf.float32, tf.bfloat16) and not _in_xla()
+    return ops() is not None and x.dtype in (tf.float32, tf.bfloat16) and not in_xla()
 
 
 def fused_gelu(x):
