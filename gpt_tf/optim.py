@@ -102,7 +102,8 @@ class GPTAdamW(keras.optimizers.AdamW):
         scalars = {"lr": lr, "decay": lr * (self.weight_decay or 0.0), "beta_1": beta_1, "beta_2": beta_2,
                    "beta1_power": tf.pow(beta_1, step), "beta2_power": tf.pow(beta_2, step),
                    "epsilon": tf.constant(self.epsilon, tf.float32)}
-        if kernels.graph_ops() is not None:  # the fused kernel's [alpha, decay, β1, β2, ε], alpha as ResourceApplyAdam's
+        if kernels.graph_ops() is not None:  # not inside XLA functions; decided here, once per traced update
+            # The fused kernel's [alpha, decay, β1, β2, ε], alpha as ResourceApplyAdam computes it.
             alpha = lr * tf.sqrt(1.0 - scalars["beta2_power"]) / (1.0 - scalars["beta1_power"])
             packed = [alpha, scalars["decay"], beta_1, beta_2, scalars["epsilon"]]
             scalars["fused"], scalars["fused_no_decay"] = tf.stack(packed), tf.stack([*packed[:1], 0.0 * lr, *packed[2:]])
@@ -121,10 +122,9 @@ class GPTAdamW(keras.optimizers.AdamW):
         decayed = bool(self.weight_decay) and self._use_weight_decay(variable)
         index = self._get_variable_index(variable)
         m, v = self._momentums[index].value, self._velocities[index].value
-        lib = kernels.graph_ops()  # None inside XLA-compiled functions, which cannot hold a custom op
-        if lib is not None:
+        if "fused" in scalars:  # `_update_scalars` found the kernel usable in this traced function
             grad = gradient if gradient.dtype in (tf.float32, tf.bfloat16) else tf.cast(gradient, tf.float32)
-            kernels.fused_adamw(lib, variable, m, v, grad, scalars["fused" if decayed else "fused_no_decay"])
+            kernels.fused_adamw(variable, m, v, grad, scalars["fused" if decayed else "fused_no_decay"])
             return
         if decayed:
             variable.assign_sub(variable * scalars["decay"])

@@ -113,7 +113,7 @@ def test_fused_adamw_matches_decay_then_resource_apply_adam(lib, grad_dtype):
     for t in range(1, 4):
         g = tf.cast(tf.constant(rng.normal(size=shape), tf.float32), grad_dtype)
         alpha = tf.constant(lr) * tf.sqrt(1.0 - tf.constant(b2 ** t)) / (1.0 - tf.constant(b1 ** t))  # as ApplyAdam
-        kernels.fused_adamw(lib, *fused, g, tf.stack([alpha, *tf.constant([lr * wd, b1, b2, eps], tf.float32)]))
+        kernels.fused_adamw(*fused, g, tf.stack([alpha, *tf.constant([lr * wd, b1, b2, eps], tf.float32)]))
         w, m, v = stock
         w.assign_sub(w * (lr * wd))
         tf.raw_ops.ResourceApplyAdam(var=w.handle, m=m.handle, v=v.handle, beta1_power=b1 ** t, beta2_power=b2 ** t,

@@ -7,7 +7,7 @@ project trains on a CPU those passes, not the matrix products, are what it can s
   gradient (read as bfloat16 or float32), where the stock path is a decay product, a subtraction and
   TF's ``ResourceApplyAdam`` (plus the gradient's cast under mixed_bfloat16). Same arithmetic as
   Keras AdamW (``GPTAdamW``'s docstring).
-* **The tanh GELU in training** (``gelu``): forward and gradient in one pass each, computed in float32
+* **The tanh GELU in training** (``fused_gelu``): forward and gradient in one pass each, computed in float32
   from the bfloat16 or float32 pre-activation (the stock path: ~8 element-wise kernels forward, ~12
   backward, and four casts under mixed_bfloat16). Inference keeps ``tf.nn.gelu``, which oneDNN fuses
   into the matrix product, and exported SavedModels hold no custom op (stock TF Serving loads them).
@@ -74,7 +74,7 @@ def can_fuse(x) -> bool:
     """Whether ``fused_gelu`` runs the kernel on ``x`` (else the caller runs the stock ops)."""
     import tensorflow as tf
 
-    return ops() is not None and x.dtype in (tf.float32, tf.bfloat16) and not in_xla()
+    return x.dtype in (tf.float32, tf.bfloat16) and graph_ops() is not None
 
 
 def fused_gelu(x):
@@ -91,7 +91,8 @@ def fused_gelu(x):
     return gelu(x)
 
 
-def fused_adamw(lib, var, m, v, grad, scalars):
+def fused_adamw(var, m, v, grad, scalars):
     """One AdamW update of the float32 resource variables ``var``, ``m``, ``v`` by ``grad`` (float32 or
-    bfloat16); ``scalars`` = [alpha, decay, beta1, beta2, epsilon] (``GPTAdamW._update_scalars``)."""
-    return lib.gpt_fused_adam_w(var=var.handle, m=m.handle, v=v.handle, grad=grad, scalars=scalars)
+    bfloat16) by the fused kernel; ``scalars`` = [alpha, decay, beta1, beta2, epsilon]
+    (``GPTAdamW._update_scalars``). Call where ``graph_ops()`` is not None."""
+    return ops().gpt_fused_adam_w(var=var.handle, m=m.handle, v=v.handle, grad=grad, scalars=scalars)
