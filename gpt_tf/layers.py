@@ -13,7 +13,7 @@ pre-activation: evaluation, serving; in training under ``mixed_bfloat16`` the GE
 run in float32, where CPU element-wise kernels are twice as fast); dropout masks come from 16 random bits per element, for static
 and dynamic (length-bucketed) shapes alike; the attention softmax runs in float32 even under
 ``mixed_bfloat16`` so masked logits (-1e9) stay exact; layer norm has a hand-written gradient
-(``LayerNorm``: Keras's arithmetic in half the graph ops).
+(``LayerNorm``: Keras's arithmetic in half the graph ops), and in training runs a fused kernel.
 """
 
 from __future__ import annotations
@@ -223,7 +223,8 @@ def layer_norm(x, gamma, beta, epsilon):
 @keras.saving.register_keras_serializable(package=PACKAGE)
 class LayerNorm(keras.layers.LayerNormalization):
     """Keras's ``LayerNormalization`` over the last axis (same weights, config and float32 arithmetic)
-    computed by ``layer_norm``: the same values, a gradient in about half the ops."""
+    computed by ``layer_norm``: the same values, a gradient in about half the ops; in training, by the
+    fused kernels where they run (``gpt_tf.kernels.fused_layer_norm``: one pass forward, one backward)."""
 
     def build(self, input_shape):
         axes = tuple(self.axis) if isinstance(self.axis, (list, tuple)) else (self.axis,)
@@ -232,8 +233,12 @@ class LayerNorm(keras.layers.LayerNormalization):
                              f"axis={self.axis}, center={self.center}, scale={self.scale}, rms_scaling={self.rms_scaling}")
         super().build(input_shape)
 
-    def call(self, inputs):
-        return layer_norm(ops.cast(inputs, self.compute_dtype), self.gamma, self.beta, self.epsilon)
+    def call(self, inputs, training=False):
+        x = ops.cast(inputs, self.compute_dtype)
+        if training and kernels.can_fuse(x):  # one pass forward and one backward (gpt_tf/kernels)
+            return kernels.fused_layer_norm(x, tf.cast(self.gamma, tf.float32), tf.cast(self.beta, tf.float32),
+                                            self.epsilon)
+        return layer_norm(x, self.gamma, self.beta, self.epsilon)
 
 
 @keras.saving.register_keras_serializable(package=PACKAGE)
@@ -262,8 +267,8 @@ class TransformerBlock(keras.layers.Layer):
         """``[batch, length, d]`` -> the same; with ``positions`` [batch], only the state at that
         position of each row, ``[batch, 1, d]`` (what a task head reads from the last block)."""
         residual = x if positions is None else tf.gather(x, positions[:, None], axis=1, batch_dims=1)
-        n = self.ln_1(residual + self.attn(x, training=training, positions=positions))
-        return self.ln_2(n + self.mlp(n, training=training))
+        n = self.ln_1(residual + self.attn(x, training=training, positions=positions), training=training)
+        return self.ln_2(n + self.mlp(n, training=training), training=training)
 
     def get_config(self):
         return {

@@ -65,39 +65,85 @@ def test_fused_gelu_is_as_exact_as_the_stock_gelu_and_its_gradient(lib, dtype):
         assert err < (2e-2 if dtype == tf.bfloat16 else 2e-5) * np.abs(exact).max(), (name, err)
 
 
-def test_fused_gelu_is_what_training_runs_and_inference_keeps_the_stock_gelu(lib):
-    """The MLP in training runs GptGelu / GptGeluGrad (no Tanh); in inference, TF's GELU, which oneDNN
-    fuses into the matmul and stock TF Serving can load (no custom op in an exported graph)."""
-    from gpt_tf.layers import MLP
+def _block(policy="float32"):
+    from gpt_tf.layers import TransformerBlock
 
-    mlp = MLP(64, dtype="mixed_bfloat16")
-    mlp.build((None, None, 32))
+    block = TransformerBlock(n_head=2, d_ff=64, attn_pdrop=0.0, resid_pdrop=0.0, dtype=policy)
+    block.build((None, None, 32))
+    return block
+
+
+FUSED_OPS = {"GptGelu", "GptGeluGrad", "GptLayerNorm", "GptLayerNormGrad"}
+
+
+def test_fused_kernels_are_what_training_runs_and_inference_keeps_the_stock_ops(lib):
+    """A block in training runs GptGelu / GptLayerNorm and their gradients (no Tanh); in inference, TF's
+    GELU, which oneDNN fuses into the matmul, and the graph layer norm: stock TF Serving loads an
+    exported graph (it holds no custom op)."""
+    block = _block("mixed_bfloat16")
 
     @tf.function
     def step(x):
         with tf.GradientTape() as tape:
-            loss = tf.reduce_sum(tf.cast(mlp(x, training=True), tf.float32))
-        return tape.gradient(loss, mlp.trainable_variables)
+            loss = tf.reduce_sum(tf.cast(block(x, training=True), tf.float32))
+        return tape.gradient(loss, block.trainable_variables)
 
     train_ops = _op_types(step.get_concrete_function(tf.TensorSpec([2, 5, 32])))
-    assert {"GptGelu", "GptGeluGrad"} <= train_ops and "Tanh" not in train_ops, sorted(train_ops)
-    infer = tf.function(lambda x: mlp(x, training=False)).get_concrete_function(tf.TensorSpec([2, 5, 32]))
-    assert not _op_types(infer) & {"GptGelu", "GptGeluGrad"}
+    assert FUSED_OPS <= train_ops and "Tanh" not in train_ops, sorted(train_ops)
+    infer = tf.function(lambda x: block(x, training=False)).get_concrete_function(tf.TensorSpec([2, 5, 32]))
+    assert not _op_types(infer) & FUSED_OPS
 
 
-def test_xla_compiled_training_falls_back_to_the_stock_gelu(lib):
-    """XLA cannot compile a custom op: inside ``jit_compile`` functions (``--jit_compile``) the MLP
-    traces the stock GELU, and gives the fused path's values."""
-    from gpt_tf.layers import MLP
-
-    mlp = MLP(64)
-    mlp.build((None, None, 32))
+def test_xla_compiled_training_falls_back_to_the_stock_ops(lib):
+    """XLA cannot compile a custom op: inside ``jit_compile`` functions (``--jit_compile``) a block in
+    training traces the stock GELU and layer norm, and gives the fused path's values and gradients."""
+    block = _block()
     x = tf.random.stateless_normal([2, 5, 32], seed=[1, 2])
-    fused = tf.function(lambda x: mlp.c_fc(x, training=True))
-    xla = tf.function(lambda x: mlp.c_fc(x, training=True), jit_compile=True)
-    np.testing.assert_allclose(xla(x).numpy(), fused(x).numpy(), rtol=1e-5, atol=1e-6)
+
+    def step(x):
+        with tf.GradientTape() as tape:
+            tape.watch(x)
+            y = block(x, training=True)
+            loss = tf.reduce_sum(y * tf.sin(y))
+        return [y, *tape.gradient(loss, [x, *block.trainable_variables])]
+
+    fused, xla = tf.function(step), tf.function(step, jit_compile=True)
+    for a, b in zip(xla(x), fused(x)):
+        np.testing.assert_allclose(a.numpy(), b.numpy(), rtol=1e-4, atol=1e-5)
     graph_ops, xla_ops = _op_types(fused.get_concrete_function(x)), _op_types(xla.get_concrete_function(x))
-    assert "GptGelu" in graph_ops and "GptGelu" not in xla_ops and "Tanh" in xla_ops
+    assert FUSED_OPS <= graph_ops and not FUSED_OPS & xla_ops and "Tanh" in xla_ops
+
+
+@pytest.mark.parametrize("dtype", [tf.float32, tf.bfloat16])
+@pytest.mark.parametrize("shape", [(3, 5, 7), (36, 16, 256), (1, 40)])
+def test_fused_layer_norm_matches_the_graph_layer_norm(lib, dtype, shape):
+    """Values and the three gradients against ``layers.layer_norm`` (Keras's arithmetic): to float32
+    rounding, and in bfloat16 to one rounding of the output (the float32 sums differ in order). [36, 16,
+    256] is 576 rows: more than one block of rows sums dgamma and dbeta where two threads run."""
+    from gpt_tf.layers import layer_norm
+
+    rng = np.random.default_rng(4)
+    d = shape[-1]
+    x = tf.cast(tf.constant(rng.normal(size=shape) * 3 + 1, tf.float32), dtype)
+    dy = tf.cast(tf.constant(rng.normal(size=shape), tf.float32), dtype)
+    gamma, beta = (tf.constant(rng.normal(size=d), tf.float32) for _ in range(2))
+    results = []
+    for norm in (layer_norm, kernels.fused_layer_norm):
+        with tf.GradientTape() as tape:
+            tape.watch([x, gamma, beta])
+            y = norm(x, gamma, beta, 1e-5)
+        results.append([y, *tape.gradient(y, [x, gamma, beta], output_gradients=dy)])
+    for name, got, want in zip(("y", "dx", "dgamma", "dbeta"), *results[::-1]):
+        assert got.dtype == want.dtype and got.shape == want.shape, name
+        got, want = (tf.cast(t, tf.float64).numpy() for t in (got, want))
+        scale = np.abs(want).max()
+        tol = 2.0 ** -8 if dtype == tf.bfloat16 and name in ("y", "dx") else 1e-5
+        np.testing.assert_allclose(got, want, rtol=0, atol=tol * scale, err_msg=name)
+
+
+def test_fused_layer_norm_names_mismatched_shapes(lib):
+    with pytest.raises(tf.errors.InvalidArgumentError, match=r"GptLayerNorm: x \[2,3,5\] does not end in gamma's \[4\]"):
+        lib.gpt_layer_norm(tf.zeros([2, 3, 5]), tf.ones([4]), tf.zeros([4]), epsilon=1e-5)
 
 
 @pytest.mark.parametrize("grad_dtype", [tf.float32, tf.bfloat16])
