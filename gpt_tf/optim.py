@@ -14,6 +14,7 @@ per-replica all-reduce, which would otherwise clip per replica and sum twice.
 from __future__ import annotations
 
 import math
+import threading
 
 import keras
 import tensorflow as tf
@@ -67,6 +68,9 @@ class GPTAdamW(keras.optimizers.AdamW):
     def __init__(self, *args, clip_norm=None, **kwargs):
         super().__init__(*args, **kwargs)
         self.clip_norm = clip_norm
+        # The clipping factor of the update being traced, for the fused kernel (`clip_and_apply` sets it,
+        # `_update_scalars` reads it). Per thread: MirroredStrategy traces its replicas in parallel threads.
+        self._trace_state = threading.local()
 
     def _all_reduce_sum_gradients(self, grads_and_vars):
         return list(grads_and_vars)
@@ -79,15 +83,24 @@ class GPTAdamW(keras.optimizers.AdamW):
         ``tf.linalg.global_norm`` would add the squares of those rows, not of their sums (e.g. 3.46
         for the true 5.48 with one token gathered thrice). The norm is computed once, for the
         clipping and the log, and the gradients are multiplied only when it is over ``clip_norm``
-        (``tf.clip_by_global_norm`` multiplies every gradient by 1.0 otherwise: a pass over all of them).
+        (``tf.clip_by_global_norm`` multiplies every gradient by 1.0 otherwise: a pass over all of them);
+        where the fused kernel runs the update, it takes the factor and multiplies as it reads.
         """
         grads = [tf.convert_to_tensor(g) if isinstance(g, tf.IndexedSlices) else g for g in grads]
         norm = tf.linalg.global_norm(grads)
-        if self.clip_norm:
+        factor = None
+        if self.clip_norm and kernels.graph_ops() is not None:
+            # The fused update multiplies each gradient by the factor as it reads it: no pass of its own.
+            factor = clip_factor(norm, self.clip_norm)
+        elif self.clip_norm:
             grads = tf.cond(norm > self.clip_norm,
                             lambda: tf.clip_by_global_norm(grads, self.clip_norm, use_norm=norm)[0],
                             lambda: [tf.identity(g) for g in grads])
-        self.apply(grads, variables)
+        self._trace_state.grad_factor = factor
+        try:
+            self.apply(grads, variables)
+        finally:
+            self._trace_state.grad_factor = None
         return norm
 
     def _apply_weight_decay(self, variables):
@@ -103,9 +116,12 @@ class GPTAdamW(keras.optimizers.AdamW):
                    "beta1_power": tf.pow(beta_1, step), "beta2_power": tf.pow(beta_2, step),
                    "epsilon": tf.constant(self.epsilon, tf.float32)}
         if kernels.graph_ops() is not None:  # not inside XLA functions; decided here, once per traced update
-            # The fused kernel's [alpha, decay, β1, β2, ε], alpha as ResourceApplyAdam computes it.
+            # The fused kernel's [alpha, decay, β1, β2, ε, gradient factor], alpha as ResourceApplyAdam
+            # computes it; the factor is the clipping's (`clip_and_apply`), 1 where nothing clips.
             alpha = lr * tf.sqrt(1.0 - scalars["beta2_power"]) / (1.0 - scalars["beta1_power"])
-            packed = [alpha, scalars["decay"], beta_1, beta_2, scalars["epsilon"]]
+            factor = getattr(self._trace_state, "grad_factor", None)
+            factor = tf.constant(1.0) if factor is None else factor
+            packed = [alpha, scalars["decay"], beta_1, beta_2, scalars["epsilon"], factor]
             scalars["fused"], scalars["fused_no_decay"] = tf.stack(packed), tf.stack([*packed[:1], 0.0 * lr, *packed[2:]])
         return scalars
 
@@ -133,6 +149,13 @@ class GPTAdamW(keras.optimizers.AdamW):
             beta2_power=scalars["beta2_power"], lr=scalars["lr"], beta1=scalars["beta_1"], beta2=scalars["beta_2"],
             epsilon=scalars["epsilon"], grad=tf.cast(gradient, tf.float32), use_locking=False,
         )
+
+
+def clip_factor(norm, clip_norm):
+    """What ``tf.clip_by_global_norm(grads, clip_norm, use_norm=norm)`` multiplies the gradients by where
+    ``norm > clip_norm`` (NaN where the norm is infinite), else 1: `GPTAdamW.clip_and_apply`'s clipping."""
+    clipped = clip_norm * tf.minimum(1.0 / norm, 1.0 / clip_norm)
+    return tf.where(norm > clip_norm, tf.where(tf.math.is_finite(norm), clipped, float("nan")), 1.0)
 
 
 def make_optimizer(variables, learning_rate, weight_decay=0.01, clip_norm=1.0, beta_1=0.9, beta_2=0.999, epsilon=1e-8):

@@ -147,23 +147,24 @@ def test_fused_layer_norm_names_mismatched_shapes(lib):
 
 
 @pytest.mark.parametrize("grad_dtype", [tf.float32, tf.bfloat16])
-def test_fused_adamw_matches_decay_then_resource_apply_adam(lib, grad_dtype):
-    """Three fused updates = the stock path: ``var -= lr·wd·var``, then TF's ResourceApplyAdam (ε outside
-    the bias correction, as Keras), to float32 rounding; a bf16 gradient is read as its float32 value."""
+def test_fused_adamw_matches_clip_decay_then_resource_apply_adam(lib, grad_dtype):
+    """Three fused updates = the stock path: the gradient times the clipping factor, ``var -= lr·wd·var``,
+    then TF's ResourceApplyAdam (ε outside the bias correction, as Keras), to float32 rounding; a bf16
+    gradient is read as its float32 value."""
     rng = np.random.default_rng(1)
     shape = (37, 53)  # not a multiple of any vector width
     w0, m0, v0 = rng.normal(size=shape), rng.normal(size=shape) * 0.01, rng.random(shape) * 1e-4
     fused = [tf.Variable(a, dtype=tf.float32) for a in (w0, m0, v0)]
     stock = [tf.Variable(a, dtype=tf.float32) for a in (w0, m0, v0)]
     lr, wd, b1, b2, eps = 1e-3, 0.1, 0.9, 0.999, 1e-8  # decay 1e-4·w per update: far above the tolerance
-    for t in range(1, 4):
+    for t, factor in zip(range(1, 4), (1.0, 0.37, 1.0)):
         g = tf.cast(tf.constant(rng.normal(size=shape), tf.float32), grad_dtype)
         alpha = tf.constant(lr) * tf.sqrt(1.0 - tf.constant(b2 ** t)) / (1.0 - tf.constant(b1 ** t))  # as ApplyAdam
-        kernels.fused_adamw(*fused, g, tf.stack([alpha, *tf.constant([lr * wd, b1, b2, eps], tf.float32)]))
+        kernels.fused_adamw(*fused, g, tf.stack([alpha, *tf.constant([lr * wd, b1, b2, eps, factor], tf.float32)]))
         w, m, v = stock
         w.assign_sub(w * (lr * wd))
         tf.raw_ops.ResourceApplyAdam(var=w.handle, m=m.handle, v=v.handle, beta1_power=b1 ** t, beta2_power=b2 ** t,
-                                     lr=lr, beta1=b1, beta2=b2, epsilon=eps, grad=tf.cast(g, tf.float32))
+                                     lr=lr, beta1=b1, beta2=b2, epsilon=eps, grad=tf.cast(g, tf.float32) * factor)
     for name, a, b in zip("wmv", fused, stock):
         # float32 rounding at the arrays' scale (one kernel contracts a·b + c into one rounding, TF's two)
         np.testing.assert_allclose(a.numpy(), b.numpy(), rtol=1e-6, atol=1e-6 * np.abs(b.numpy()).max(), err_msg=name)
@@ -171,12 +172,12 @@ def test_fused_adamw_matches_decay_then_resource_apply_adam(lib, grad_dtype):
 
 
 def test_gpt_adamw_gives_the_same_updates_with_and_without_the_kernel(lib, monkeypatch):
-    """``GPTAdamW`` end to end (decay on matrices only, clipping, 3 updates): fused against stock."""
+    """``GPTAdamW`` end to end (decay on matrices only, 3 updates, the first two clipped): fused against stock."""
     from gpt_tf.optim import make_optimizer
 
     rng = np.random.default_rng(2)
     init = [rng.normal(size=(8, 6)), rng.normal(size=(6,)), rng.normal(size=(5, 8))]
-    grads = [[rng.normal(size=a.shape) for a in init] for _ in range(3)]
+    grads = [[size * rng.normal(size=a.shape) for a in init] for size in (1.0, 1.0, 0.01)]  # norms ~10, ~10, ~0.1
     results = []
     for use_kernel in (True, False):
         if not use_kernel:

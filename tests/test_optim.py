@@ -39,6 +39,19 @@ def test_clip_and_apply_is_clipped_adamw_with_decay_on_matrices_only():
     assert not np.allclose(variables[1].numpy(), start[1])  # the bias moved, by Adam alone
 
 
+def test_clip_factor_is_what_clip_by_global_norm_multiplies_by():
+    """The factor the fused update takes (`clip_factor`): tf.clip_by_global_norm's, NaN for an infinite
+    norm included; 1 at or below the clip norm and for a NaN norm (where the unfused path does not clip)."""
+    from gpt_tf.optim import clip_factor
+
+    for norm in (0.5, 1.0, 3.0, 1e30, float("inf")):
+        g = tf.constant([1.0])
+        want = float(tf.clip_by_global_norm([g], 1.0, use_norm=tf.constant(norm))[0][0][0]) if norm > 1.0 else 1.0
+        got = float(clip_factor(tf.constant(norm), 1.0))
+        assert got == want or (np.isnan(got) and np.isnan(want)), (norm, got, want)
+    assert float(clip_factor(tf.constant(float("nan")), 1.0)) == 1.0
+
+
 def test_clip_norm_is_the_dense_gradients_norm_when_a_token_repeats():
     """A gather's gradient (IndexedSlices, a row per occurrence) is clipped by the norm of its summed rows."""
     table = tf.Variable(tf.ones([5, 3]))

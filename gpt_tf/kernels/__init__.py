@@ -3,10 +3,10 @@
 TensorFlow runs an element-wise chain as one kernel per op, each a pass over memory; at the sizes this
 project trains on a CPU those passes, not the matrix products, are what it can still save. Three chains:
 
-* **AdamW** (``fused_adamw``): the decoupled decay and the Adam update in one pass over var, m, v and the
-  gradient (read as bfloat16 or float32), where the stock path is a decay product, a subtraction and
-  TF's ``ResourceApplyAdam`` (plus the gradient's cast under mixed_bfloat16). Same arithmetic as
-  Keras AdamW (``GPTAdamW``'s docstring).
+* **AdamW** (``fused_adamw``): the gradient clipping's multiplication, the decoupled decay and the Adam
+  update in one pass over var, m, v and the gradient (read as bfloat16 or float32), where the stock path
+  is a clipping product, a decay product, a subtraction and TF's ``ResourceApplyAdam`` (plus the
+  gradient's cast under mixed_bfloat16). Same arithmetic as Keras AdamW (``GPTAdamW``'s docstring).
 * **The tanh GELU in training** (``fused_gelu``): forward and gradient in one pass each, computed in float32
   from the bfloat16 or float32 pre-activation (the stock path: ~8 element-wise kernels forward, ~12
   backward, and four casts under mixed_bfloat16). Inference keeps ``tf.nn.gelu``, which oneDNN fuses
@@ -112,6 +112,6 @@ def fused_layer_norm(x, gamma, beta, epsilon):
 
 def fused_adamw(var, m, v, grad, scalars):
     """One AdamW update of the float32 resource variables ``var``, ``m``, ``v`` by ``grad`` (float32 or
-    bfloat16) by the fused kernel; ``scalars`` = [alpha, decay, beta1, beta2, epsilon]
+    bfloat16) times a factor, by the fused kernel; ``scalars`` = [alpha, decay, beta1, beta2, epsilon, factor]
     (``GPTAdamW._update_scalars``). Call where ``graph_ops()`` is not None."""
     return ops().gpt_fused_adam_w(var=var.handle, m=m.handle, v=v.handle, grad=grad, scalars=scalars)

@@ -32,7 +32,8 @@ using CPUDevice = Eigen::ThreadPoolDevice;
 //   var -= decay * var                    (decay = lr * weight_decay; 0 for biases and gains)
 //   m += (g - m) * (1 - beta1);  v += (g * g - v) * (1 - beta2)
 //   var -= alpha * m / (sqrt(v) + epsilon)  (alpha = lr * sqrt(1 - beta2^t) / (1 - beta1^t))
-// scalars = [alpha, decay, beta1, beta2, epsilon]; grad is float32 or bfloat16 (read as float32).
+// with g = grad * factor (the gradient clipping's factor, 1 where nothing clips; no pass of its own).
+// scalars = [alpha, decay, beta1, beta2, epsilon, factor]; grad is float32 or bfloat16 (read as float32).
 REGISTER_OP("GptFusedAdamW")
     .Input("var: resource")
     .Input("m: resource")
@@ -60,18 +61,19 @@ class FusedAdamWOp : public OpKernel {
                 ::tensorflow::errors::InvalidArgument("GptFusedAdamW: var ", var.shape().DebugString(), ", m ",
                                                       m.shape().DebugString(), ", v ", v.shape().DebugString(),
                                                       " and grad ", grad.shape().DebugString(), " differ"));
-    OP_REQUIRES(ctx, scalars.NumElements() == 5,
-                ::tensorflow::errors::InvalidArgument("GptFusedAdamW: scalars must hold 5 values, got ",
+    OP_REQUIRES(ctx, scalars.NumElements() == 6,
+                ::tensorflow::errors::InvalidArgument("GptFusedAdamW: scalars must hold 6 values, got ",
                                                       scalars.NumElements()));
     const float* s = scalars.flat<float>().data();
-    const float alpha = s[0], decay = s[1], one_minus_b1 = 1.0f - s[2], one_minus_b2 = 1.0f - s[3], eps = s[4];
+    const float alpha = s[0], decay = s[1], one_minus_b1 = 1.0f - s[2], one_minus_b2 = 1.0f - s[3], eps = s[4],
+                factor = s[5];
     float* pw = var.flat<float>().data();
     float* pm = m.flat<float>().data();
     float* pv = v.flat<float>().data();
     const G* pg = grad.flat<G>().data();
     auto update = [=](int64_t begin, int64_t end) {
       for (int64_t i = begin; i < end; ++i) {
-        const float g = static_cast<float>(pg[i]);
+        const float g = static_cast<float>(pg[i]) * factor;
         const float mi = pm[i] + (g - pm[i]) * one_minus_b1;
         const float vi = pv[i] + (g * g - pv[i]) * one_minus_b2;
         pm[i] = mi;
