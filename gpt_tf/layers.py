@@ -9,11 +9,13 @@ Speed notes (measured in ``bench/train_throughput.py``, ``bench/finetune_speed.p
 come out of one matmul and are split with one ``split`` (whose gradient is one concat, not three
 full-size slice gradients); the causal mask is an additive constant bias; ``Conv1D`` is a 2-D
 MatMul + BiasAdd, which oneDNN fuses (with the GELU after it too, where no gradient needs the
-pre-activation: evaluation, serving; in training under ``mixed_bfloat16`` the GELU and its gradient
-run in float32, where CPU element-wise kernels are twice as fast); dropout masks come from 16 random bits per element, for static
+pre-activation: evaluation, serving); dropout masks come from 16 random bits per element, for static
 and dynamic (length-bucketed) shapes alike; the attention softmax runs in float32 even under
 ``mixed_bfloat16`` so masked logits (-1e9) stay exact; layer norm has a hand-written gradient
-(``LayerNorm``: Keras's arithmetic in half the graph ops), and in training runs a fused kernel.
+(``LayerNorm``: Keras's arithmetic in half the graph ops). In training, the GELU, the layer norm and
+the dropout run as fused C++ kernels where they can (``gpt_tf.kernels``: the same values, one pass
+each way), else the graph (the GELU then in float32 under ``mixed_bfloat16``, where CPU element-wise
+kernels are twice as fast).
 """
 
 from __future__ import annotations
@@ -99,14 +101,18 @@ class Dropout16(keras.layers.Dropout):
     """Dropout whose mask comes from 16 random bits per element (half the Philox work of a float draw).
 
     Keeps an element iff its 16-bit draw is ≥ rate·2^16, so the drop rate is exact to 2^-16 (Keras
-    draws a uniform in the input dtype, which under bfloat16 drops ~10.2% for rate 0.1).
+    draws a uniform in the input dtype, which under bfloat16 drops ~10.2% for rate 0.1). Where the fused
+    kernels run, one kernel makes the same mask and output (``gpt_tf.kernels.fused_dropout``).
     """
 
     def call(self, inputs, training=False):
         if not training or self.rate <= 0 or self.noise_shape is not None:
             return super().call(inputs, training=training)
+        seed = self.seed_generator.next()
+        if kernels.can_fuse(inputs):  # the same mask and values in one pass each way (gpt_tf/kernels)
+            return kernels.fused_dropout(inputs, seed, self.rate)
         n = tf.size(inputs)  # static or not: length-bucketed batches have a dynamic length
-        bits = tf.random.stateless_uniform([(n + 1) // 2], self.seed_generator.next(), minval=None, maxval=None,
+        bits = tf.random.stateless_uniform([(n + 1) // 2], seed, minval=None, maxval=None,
                                            dtype=tf.uint32)
         draws = tf.reshape(tf.reshape(tf.bitcast(bits, tf.int16), [-1])[:n], tf.shape(inputs))  # over [-2^15, 2^15)
         keep = draws >= tf.constant(round(self.rate * 65536) - 32768, tf.int16)

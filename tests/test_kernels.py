@@ -221,3 +221,46 @@ def test_build_failure_is_a_named_reason_and_the_stock_ops_run(monkeypatch, tmp_
     monkeypatch.setenv("GPT_TF_FUSED_KERNELS", "0")
     lib, line = kernels._load.__wrapped__()
     assert lib is None and "GPT_TF_FUSED_KERNELS=0" in line
+
+
+@pytest.mark.parametrize("dtype", [tf.float32, tf.bfloat16])
+@pytest.mark.parametrize("shape", [(3, 5), (7, 33, 129)])
+def test_fused_dropout_is_dropout16_to_the_bit(lib, monkeypatch, dtype, shape):
+    """The same seed gives the same mask, outputs and gradient as ``Dropout16``'s graph (TF's Philox
+    stream, 16 bits per element; [7, 33, 129] spans many 128-draw blocks and ends mid-block)."""
+    from gpt_tf.layers import Dropout16
+
+    rng = np.random.default_rng(5)
+    x = tf.cast(tf.constant(rng.normal(size=shape), tf.float32), dtype)
+    dy = tf.cast(tf.constant(rng.normal(size=shape), tf.float32), dtype)
+
+    def run():
+        layer = Dropout16(0.1, seed=1234, dtype="float32" if dtype == tf.float32 else "mixed_bfloat16")
+
+        def step(x):
+            with tf.GradientTape() as tape:
+                tape.watch(x)
+                y = layer(x, training=True)
+            return y, tape.gradient(y, x, output_gradients=dy)
+
+        fn = tf.function(step)
+        return [t.numpy() for t in fn(x)], _op_types(fn.get_concrete_function(x))
+
+    (y, dx), fused_ops = run()
+    monkeypatch.setattr(kernels, "can_fuse", lambda x: False)
+    (graph_y, graph_dx), graph_ops = run()
+    assert {"GptDropout", "GptDropoutGrad"} <= fused_ops and not {"GptDropout", "GptDropoutGrad"} & graph_ops
+    np.testing.assert_array_equal(y, graph_y)
+    np.testing.assert_array_equal(dx, graph_dx)
+    kept = graph_y != 0
+    assert 0.85 < kept.mean() < 0.95 or kept.size < 100  # it drops about a tenth
+
+
+def test_fused_dropout_keeps_nothing_of_a_dropped_nan(lib):
+    """A dropped element is 0 whatever it held (as the graph's select), a kept NaN stays NaN."""
+    x = tf.fill([4096], float("nan"))
+    key, counter = tf.raw_ops.StatelessRandomGetKeyCounter(seed=tf.constant([3, 4], tf.int64))
+    y, keep = lib.gpt_dropout(x, key, counter, threshold=round(0.5 * 65536) - 32768, scale=2.0)
+    y, keep = y.numpy(), keep.numpy()
+    assert 0 < keep.sum() < keep.size
+    assert (y[~keep] == 0).all() and np.isnan(y[keep]).all()

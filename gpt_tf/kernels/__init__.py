@@ -1,7 +1,7 @@
 """Fused CPU kernels for the training step, in C++ (``fused_ops.cc``), with TensorFlow's stock ops as the fallback.
 
 TensorFlow runs an element-wise chain as one kernel per op, each a pass over memory; at the sizes this
-project trains on a CPU those passes, not the matrix products, are what it can still save. Three chains:
+project trains on a CPU those passes, not the matrix products, are what it can still save. The chains:
 
 * **AdamW** (``fused_adamw``): the gradient clipping's multiplication, the decoupled decay and the Adam
   update in one pass over var, m, v and the gradient (read as bfloat16 or float32), where the stock path
@@ -14,6 +14,10 @@ project trains on a CPU those passes, not the matrix products, are what it can s
 * **Layer norm in training** (``fused_layer_norm``): forward and gradient in one pass over each row,
   vectorised across it (the graph's ``layers.layer_norm``: ~15 ops forward, ~30 backward); inference
   keeps the graph, for the same reason.
+* **Dropout** (``fused_dropout``): ``layers.Dropout16``'s mask, to the bit (TF's Philox4x32-10 stream for
+  the same seed, its rounds run 16 counters at a time), and the scaling in one pass; the gradient in one
+  more (the graph: the random op, a bitcast, a slice, a compare, a product, a select, and two more ops
+  backward).
 
 All are exact to float32 rounding against the stock ops (``tests/test_kernels.py``). The library is
 built on first use with the machine's C++ compiler (``build.py``, ~10 s, cached per machine;
@@ -74,7 +78,8 @@ def in_xla() -> bool:
 
 
 def can_fuse(x) -> bool:
-    """Whether ``fused_gelu`` / ``fused_layer_norm`` run the kernels on ``x`` (else the caller runs the stock ops)."""
+    """Whether ``fused_gelu`` / ``fused_layer_norm`` / ``fused_dropout`` run the kernels on ``x`` (else the
+    caller runs the stock ops)."""
     import tensorflow as tf
 
     return x.dtype in (tf.float32, tf.bfloat16) and graph_ops() is not None
@@ -108,6 +113,24 @@ def fused_layer_norm(x, gamma, beta, epsilon):
         return y, lambda dy: lib.gpt_layer_norm_grad(dy, x, gamma, mean, rstd)
 
     return norm(x, gamma, beta)
+
+
+def fused_dropout(x, seed, rate: float):
+    """``layers.Dropout16``'s dropout of ``x`` with ``seed`` (its mask to the bit: TF's Philox stream for
+    the seed, 16 bits per element) by the fused kernels, one pass forward and one backward; the kept
+    mask is saved for the gradient (1 byte per element). Call where ``can_fuse(x)``."""
+    import tensorflow as tf
+
+    lib = ops()
+    key, counter = tf.raw_ops.StatelessRandomGetKeyCounter(seed=seed)
+    threshold, scale = round(rate * 65536) - 32768, 1.0 / (1.0 - rate)
+
+    @tf.custom_gradient
+    def drop(x):
+        y, keep = lib.gpt_dropout(x, key, counter, threshold=threshold, scale=scale)
+        return y, lambda dy: lib.gpt_dropout_grad(dy, keep, scale=scale)
+
+    return drop(x)
 
 
 def fused_adamw(var, m, v, grad, scalars):
