@@ -17,7 +17,8 @@ import subprocess
 import tempfile
 from pathlib import Path
 
-SOURCE = Path(__file__).with_name("fused_ops.cc")
+SOURCE = Path(__file__).with_name("fused_ops.cc")  # includes a header per kernel (the *.h beside it)
+HEADERS = tuple(sorted(SOURCE.parent.glob("*.h")))
 # -fno-math-errno lets the compiler vectorise sqrt (without it the AdamW loop ran 15x slower);
 # -march=native: the machine's vector width (the cache key holds the CPU model).
 CXXFLAGS = ("-shared", "-fPIC", "-O3", "-march=native", "-fno-math-errno", "-Wno-deprecated-declarations")
@@ -64,7 +65,8 @@ def library_path() -> Path:
         version = subprocess.run([cxx, "--version"], capture_output=True, text=True, check=True).stdout.splitlines()[0]
     except (OSError, subprocess.CalledProcessError, IndexError) as e:
         raise KernelBuildError(f"{cxx} --version failed: {e}") from e
-    key = hashlib.sha256("\n".join([SOURCE.read_text(), " ".join(_command(cxx, Path("x"))), version, _cpu_signature()])
+    sources = [p.read_text() for p in (SOURCE, *HEADERS)]
+    key = hashlib.sha256("\n".join([*sources, " ".join(_command(cxx, Path("x"))), version, _cpu_signature()])
                          .encode()).hexdigest()[:16]
     path = kernel_dir() / f"fused_ops-{key}.so"
     if path.exists():
