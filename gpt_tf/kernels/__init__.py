@@ -15,7 +15,7 @@ project trains on a CPU those passes, not the matrix products, are what it can s
   vectorised across it (the graph's ``layers.layer_norm``: ~15 ops forward, ~30 backward); inference
   keeps the graph, for the same reason.
 * **Dropout** (``fused_dropout``): ``layers.Dropout16``'s mask, to the bit (TF's Philox4x32-10 stream for
-  the same seed, its rounds run 16 counters at a time), and the scaling in one pass; the gradient in one
+  the same seed, its rounds run eight counters per vector), and the scaling in one pass; the gradient in one
   more (the graph: the random op, a bitcast, a slice, a compare, a product, a select, and two more ops
   backward).
 

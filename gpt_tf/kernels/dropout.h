@@ -9,7 +9,7 @@ namespace gpt_tf {
 //   draws = the int16 halves (low half first) of the uint32 Philox4x32-10 stream of TF's stateless
 //           ops for (key, counter) from StatelessRandomGetKeyCounter; element e takes draw e
 //   keep  = draw >= threshold;  y = keep ? x * scale : 0  (scale rounded to x's dtype first, as the graph)
-// and its gradient dx = keep ? dy * scale : 0. The Philox rounds run 16 counters at a time (vectorised);
+// and its gradient dx = keep ? dy * scale : 0. The Philox rounds run eight counters per vector (TF: one);
 // the stream is TF's to the bit (tests/test_kernels.py compares masks with the graph's).
 REGISTER_OP("GptDropout")
     .Input("x: T")
