@@ -109,14 +109,15 @@ class Dropout16(keras.layers.Dropout):
         if not training or self.rate <= 0 or self.noise_shape is not None:
             return super().call(inputs, training=training)
         seed = self.seed_generator.next()
+        threshold, scale = round(self.rate * 65536) - 32768, 1.0 / (1.0 - self.rate)  # keep iff draw >= threshold
         if kernels.can_fuse(inputs):  # the same mask and values in one pass each way (gpt_tf/kernels)
-            return kernels.fused_dropout(inputs, seed, self.rate)
+            return kernels.fused_dropout(inputs, seed, threshold, scale)
         n = tf.size(inputs)  # static or not: length-bucketed batches have a dynamic length
         bits = tf.random.stateless_uniform([(n + 1) // 2], seed, minval=None, maxval=None,
                                            dtype=tf.uint32)
         draws = tf.reshape(tf.reshape(tf.bitcast(bits, tf.int16), [-1])[:n], tf.shape(inputs))  # over [-2^15, 2^15)
-        keep = draws >= tf.constant(round(self.rate * 65536) - 32768, tf.int16)
-        return tf.where(keep, inputs * tf.cast(1.0 / (1.0 - self.rate), inputs.dtype), tf.zeros_like(inputs))
+        keep = draws >= tf.constant(threshold, tf.int16)
+        return tf.where(keep, inputs * tf.cast(scale, inputs.dtype), tf.zeros_like(inputs))
 
 
 @keras.saving.register_keras_serializable(package=PACKAGE)
@@ -241,10 +242,9 @@ class LayerNorm(keras.layers.LayerNormalization):
 
     def call(self, inputs, training=False):
         x = ops.cast(inputs, self.compute_dtype)
-        if training and kernels.can_fuse(x):  # one pass forward and one backward (gpt_tf/kernels)
-            return kernels.fused_layer_norm(x, tf.cast(self.gamma, tf.float32), tf.cast(self.beta, tf.float32),
-                                            self.epsilon)
-        return layer_norm(x, self.gamma, self.beta, self.epsilon)
+        # In training, one pass forward and one backward where the fused kernels run (gpt_tf/kernels).
+        norm = kernels.fused_layer_norm if training and kernels.can_fuse(x) else layer_norm
+        return norm(x, self.gamma, self.beta, self.epsilon)
 
 
 @keras.saving.register_keras_serializable(package=PACKAGE)

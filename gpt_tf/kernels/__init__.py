@@ -100,9 +100,9 @@ def fused_gelu(x):
 
 
 def fused_layer_norm(x, gamma, beta, epsilon):
-    """``layers.layer_norm`` (over the last axis, float32 arithmetic, ``x``'s dtype out) by the fused
-    kernels, forward and gradient one pass over each row; ``gamma``, ``beta`` float32. Call where
-    ``can_fuse(x)``."""
+    """``layers.layer_norm`` (over the last axis, float32 arithmetic with ``gamma`` and ``beta`` read as
+    float32, ``x``'s dtype out) by the fused kernels, forward and gradient one pass over each row; the
+    same arguments. Call where ``can_fuse(x)``."""
     import tensorflow as tf
 
     lib = ops()
@@ -112,18 +112,18 @@ def fused_layer_norm(x, gamma, beta, epsilon):
         y, mean, rstd = lib.gpt_layer_norm(x, gamma, beta, epsilon=epsilon)
         return y, lambda dy: lib.gpt_layer_norm_grad(dy, x, gamma, mean, rstd)
 
-    return norm(x, gamma, beta)
+    return norm(x, tf.cast(gamma, tf.float32), tf.cast(beta, tf.float32))
 
 
-def fused_dropout(x, seed, rate: float):
+def fused_dropout(x, seed, threshold: int, scale: float):
     """``layers.Dropout16``'s dropout of ``x`` with ``seed`` (its mask to the bit: TF's Philox stream for
-    the seed, 16 bits per element) by the fused kernels, one pass forward and one backward; the kept
-    mask is saved for the gradient (1 byte per element). Call where ``can_fuse(x)``."""
+    the seed, 16 bits per element, an element kept iff its int16 draw is ``>= threshold``, then times
+    ``scale``) by the fused kernels, one pass forward and one backward; the kept mask is saved for the
+    gradient (1 byte per element). Call where ``can_fuse(x)``."""
     import tensorflow as tf
 
     lib = ops()
     key, counter = tf.raw_ops.StatelessRandomGetKeyCounter(seed=seed)
-    threshold, scale = round(rate * 65536) - 32768, 1.0 / (1.0 - rate)
 
     @tf.custom_gradient
     def drop(x):
