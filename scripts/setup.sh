@@ -32,7 +32,9 @@ if [[ ! -f "$(stamp "$mode")" ]]; then
   echo "==> pip install -e \"$target\" (on a fresh machine about 1 min for the runtime stack, 1 more for the test extras)"
   "${PIP[@]}" --upgrade pip
   [[ "$mode" == dev ]] && cpu_torch
-  "${PIP[@]}" -e "$target"
+  # setuptools warns on every editable install that folders named like the packages may shadow them: here
+  # they are the packages themselves.
+  PYTHONWARNINGS="ignore:Editable installation" "${PIP[@]}" -e "$target"
   touch "$(stamp "$mode")" "$(stamp runtime)"  # the test extras include the runtime stack
 fi
 # gpt_tf's fused CPU kernels (gpt_tf/kernels): built once per machine (~10 s) into ~/.cache/gpt_tf/kernels.
