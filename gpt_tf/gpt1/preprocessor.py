@@ -40,7 +40,27 @@ def _as_fields(x, input_type: str) -> dict:
     if len(values) != len(names):
         raise ValueError(f"{input_type} inputs are {len(names)} field(s) {names} (a tuple or a dict), got "
                          f"{len(values)}")
-    return {n: tf.convert_to_tensor(v, tf.string) for n, v in zip(names, values)}
+    return {n: v if isinstance(v, tf.RaggedTensor) or getattr(v, "dtype", None) in (tf.int32, tf.int64)
+            else tf.convert_to_tensor(v, tf.string) for n, v in zip(names, values)}
+
+
+def pretokenize(x, tokenizer, input_type: str):
+    """In-memory texts → token ids (ragged ``int32``) by the offline tokenizer, before ``tf.data``: the
+    preprocessor then skips the in-graph tokenizer (same ids; its graph is slow to start per pass).
+    A ``tf.data.Dataset`` or features are returned as they are."""
+    if isinstance(x, tf.data.Dataset) or (isinstance(x, dict) and "input_ids" in x) or x is None:
+        return x
+    fields = _as_fields(x, input_type)
+    out = {}
+    for name, value in fields.items():
+        if value.dtype != tf.string:
+            out[name] = value
+            continue
+        ids = tokenizer.encode_eagerly(value)
+        if value.shape.rank == 2:  # choices [B, K] -> [B, K, None]
+            ids = tf.RaggedTensor.from_uniform_row_length(ids, value.shape[1])
+        out[name] = ids
+    return out
 
 
 @keras.saving.register_keras_serializable(package=PACKAGE)
@@ -100,16 +120,19 @@ class GPT1TaskPreprocessor(keras_hub.models.TextClassifierPreprocessor):
     def call(self, x, y=None, sample_weight=None):
         if self.sequence_length is None:
             raise ValueError("sequence_length is not set: attach the preprocessor to a task or pass sequence_length")
+        if isinstance(x, dict) and "input_ids" in x:  # already the model's features: passed through
+            return keras.utils.pack_x_y_sample_weight(x, y, sample_weight)
         features = self.features(_as_fields(x, self.input_type))
         return keras.utils.pack_x_y_sample_weight(features, y, sample_weight)
 
     def features(self, fields: dict) -> dict:
         """``{field: tf.string [B]}`` (choices ``[B, K]``) → the model's features, padded to a bucket."""
         n_ctx, special, task = int(self.sequence_length), self.tokenizer.special_ids(), self._task()
-        scalar = fields[next(iter(fields))].shape.rank == 0
+        first = fields[next(iter(fields))]
+        scalar = first.dtype == tf.string and first.shape.rank == 0
         if scalar:
             fields = {k: v[tf.newaxis] for k, v in fields.items()}
-        tokens = {k: self.tokenizer.tokenize(tf.reshape(v, [-1])) for k, v in fields.items()}
+        tokens = {k: self._ids(v) for k, v in fields.items()}
         names, empty = INPUT_FIELDS[self.input_type], tf.zeros([0], tf.int32)
 
         def one(i):
@@ -130,6 +153,15 @@ class GPT1TaskPreprocessor(keras_hub.models.TextClassifierPreprocessor):
         length = tf.gather(buckets, tf.searchsorted(buckets, longest[tf.newaxis])[0])
         out = {"input_ids": ids[:, :, :length], "extract_index": extract, "lm_weights": weights[:, :, :length]}
         return {k: v[0] for k, v in out.items()} if scalar else out
+
+    def _ids(self, value):
+        """A field's token ids, ragged ``[N, None]`` (choices flattened): tokenized, or given as ids."""
+        if value.dtype == tf.string:
+            return self.tokenizer.tokenize(tf.reshape(value, [-1]))
+        if not isinstance(value, tf.RaggedTensor):
+            value = tf.RaggedTensor.from_tensor(value)
+        value = tf.cast(value, tf.int32)
+        return value.merge_dims(0, 1) if value.ragged_rank == 2 or len(value.shape) == 3 else value
 
     def get_config(self):
         config = keras_hub.models.Preprocessor.get_config(self)

@@ -118,12 +118,13 @@ def task_from(model, spec, tokenizer_dir: str):
     return task
 
 
-def preset_from_gpt1_shards(params_dir: str, tokenizer_dir: str, preset_dir: str) -> str:
-    """GPT-1's released ``params_{0..9}.npy`` (+ ``params_shapes.json``) as a preset (the ``gpt1`` config)."""
+def preset_from_gpt1_shards(params_dir: str, tokenizer_dir: str, preset_dir: str, model: str = "gpt1") -> str:
+    """GPT-1's released ``params_{0..9}.npy`` (+ ``params_shapes.json``) as a preset (the ``model`` config's
+    shape, ``gpt1`` for the release; n_ctx from the position table)."""
     from gpt_tf.config import get_preset  # pylint: disable=import-outside-toplevel
     from gpt_tf.weights import load_gpt1_release  # pylint: disable=import-outside-toplevel
 
-    backbone = GPT1Backbone.from_gpt_config(get_preset("gpt1", vocab_size=GPT1Tokenizer(tokenizer_dir).bpe_vocabulary_size))
+    backbone = GPT1Backbone.from_gpt_config(get_preset(model, vocab_size=GPT1Tokenizer(tokenizer_dir).bpe_vocabulary_size))
     load_gpt1_release(backbone, params_dir)
     return save_backbone_preset(backbone, tokenizer_dir, preset_dir)
 

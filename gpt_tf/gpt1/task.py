@@ -16,6 +16,7 @@ from __future__ import annotations
 import math
 
 import keras
+import numpy as np
 import tensorflow as tf
 
 from gpt_tf.optim import GPTAdamW, WarmupDecay, make_optimizer
@@ -128,9 +129,40 @@ class GPT1TaskMixin:
         schedule.total_steps, schedule.warmup_steps = total, math.ceil(fraction * steps * epochs)
         self.train_function = None  # retrace with the new schedule
 
-    def fit(self, x=None, y=None, batch_size=None, epochs=1, steps_per_epoch=None, **kwargs):
+    def _pretokenize(self, x):
+        from gpt_tf.gpt1.preprocessor import pretokenize  # pylint: disable=import-outside-toplevel
+        if self.preprocessor is None:
+            return x
+        return pretokenize(x, self.preprocessor.tokenizer, self.preprocessor.input_type)
+
+    def fit(self, x=None, y=None, batch_size=None, epochs=1, steps_per_epoch=None, validation_data=None, **kwargs):
+        """Keras's ``fit``; texts in memory are tokenized first (offline tokenizer), then batched, each batch
+        padded to its length bucket. With ``compile()``'s default optimizer the schedule spans this call."""
         self._plan_schedule(x, batch_size, epochs, steps_per_epoch)
-        return super().fit(x, y, batch_size=batch_size, epochs=epochs, steps_per_epoch=steps_per_epoch, **kwargs)
+        if isinstance(validation_data, tuple) and not isinstance(validation_data[0], tf.data.Dataset):
+            validation_data = (self._pretokenize(validation_data[0]), *validation_data[1:])
+        x = self._pretokenize(x)
+        if kwargs.pop("shuffle", True) and y is not None and not isinstance(x, tf.data.Dataset):
+            x, y, kwargs = _shuffled(x, y, kwargs)  # keras-hub's PipelineModel would ignore `shuffle`
+        return super().fit(x, y, batch_size=batch_size, epochs=epochs,
+                           steps_per_epoch=steps_per_epoch, validation_data=validation_data, **kwargs)
+
+    def evaluate(self, x=None, y=None, **kwargs):
+        return super().evaluate(self._pretokenize(x), y, **kwargs)
+
+    def predict(self, x, **kwargs):
+        return super().predict(self._pretokenize(x), **kwargs)
 
     def _task_config(self) -> dict:
         return {"dropout": self.dropout, "lm_coef": self.lm_coef}
+
+
+def _shuffled(x, y, kwargs):
+    """``x`` (a dict of per-example tensors), ``y`` and any ``sample_weight`` in one random order
+    (numpy's global generator: ``keras.utils.set_random_seed`` makes it repeatable)."""
+    y = np.asarray(y)
+    order = np.random.permutation(len(y))
+    x = {k: tf.gather(v, order) for k, v in x.items()} if isinstance(x, dict) else tf.gather(x, order)
+    if kwargs.get("sample_weight") is not None:
+        kwargs = {**kwargs, "sample_weight": np.asarray(kwargs["sample_weight"])[order]}
+    return x, y[order], kwargs

@@ -121,12 +121,21 @@ class GPT1Tokenizer(keras_hub.tokenizers.Tokenizer):
         rank = inputs.shape.rank
         if rank not in (0, 1, 2):
             raise ValueError(f"GPT1Tokenizer takes strings of rank 0, 1 or 2, got shape {inputs.shape}")
-        ids = self.tf_tokenizer(tf.reshape(inputs, [-1]))
+        ids = self.encode_eagerly(inputs) if tf.executing_eagerly() else self.tf_tokenizer(tf.reshape(inputs, [-1]))
         if rank == 0:
             return ids[0]
         if rank == 2:
             return tf.RaggedTensor.from_uniform_row_length(ids, tf.shape(inputs, out_type=tf.int64)[1])
         return ids
+
+    def encode_eagerly(self, texts) -> tf.RaggedTensor:
+        """Eager path: the offline tokenizer (the same ids; no graph to trace, which for the in-graph
+        tokenizer takes a while on first use): any strings → ``int32`` ragged ``[N, None]``, flattened."""
+        flat = [t.decode("utf-8") if isinstance(t, bytes) else str(t)
+                for t in tf.reshape(tf.convert_to_tensor(texts, tf.string), [-1]).numpy()]
+        ids = self.offline.encode_batch(flat)
+        return tf.RaggedTensor.from_row_lengths(tf.constant([i for row in ids for i in row], tf.int32),
+                                                tf.constant([len(row) for row in ids], tf.int64))
 
     @preprocessing_function
     def detokenize(self, inputs):
