@@ -72,7 +72,7 @@ def test_backbone_and_classifier_compute_what_the_projects_model_computes(tokeni
     reference = GPTTaskModel(GPTBackbone(classifier.backbone.config), classifier.task_spec, clf_pdrop=0.0)
     for a, b in zip(classifier.task_model.weights, reference.weights):
         b.assign(a)
-    features = classifier.preprocessor((TEXTS, TEXTS[::-1]))
+    features = classifier.preprocessor({"sentence1": TEXTS, "sentence2": TEXTS[::-1]})  # a tuple would be (x, y)
     assert features["input_ids"].shape[1] == 2 and features["input_ids"].shape[2] in (8, 16, 24, 32)
     np.testing.assert_array_equal(classifier.predict((TEXTS, TEXTS[::-1]), verbose=0),
                                   reference(features, with_lm=False)["task"].numpy())
@@ -87,7 +87,9 @@ def test_preprocessor_applies_the_papers_transformations(tokenizer):
     ids = {name: tokenizer.offline.encode(t) for name, t in zip("ab", TEXTS)}
     for input_type in ("single", "pair", "pair_symmetric"):
         pre = gpt_tf.GPT1TaskPreprocessor(tokenizer, sequence_length=32, input_type=input_type)
-        got = pre((TEXTS[:1], TEXTS[1:2]) if input_type != "single" else TEXTS[:1])
+        fields = dict(zip(("premise", "hypothesis") if input_type == "pair" else ("sentence1", "sentence2"),
+                          (TEXTS[:1], TEXTS[1:2]))) if input_type != "single" else TEXTS[:1]
+        got = pre(fields)
         record = {"tokens_a": tf.constant(ids["a"]), "tokens_b": tf.constant(ids["b"] if input_type != "single" else []
                                                                               , tf.int32),
                   "choice_tokens": tf.zeros([0], tf.int32), "choice_lengths": tf.zeros([0], tf.int32),
@@ -97,7 +99,7 @@ def test_preprocessor_applies_the_papers_transformations(tokenizer):
         np.testing.assert_array_equal(got["input_ids"][0], want["input_ids"][:, :length])
         np.testing.assert_array_equal(got["extract_index"][0], want["extract_index"])
     choice = gpt_tf.GPT1TaskPreprocessor(tokenizer, sequence_length=32, input_type="multiple_choice", num_choices=2)
-    got = choice((["she opened the door ."], [["she walked in .", "the door ate her ."]]))
+    got = choice({"context": ["she opened the door ."], "choices": [["she walked in .", "the door ate her ."]]})
     assert got["input_ids"].shape[:2] == (1, 2)
     assert (got["input_ids"].numpy()[0, :, 0] == tokenizer.start_token_id).all()
 
@@ -141,7 +143,8 @@ def test_release_shards_and_runs_convert_to_presets(tokenizer, tmp_path):
     presets.preset_from_gpt1_shards(str(tmp_path / "shards"), str(BPE), str(tmp_path / "p"), model="test")
     converted = keras_hub.models.Backbone.from_preset(str(tmp_path / "p"))
     x = np.array([[5, 6, 7, 8, 9]])
-    np.testing.assert_array_equal(converted.embed.logits(converted(x)), lm(x))
+    # the release carries no special-token rows (they keep their init): the BPE tokens' logits are equal
+    np.testing.assert_array_equal(converted.embed.logits(converted(x))[..., :8000], lm(x)[..., :8000])
 
 
 def test_clear_errors_for_num_classes_labels_and_unknown_presets(tokenizer):
@@ -149,7 +152,7 @@ def test_clear_errors_for_num_classes_labels_and_unknown_presets(tokenizer):
 
     with pytest.raises(ValueError, match="num_classes must be an integer >= 2"):
         gpt_tf.GPT1TextClassifier(_backbone(), num_classes=1)
-    with pytest.raises(ValueError, match="Unknown preset identifier.*no_such_preset"):
+    with pytest.raises(ValueError, match=r"(?s)Unknown preset identifier.*no_such_preset"):
         gpt_tf.GPT1TextClassifier.from_preset("no_such_preset", num_classes=2)
     classifier = _classifier(tokenizer)
     with pytest.raises(Exception, match=r"label is >= num_classes=2"):

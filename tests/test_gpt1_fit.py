@@ -38,17 +38,26 @@ def _config():
 
 @pytest.fixture(scope="module")
 def loop_run(data, tmp_path_factory):
-    """The loop's run (4 updates, dropout off): its initial and final weights, and the batches it trained on."""
+    """The loop's run (4 updates, dropout off) from a keras-hub preset (``--init_checkpoint=<preset>``): its
+    initial and final weights, and the batches it trained on."""
     import tensorflow as tf
+
+    import gpt_tf
 
     from gpt_tf.training.task_objective import Finetuner, FinetuneConfig
     from pipelines.transforms import load_task_spec, special_ids_from_config, task_dataset
 
     task, config = load_task_spec(str(data)), _config()
+    preset = tmp_path_factory.mktemp("preset")
+    pretrained = gpt_tf.GPT1Backbone.from_gpt_config(config)
+    pretrained.save_to_preset(str(preset))
     run = FinetuneConfig(data_dir=str(data), run_dir=str(tmp_path_factory.mktemp("loop")), batch_size=BATCH, epochs=1,
-                         learning_rate=1e-3, warmup_fraction=0.25, lm_coef=0.5, clf_pdrop=0.0, seed=3)
+                         learning_rate=1e-3, warmup_fraction=0.25, lm_coef=0.5, clf_pdrop=0.0, seed=3,
+                         init_checkpoint=str(preset))
     finetuner = Finetuner(task, config, run, tf.distribute.get_strategy(), log=lambda *_: None)
     start = [v.numpy() for v in finetuner.model.weights]
+    np.testing.assert_array_equal(start[1], pretrained.weights[1].numpy())  # the preset's weights, read by the loop
+    np.testing.assert_array_equal(start[0][:8000], pretrained.weights[0].numpy()[:8000])  # (special rows re-drawn)
     batches = list(task_dataset(task, str(data), "train", BATCH, N_CTX, special_ids_from_config(config), training=True,
                                 seed=run.seed, buckets=finetuner.buckets).take(STEPS))
     finetuner.train(progress=False)

@@ -145,7 +145,8 @@ class GPT1TaskPreprocessor(keras_hub.models.TextClassifierPreprocessor):
             return out["input_ids"], out["extract_index"], out["lm_weights"]
 
         k = self.views
-        spec = (tf.TensorSpec([k, n_ctx], tf.int32), tf.TensorSpec([k], tf.int32), tf.TensorSpec([k, n_ctx], tf.float32))
+        spec = (tf.TensorSpec([k, n_ctx], tf.int32), tf.TensorSpec([k], tf.int32),
+                tf.TensorSpec([k, n_ctx], tf.float32))
         batch = tf.shape(fields[names[0]])[0]
         ids, extract, weights = tf.map_fn(one, tf.range(batch), fn_output_signature=spec)
         buckets = tf.constant(bucket_lengths(n_ctx), tf.int32)

@@ -83,7 +83,8 @@ def run_tokenizer_dir(run_dir: str) -> str:
 
 def preset_from_run(run_dir: str, preset_dir: str, tokenizer_dir: str = "") -> str:
     """A pre-training run (→ backbone + tokenizer) or a fine-tuning run (→ its task too) as a preset."""
-    from gpt_tf.checkpoints import load_task_model, pretrained_model_config, restore_pretrained_lm  # pylint: disable=import-outside-toplevel
+    # pylint: disable=import-outside-toplevel
+    from gpt_tf.checkpoints import load_task_model, pretrained_model_config, restore_pretrained_lm
     from gpt_tf.model import GPTLanguageModel  # pylint: disable=import-outside-toplevel
     from pipelines.transforms import load_task_spec  # pylint: disable=import-outside-toplevel
 
@@ -124,7 +125,8 @@ def preset_from_gpt1_shards(params_dir: str, tokenizer_dir: str, preset_dir: str
     from gpt_tf.config import get_preset  # pylint: disable=import-outside-toplevel
     from gpt_tf.weights import load_gpt1_release  # pylint: disable=import-outside-toplevel
 
-    backbone = GPT1Backbone.from_gpt_config(get_preset(model, vocab_size=GPT1Tokenizer(tokenizer_dir).bpe_vocabulary_size))
+    vocab_size = GPT1Tokenizer(tokenizer_dir).bpe_vocabulary_size
+    backbone = GPT1Backbone.from_gpt_config(get_preset(model, vocab_size=vocab_size))
     load_gpt1_release(backbone, params_dir)
     return save_backbone_preset(backbone, tokenizer_dir, preset_dir)
 

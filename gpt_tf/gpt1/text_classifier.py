@@ -64,7 +64,8 @@ class GPT1TextClassifier(GPT1TaskMixin, keras_hub.models.TextClassifier):
         if len(labels) != num_classes:
             raise ValueError(f"{len(labels)} label_names for num_classes={num_classes}")
         spec = TaskSpec("keras_classifier", input_type, "classification", labels, ("accuracy",))
-        self.num_classes, self.input_type, self.label_names, self.activation = num_classes, input_type, labels, activation
+        self.num_classes, self.input_type, self.label_names = num_classes, input_type, labels
+        self.activation = activation
         self._setup(backbone, preprocessor, spec, dropout, lm_coef)
         if compile:
             self.compile()
