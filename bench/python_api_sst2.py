@@ -65,6 +65,7 @@ def main() -> None:
         sys.exit(f"--set takes OLD=>NEW, got {bad}")
     edits = [tuple(e.split("=>", 1)) for e in args.set]
     block = edited(readme_block((ROOT / "README.md").read_text(encoding="utf-8")), edits)
+    commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, capture_output=True, text=True).stdout
     load_before = os.getloadavg()
     start = time.time()
     proc = subprocess.run([sys.executable, "-c", block], cwd=ROOT, capture_output=True, text=True, check=False)
@@ -72,7 +73,6 @@ def main() -> None:
     if proc.returncode:
         sys.exit(f"the block failed ({proc.returncode}):\n{proc.stderr[-4000:]}")
     scores = [ast.literal_eval(line) for line in proc.stdout.splitlines() if line.startswith("{'accuracy'")]
-    commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, capture_output=True, text=True).stdout
     report = {"dev_accuracy": scores[0]["accuracy"] if scores else None, "wall_s": round(wall, 1),
               "edits": edits, "cpu": cpu_model(), "cores": os.cpu_count(), "load_before": load_before,
               "load_after": os.getloadavg(), "commit": commit.strip(), "date": datetime.datetime.now().isoformat(),

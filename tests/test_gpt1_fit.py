@@ -61,7 +61,7 @@ def loop_run(data, tmp_path_factory):
     batches = list(task_dataset(task, str(data), "train", BATCH, N_CTX, special_ids_from_config(config), training=True,
                                 seed=run.seed, buckets=finetuner.buckets).take(STEPS))
     finetuner.train(progress=False)
-    return start, [v.numpy() for v in finetuner.model.weights], batches
+    return start, [v.numpy() for v in finetuner.model.weights], batches, run.run_dir
 
 
 def _classifier(start):
@@ -84,7 +84,7 @@ def _dataset(batches):
 
 
 def test_fit_on_the_loops_batches_ends_at_the_loops_weights(loop_run):
-    start, end, batches = loop_run
+    start, end, batches, _ = loop_run
     classifier = _classifier(start)
     history = classifier.fit(_dataset(batches), steps_per_epoch=STEPS, epochs=1, verbose=0)
     assert int(classifier.optimizer.iterations.numpy()) == STEPS and np.isfinite(history.history["loss"][0])
@@ -95,7 +95,7 @@ def test_fit_on_the_loops_batches_ends_at_the_loops_weights(loop_run):
 
 
 def test_fit_under_mirrored_strategy_on_two_cpus_matches_one_device(loop_run, tmp_path):
-    start, end, batches = loop_run
+    start, end, batches, _ = loop_run
     np.savez(tmp_path / "start.npz", *start)
     with open(tmp_path / "batches.npz", "wb") as f:
         np.savez(f, **{f"{i}_{k}": v.numpy() for i, (x, y) in enumerate(batches) for k, v in {**x, "y": y}.items()})
@@ -130,3 +130,20 @@ def test_fit_under_mirrored_strategy_on_two_cpus_matches_one_device(loop_run, tm
     got = list(np.load(tmp_path / "end.npz").values())
     for a, b in zip(got, end):
         np.testing.assert_allclose(a, b, atol=TOL)
+
+
+def test_a_finetuning_run_converts_to_a_task_preset_with_the_runs_logits(loop_run, tmp_path):
+    import keras_hub
+
+    from gpt_tf.backbone import GPTBackbone
+    from gpt_tf.gpt1.presets import preset_from_run
+    from gpt_tf.task_model import GPTTaskModel
+
+    _, end, batches, run_dir = loop_run
+    preset_from_run(run_dir, str(tmp_path / "preset"))
+    task = keras_hub.models.TextClassifier.from_preset(str(tmp_path / "preset"))
+    reference = GPTTaskModel(GPTBackbone(_config()), task.task_spec, clf_pdrop=0.0)
+    for variable, value in zip(reference.weights, end):
+        variable.assign(value)
+    features = {k: batches[0][0][k] for k in ("input_ids", "extract_index", "lm_weights")}
+    np.testing.assert_array_equal(task(features).numpy(), reference(features, with_lm=False)["task"].numpy())

@@ -64,20 +64,22 @@ class GPT1TaskMixin:
         ``counts``: the global batch's ``examples`` and ``lm_tokens`` (default: this batch's)."""
         outputs = y_pred if isinstance(y_pred, dict) else {"task": y_pred}
         lm_coef = self.lm_coef if "lm" in outputs else 0.0
-        self._check_labels(y)
+        y = self._checked_labels(y)
         parts = task_loss(self.task_spec, outputs, x, y, lm_coef)
         if counts is None:
             return parts["total"]
         return parts["task_sum"] / counts["examples"] + lm_coef * (parts["lm_sum"] / counts["lm_tokens"])
 
-    def _check_labels(self, y):
+    def _checked_labels(self, y):
+        """``y``, after checks (a clear error, before the loss's own) that class labels are in 0..num_classes-1."""
         if self.task_spec.head == "regression" or y is None:
-            return
-        n = self.task_spec.num_labels
-        check = tf.debugging.assert_less(tf.cast(y, tf.int32), n, message=(
-            f"a label is >= num_classes={n} (labels are 0..{n - 1}); build the task with the right num_classes"))
-        with tf.control_dependencies([check]):
-            tf.debugging.assert_non_negative(tf.cast(y, tf.int32), message="a label is negative")
+            return y
+        n, labels = self.task_spec.num_labels, tf.cast(y, tf.int32)
+        checks = [tf.debugging.assert_less(labels, n, message=(
+            f"a label is >= num_classes={n} (labels are 0..{n - 1}); build the task with the right num_classes")),
+                  tf.debugging.assert_non_negative(labels, message="a label is negative")]
+        with tf.control_dependencies(checks):
+            return tf.identity(y)
 
     def train_step(self, data):
         x, y, _ = keras.utils.unpack_x_y_sample_weight(data)
