@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import importlib
 import importlib.abc
+import importlib.util
 import sys
 
 _FAMILY = ("GPT1Backbone", "GPT1Tokenizer", "GPT1TaskPreprocessor", "GPT1CausalLMPreprocessor", "GPT1CausalLM",
@@ -39,10 +40,7 @@ class _RegisterAfterKerasHub(importlib.abc.MetaPathFinder):
         if fullname != "keras_hub":
             return None
         sys.meta_path.remove(self)  # once; the other finders find keras_hub itself
-        try:
-            spec = importlib.util.find_spec("keras_hub")
-        finally:
-            pass
+        spec = importlib.util.find_spec("keras_hub")
         if spec is None or spec.loader is None:
             return spec
         loader = spec.loader
@@ -59,6 +57,4 @@ class _RegisterAfterKerasHub(importlib.abc.MetaPathFinder):
 if "keras_hub" in sys.modules:
     importlib.import_module("gpt_tf.gpt1")
 elif not any(isinstance(f, _RegisterAfterKerasHub) for f in sys.meta_path):
-    import importlib.util  # noqa: E402  (for the hook)
-
     sys.meta_path.insert(0, _RegisterAfterKerasHub())
