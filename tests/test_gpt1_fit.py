@@ -6,9 +6,11 @@ Data: 32 SST-2 training sentences tokenized with books_tiny's BPE; model: the ``
 
 from __future__ import annotations
 
+import json
 import subprocess
 import sys
 import textwrap
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -132,7 +134,7 @@ def test_fit_under_mirrored_strategy_on_two_cpus_matches_one_device(loop_run, tm
         np.testing.assert_allclose(a, b, atol=TOL)
 
 
-def test_a_finetuning_run_converts_to_a_task_preset_with_the_runs_logits(loop_run, tmp_path):
+def test_a_finetuning_run_converts_to_a_task_preset_with_the_runs_logits(loop_run, data, tmp_path):
     import keras_hub
 
     from gpt_tf.backbone import GPTBackbone
@@ -140,6 +142,10 @@ def test_a_finetuning_run_converts_to_a_task_preset_with_the_runs_logits(loop_ru
     from gpt_tf.task_model import GPTTaskModel
 
     _, end, batches, run_dir = loop_run
+    # what the CLI writes beside the checkpoints (the Finetuner, used directly here, does not)
+    (Path(run_dir) / "model_config.json").write_text(json.dumps(_config().to_dict()))
+    (Path(run_dir) / "finetune_config.json").write_text(json.dumps({"data_dir": str(data),
+                                                                    "clf_pdrop": 0.0}))
     preset_from_run(run_dir, str(tmp_path / "preset"))
     task = keras_hub.models.TextClassifier.from_preset(str(tmp_path / "preset"))
     reference = GPTTaskModel(GPTBackbone(_config()), task.task_spec, clf_pdrop=0.0)
