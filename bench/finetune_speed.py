@@ -18,6 +18,8 @@ same SST-2 training texts tokenized with the project's tokenizer, from random we
                          not a default stack: ours_bucketed_lm0_bf16 with one bucket per length (1 ... n_ctx,
                          a shape per length): what the finest grid would buy over the default buckets
                          (evaluated too, in bf16)
+    keras_fit            the Python API: GPT1TextClassifier.fit (λ = 0.5, fp32) on the same token ids, each batch
+                         padded to its bucket by the preprocessor (bench/finetune_speed_stacks.py KerasFit)
     hf_float32           transformers.Trainer, OpenAIGPTForSequenceClassification, dynamic padding,
                          train_sampling_strategy="group_by_length", fp32
     hf_bfloat16          the same with bf16=True (torch.autocast bfloat16)
@@ -63,13 +65,16 @@ STACKS = {
     "ours_bucketed_lm0_bf16": {"stack": "ours", "buckets": True, "lm_coef": 0.0, "precision": "mixed_bfloat16"},
     "ours_every_length_lm0_bf16": {"stack": "ours", "buckets": True, "lm_coef": 0.0, "precision": "mixed_bfloat16",
                                    "every_length": True},
+    "keras_fit": {"stack": "keras_fit", "buckets": True, "lm_coef": 0.5},
     "hf_float32": {"stack": "hf", "precision": "float32"},
     "hf_bfloat16": {"stack": "hf", "precision": "bfloat16"},
 }
-DEFAULT_STACKS = ("ours_padded", "ours_bucketed", "ours_bucketed_bf16", "ours_bucketed_lm0", "ours_bucketed_lm0_bf16",
+DEFAULT_STACKS = ("ours_padded", "ours_bucketed", "keras_fit", "ours_bucketed_bf16", "ours_bucketed_lm0",
+                  "ours_bucketed_lm0_bf16",
                   "hf_float32", "hf_bfloat16")
 # λ changes nothing in evaluation: one stack per precision
-EVAL_STACKS = ("ours_padded", "ours_bucketed", "ours_bucketed_bf16", "ours_every_length_lm0_bf16", "hf_float32",
+EVAL_STACKS = ("ours_padded", "ours_bucketed", "keras_fit", "ours_bucketed_bf16", "ours_every_length_lm0_bf16",
+               "hf_float32",
                "hf_bfloat16")
 
 
@@ -149,6 +154,8 @@ def summarise(logs: dict) -> dict:
     goals = {
         "train bucketed / padded (goal >= 3)": ratio("ours_bucketed", "ours_padded", "train"),
         "eval bucketed / padded (goal >= 3)": ratio("ours_bucketed", "ours_padded", "eval"),
+        "train keras fit / CLI loop (λ=0.5, fp32)": ratio("keras_fit", "ours_bucketed", "train"),
+        "eval keras predict / CLI predict (fp32)": ratio("keras_fit", "ours_bucketed", "eval"),
         f"train {lm0} / best HF ({hf}) (goal >= 1.5)": ratio(lm0, hf, "train") if hf and lm0 else None,
         f"train {ours} (λ=0.5) / best HF ({hf})": ratio(ours, hf, "train") if hf else None,
         f"eval {ours} / best HF ({hf_eval}) (goal >= 1.5)": ratio(ours, hf_eval, "eval") if hf_eval else None,

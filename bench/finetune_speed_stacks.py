@@ -163,6 +163,60 @@ class Ours:
         return {"examples": int(len(outs))}
 
 
+class KerasFit:
+    """The Python API: ``GPT1TextClassifier.fit`` / ``predict`` on the same SST-2 token ids, given as
+    ``pretokenize`` gives them (the preprocessor builds each example's view in ``tf.data`` and pads each batch
+    to its length bucket; the update is the loop's). ``train(k)`` is one ``fit`` call of k batches: its
+    ``tf.data`` set-up counts, as it does for a user; the train function is traced once."""
+
+    def __init__(self, spec):
+        import keras
+        import numpy as np
+        import tensorflow as tf
+
+        import gpt_tf
+        from gpt_tf.config import get_preset
+        from gpt_tf.optim import WarmupDecay, make_optimizer
+        from pipelines.records import read_manifest
+
+        tf.config.threading.set_intra_op_parallelism_threads(spec["threads"])
+        tf.config.threading.set_inter_op_parallelism_threads(spec["threads"])
+        if spec["precision"] != "float32":
+            keras.mixed_precision.set_dtype_policy(spec["precision"])
+        keras.utils.set_random_seed(0)
+        views = json.loads((Path(spec["task_dir"]) / VIEWS_FILE).read_text())
+        tokenizer = gpt_tf.GPT1Tokenizer(read_manifest(spec["task_dir"])["tokenizer"]["dir"])
+        backbone = gpt_tf.GPT1Backbone.from_gpt_config(get_preset("tiny", n_ctx=spec["n_ctx"]), dtype=spec["precision"])
+        preprocessor = gpt_tf.GPT1TaskPreprocessor(tokenizer, sequence_length=spec["n_ctx"])
+        self.model = gpt_tf.GPT1TextClassifier(backbone, 2, preprocessor, lm_coef=spec["lm_coef"], compile=False)
+        schedule = WarmupDecay(6.25e-5, 10, 10**6, "linear")  # a fixed schedule: no retrace between fit calls
+        self.model.compile(optimizer=make_optimizer(self.model.trainable_variables, schedule), lm_coef=spec["lm_coef"])
+        ragged = lambda rows: tf.ragged.constant([r[1:-1] for r in rows], tf.int32)  # noqa: E731  (<s>, <e> off)
+        self.train_x, self.train_y = ragged(views["train"]["input_ids"]), np.asarray(views["train"]["labels"])
+        self.dev_x = ragged(views["dev"]["input_ids"])
+        self.batch_size, self.position = spec["batch_size"], 0
+        self.info = {"n_params": int(sum(v.shape.num_elements() for v in self.model.trainable_variables)),
+                     "buckets": "the batch's bucket (GPT1TaskPreprocessor)"}
+
+    def train(self, steps: int) -> dict:
+        n, total = steps * self.batch_size, int(self.train_y.shape[0])
+        rows = [(self.position + i) % total for i in range(n)]
+        self.position = (self.position + n) % total
+        history = self.model.fit({"sentence": _rows(self.train_x, rows)}, self.train_y[rows],
+                                 batch_size=self.batch_size, epochs=1, verbose=0, shuffle=False)
+        return {"examples": n, "loss": float(history.history["loss"][-1])}
+
+    def evaluate(self) -> dict:
+        out = self.model.predict({"sentence": self.dev_x}, batch_size=self.batch_size, verbose=0)
+        return {"examples": int(len(out))}
+
+
+def _rows(ragged, rows):
+    import tensorflow as tf
+
+    return tf.gather(ragged, rows)
+
+
 # ----------------------------------------------------------------------------- transformers
 
 
@@ -243,8 +297,8 @@ def _timed(fn) -> dict:
 
 def worker_main(spec: dict) -> None:
     """Answers ``train`` (``spec['train_steps']`` steps) and ``eval`` (one pass) lines on stdin until it closes."""
-    if spec["stack"] == "ours":
-        stack = Ours(spec)
+    if spec["stack"] in ("ours", "keras_fit"):
+        stack = Ours(spec) if spec["stack"] == "ours" else KerasFit(spec)
         emit("READY", stack.info)
         for line in sys.stdin:
             command = line.strip()

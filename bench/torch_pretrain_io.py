@@ -78,6 +78,10 @@ def export(data_dir: str, out: str) -> dict:
     return meta
 
 
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+PRESET_POINTER = "final_preset.txt"
+
+
 def read_log(weights_dir: str) -> tuple[dict, list[dict]]:
     """(the run's setting, its evaluation rows) from log.jsonl."""
     setting, rows = {}, []
@@ -91,11 +95,17 @@ def read_log(weights_dir: str) -> tuple[dict, list[dict]]:
 
 
 def checkpoint_steps(weights_dir: str) -> dict[int, list[str]]:
-    """step -> its weight part files, in step order."""
+    """step -> its weight part files (or ``[preset folder]`` for a step moved into a gpt_tf preset, named by
+    ``final_preset.txt``: "<step> <folder relative to the repository root>"), in step order."""
     steps: dict[int, list[str]] = {}
     for path in glob.glob(os.path.join(weights_dir, "weights-*.part*.npz")):
         step = int(re.match(r"weights-(\d+)\.part\d+\.npz", os.path.basename(path)).group(1))
         steps.setdefault(step, []).append(path)
+    pointer = os.path.join(weights_dir, PRESET_POINTER)
+    if os.path.isfile(pointer):
+        with open(pointer) as f:
+            step, folder = f.read().split()
+        steps[int(step)] = [os.path.join(REPO, folder)]
     if not steps:
         raise FileNotFoundError(f"{weights_dir}: no weights-<step>.part<k>.npz files")
     return {s: sorted(steps[s]) for s in sorted(steps)}
@@ -109,6 +119,7 @@ def tokenizer_digests(tokenizer: dict) -> dict:
 def import_run(weights_dir: str, data_dir: str, run_dir: str, model: str) -> dict:
     import tensorflow as tf
 
+    from gpt_tf import preset_io
     from gpt_tf.config import get_preset
     from gpt_tf.training.lm_objective import Pretrainer, TrainConfig
     from gpt_tf.weights import load_hf_state_dict
@@ -129,11 +140,14 @@ def import_run(weights_dir: str, data_dir: str, run_dir: str, model: str) -> dic
         seed=setting["seed"], keep_checkpoints=len(steps))
     trainer = Pretrainer(config, train_config, tf.distribute.get_strategy(), log=lambda *_: None)
     for step, parts in steps.items():
-        state = {}
-        for path in parts:
-            with np.load(path) as part:
-                state.update({k: part[k].astype(np.float32) for k in part.files})
-        load_hf_state_dict(trainer.model, state)
+        if preset_io.is_preset(parts[0]):  # the final weights, moved into gpt_tf/presets/ (float32 as they were)
+            preset_io.load_preset_weights(trainer.model.backbone, parts[0])
+        else:
+            state = {}
+            for path in parts:
+                with np.load(path) as part:
+                    state.update({k: part[k].astype(np.float32) for k in part.files})
+            load_hf_state_dict(trainer.model, state)
         trainer.step.assign(step)
         trainer.manager.save(checkpoint_number=step)
     trainer.save_model_config()

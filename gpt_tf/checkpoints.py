@@ -22,6 +22,7 @@ import tempfile
 
 import tensorflow as tf
 
+from gpt_tf import preset_io
 from gpt_tf.config import GPTConfig, get_preset
 from gpt_tf.strategy import is_chief
 
@@ -119,13 +120,17 @@ def kept_checkpoints(run_dir: str, step: int = 0) -> list[tuple[int, str]]:
 
 # ---------------------------------------------------------------------- the model a run implies
 def pretrained_model_config(path: str) -> GPTConfig:
-    """The GPTConfig of a pre-training (or fine-tuning) run dir, a checkpoint prefix or GPT-1 release shards."""
+    """The GPTConfig of a pre-training (or fine-tuning) run dir, a checkpoint prefix, GPT-1 release shards or a
+    keras-hub preset folder (``gpt_tf/preset_io.py``)."""
     if os.path.isfile(os.path.join(path, "params_0.npy")):
         return get_preset("gpt1")
+    if preset_io.is_preset(path):
+        return preset_io.preset_config(path)
     run_dir = path if os.path.isdir(path) else os.path.dirname(os.path.dirname(path))  # run/checkpoints/ckpt-N
     config_path = os.path.join(run_dir, "model_config.json")
     if not os.path.isfile(config_path):
-        raise FileNotFoundError(f"{config_path} not found: {path} is not a gpt_tf run (nor GPT-1 release shards)")
+        raise FileNotFoundError(f"{config_path} not found: {path} is not a gpt_tf run (nor GPT-1 release shards, "
+                                "nor a preset folder)")
     with open(config_path) as f:
         return GPTConfig(**json.load(f))
 
@@ -133,9 +138,12 @@ def pretrained_model_config(path: str) -> GPTConfig:
 def restore_pretrained_lm(lm, path: str) -> str:
     """Loads pre-trained weights into the ``GPTLanguageModel`` ``lm``; returns what was read.
 
-    ``path``: a pre-training run dir (its latest checkpoint), a checkpoint prefix, or a directory of
-    the GPT-1 release shards (``params_0.npy`` … with ``params_shapes.json``).
+    ``path``: a pre-training run dir (its latest checkpoint), a checkpoint prefix, a directory of
+    the GPT-1 release shards (``params_0.npy`` … with ``params_shapes.json``) or a preset folder
+    (``config.json`` + ``model.weights.h5``, e.g. ``gpt_tf/presets/books_tiny``).
     """
+    if preset_io.is_preset(path):
+        return preset_io.load_preset_weights(lm.backbone, path)
     if os.path.isfile(os.path.join(path, "params_0.npy")):
         from gpt_tf.weights import load_gpt1_release
 
@@ -143,7 +151,8 @@ def restore_pretrained_lm(lm, path: str) -> str:
         return path
     prefix = tf.train.latest_checkpoint(os.path.join(path, CHECKPOINTS)) if os.path.isdir(path) else path
     if not prefix or not tf.io.gfile.exists(prefix + ".index"):
-        raise FileNotFoundError(f"no pre-trained checkpoint at {path} (want a run dir, a ckpt prefix or GPT-1 shards)")
+        raise FileNotFoundError(f"no pre-trained checkpoint at {path} (want a run dir, a ckpt prefix, GPT-1 shards "
+                                "or a preset folder)")
     tf.train.Checkpoint(model=variables_by_key(lm.variables)).restore(prefix).expect_partial().assert_existing_objects_matched()
     return prefix
 

@@ -98,6 +98,21 @@ def export_task_model(model, task, tokenizer_dir: str, base_path: str, model_nam
     return save_version(module, module.signatures(), base_path, model_name, version, task_warmup(model_name, task))
 
 
+def export_task(task, base_path: str, model_name: str = "", version: int = 0) -> str:
+    """Writes a fine-tuned task of the Python API (``gpt_tf.GPT1TextClassifier``, ``GPT1TextRegressor``,
+    ``GPT1MultipleChoice``: anything with ``task_model``, ``task_spec`` and a ``GPT1Tokenizer`` in its
+    ``preprocessor``) as a servable version: the same core-TF signatures as a fine-tuning run's (raw
+    strings in; no TF-Text op, no custom op). Returns its folder."""
+    from serving.saved_model_io import save_version
+    from serving.task_module import TaskServingModule
+
+    if getattr(task, "preprocessor", None) is None:
+        raise ValueError("the task has no preprocessor: its tokenizer is what the SavedModel tokenizes with")
+    spec, name = task.task_spec, model_name or task.name
+    module = TaskServingModule(task.task_model, spec, task.preprocessor.tokenizer.tf_tokenizer)
+    return save_version(module, module.signatures(), base_path, name, version, task_warmup(name, spec))
+
+
 def export_lm(lm, tokenizer_dir: str, base_path: str, model_name: str, version: int = 0, top_k: int = 10) -> str:
     """Writes a ``GPTLanguageModel`` as a servable version; returns its folder."""
     from gpt_tf.tokenizer import GPTTokenizer

@@ -125,3 +125,20 @@ def build_data(shared_data: Path, root: Path, tokenizer_copy: bool = False) -> P
                                           tokenizer_dir=str(tokenizer), n_ctx=N_CTX, shard_size=16,
                                           show_progress=False))
     return out
+
+
+# The preamble of a script that must run with TensorFlow alone (stock TF Serving's situation): `import
+# tensorflow` imports keras when it is installed, so it is unloaded, and any import of it, of the project,
+# TF Text or keras-hub is blocked before the SavedModels are loaded and run. `BLOCKED` names them.
+TF_ONLY = """
+import importlib.abc, json, sys
+import tensorflow as tf
+BLOCKED = ("keras", "tf_keras", "keras_hub", "tensorflow_text", "gpt_tf", "pipelines", "serving")
+class Block(importlib.abc.MetaPathFinder):
+    def find_spec(self, name, path=None, target=None):
+        if name.split(".")[0] in BLOCKED:
+            raise ImportError("blocked: " + name)
+for name in [m for m in sys.modules if m.split(".")[0] in BLOCKED]:
+    del sys.modules[name]
+sys.meta_path.insert(0, Block())
+"""

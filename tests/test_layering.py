@@ -2,7 +2,10 @@
 
 Layers, bottom up: the core (``gpt_tf/*.py`` but the CLI), ``pipelines/``, ``gpt_tf/training/``,
 ``gpt_tf/analysis/`` (§5), then the command lines on top (``gpt_tf/train.py`` and its flags, ``bench/``);
-``serving/`` stands beside training on the core and ``pipelines`` only. Every import counts, those
+``serving/`` stands beside training on the core and ``pipelines`` only. ``gpt_tf/gpt1/`` (the keras-hub
+family) sits on the core, ``pipelines`` (its §3.3 transformations) and ``training`` (the update it shares
+with the loop); ``serving.export.export_task`` takes its tasks without importing it, and ``gpt_tf/__init__.py``
+loads it by name, lazily (no import statement: it is how ``import gpt_tf`` stays light). Every import counts, those
 inside functions too (they are how heavy modules are loaded lazily, not a way around the layers).
 """
 
@@ -41,7 +44,8 @@ def graph() -> dict[str, set[str]]:
 def layer(module: str) -> str:
     if module in ("gpt_tf.train", "gpt_tf.train_flags"):
         return "cli"
-    for prefix, name in (("gpt_tf.training", "training"), ("gpt_tf.analysis", "analysis"), ("gpt_tf", "core"),
+    for prefix, name in (("gpt_tf.training", "training"), ("gpt_tf.analysis", "analysis"), ("gpt_tf.gpt1", "gpt1"),
+                         ("gpt_tf", "core"),
                          ("pipelines", "pipelines"), ("serving", "serving")):
         if module == prefix or module.startswith(prefix + "."):
             return name
@@ -51,6 +55,7 @@ def layer(module: str) -> str:
 # What each layer may import (itself included).
 ALLOWED = {"core": {"core"}, "pipelines": {"core", "pipelines"}, "training": {"core", "pipelines", "training"},
            "analysis": {"core", "pipelines", "training", "analysis"}, "serving": {"core", "pipelines", "serving"},
+           "gpt1": {"core", "pipelines", "training", "gpt1"},
            "cli": {"core", "pipelines", "training", "analysis", "cli"}}
 
 

@@ -193,3 +193,27 @@ def _tensorboard_runs(shell: Shell, port: str) -> list:
             break
         time.sleep(1)
     return runs
+
+
+# The README's "Python API" block (```python after `<!-- python-api -->`), at test scale: these edits only
+# (each must still match the README, so the block and the test cannot drift apart).
+PYTHON_BLOCK = re.compile(r"^<!-- python-api -->\n```python\n(?P<body>.*?)^```", re.M | re.S)
+PYTHON_SCALE = (("limit=8000", "limit=48"), ('sst2("dev")', 'sst2("dev", limit=16)'),
+                ("max_length=24", "max_length=12"))
+
+
+def test_readme_python_api_block_runs_as_written(project):
+    readme = (ROOT / "README.md").read_text(encoding="utf-8")
+    match = PYTHON_BLOCK.search(readme)
+    assert match, "the README has no <!-- python-api --> block"
+    block = match.group("body")
+    assert len(block.strip().splitlines()) <= 32, "the Python API block should stay about 30 lines"
+    for old, new in PYTHON_SCALE:
+        assert old in block, f"{old!r} is no longer in the README's Python API block: update PYTHON_SCALE"
+        block = block.replace(old, new)
+    (project / "python_api.py").write_text(block, encoding="utf-8")
+    proc = Shell(project).run("python python_api.py", timeout=900)
+    lines = proc.stdout.strip().splitlines()
+    assert any(line.startswith("{'accuracy'") for line in lines), proc.stdout[-2000:]
+    assert any(line.startswith("the man walked into the room and") for line in lines), proc.stdout[-2000:]
+    assert (project / "presets" / "sst2_books_tiny" / "task.json").is_file()

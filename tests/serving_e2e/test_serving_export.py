@@ -18,6 +18,7 @@ from gpt_tf.task_model import GPTTaskModel
 from gpt_tf.tasks import get_task
 from serving.task_module import TaskServingModule, input_specs
 from tests.serving_e2e.helpers import ENV, ROOT, TOL, glue_examples, offline_features
+from tests.small_runs import TF_ONLY
 
 
 # ---------------------------------------------------------------------------------------------- export
@@ -83,17 +84,7 @@ def test_saved_models_run_in_a_process_that_imports_only_tensorflow(base, export
     texts, expected = sst2_dev
     # `import tensorflow` itself imports keras when it is installed: unload it and block any import
     # of it (and of the project, TF Text, keras-hub) before the SavedModels are loaded and run.
-    script = textwrap.dedent("""
-        import importlib.abc, json, sys
-        import tensorflow as tf
-        BLOCKED = ("keras", "tf_keras", "keras_hub", "tensorflow_text", "gpt_tf", "pipelines", "serving")
-        class Block(importlib.abc.MetaPathFinder):
-            def find_spec(self, name, path=None, target=None):
-                if name.split(".")[0] in BLOCKED:
-                    raise ImportError("blocked: " + name)
-        for name in [m for m in sys.modules if m.split(".")[0] in BLOCKED]:
-            del sys.modules[name]
-        sys.meta_path.insert(0, Block())
+    script = TF_ONLY + textwrap.dedent("""
         base, texts = sys.argv[1], json.loads(sys.argv[2])
         sst2 = tf.saved_model.load(base + "/sst2/1").signatures
         example = tf.train.Example(features=tf.train.Features(feature={"sentence": tf.train.Feature(

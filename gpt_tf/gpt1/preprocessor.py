@@ -1,0 +1,235 @@
+"""Preprocessors: raw strings → the model's features, by the paper's §3.3 input transformations.
+
+``GPT1TaskPreprocessor`` tokenizes each text field (``GPT1Tokenizer``) and builds every example's
+views with ``pipelines.transforms.transform_record``, the one definition the data pipelines and the
+served SavedModels use (truncation rule included). A batch is padded to the smallest length bucket
+(``pipelines.task_batches.bucket_lengths``: 8, 16, 24, 32, 48, …, ``sequence_length``) that holds
+its longest view, so ``fit`` on short texts does not pay for ``n_ctx`` of padding and Keras traces
+few shapes. ``GPT1CausalLMPreprocessor`` feeds the language model and ``generate``.
+"""
+
+from __future__ import annotations
+
+import keras
+import keras_hub
+import tensorflow as tf
+from keras_hub.src.utils.tensor_utils import preprocessing_function
+
+from gpt_tf.gpt1.backbone import GPT1Backbone
+from gpt_tf.gpt1.tokenizer import GPT1Tokenizer
+from gpt_tf.layers import PACKAGE
+from gpt_tf.tasks import INPUT_FIELDS, INPUT_TYPES
+from pipelines.task_batches import bucket_lengths
+from pipelines.transforms import transform_record
+
+CHOICES = "choices"
+
+
+def _as_fields(x, input_type: str) -> dict:
+    """``x`` (strings, a tuple/list of per-field strings, or a dict by field name) → ``{field: tf.string}``."""
+    names = INPUT_FIELDS[input_type] + ((CHOICES,) if input_type == "multiple_choice" else ())
+    if isinstance(x, dict):
+        missing = [n for n in names if n not in x]
+        if missing:
+            raise ValueError(f"{input_type} inputs need the fields {names}; missing {missing} (got {sorted(x)})")
+        values = [x[n] for n in names]
+    elif isinstance(x, (tuple, list)) and len(names) > 1:
+        values = list(x)
+    else:
+        values = [x[0]] if isinstance(x, tuple) and len(x) == 1 else [x]
+    if len(values) != len(names):
+        raise ValueError(f"{input_type} inputs are {len(names)} field(s) {names} (a tuple or a dict), got "
+                         f"{len(values)}")
+    return {n: v if isinstance(v, tf.RaggedTensor) or getattr(v, "dtype", None) in (tf.int32, tf.int64)
+            else tf.convert_to_tensor(v, tf.string) for n, v in zip(names, values)}
+
+
+def pretokenize(x, tokenizer, input_type: str):
+    """In-memory texts → token ids (ragged ``int32``) by the offline tokenizer, before ``tf.data``: the
+    preprocessor then skips the in-graph tokenizer (same ids; its graph is slow to start per pass).
+    A ``tf.data.Dataset`` or features are returned as they are."""
+    if isinstance(x, tf.data.Dataset) or (isinstance(x, dict) and "input_ids" in x) or x is None:
+        return x
+    fields = _as_fields(x, input_type)
+    out = {}
+    for name, value in fields.items():
+        if value.dtype != tf.string:
+            out[name] = value
+            continue
+        ids = tokenizer.encode_eagerly(value)
+        if value.shape.rank == 2:  # choices [B, K] -> [B, K, None]
+            ids = tf.RaggedTensor.from_uniform_row_length(ids, value.shape[1])
+        out[name] = ids
+    return out
+
+
+@keras.saving.register_keras_serializable(package=PACKAGE)
+class GPT1TaskPreprocessor(keras_hub.models.TextClassifierPreprocessor):
+    """Texts → ``{"input_ids" [B, K, L], "extract_index" [B, K], "lm_weights" [B, K, L]}`` (§3.3).
+
+    Args:
+        tokenizer: a ``GPT1Tokenizer``.
+        sequence_length: ``n_ctx`` of the views (default: the backbone's, set by the task).
+        input_type: ``"single"`` (``<s> a <e>``), ``"pair"`` (``<s> a $ b <e>``), ``"pair_symmetric"``
+            (both orders) or ``"multiple_choice"`` (``<s> context $ choice_k <e>`` for each k).
+        num_choices: candidates per example (multiple choice).
+
+    Inputs: a batch of strings (single), a tuple ``(a, b)`` (pairs), ``(context, choices [B, K])``
+    (multiple choice), or a dict by field name (``gpt_tf.tasks.INPUT_FIELDS`` and ``"choices"``).
+    """
+
+    backbone_cls = GPT1Backbone
+    tokenizer_cls = GPT1Tokenizer
+
+    def __init__(self, tokenizer, sequence_length=None, input_type="single", num_choices=0, **kwargs):
+        keras_hub.models.Preprocessor.__init__(self, **kwargs)  # no BERT-style packer: transforms.py packs
+        self.packer = None
+        if input_type not in INPUT_TYPES:
+            raise ValueError(f"input_type must be one of {INPUT_TYPES}, got {input_type!r}")
+        if input_type == "multiple_choice" and num_choices < 2:
+            raise ValueError(f"multiple_choice needs num_choices >= 2, got {num_choices}")
+        self.tokenizer = tokenizer
+        self.sequence_length = sequence_length
+        self.input_type = input_type
+        self.num_choices = int(num_choices)
+        self.truncate = "transforms.py"
+
+    @property
+    def sequence_length(self):
+        """The views' (or sequences') length: the backbone's ``max_sequence_length`` unless set shorter."""
+        return self._sequence_length
+
+    @sequence_length.setter
+    def sequence_length(self, value):
+        self._sequence_length = None if value is None else int(value)
+
+    def build(self, input_shape=None):
+        self.built = True
+
+    @property
+    def views(self) -> int:
+        return {"pair_symmetric": 2, "multiple_choice": self.num_choices}.get(self.input_type, 1)
+
+    def _task(self):
+        from gpt_tf.tasks import TaskSpec  # pylint: disable=import-outside-toplevel
+        head = "choice" if self.input_type == "multiple_choice" else "classification"
+        labels = tuple(str(i) for i in range(max(self.num_choices, 2)))
+        return TaskSpec("keras", self.input_type, head, labels, ("accuracy",), num_choices=self.num_choices)
+
+    @preprocessing_function
+    def call(self, x, y=None, sample_weight=None):
+        if self.sequence_length is None:
+            raise ValueError("sequence_length is not set: attach the preprocessor to a task or pass sequence_length")
+        if isinstance(x, dict) and "input_ids" in x:  # already the model's features: passed through
+            return keras.utils.pack_x_y_sample_weight(x, y, sample_weight)
+        features = self.features(_as_fields(x, self.input_type))
+        return keras.utils.pack_x_y_sample_weight(features, y, sample_weight)
+
+    def features(self, fields: dict) -> dict:
+        """``{field: tf.string [B]}`` (choices ``[B, K]``) → the model's features, padded to a bucket."""
+        n_ctx, special, task = int(self.sequence_length), self.tokenizer.special_ids(), self._task()
+        first = fields[next(iter(fields))]
+        scalar = first.dtype == tf.string and first.shape.rank == 0
+        if scalar:
+            fields = {k: v[tf.newaxis] for k, v in fields.items()}
+        tokens = {k: self._ids(v) for k, v in fields.items()}
+        names, empty = INPUT_FIELDS[self.input_type], tf.zeros([0], tf.int32)
+
+        def one(i):
+            record = {"tokens_a": tokens[names[0]][i], "tokens_b": tokens[names[1]][i] if len(names) > 1 else empty,
+                      "choice_tokens": empty, "choice_lengths": empty, "label": tf.constant(-1.0)}
+            if self.input_type == "multiple_choice":
+                rows = tokens[CHOICES][i * self.num_choices:(i + 1) * self.num_choices]
+                record.update(choice_tokens=rows.flat_values, choice_lengths=tf.cast(rows.row_lengths(), tf.int32))
+            out, _ = transform_record(task, record, n_ctx, special)
+            return out["input_ids"], out["extract_index"], out["lm_weights"]
+
+        k = self.views
+        spec = (tf.TensorSpec([k, n_ctx], tf.int32), tf.TensorSpec([k], tf.int32),
+                tf.TensorSpec([k, n_ctx], tf.float32))
+        batch = tf.shape(fields[names[0]])[0]
+        ids, extract, weights = tf.map_fn(one, tf.range(batch), fn_output_signature=spec)
+        buckets = tf.constant(bucket_lengths(n_ctx), tf.int32)
+        longest = tf.reduce_max(extract) + 1
+        length = tf.gather(buckets, tf.searchsorted(buckets, longest[tf.newaxis])[0])
+        out = {"input_ids": ids[:, :, :length], "extract_index": extract, "lm_weights": weights[:, :, :length]}
+        return {k: v[0] for k, v in out.items()} if scalar else out
+
+    def _ids(self, value):
+        """A field's token ids, ragged ``[N, None]`` (choices flattened): tokenized, or given as ids."""
+        if value.dtype == tf.string:
+            return self.tokenizer.tokenize(tf.reshape(value, [-1]))
+        if not isinstance(value, tf.RaggedTensor):
+            value = tf.RaggedTensor.from_tensor(value)
+        value = tf.cast(value, tf.int32)
+        return value.merge_dims(0, 1) if value.ragged_rank == 2 or len(value.shape) == 3 else value
+
+    def get_config(self):
+        config = keras_hub.models.Preprocessor.get_config(self)
+        config.update(sequence_length=self.sequence_length, input_type=self.input_type, num_choices=self.num_choices)
+        return config
+
+
+@keras.saving.register_keras_serializable(package=PACKAGE)
+class GPT1CausalLMPreprocessor(keras_hub.models.CausalLMPreprocessor):
+    """Texts → ``({"token_ids", "padding_mask"}, next ids, mask)`` for the LM, and ``generate``'s prompts.
+
+    GPT-1 pre-trained on a plain token stream (no start or end token), so none is added; padding
+    uses the pad id and comes last.
+    """
+
+    backbone_cls = GPT1Backbone
+    tokenizer_cls = GPT1Tokenizer
+
+    def __init__(self, tokenizer, sequence_length=None, **kwargs):
+        keras_hub.models.Preprocessor.__init__(self, **kwargs)
+        self.packer = None
+        self.tokenizer = tokenizer
+        self.sequence_length = sequence_length
+        self.add_start_token = self.add_end_token = False
+
+    @property
+    def sequence_length(self):
+        """The views' (or sequences') length: the backbone's ``max_sequence_length`` unless set shorter."""
+        return self._sequence_length
+
+    @sequence_length.setter
+    def sequence_length(self, value):
+        self._sequence_length = None if value is None else int(value)
+
+    def build(self, input_shape=None):
+        self.built = True
+
+    def _pack(self, x, length):
+        ids = self.tokenizer.tokenize(tf.convert_to_tensor(x, tf.string))
+        scalar = ids.shape.rank == 1
+        if scalar:
+            ids = ids[tf.newaxis]
+        ids = ids[:, :length]
+        token_ids = ids.to_tensor(default_value=self.tokenizer.pad_token_id, shape=[None, length])
+        mask = tf.sequence_mask(ids.row_lengths(), length)
+        return token_ids, mask, scalar
+
+    @preprocessing_function
+    def call(self, x, y=None, sample_weight=None, sequence_length=None):
+        length = int(sequence_length or self.sequence_length)
+        token_ids, mask, _ = self._pack(x, length + 1)
+        x = {"token_ids": token_ids[:, :-1], "padding_mask": mask[:, :-1]}
+        return keras.utils.pack_x_y_sample_weight(x, token_ids[:, 1:], mask[:, 1:])
+
+    @preprocessing_function
+    def generate_preprocess(self, x, sequence_length=None):
+        token_ids, mask, scalar = self._pack(x, int(sequence_length or self.sequence_length))
+        if scalar:
+            return {"token_ids": token_ids[0], "padding_mask": mask[0]}
+        return {"token_ids": token_ids, "padding_mask": mask}
+
+    @preprocessing_function
+    def generate_postprocess(self, x):
+        ids = tf.ragged.boolean_mask(x["token_ids"], tf.cast(x["padding_mask"], tf.bool))
+        return self.tokenizer.detokenize(ids)
+
+    def get_config(self):
+        config = keras_hub.models.Preprocessor.get_config(self)
+        config.update(sequence_length=self.sequence_length)
+        return config

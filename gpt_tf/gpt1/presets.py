@@ -1,0 +1,148 @@
+"""GPT-1 presets: the ones shipped in ``gpt_tf/presets/`` (registered by name) and conversions into
+keras-hub's layout from a pre-training or fine-tuning run folder, GPT-1's released ``params_*.npy``
+shards, or a ``transformers`` state dict (``python -m gpt_tf.gpt1.convert`` is their command line).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+
+import keras_hub
+
+from gpt_tf.gpt1.backbone import GPT1Backbone
+from gpt_tf.gpt1.tokenizer import GPT1Tokenizer
+
+BUILTIN_DIR = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "presets")
+DESCRIPTIONS = {
+    "books_tiny": "The `tiny` GPT-1 (4 layers, 256 dims, 128 context, 8k BPE) pre-trained on 409 Gutenberg books "
+                  "(bench/torch_pretrain.py, 7,158 updates, held-out perplexity 55.1): the model the README's "
+                  "fine-tuning tables start from.",
+}
+
+
+def builtin_presets() -> dict:
+    """``{name: folder}`` of the presets shipped inside the package."""
+    if not os.path.isdir(BUILTIN_DIR):
+        return {}
+    return {name: os.path.join(BUILTIN_DIR, name) for name in sorted(os.listdir(BUILTIN_DIR))
+            if os.path.isfile(os.path.join(BUILTIN_DIR, name, "config.json"))}
+
+
+def register_builtin_presets() -> None:
+    """Registers each shipped preset with keras-hub, so ``from_preset("books_tiny")`` finds its folder
+    (no network: keras-hub reads a local folder as the preset's handle)."""
+    presets = {}
+    for name, folder in builtin_presets().items():
+        with open(os.path.join(folder, "metadata.json")) as f:
+            params = json.load(f).get("parameter_count")
+        presets[name] = {"metadata": {"description": DESCRIPTIONS.get(name, name), "params": params,
+                                      "path": "gpt1"}, "kaggle_handle": folder}
+    keras_hub.src.utils.preset_utils.register_presets(presets, GPT1Backbone)
+
+
+def backbone_from(model) -> GPT1Backbone:
+    """A ``GPT1Backbone`` holding a copy of the weights of a ``GPTBackbone`` (or a model holding one)."""
+    source = getattr(model, "backbone", model)
+    backbone = GPT1Backbone.from_gpt_config(source.config)
+    copy_weights(source, backbone)
+    return backbone
+
+
+def copy_weights(source, target) -> None:
+    """Variable by variable (the two share ``GPTBackbone``'s layout); ValueError on any shape mismatch."""
+    if len(source.weights) != len(target.weights):
+        raise ValueError(f"{len(source.weights)} weights vs {len(target.weights)}: not the same model")
+    for a, b in zip(source.weights, target.weights):
+        if tuple(a.shape) != tuple(b.shape):
+            raise ValueError(f"{a.path} {tuple(a.shape)} vs {b.path} {tuple(b.shape)}")
+        b.assign(a)
+
+
+def save_backbone_preset(backbone, tokenizer_dir: str, preset_dir: str) -> str:
+    """Writes ``backbone`` and the BPE files of ``tokenizer_dir`` as a preset; returns ``preset_dir``."""
+    tokenizer = GPT1Tokenizer(tokenizer_dir)
+    if tokenizer.vocabulary_size() != backbone.config.total_vocab:
+        raise ValueError(f"{tokenizer_dir} has {tokenizer.bpe_vocabulary_size} BPE tokens, the model "
+                         f"{backbone.config.vocab_size}")
+    backbone.save_to_preset(preset_dir)
+    tokenizer.save_to_preset(preset_dir)
+    return preset_dir
+
+
+def run_tokenizer_dir(run_dir: str) -> str:
+    """The BPE folder a run's data manifest names."""
+    from gpt_tf.checkpoints import read_json  # pylint: disable=import-outside-toplevel
+    from pipelines.records import read_manifest  # pylint: disable=import-outside-toplevel
+
+    config = "finetune_config.json" if os.path.isfile(os.path.join(run_dir, "finetune_config.json")) else \
+        "train_config.json"
+    data_dir = read_json(os.path.join(run_dir, config))["data_dir"]
+    return read_manifest(data_dir)["tokenizer"]["dir"]
+
+
+def preset_from_run(run_dir: str, preset_dir: str, tokenizer_dir: str = "") -> str:
+    """A pre-training run (→ backbone + tokenizer) or a fine-tuning run (→ its task too) as a preset."""
+    # pylint: disable=import-outside-toplevel
+    from gpt_tf.checkpoints import load_task_model, pretrained_model_config, restore_pretrained_lm
+    from gpt_tf.model import GPTLanguageModel  # pylint: disable=import-outside-toplevel
+    from pipelines.transforms import load_task_spec  # pylint: disable=import-outside-toplevel
+
+    tokenizer_dir = tokenizer_dir or run_tokenizer_dir(run_dir)
+    if not os.path.isfile(os.path.join(run_dir, "finetune_config.json")):
+        lm = GPTLanguageModel.from_config_preset(pretrained_model_config(run_dir))
+        restore_pretrained_lm(lm, run_dir)
+        return save_backbone_preset(backbone_from(lm), tokenizer_dir, preset_dir)
+    model, spec = load_task_model(run_dir, load_task_spec)
+    task = task_from(model, spec, tokenizer_dir)
+    task.save_to_preset(preset_dir)
+    return preset_dir
+
+
+def task_from(model, spec, tokenizer_dir: str):
+    """The keras-hub task of a ``GPTTaskModel`` + ``TaskSpec`` (weights copied, head included)."""
+    from gpt_tf.gpt1.preprocessor import GPT1TaskPreprocessor  # pylint: disable=import-outside-toplevel
+    from gpt_tf.gpt1.text_classifier import (  # pylint: disable=import-outside-toplevel
+        GPT1MultipleChoice, GPT1TextClassifier, GPT1TextRegressor)
+
+    backbone = backbone_from(model)
+    preprocessor = GPT1TaskPreprocessor(GPT1Tokenizer(tokenizer_dir), input_type=spec.input_type,
+                                        num_choices=spec.num_choices)
+    if spec.head == "regression":
+        task = GPT1TextRegressor(backbone, preprocessor, input_type=spec.input_type, dropout=model.clf_pdrop)
+    elif spec.head == "choice":
+        task = GPT1MultipleChoice(backbone, spec.num_choices, preprocessor, dropout=model.clf_pdrop)
+    else:
+        task = GPT1TextClassifier(backbone, len(spec.label_names), preprocessor, input_type=spec.input_type,
+                                  label_names=spec.label_names, dropout=model.clf_pdrop)
+    copy_weights(model.clf, task.task_model.clf)
+    return task
+
+
+def preset_from_gpt1_shards(params_dir: str, tokenizer_dir: str, preset_dir: str, model: str = "gpt1") -> str:
+    """GPT-1's released ``params_{0..9}.npy`` (+ ``params_shapes.json``) as a preset (the ``model`` config's
+    shape, ``gpt1`` for the release; n_ctx from the position table)."""
+    from gpt_tf.config import get_preset  # pylint: disable=import-outside-toplevel
+    from gpt_tf.weights import load_gpt1_release  # pylint: disable=import-outside-toplevel
+
+    vocab_size = GPT1Tokenizer(tokenizer_dir).bpe_vocabulary_size
+    backbone = GPT1Backbone.from_gpt_config(get_preset(model, vocab_size=vocab_size))
+    load_gpt1_release(backbone, params_dir)
+    return save_backbone_preset(backbone, tokenizer_dir, preset_dir)
+
+
+def preset_from_hf_state_dict(paths, model: str, tokenizer_dir: str, preset_dir: str, n_ctx: int = 0) -> str:
+    """A ``transformers`` ``OpenAIGPT`` state dict (``.npz`` parts) as a preset of the ``model`` config."""
+    import numpy as np  # pylint: disable=import-outside-toplevel
+
+    from gpt_tf.config import get_preset  # pylint: disable=import-outside-toplevel
+    from gpt_tf.weights import load_hf_state_dict  # pylint: disable=import-outside-toplevel
+
+    state = {}
+    for path in paths:
+        with np.load(path) as part:
+            state.update({k: part[k].astype(np.float32) for k in part.files})
+    overrides = {"vocab_size": GPT1Tokenizer(tokenizer_dir).bpe_vocabulary_size, **({"n_ctx": n_ctx} if n_ctx else {})}
+    backbone = GPT1Backbone.from_gpt_config(get_preset(model, **overrides))
+    load_hf_state_dict(backbone, state)
+    return save_backbone_preset(backbone, tokenizer_dir, preset_dir)

@@ -1,0 +1,170 @@
+"""What the GPT-1 fine-tuning tasks share: the head, Eq. 5's loss, the paper's optimiser, ``fit``.
+
+Each task holds a ``GPTTaskModel`` (``gpt_tf/task_model.py``: W_y on the extract-token state, the
+symmetric sum, multiple choice) on its ``GPT1Backbone``, so a task computes what the CLI's fine-tuning
+computes. ``compute_loss`` is Eq. 5, L3 = L2 + λ·L1 (``task_loss``; λ = ``lm_coef``, 0.5 by default),
+L1 at the real next tokens only. ``train_step`` normalises by the global batch's examples and LM
+tokens and sums the replicas' gradients once before clipping, as the project's loop does
+(``gpt_tf.training.loop.all_reduce_and_apply``): on one device or under ``MirroredStrategy`` the
+update is the loop's. ``compile()``'s defaults are the paper's (§4.1, §3.2): ``GPTAdamW`` (decay
+0.01 on matrices only, clipping at norm 1, the fused kernel where it runs), a linear warm-up over
+0.2% of the updates then linear decay to 0 over the updates ``fit`` will run.
+"""
+
+from __future__ import annotations
+
+import math
+
+import keras
+import numpy as np
+import tensorflow as tf
+
+from gpt_tf.optim import GPTAdamW, WarmupDecay, make_optimizer
+from gpt_tf.task_model import GPTTaskModel, task_loss
+from gpt_tf.tasks import TaskSpec
+from gpt_tf.training.loop import all_reduce_and_apply
+
+PAPER = {"learning_rate": 6.25e-5, "warmup_fraction": 0.002, "weight_decay": 0.01, "clip_norm": 1.0, "lm_coef": 0.5}
+
+
+class GPT1TaskMixin:
+    """Mixed into each keras-hub task class (before it): see the module doc."""
+
+    def _setup(self, backbone, preprocessor, spec: TaskSpec, dropout: float, lm_coef: float):
+        if not 0.0 <= float(lm_coef):
+            raise ValueError(f"lm_coef must be >= 0, got {lm_coef}")
+        n_ctx = backbone.config.n_ctx
+        if preprocessor is not None:
+            if preprocessor.sequence_length is None:
+                preprocessor.sequence_length = n_ctx
+            if preprocessor.sequence_length > n_ctx:
+                raise ValueError(f"preprocessor sequence_length={preprocessor.sequence_length} is longer than the "
+                                 f"backbone's max_sequence_length={n_ctx}")
+            loaded = getattr(preprocessor.tokenizer, "_offline", None) is not None  # else: assets come later
+            vocab = preprocessor.tokenizer.vocabulary_size() if loaded else backbone.config.total_vocab
+            if vocab != backbone.config.total_vocab:
+                raise ValueError(f"the tokenizer has {vocab} ids (BPE + specials) but the backbone "
+                                 f"{backbone.config.total_vocab}")
+        self.backbone = backbone
+        self.preprocessor = preprocessor
+        self.task_spec = spec
+        self.dropout = float(dropout)
+        self.lm_coef = float(lm_coef)
+        self.task_model = GPTTaskModel(backbone, spec, clf_pdrop=dropout, dtype=backbone.dtype_policy, name="head")
+        self.dtype_policy = backbone.dtype_policy
+        self.built = True
+
+    # ------------------------------------------------------------------ forward
+    def call(self, inputs, training=False):
+        """The task output: class logits ``[B, C]``, scores ``[B]`` or candidate logits ``[B, K]``."""
+        return self.task_model(inputs, training=training, with_lm=False)["task"]
+
+    def compute_loss(self, x=None, y=None, y_pred=None, sample_weight=None, training=True, counts=None):
+        """Eq. 5. ``y_pred``: the task output, or ``GPTTaskModel``'s outputs dict (with the LM's, in training).
+        ``counts``: the global batch's ``examples`` and ``lm_tokens`` (default: this batch's)."""
+        outputs = y_pred if isinstance(y_pred, dict) else {"task": y_pred}
+        lm_coef = self.lm_coef if "lm" in outputs else 0.0
+        y = self._checked_labels(y)
+        parts = task_loss(self.task_spec, outputs, x, y, lm_coef)
+        if counts is None:
+            return parts["total"]
+        return parts["task_sum"] / counts["examples"] + lm_coef * (parts["lm_sum"] / counts["lm_tokens"])
+
+    def _checked_labels(self, y):
+        """``y``, after checks (a clear error, before the loss's own) that class labels are in 0..num_classes-1."""
+        if self.task_spec.head == "regression" or y is None:
+            return y
+        n, labels = self.task_spec.num_labels, tf.cast(y, tf.int32)
+        checks = [tf.debugging.assert_less(labels, n, message=(
+            f"a label is >= num_classes={n} (labels are 0..{n - 1}); build the task with the right num_classes")),
+                  tf.debugging.assert_non_negative(labels, message="a label is negative")]
+        with tf.control_dependencies(checks):
+            return tf.identity(y)
+
+    def train_step(self, data):
+        x, y, _ = keras.utils.unpack_x_y_sample_weight(data)
+        ctx = tf.distribute.get_replica_context()
+        lm_coef = self.lm_coef
+        lm = tf.reduce_sum(tf.cast(x["lm_weights"], tf.float32)) if lm_coef else tf.constant(0.0)
+        counts = {"examples": ctx.all_reduce(tf.distribute.ReduceOp.SUM, tf.cast(tf.shape(y)[0], tf.float32)),
+                  "lm_tokens": tf.maximum(ctx.all_reduce(tf.distribute.ReduceOp.SUM, lm), 1.0)}
+        variables = self.trainable_variables
+        with tf.GradientTape() as tape:
+            outputs = self.task_model(x, training=True, with_lm="targets" if lm_coef else False)
+            loss = self.compute_loss(x, y, outputs, counts=counts)
+        grads = tape.gradient(loss, variables)
+        if isinstance(self.optimizer, GPTAdamW):
+            all_reduce_and_apply(grads, variables, self.optimizer)
+        else:  # a Keras optimizer sums the replicas' gradients itself
+            self.optimizer.apply(grads, variables)
+        self._loss_tracker.update_state(ctx.all_reduce(tf.distribute.ReduceOp.SUM, loss))
+        return self.compute_metrics(x, y, outputs["task"])
+
+    # ------------------------------------------------------------------ optimiser
+    def _paper_compile(self, optimizer, kwargs, **defaults):
+        """Pops the recipe's arguments from ``kwargs``; for ``optimizer="auto"`` builds the paper's."""
+        recipe = {k: kwargs.pop(k, v) for k, v in PAPER.items()}
+        self.lm_coef = float(recipe["lm_coef"])
+        kwargs.setdefault("jit_compile", False)
+        self._auto_schedule = None
+        if optimizer == "auto":
+            schedule = WarmupDecay(recipe["learning_rate"], 0, 1, "linear")
+            optimizer = make_optimizer(self.trainable_variables, schedule, recipe["weight_decay"], recipe["clip_norm"])
+            self._auto_schedule = (schedule, recipe["warmup_fraction"])
+        return optimizer
+
+    def _plan_schedule(self, x, batch_size, epochs, steps_per_epoch):
+        """Sets the auto schedule's length to the updates this ``fit`` runs (warm-up, then decay to 0)."""
+        if getattr(self, "_auto_schedule", None) is None:
+            return
+        steps = steps_per_epoch
+        if steps is None and isinstance(x, tf.data.Dataset):
+            n = int(x.cardinality())
+            steps = n if n > 0 else None
+        elif steps is None:
+            first = x[next(iter(x))] if isinstance(x, dict) else (x[0] if isinstance(x, tuple) else x)
+            steps = math.ceil(len(first) / (batch_size or 32))
+        if steps is None:
+            raise ValueError("fit: the dataset's length is unknown; pass steps_per_epoch (the schedule needs it)")
+        schedule, fraction = self._auto_schedule
+        total = int(self.optimizer.iterations.numpy()) + steps * epochs
+        schedule.total_steps, schedule.warmup_steps = total, math.ceil(fraction * steps * epochs)
+        self.train_function = None  # retrace with the new schedule
+
+    def _pretokenize(self, x):
+        from gpt_tf.gpt1.preprocessor import pretokenize  # pylint: disable=import-outside-toplevel
+        if self.preprocessor is None:
+            return x
+        return pretokenize(x, self.preprocessor.tokenizer, self.preprocessor.input_type)
+
+    def fit(self, x=None, y=None, batch_size=None, epochs=1, steps_per_epoch=None, validation_data=None, **kwargs):
+        """Keras's ``fit``; texts in memory are tokenized first (offline tokenizer), then batched, each batch
+        padded to its length bucket. With ``compile()``'s default optimizer the schedule spans this call."""
+        self._plan_schedule(x, batch_size, epochs, steps_per_epoch)
+        if isinstance(validation_data, tuple) and not isinstance(validation_data[0], tf.data.Dataset):
+            validation_data = (self._pretokenize(validation_data[0]), *validation_data[1:])
+        x = self._pretokenize(x)
+        if kwargs.pop("shuffle", True) and y is not None and not isinstance(x, tf.data.Dataset):
+            x, y, kwargs = _shuffled(x, y, kwargs)  # keras-hub's PipelineModel would ignore `shuffle`
+        return super().fit(x, y, batch_size=batch_size, epochs=epochs,
+                           steps_per_epoch=steps_per_epoch, validation_data=validation_data, **kwargs)
+
+    def evaluate(self, x=None, y=None, **kwargs):
+        return super().evaluate(self._pretokenize(x), y, **kwargs)
+
+    def predict(self, x, **kwargs):
+        return super().predict(self._pretokenize(x), **kwargs)
+
+    def _task_config(self) -> dict:
+        return {"dropout": self.dropout, "lm_coef": self.lm_coef}
+
+
+def _shuffled(x, y, kwargs):
+    """``x`` (a dict of per-example tensors), ``y`` and any ``sample_weight`` in one random order
+    (numpy's global generator: ``keras.utils.set_random_seed`` makes it repeatable)."""
+    y = np.asarray(y)
+    order = np.random.permutation(len(y))
+    x = {k: tf.gather(v, order) for k, v in x.items()} if isinstance(x, dict) else tf.gather(x, order)
+    if kwargs.get("sample_weight") is not None:
+        kwargs = {**kwargs, "sample_weight": np.asarray(kwargs["sample_weight"])[order]}
+    return x, y[order], kwargs
