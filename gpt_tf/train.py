@@ -239,7 +239,7 @@ def _pretrain_setup():
 def _finetune_model_config(tokenizer_vocab):
     """The backbone's config: the pre-trained run's, GPT-1's for release shards, else --model's."""
     from gpt_tf.config import get_preset
-    from gpt_tf.checkpoints import pretrained_model_config
+    from gpt_tf.run_dir import pretrained_model_config
 
     if FLAGS.mode in ("eval", "predict") or os.path.isfile(os.path.join(FLAGS.run_dir, "model_config.json")):
         config = pretrained_model_config(FLAGS.run_dir)
