@@ -234,7 +234,7 @@ def _train_kwargs() -> dict:
 def _pretrain_setup(setup: Setup) -> Setup:
     """``setup`` with pre-training's tokenizer, model config and TrainConfig fields, checked against the run's saved ones."""
     from gpt_tf.config import get_preset
-    from gpt_tf.tokenizer import GPTTokenizer
+    from gpt_tf.text.tokenizer import GPTTokenizer
 
     manifest = setup.manifest
     tokenizer = GPTTokenizer.from_dir(FLAGS.tokenizer_dir or manifest["tokenizer"]["dir"])

@@ -102,7 +102,7 @@ class RunFolder:
     @functools.cached_property
     def tokenizer(self):
         """The offline ``GPTTokenizer`` (read once, on first use)."""
-        from gpt_tf.tokenizer import GPTTokenizer
+        from gpt_tf.text.tokenizer import GPTTokenizer
 
         return GPTTokenizer.from_dir(self.tokenizer_dir)
 

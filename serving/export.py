@@ -78,7 +78,7 @@ def task_warmup(model_name: str, task) -> list:
 
 def _offline_tokenizer(tokenizer):
     """A ``GPTTokenizer``: ``tokenizer`` itself, or the one in the folder it names."""
-    from gpt_tf.tokenizer import GPTTokenizer
+    from gpt_tf.text.tokenizer import GPTTokenizer
 
     return GPTTokenizer.from_dir(tokenizer) if isinstance(tokenizer, (str, os.PathLike)) else tokenizer
 

@@ -59,7 +59,7 @@ def test_a_pretraining_run_is_read_once(tmp_path, shared_data, counted, monkeypa
     assert folder.model_config == get_preset("test", n_ctx=48)
     assert folder.manifest["n_ctx"] == 48 and folder.tokenizer_dir == str(shared_data / "gpt1_bpe")
     assert folder.tokenizer_problems() == []
-    from gpt_tf.tokenizer import GPTTokenizer
+    from gpt_tf.text.tokenizer import GPTTokenizer
 
     loads = []
     real = GPTTokenizer.from_dir
