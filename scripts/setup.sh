@@ -1,24 +1,25 @@
 #!/usr/bin/env bash
-# Creates .venv (Python 3.11) and installs the pinned stack; `setup.sh dev` adds the test extras.
-# Idempotent: re-running only installs what changed in the requirements files.
+# Creates .venv (Python 3.11) and installs gpt-tf into it through pyproject.toml, editable (`pip install -e .`:
+# the pinned runtime stack); `setup.sh dev` adds the test and benchmark extras (`pip install -e ".[dev]"`).
+# Idempotent: re-running installs again only when pyproject.toml changed (a stamp per mode in .venv).
 # Measured on a fresh .venv (README, "Install"): the runtime stack 49-77 s and 2.5 GB; the test
 # extras 60-63 s more, 3.7 GB in all.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 PYTHON=${PYTHON:-python3}
 PIP=(.venv/bin/python -m pip install -q --disable-pip-version-check)
-req=requirements.txt
-[[ "${1:-}" == "dev" ]] && req=requirements-dev.txt
-stamp() { echo ".venv/.installed-$(cat requirements.txt "$1" | sha256sum | cut -c1-16)"; }
+mode=runtime target=.
+[[ "${1:-}" == "dev" ]] && mode=dev target=".[dev]"
+stamp() { echo ".venv/.installed-$1-$(sha256sum < pyproject.toml | cut -c1-16)"; }
 
 # torch is a test-time reference only. On Linux x86_64, PyPI's torch is the CUDA build: a 527 MB wheel
 # that pulls 17 CUDA 13 packages (cuBLAS 423 MB, cuDNN 366 MB, ...). PyTorch's index has the CPU build
-# (192 MB); it is taken from there when that index answers, and the pin in requirements-dev.txt is then
+# (192 MB); it is taken from there when that index answers, and the dev extra's pin in pyproject.toml is then
 # already met. Where only PyPI answers, pip installs PyPI's build with the rest.
 cpu_torch() {
   [[ "$(uname -sm)" == "Linux x86_64" ]] || return 0
   local pin
-  pin=$(grep -E '^torch==' requirements-dev.txt)
+  pin=$(grep -oE '"torch==[^"]+"' pyproject.toml | tr -d '"')  # tests/test_packaging.py holds it to the extra's pin
   "${PIP[@]}" --retries 0 --extra-index-url https://download.pytorch.org/whl/cpu "$pin+cpu" 2>/dev/null \
     || echo "==> torch's CPU build is not reachable (download.pytorch.org): PyPI's CUDA build instead, several GB"
 }
@@ -27,13 +28,15 @@ if [[ ! -x .venv/bin/python ]]; then
   echo "==> creating .venv with $($PYTHON --version)"
   "$PYTHON" -m venv .venv
 fi
-if [[ ! -f "$(stamp "$req")" ]]; then
-  echo "==> installing $req (on a fresh machine about 1 min for the runtime stack, 1 more for the test extras)"
+if [[ ! -f "$(stamp "$mode")" ]]; then
+  echo "==> pip install -e \"$target\" (on a fresh machine about 1 min for the runtime stack, 1 more for the test extras)"
   "${PIP[@]}" --upgrade pip
-  [[ "$req" == requirements-dev.txt ]] && cpu_torch
-  "${PIP[@]}" -r "$req"
-  touch "$(stamp "$req")" "$(stamp requirements.txt)"  # the test extras include the runtime stack
+  [[ "$mode" == dev ]] && cpu_torch
+  # setuptools warns on every editable install that folders named like the packages may shadow them: here
+  # they are the packages themselves.
+  PYTHONWARNINGS="ignore:Editable installation" "${PIP[@]}" -e "$target"
+  touch "$(stamp "$mode")" "$(stamp runtime)"  # the test extras include the runtime stack
 fi
 # gpt_tf's fused CPU kernels (gpt_tf/kernels): built once per machine (~10 s) into ~/.cache/gpt_tf/kernels.
 # Without a C++ compiler this prints why and training runs TensorFlow's stock ops (same results, slower).
-PYTHONPATH=$PWD .venv/bin/python -m gpt_tf.kernels
+.venv/bin/python -m gpt_tf.kernels

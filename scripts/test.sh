@@ -3,6 +3,8 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/setup.sh dev
+# setup.sh installs gpt-tf editable; PYTHONPATH still puts this checkout first, for a .venv shared by several
+# checkouts (git worktrees) whose editable install points at another one, and for the tests' own child processes.
 export PYTHONPATH=$PWD TF_CPP_MIN_LOG_LEVEL=2
 # Two workers (pytest-xdist): most tests wait on one-core work (a subprocess's start-up, a server), so two
 # of them share the 2 cores well; a file, and tests/serving_e2e/ as a whole, stay on one worker
