@@ -29,7 +29,7 @@ HOLDOUT_FRACTION = 0.06
 
 def train_bpe(root: Path, shared: Path, books: int, log=print) -> Path:
     """``root/bpe8k``: an 8k BPE trained on the first ``books`` books of ``shared/books/train`` (once)."""
-    from gpt_tf.tokenizer import GPTTokenizer
+    from gpt_tf.text.tokenizer import GPTTokenizer
     from pipelines.books import Book, find_book_files, load_book
 
     bpe = root / "bpe8k"

@@ -57,7 +57,8 @@ def main(argv):
     del argv  # everything is a flag
     import keras
 
-    from gpt_tf.checkpoints import build_task_models, initialise_from_pretrained, pretrained_model_config
+    from gpt_tf.checkpoints import build_task_models, initialise_from_pretrained
+    from gpt_tf.run_dir import pretrained_model_config
     from pipelines.transforms import load_task_spec, special_ids_from_config
 
     task = load_task_spec(FLAGS.task_dir)

@@ -213,7 +213,7 @@ def main(argv):
     from gpt_tf.model import GPTBackbone
     from gpt_tf.task_model import GPTTaskModel
     from gpt_tf.tasks import get_task
-    from gpt_tf.tokenizer import GPTTokenizer
+    from gpt_tf.text.tokenizer import GPTTokenizer
     from serving.export import export_task_model
 
     concurrency = [int(c) for c in args.concurrency.split(",")]

@@ -1,7 +1,7 @@
-"""Writes ``gpt_tf/spacy_en_rules.json``: spaCy's English tokenizer rules, in RE2-compatible form.
+"""Writes ``gpt_tf/text/spacy_en_rules.json``: spaCy's English tokenizer rules, in RE2-compatible form.
 
 GPT-1 split words with spaCy's English tokenizer. The project reproduces that split in
-``gpt_tf/word_split.py`` (offline) and ``gpt_tf/tf_tokenizer.py`` (core TensorFlow) without
+``gpt_tf/text/word_split.py`` (offline) and ``gpt_tf/text/tf_tokenizer.py`` (core TensorFlow) without
 depending on spaCy: this script copies spaCy's data once, from ``spacy.lang.en.English().tokenizer``
 and the lists it was built from, into the JSON file:
 
@@ -25,7 +25,7 @@ result on text after ``text_standardize`` (which pads every run of ``+ - / ? ! ,
 
 and one part of ``URL_PATTERN``, its scheme ``[\\w+-.]{2,}://``, which needs a ``/``.
 
-    python -m bench.spacy_rules            # rewrites gpt_tf/spacy_en_rules.json (needs spaCy)
+    python -m bench.spacy_rules            # rewrites gpt_tf/text/spacy_en_rules.json (needs spaCy)
 """
 
 from __future__ import annotations
@@ -37,7 +37,7 @@ import sys
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-OUTPUT = ROOT / "gpt_tf" / "spacy_en_rules.json"
+OUTPUT = ROOT / "gpt_tf" / "text" / "spacy_en_rules.json"
 
 
 @functools.lru_cache(maxsize=None)
@@ -49,7 +49,7 @@ def _char_set(pattern: str) -> str:
 
 def _class_body(chars: str) -> str:
     """``chars`` as the inside of a character class (``\\x{..}`` ranges)."""
-    from gpt_tf.text_clean import regex_char_class  # pylint: disable=import-outside-toplevel
+    from gpt_tf.text.text_clean import regex_char_class  # pylint: disable=import-outside-toplevel
     return regex_char_class(chars)[1:-1]
 
 

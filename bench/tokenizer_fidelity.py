@@ -113,7 +113,7 @@ def measure(data_dir: Path, names, with_graph: bool, examples: int) -> dict:
     """Scores of every set, for the offline and (optionally) the in-graph tokenizer."""
     sys.path.insert(0, str(ROOT))
     from bench.reference_encoder import ReferenceEncoder  # pylint: disable=import-outside-toplevel
-    from gpt_tf.tokenizer import GPTTokenizer  # pylint: disable=import-outside-toplevel
+    from gpt_tf.text.tokenizer import GPTTokenizer  # pylint: disable=import-outside-toplevel
     reference = ReferenceEncoder(data_dir / "gpt1_bpe")
     offline = GPTTokenizer.from_dir(data_dir / "gpt1_bpe")
     graph = offline.tf_tokenizer() if with_graph else None

@@ -34,7 +34,7 @@ DATA = ROOT.parent / "shared" / "data"
 
 def child(data_dir: Path, books_count: int) -> dict:
     """One measurement (run in a child process whose PYTHONPATH picks the tokenizer's source)."""
-    from gpt_tf.tokenizer import GPTTokenizer  # pylint: disable=import-outside-toplevel
+    from gpt_tf.text.tokenizer import GPTTokenizer  # pylint: disable=import-outside-toplevel
     from pipelines import books  # pylint: disable=import-outside-toplevel
     from pipelines.book_stream import text_blocks  # pylint: disable=import-outside-toplevel
     tokenizer = GPTTokenizer.from_dir(data_dir / "gpt1_bpe")
@@ -53,7 +53,7 @@ def child(data_dir: Path, books_count: int) -> dict:
 def graph_child(data_dir: Path, calls: int) -> dict:
     """Median latency of the in-graph tokenizer on SST-2 texts of ~128 tokens, 1 and 8 per call."""
     import tensorflow as tf  # pylint: disable=import-outside-toplevel
-    from gpt_tf.tokenizer import GPTTokenizer  # pylint: disable=import-outside-toplevel
+    from gpt_tf.text.tokenizer import GPTTokenizer  # pylint: disable=import-outside-toplevel
     offline = GPTTokenizer.from_dir(data_dir / "gpt1_bpe")
     graph = offline.tf_tokenizer()
     rows = (data_dir / "glue" / "SST-2" / "train.tsv").read_text(encoding="utf-8").splitlines()[1:]

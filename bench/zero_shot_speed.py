@@ -67,7 +67,7 @@ def main(argv):
     from gpt_tf.analysis.heuristics import HEURISTICS, load_examples, requests
     from gpt_tf.analysis.lm_scorer import LMScorer
     from gpt_tf.model import GPTLanguageModel
-    from gpt_tf.tokenizer import GPTTokenizer
+    from gpt_tf.text.tokenizer import GPTTokenizer
 
     tokenizer = GPTTokenizer.from_dir(train_bpe(Path(args.data_root), Path(args.shared_data), args.books, print))
     reqs = []

@@ -7,14 +7,14 @@ Only the chief writes into ``run_dir/checkpoints``; under multi-worker every wor
 be on storage all workers read (a shared file system or ``gs://``).
 
 Readers of finished runs (``serving/export.py``, ``gpt_tf/analysis/zero_shot.py``) build models here
-without any optimizer or training data: ``load_task_model`` (a fine-tuning run) and
-``restore_pretrained_lm`` (a pre-training run, a checkpoint prefix or GPT-1 release shards).
+without any optimizer or training data: ``load_task_model`` (a fine-tuning run, as
+``pipelines.run_folder.RunFolder`` read it) and ``restore_pretrained_lm`` (a pre-training run, a
+checkpoint prefix or GPT-1 release shards).
 Nothing here imports training code or ``pipelines``.
 """
 
 from __future__ import annotations
 
-import json
 import os
 import re
 import shutil
@@ -23,18 +23,11 @@ import tempfile
 import tensorflow as tf
 
 from gpt_tf import preset_io
-from gpt_tf.config import GPTConfig, get_preset
+from gpt_tf.config import GPTConfig
+from gpt_tf.run_dir import pretrained_model_config
 from gpt_tf.strategy import is_chief
 
 CHECKPOINTS = "checkpoints"  # a run folder's sub-folder
-
-
-def read_json(path: str) -> dict:
-    """A JSON file of a run or data folder; FileNotFoundError naming it when it is missing."""
-    if not os.path.isfile(path):
-        raise FileNotFoundError(f"{path} not found")
-    with open(path) as f:
-        return json.load(f)
 
 
 def variables_by_key(variables):
@@ -119,22 +112,6 @@ def kept_checkpoints(run_dir: str, step: int = 0) -> list[tuple[int, str]]:
 
 
 # ---------------------------------------------------------------------- the model a run implies
-def pretrained_model_config(path: str) -> GPTConfig:
-    """The GPTConfig of a pre-training (or fine-tuning) run dir, a checkpoint prefix, GPT-1 release shards or a
-    keras-hub preset folder (``gpt_tf/preset_io.py``)."""
-    if os.path.isfile(os.path.join(path, "params_0.npy")):
-        return get_preset("gpt1")
-    if preset_io.is_preset(path):
-        return preset_io.preset_config(path)
-    run_dir = path if os.path.isdir(path) else os.path.dirname(os.path.dirname(path))  # run/checkpoints/ckpt-N
-    config_path = os.path.join(run_dir, "model_config.json")
-    if not os.path.isfile(config_path):
-        raise FileNotFoundError(f"{config_path} not found: {path} is not a gpt_tf run (nor GPT-1 release shards, "
-                                "nor a preset folder)")
-    with open(config_path) as f:
-        return GPTConfig(**json.load(f))
-
-
 def restore_pretrained_lm(lm, path: str) -> str:
     """Loads pre-trained weights into the ``GPTLanguageModel`` ``lm``; returns what was read.
 
@@ -183,21 +160,19 @@ def build_task_models(model_config: GPTConfig, tasks, clf_pdrop: float, precisio
     return [GPTTaskModel(backbone, task, clf_pdrop=clf_pdrop, dtype=precision) for task in tasks]
 
 
-def load_task_model(run_dir: str, load_task_spec, precision: str = "float32", data_dir: str = ""):
+def load_task_model(run, precision: str = "float32"):
     """(``GPTTaskModel``, ``TaskSpec``) of a fine-tuning run's latest checkpoint: its primary task.
 
-    Built from the run's ``model_config.json`` and ``finetune_config.json`` (a multi-task run gets its
-    shared backbone and every head); only the model's weights are restored: no optimizer, no data.
-    ``load_task_spec(data_dir)``: the ``TaskSpec`` a task data folder was built for (its manifest,
-    read by ``pipelines.transforms.load_task_spec``, which the core does not import).
-    ``data_dir``: the primary task's data folder, if not where the run read it.
+    ``run``: the run folder as ``pipelines.run_folder.RunFolder`` read it once (its ``model_config``,
+    ``run_config`` and the ``tasks`` its data manifests name; the core does not import ``pipelines``).
+    A multi-task run gets its shared backbone and every head; only the model's weights are
+    restored: no optimizer, no data.
     """
-    saved = read_json(os.path.join(run_dir, "finetune_config.json"))
-    tasks = [load_task_spec(d) for d in (data_dir or saved["data_dir"], *saved.get("aux_data_dirs", ()))]
-    models = build_task_models(pretrained_model_config(run_dir), tasks, saved.get("clf_pdrop", 0.1), precision)
+    run_dir = run.path
+    models = build_task_models(run.model_config, run.tasks, run.run_config.get("clf_pdrop", 0.1), precision)
     latest = tf.train.latest_checkpoint(os.path.join(run_dir, CHECKPOINTS))
     if not latest:
         raise FileNotFoundError(f"{run_dir}/{CHECKPOINTS} holds no checkpoint")
     model = variables_by_key(unique_variables(v for m in models for v in m.variables))
     tf.train.Checkpoint(model=model).restore(latest).expect_partial().assert_existing_objects_matched()
-    return models[0], tasks[0]
+    return models[0], run.tasks[0]

@@ -22,7 +22,12 @@ import json
 import os
 from typing import Optional
 
+from gpt_tf import preset_io
+from gpt_tf.config import GPTConfig, get_preset
+
 DATA_FILE = "data.json"
+MODEL_CONFIG = "model_config.json"
+RUN_CONFIGS = {"pretrain": "train_config.json", "finetune": "finetune_config.json"}  # the run config, by kind
 RESUMABLE = {
     "train_config.json": frozenset({"train_steps", "log_every", "checkpoint_every", "keep_checkpoints", "eval_every",
                                     "eval_batches", "sample_every", "sample_prompt", "sample_length", "jit_compile",
@@ -90,3 +95,27 @@ def resume_problems(run_dir: str, configs: dict) -> list[str]:
 def data_identity(**data_manifests: Optional[dict]) -> dict:
     """``data.json``'s content: each data folder's manifest ``config_hash`` (None when it has none)."""
     return {role: (manifest or {}).get("config_hash") for role, manifest in data_manifests.items()}
+
+
+def read_json(path: str) -> dict:
+    """A JSON file of a run or data folder; FileNotFoundError naming it when it is missing."""
+    if not os.path.isfile(path):
+        raise FileNotFoundError(f"{path} not found")
+    with open(path) as f:
+        return json.load(f)
+
+
+def pretrained_model_config(path: str) -> GPTConfig:
+    """The GPTConfig of a pre-training (or fine-tuning) run dir, a checkpoint prefix, GPT-1 release shards or a
+    keras-hub preset folder (``gpt_tf/preset_io.py``)."""
+    if os.path.isfile(os.path.join(path, "params_0.npy")):
+        return get_preset("gpt1")
+    if preset_io.is_preset(path):
+        return preset_io.preset_config(path)
+    run_dir = path if os.path.isdir(path) else os.path.dirname(os.path.dirname(path))  # run/checkpoints/ckpt-N
+    config_path = os.path.join(run_dir, MODEL_CONFIG)
+    if not os.path.isfile(config_path):
+        raise FileNotFoundError(f"{config_path} not found: {path} is not a gpt_tf run (nor GPT-1 release shards, "
+                                "nor a preset folder)")
+    with open(config_path) as f:
+        return GPTConfig(**json.load(f))

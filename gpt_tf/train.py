@@ -19,15 +19,18 @@ result (``--json``: the result as one JSON line instead, for scripts).
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import sys
+from typing import Optional
 
 from absl import app, flags, logging
 
 from gpt_tf import flag_checks, kernels, train_flags
+from gpt_tf.config import GPTConfig
 from gpt_tf.recipes import PAPER_FINETUNE
-from gpt_tf.run_dir import DATA_FILE, data_identity, resume_problems, write_json_atomic
+from gpt_tf.run_dir import DATA_FILE, MODEL_CONFIG, RUN_CONFIGS, data_identity, resume_problems, write_json_atomic
 from gpt_tf.train_flags import define_flags
 
 FLAGS = flags.FLAGS  # defined by train_flags.define_flags() when run() starts
@@ -103,9 +106,22 @@ def _say(message: str) -> None:
     print(message, file=sys.stderr, flush=True)
 
 
-def _report(result: dict, summary: str) -> None:
-    """The command's last stdout line: a readable summary, or with --json the result as JSON (for scripts)."""
-    print(json.dumps(result) if FLAGS.json else summary, flush=True)
+@dataclasses.dataclass(frozen=True)
+class Setup:
+    """What a mode starts from, found before TensorFlow starts (nothing is written yet)."""
+    manifest: dict                 # --data_dir's manifest.json (each manifest is read once, here)
+    aux_manifests: tuple = ()      # --aux_data_dirs' manifests, in flag order
+    model_config: Optional[GPTConfig] = None  # pre-training: from --model and the data (fine-tuning finds its own)
+    tokenizer: object = None       # pre-training: the offline GPTTokenizer of the data
+    train_kwargs: dict = dataclasses.field(default_factory=dict)  # pre-training: TrainConfig's fields
+    problems: tuple = ()
+
+
+@dataclasses.dataclass(frozen=True)
+class Summary:
+    """A mode's result: its JSON (None: the line only, as ``--mode=generate`` prints) and its one-line summary."""
+    result: Optional[dict]
+    line: str
 
 
 def main(argv):
@@ -118,12 +134,9 @@ def main(argv):
     problems = flag_checks.problems(FLAGS) + _check_flags()  # value rules (one table), then combinations
     if problems:
         flag_checks.fail("gpt_tf.train", problems)
-
-    problems = _data_problems()  # first: the pre-training set-up below reads the tokenizer files
-    setup = None if problems or FLAGS.task else _pretrain_setup()
-    problems += setup[-1] if setup else []
-    if problems:
-        flag_checks.fail("gpt_tf.train", problems, "cannot start, nothing was written")
+    setup = _setup()
+    if setup.problems:
+        flag_checks.fail("gpt_tf.train", list(setup.problems), "cannot start, nothing was written")
 
     # Imported late: flag errors must show in a second, not after TensorFlow's start-up.
     from gpt_tf.console import import_tensorflow
@@ -131,22 +144,52 @@ def main(argv):
     tf = import_tensorflow()  # its start-up lines off the console (GPT_TF_VERBOSE=1 keeps them)
     import keras
 
-    from gpt_tf.analysis.baselines import unigram_perplexity
-    from gpt_tf.generate import Sampler
-    from gpt_tf.training.monitor import TrainCallbacks
     from gpt_tf.preemption import PREEMPTED_EXIT_CODE, Preempted
     from gpt_tf.strategy import split_cpu
-    from gpt_tf.training.lm_objective import Pretrainer, TrainConfig
     from gpt_tf.training.loop import DataError
 
     if FLAGS.deterministic:
         tf.config.experimental.enable_op_determinism()
     split_cpu(FLAGS.num_cpu_devices)
-    if FLAGS.task:
-        return _finetune_main(keras, tf)
-    manifest, tokenizer, model_config, train_kwargs, _ = setup
+    try:
+        summary = (_finetune if FLAGS.task else _pretrain)(setup, keras)
+    except Preempted as stopped:  # the step reached is saved; re-running the command resumes
+        _say(str(stopped))
+        sys.exit(PREEMPTED_EXIT_CODE)
+    except DataError as err:
+        sys.exit(f"gpt_tf.train: {err}")
+    print(json.dumps(summary.result) if FLAGS.json and summary.result is not None else summary.line, flush=True)
+
+
+def _setup() -> Setup:
+    """Each data folder's manifest (read once) checked with its files and tokenizer, then the mode's set-up."""
+    from pipelines.records import data_file_problems, read_manifest, tokenizer_problems
+
+    manifests, problems = [], []
+    for data_dir in [FLAGS.data_dir, *FLAGS.aux_data_dirs]:
+        manifest = read_manifest(data_dir)
+        manifests.append(manifest)
+        tokenizer_dir = (FLAGS.tokenizer_dir if data_dir == FLAGS.data_dir else "") or manifest["tokenizer"]["dir"]
+        if not FLAGS.task or os.path.isdir(tokenizer_dir):  # fine-tuning reads ids only; export needs the files
+            problems += tokenizer_problems(manifest, tokenizer_dir, data_dir)
+        if FLAGS.verify_data and FLAGS.mode in ("train", "eval"):
+            problems += data_file_problems(data_dir, manifest)
+    setup = Setup(manifests[0], tuple(manifests[1:]), problems=tuple(problems))
+    if problems or FLAGS.task:  # the pre-training set-up below reads the tokenizer files
+        return setup
+    return _pretrain_setup(setup)
+
+
+def _pretrain(setup: Setup, keras) -> Summary:
+    """Pre-training's --mode: train, eval (held-out perplexity) or generate."""
+    from gpt_tf.analysis.baselines import unigram_perplexity
+    from gpt_tf.generate import Sampler
+    from gpt_tf.training.lm_objective import Pretrainer, TrainConfig
+    from gpt_tf.training.monitor import TrainCallbacks
+
+    model_config, tokenizer, manifest = setup.model_config, setup.tokenizer, setup.manifest
     strategy, precision = _strategy_and_precision(keras, model_config, model_config.n_ctx)
-    config = TrainConfig(**{**train_kwargs, "precision": precision})
+    config = TrainConfig(**{**setup.train_kwargs, "precision": precision})
     trainer = Pretrainer(model_config, config, strategy, log=_say)
     print(f"model {FLAGS.model}: {model_config.n_params / 1e6:.2f}M parameters, {strategy.num_replicas_in_sync} replica(s), "
           f"{precision}, run dir {FLAGS.run_dir}", flush=True)
@@ -161,47 +204,23 @@ def main(argv):
         callbacks = TrainCallbacks(trainer, tokenizer, progress=FLAGS.progress, zero_shot=zero_shot)
         try:
             result = trainer.train(callbacks)
-        except Preempted as stopped:
+        finally:  # also when preempted: the bar ends and TensorBoard is flushed
             callbacks.close()
-            _say(str(stopped))
-            sys.exit(PREEMPTED_EXIT_CODE)
-        except DataError as err:
-            sys.exit(f"gpt_tf.train: {err}")
         loss = "" if result["loss"] is None else f", loss {result['loss']:.4f}"
-        _report(result, f"trained to step {result['step']}{loss}; the run is in {FLAGS.run_dir} "
-                        f"(checkpoints/, TensorBoard logs in tb/)")
-        return
+        return Summary(result, f"trained to step {result['step']}{loss}; the run is in {FLAGS.run_dir} "
+                               f"(checkpoints/, TensorBoard logs in tb/)")
     step = trainer.restore(resuming=False)
     if FLAGS.mode == "eval":
-        try:
-            held_out = trainer.evaluate()
-        except DataError as err:
-            sys.exit(f"gpt_tf.train: {err}")
+        held_out = trainer.evaluate()
         result = {"step": step, **held_out, **unigram_perplexity(FLAGS.data_dir, model_config.n_ctx, tokenizer.vocab_size)}
         path = os.path.join(FLAGS.run_dir, f"eval_step{step}.json")
         if trainer.chief:
             write_json_atomic(path, result)
-        _report(result, f"held-out perplexity {result['perplexity']:.2f} at step {step} over {result['tokens']:,} tokens "
-                        f"(the unigram baseline: {result['unigram_perplexity']:.1f}); saved in {path}")
-    else:
-        sampler = Sampler(trainer.model, model_config.vocab_size, model_config.n_ctx)
-        ids = sampler.sample(tokenizer.encode(FLAGS.prompt), FLAGS.sample_length, FLAGS.temperature, FLAGS.top_k, FLAGS.seed)
-        print(FLAGS.prompt + " " + tokenizer.decode(ids), flush=True)
-
-
-def _data_problems() -> list[str]:
-    """The data folders' files against their manifests (``--verify_data``) and tokenizer (both modes)."""
-    from pipelines.records import data_file_problems, read_manifest, tokenizer_problems
-
-    problems = []
-    for data_dir in [FLAGS.data_dir, *FLAGS.aux_data_dirs]:
-        manifest = read_manifest(data_dir)
-        tokenizer_dir = (FLAGS.tokenizer_dir if data_dir == FLAGS.data_dir else "") or manifest["tokenizer"]["dir"]
-        if not FLAGS.task or os.path.isdir(tokenizer_dir):  # fine-tuning reads ids only; export needs the files
-            problems += tokenizer_problems(manifest, tokenizer_dir, data_dir)
-        if FLAGS.verify_data and FLAGS.mode in ("train", "eval"):
-            problems += data_file_problems(data_dir, manifest)
-    return problems
+        return Summary(result, f"held-out perplexity {result['perplexity']:.2f} at step {step} over {result['tokens']:,} "
+                               f"tokens (the unigram baseline: {result['unigram_perplexity']:.1f}); saved in {path}")
+    sampler = Sampler(trainer.model, model_config.vocab_size, model_config.n_ctx)
+    ids = sampler.sample(tokenizer.encode(FLAGS.prompt), FLAGS.sample_length, FLAGS.temperature, FLAGS.top_k, FLAGS.seed)
+    return Summary(None, FLAGS.prompt + " " + tokenizer.decode(ids))
 
 
 def _train_kwargs() -> dict:
@@ -212,15 +231,12 @@ def _train_kwargs() -> dict:
     return {"data_dir": FLAGS.data_dir, "run_dir": FLAGS.run_dir, **{name: FLAGS[name].value for name in names}}
 
 
-def _pretrain_setup():
-    """(manifest, tokenizer, model config, TrainConfig fields, problems), all found before TensorFlow starts."""
-    import dataclasses
-
+def _pretrain_setup(setup: Setup) -> Setup:
+    """``setup`` with pre-training's tokenizer, model config and TrainConfig fields, checked against the run's saved ones."""
     from gpt_tf.config import get_preset
-    from gpt_tf.tokenizer import GPTTokenizer
-    from pipelines.records import read_manifest
+    from gpt_tf.text.tokenizer import GPTTokenizer
 
-    manifest = read_manifest(FLAGS.data_dir)
+    manifest = setup.manifest
     tokenizer = GPTTokenizer.from_dir(FLAGS.tokenizer_dir or manifest["tokenizer"]["dir"])
     overrides = {"vocab_size": tokenizer.vocab_size, "n_ctx": FLAGS.n_ctx or int(manifest["n_ctx"])}
     if FLAGS.dropout >= 0:
@@ -230,18 +246,21 @@ def _pretrain_setup():
     if model_config.n_ctx != int(manifest["n_ctx"]):
         problems.append(f"--n_ctx={model_config.n_ctx} but {FLAGS.data_dir} holds {manifest['n_ctx']}-token sequences")
     kwargs = _train_kwargs()
-    configs = {"model_config.json": dataclasses.asdict(model_config)}
+    configs = {MODEL_CONFIG: dataclasses.asdict(model_config)}
     if FLAGS.mode == "train":
-        configs.update({"train_config.json": kwargs, DATA_FILE: data_identity(data=manifest)})
-    return manifest, tokenizer, model_config, kwargs, problems + resume_problems(FLAGS.run_dir, configs)
+        configs.update({RUN_CONFIGS["pretrain"]: kwargs, DATA_FILE: data_identity(data=manifest)})
+    problems += resume_problems(FLAGS.run_dir, configs)
+    return dataclasses.replace(setup, model_config=model_config, tokenizer=tokenizer, train_kwargs=kwargs,
+                               problems=tuple(problems))
 
 
 def _finetune_model_config(tokenizer_vocab):
-    """The backbone's config: the pre-trained run's, GPT-1's for release shards, else --model's."""
+    """The backbone's config: the run's own (eval, predict, resume), the pre-trained run's, GPT-1's for
+    release shards, else --model's."""
     from gpt_tf.config import get_preset
-    from gpt_tf.checkpoints import pretrained_model_config
+    from gpt_tf.run_dir import pretrained_model_config
 
-    if FLAGS.mode in ("eval", "predict") or os.path.isfile(os.path.join(FLAGS.run_dir, "model_config.json")):
+    if FLAGS.mode in ("eval", "predict") or os.path.isfile(os.path.join(FLAGS.run_dir, MODEL_CONFIG)):
         config = pretrained_model_config(FLAGS.run_dir)
     elif FLAGS.init_checkpoint:
         config = pretrained_model_config(FLAGS.init_checkpoint)
@@ -259,26 +278,22 @@ def _finetune_model_config(tokenizer_vocab):
     return config
 
 
-def _finetune_main(keras, tf):
-    import dataclasses
-
+def _finetune(setup: Setup, keras) -> Summary:
+    """Fine-tuning's --mode: train (then every eval split), eval (metrics.json) or predict (a submission file)."""
     from gpt_tf.console import format_metrics
+    from gpt_tf.tasks import TaskSpec
     from gpt_tf.training.finetune_io import save_run_configs, write_submission
-    from gpt_tf.preemption import PREEMPTED_EXIT_CODE, Preempted
-    from gpt_tf.training.loop import DataError
     from gpt_tf.training.task_objective import FinetuneConfig, Finetuner
-    from pipelines.records import read_manifest
-    from pipelines.transforms import load_task_spec
 
-    manifest = read_manifest(FLAGS.data_dir)
-    task = load_task_spec(FLAGS.data_dir)
+    manifest = setup.manifest
+    task = TaskSpec.from_dict(manifest["task_spec"])
     if task.name != FLAGS.task:
         sys.exit(f"gpt_tf.train: --task={FLAGS.task} but {FLAGS.data_dir} holds task {task.name!r}")
     if FLAGS.mode == "predict" and FLAGS.predict_split and FLAGS.predict_split not in manifest["splits"]:
         sys.exit(f"gpt_tf.train: --predict_split={FLAGS.predict_split}, but {FLAGS.data_dir} holds the splits "
                  f"{', '.join(manifest['splits'])}")
     model_config = _finetune_model_config(int(manifest["tokenizer"]["vocab_size"]))
-    aux = {f"aux_{i}": read_manifest(path) for i, path in enumerate(FLAGS.aux_data_dirs)}
+    aux = {f"aux_{i}": aux_manifest for i, aux_manifest in enumerate(setup.aux_manifests)}
     for path, aux_manifest in zip(FLAGS.aux_data_dirs, aux.values()):
         vocab = int(aux_manifest["tokenizer"]["vocab_size"])
         if vocab != model_config.vocab_size:
@@ -293,35 +308,28 @@ def _finetune_main(keras, tf):
                             aux_data_dirs=tuple(FLAGS.aux_data_dirs), mixture=tuple(float(w) for w in FLAGS.task_mixture))
     data = data_identity(data=manifest, **aux)
     if FLAGS.mode == "train":
-        problems = resume_problems(FLAGS.run_dir, {"model_config.json": dataclasses.asdict(model_config),
-                                                   "finetune_config.json": dataclasses.asdict(config), DATA_FILE: data})
+        problems = resume_problems(FLAGS.run_dir, {MODEL_CONFIG: dataclasses.asdict(model_config),
+                                                   RUN_CONFIGS["finetune"]: dataclasses.asdict(config), DATA_FILE: data})
         if problems:
             flag_checks.fail("gpt_tf.train", problems, "cannot start, nothing was written")
     tuner = Finetuner(task, model_config, config, strategy, log=_say)
     if FLAGS.mode == "train":
         if tuner.chief:
             save_run_configs(FLAGS.run_dir, model_config, config, data)
-        try:
-            results = tuner.train(progress=FLAGS.progress)
-        except Preempted as stopped:
-            _say(str(stopped))
-            sys.exit(PREEMPTED_EXIT_CODE)
-        except DataError as err:
-            sys.exit(f"gpt_tf.train: {err}")
+        results = tuner.train(progress=FLAGS.progress)
     else:
         step = tuner.restore(resuming=False)
         if FLAGS.mode == "predict":
             split = FLAGS.predict_split or task.eval_splits[0]
             path = write_submission(tuner, split, FLAGS.run_dir, write=tuner.chief)
-            _report({"split": split, "path": path}, f"{task.name} predictions for the {split} split: {path} "
-                                                    "(index<TAB>prediction, GLUE's submission layout)")
-            return
+            return Summary({"split": split, "path": path}, f"{task.name} predictions for the {split} split: {path} "
+                                                           "(index<TAB>prediction, GLUE's submission layout)")
         results = {"step": step, **tuner.evaluate_all()}
     path = os.path.join(FLAGS.run_dir, "metrics.json")
     if tuner.chief:  # every worker computed the results; one writes them
         write_json_atomic(path, {"task": task.name, **results})
     at_step = f"step {results['step']}: " if "step" in results else ""
-    _report(results, f"{at_step}{format_metrics(results)}; saved in {path}")
+    return Summary(results, f"{at_step}{format_metrics(results)}; saved in {path}")
 
 
 def run():

@@ -50,7 +50,7 @@ from typing import Optional, Sequence, Union
 
 import numpy as np
 
-from gpt_tf import word_split
+from gpt_tf.text import word_split
 from gpt_tf.console import import_tensorflow, progress
 from gpt_tf.tasks import TaskSpec, csv_task, get_task
 from pipelines.common import command_line, commit_dir, encode_texts, remove_stale_temps, run_cli, tokenizer_files
@@ -213,7 +213,7 @@ def build_task_data(task: Union[str, TaskSpec], data_dir, tokenizer_dir, output_
                     overwrite: bool = False, show_progress: bool = True,
                     command: Optional[str] = None) -> dict:
     """Read, tokenize and write the splits of a task (see the module doc); returns the manifest."""
-    from gpt_tf.tokenizer import GPTTokenizer
+    from gpt_tf.text.tokenizer import GPTTokenizer
 
     base_task = get_task(task) if isinstance(task, str) else task
     if not Path(data_dir).exists():

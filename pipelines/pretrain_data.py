@@ -31,7 +31,7 @@ import sys
 from pathlib import Path
 from typing import Optional, Sequence
 
-from gpt_tf import word_split
+from gpt_tf.text import word_split
 from gpt_tf.console import progress
 from pipelines.book_stream import SEPARATOR_TOKEN, PretrainDataError, num_sequences, separator_id, tokenize_split, \
     write_split
@@ -149,7 +149,7 @@ def read_books(root: str, flag: str, show_progress: bool) -> tuple[list[Book], l
 
 def load_or_train_tokenizer(cfg: PretrainConfig, train_books: Sequence[Book]):
     """Train a BPE on the train books into --tokenizer_dir (if asked), else load it."""
-    from gpt_tf.tokenizer import GPTTokenizer
+    from gpt_tf.text.tokenizer import GPTTokenizer
 
     if cfg.train_tokenizer_vocab is None:
         return GPTTokenizer.from_dir(cfg.tokenizer_dir), False

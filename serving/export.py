@@ -3,11 +3,12 @@ r"""Export trained models as TF Serving versions: ``<export_base>/<model_name>/<
     python -m serving.export --run_dir=runs/finetune_sst2 --export_base=exported
     python -m serving.export --run_dir=runs/books_tiny --export_base=exported --model_name=books_lm
 
-A fine-tuning run dir (``finetune_config.json``) gives a task model (``serving/task_module.py``:
-text -> probabilities, label ids and names, or the score), restored by
-``gpt_tf.checkpoints.load_task_model`` (no training code); its task and tokenizer come from the task data's
-``manifest.json``. A pre-training run dir (``train_config.json``) or a folder of GPT-1 release
-shards gives a language model (``serving/lm_module.py``). The version is one above the newest
+The run folder is read once, by ``pipelines.run_folder.RunFolder``. A fine-tuning run dir
+(``finetune_config.json``) gives a task model (``serving/task_module.py``: text -> probabilities,
+label ids and names, or the score), restored by ``gpt_tf.checkpoints.load_task_model`` (no
+training code); its task and tokenizer come from the task data's ``manifest.json``. A
+pre-training run dir (``train_config.json``) or a folder of GPT-1 release shards gives a language
+model (``serving/lm_module.py``). The version is one above the newest
 already there unless ``--version`` says otherwise; it appears atomically.
 
 The SavedModels compute in ``--precision`` (default float32, whatever the run trained in: the
@@ -26,24 +27,16 @@ FLAGS = flags.FLAGS
 WARMUP_TEXT = "a warm-up request."
 
 
-def _manifest_tokenizer_dir(data_dir: str) -> str:
-    """The tokenizer folder a data manifest names (relative paths are from the current directory)."""
-    from pipelines.records import MANIFEST, read_manifest
+def open_run(run_dir: str, tokenizer_dir: str = "", data_dir: str = ""):
+    """The ``RunFolder`` of ``run_dir`` (``pipelines.run_folder``), its tokenizer checked against the
+    data it was built with; ValueError / FileNotFoundError naming the problem."""
+    from pipelines.run_folder import RunFolder
 
-    tokenizer_dir = read_manifest(data_dir)["tokenizer"]["dir"]
-    if not os.path.isdir(tokenizer_dir):
-        raise FileNotFoundError(f"{os.path.join(data_dir, MANIFEST)} names tokenizer dir {tokenizer_dir!r}, which does not exist here; "
-                                "pass --tokenizer_dir")
-    return tokenizer_dir
-
-
-def check_tokenizer(data_dir: str, tokenizer_dir: str) -> None:
-    """ValueError unless ``tokenizer_dir`` holds the tokenizer ``data_dir`` was built with (its manifest's sha256)."""
-    from pipelines.records import read_manifest, tokenizer_problems
-
-    problems = tokenizer_problems(read_manifest(data_dir), tokenizer_dir, data_dir)
+    run = RunFolder.open(run_dir, data_dir=data_dir, tokenizer_dir=tokenizer_dir)
+    problems = run.tokenizer_problems()
     if problems:
         raise ValueError("; ".join(problems))
+    return run
 
 
 def load_finetuned(run_dir: str, precision: str = "float32", data_dir: str = ""):
@@ -53,26 +46,21 @@ def load_finetuned(run_dir: str, precision: str = "float32", data_dir: str = "")
     its shared backbone and every head; the primary task's is returned) and restores only its
     weights: no optimizer, no training data.
     """
-    from gpt_tf.checkpoints import load_task_model, read_json
-    from pipelines.transforms import load_task_spec
+    from gpt_tf.checkpoints import load_task_model
+    from pipelines.run_folder import RunFolder
 
-    data_dir = data_dir or read_json(os.path.join(run_dir, "finetune_config.json"))["data_dir"]
-    model, task = load_task_model(run_dir, load_task_spec, precision, data_dir)
-    return model, task, _manifest_tokenizer_dir(data_dir)
+    run = RunFolder.open(run_dir, data_dir=data_dir)
+    return (*load_task_model(run, precision), run.tokenizer_dir)
 
 
-def load_pretrained(path: str, precision: str = "float32", tokenizer_dir: str = ""):
-    """(``GPTLanguageModel``, tokenizer dir) of a pre-training run dir or GPT-1 release shards."""
-    from gpt_tf.checkpoints import pretrained_model_config, read_json, restore_pretrained_lm
+def load_lm(run, precision: str = "float32"):
+    """The ``GPTLanguageModel`` of a pre-training ``RunFolder`` (its latest checkpoint) or GPT-1 release shards."""
+    from gpt_tf.checkpoints import restore_pretrained_lm
     from gpt_tf.model import GPTLanguageModel
 
-    if not tokenizer_dir:
-        if os.path.isfile(os.path.join(path, "params_0.npy")):
-            raise ValueError(f"{path} holds GPT-1 release shards: pass --tokenizer_dir (GPT-1's BPE files)")
-        tokenizer_dir = _manifest_tokenizer_dir(read_json(os.path.join(path, "train_config.json"))["data_dir"])
-    lm = GPTLanguageModel.from_config_preset(pretrained_model_config(path), dtype=precision)
-    restore_pretrained_lm(lm, path)
-    return lm, tokenizer_dir
+    lm = GPTLanguageModel.from_config_preset(run.model_config, dtype=precision)
+    restore_pretrained_lm(lm, run.path)
+    return lm
 
 
 def task_warmup(model_name: str, task) -> list:
@@ -88,13 +76,20 @@ def task_warmup(model_name: str, task) -> list:
     return records
 
 
-def export_task_model(model, task, tokenizer_dir: str, base_path: str, model_name: str, version: int = 0) -> str:
-    """Writes a ``GPTTaskModel`` as a servable version; returns its folder."""
-    from gpt_tf.tokenizer import GPTTokenizer
+def _offline_tokenizer(tokenizer):
+    """A ``GPTTokenizer``: ``tokenizer`` itself, or the one in the folder it names."""
+    from gpt_tf.text.tokenizer import GPTTokenizer
+
+    return GPTTokenizer.from_dir(tokenizer) if isinstance(tokenizer, (str, os.PathLike)) else tokenizer
+
+
+def export_task_model(model, task, tokenizer, base_path: str, model_name: str, version: int = 0) -> str:
+    """Writes a ``GPTTaskModel`` as a servable version; returns its folder. ``tokenizer``: a ``GPTTokenizer``
+    or its folder."""
     from serving.saved_model_io import save_version
     from serving.task_module import TaskServingModule
 
-    module = TaskServingModule(model, task, GPTTokenizer.from_dir(tokenizer_dir).tf_tokenizer())
+    module = TaskServingModule(model, task, _offline_tokenizer(tokenizer).tf_tokenizer())
     return save_version(module, module.signatures(), base_path, model_name, version, task_warmup(model_name, task))
 
 
@@ -113,14 +108,14 @@ def export_task(task, base_path: str, model_name: str = "", version: int = 0) ->
     return save_version(module, module.signatures(), base_path, name, version, task_warmup(name, spec))
 
 
-def export_lm(lm, tokenizer_dir: str, base_path: str, model_name: str, version: int = 0, top_k: int = 10) -> str:
-    """Writes a ``GPTLanguageModel`` as a servable version; returns its folder."""
-    from gpt_tf.tokenizer import GPTTokenizer
+def export_lm(lm, tokenizer, base_path: str, model_name: str, version: int = 0, top_k: int = 10) -> str:
+    """Writes a ``GPTLanguageModel`` as a servable version; returns its folder. ``tokenizer``: a ``GPTTokenizer``
+    or its folder."""
     from serving.lm_module import LMServingModule
     from serving.saved_model_io import predict_log, save_version
 
-    offline = GPTTokenizer.from_dir(tokenizer_dir)
-    module = LMServingModule(lm, offline.tf_tokenizer(), offline, top_k=top_k)
+    tokenizer = _offline_tokenizer(tokenizer)
+    module = LMServingModule(lm, tokenizer.tf_tokenizer(), tokenizer, top_k=top_k)
     warmup = [predict_log(model_name, "serving_default", {"text": [WARMUP_TEXT] * n}) for n in (1, 8)]
     return save_version(module, module.signatures(), base_path, model_name, version, warmup)
 
@@ -128,23 +123,13 @@ def export_lm(lm, tokenizer_dir: str, base_path: str, model_name: str, version: 
 def export_run(run_dir: str, base_path: str, model_name: str = "", version: int = 0, precision: str = "float32",
                tokenizer_dir: str = "", data_dir: str = "", top_k: int = 10) -> str:
     """Exports a fine-tuning run, a pre-training run or GPT-1 release shards; returns the version folder."""
-    from gpt_tf.checkpoints import read_json
+    from gpt_tf.checkpoints import load_task_model
 
-    if os.path.isfile(os.path.join(run_dir, "finetune_config.json")):
-        data_dir = data_dir or read_json(os.path.join(run_dir, "finetune_config.json"))["data_dir"]
-        check_tokenizer(data_dir, tokenizer_dir or _manifest_tokenizer_dir(data_dir))
-        model, task, run_tokenizer = load_finetuned(run_dir, precision, data_dir)
-        return export_task_model(model, task, tokenizer_dir or run_tokenizer, base_path, model_name or task.name,
-                                 version)
-    if not (os.path.isfile(os.path.join(run_dir, "train_config.json"))
-            or os.path.isfile(os.path.join(run_dir, "params_0.npy"))):
-        raise FileNotFoundError(f"{run_dir}: not a fine-tuning run (finetune_config.json), a pre-training run "
-                                "(train_config.json) nor GPT-1 release shards (params_0.npy)")
-    if os.path.isfile(os.path.join(run_dir, "train_config.json")):
-        lm_data = read_json(os.path.join(run_dir, "train_config.json"))["data_dir"]
-        check_tokenizer(lm_data, tokenizer_dir or _manifest_tokenizer_dir(lm_data))
-    lm, lm_tokenizer = load_pretrained(run_dir, precision, tokenizer_dir)
-    return export_lm(lm, lm_tokenizer, base_path, model_name or "lm", version, top_k)
+    run = open_run(run_dir, tokenizer_dir, data_dir)
+    if run.kind == "finetune":
+        model, task = load_task_model(run, precision)
+        return export_task_model(model, task, run.tokenizer, base_path, model_name or task.name, version)
+    return export_lm(load_lm(run, precision), run.tokenizer, base_path, model_name or "lm", version, top_k)
 
 
 def define_flags() -> None:

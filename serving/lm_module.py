@@ -21,8 +21,8 @@ from __future__ import annotations
 
 import tensorflow as tf
 
-from gpt_tf.tokenizer import GPTTokenizer
-from gpt_tf.word_split import END_OF_WORD
+from gpt_tf.text.tokenizer import GPTTokenizer
+from gpt_tf.text.word_split import END_OF_WORD
 from serving.task_module import check_batch, check_texts, check_tokens
 
 

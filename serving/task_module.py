@@ -1,6 +1,6 @@
 """A fine-tuned task model as a ``tf.Module`` whose signatures stock TF Serving can run.
 
-Every signature is core TensorFlow (``gpt_tf.tf_tokenizer`` for the text, the §3.3
+Every signature is core TensorFlow (``gpt_tf.text.tf_tokenizer`` for the text, the §3.3
 transformation of ``pipelines.transforms.transform_record`` -- the very function training
 uses -- and the Keras layers traced into plain ops), so the SavedModel loads in a process that
 imports only ``tensorflow``.
@@ -22,7 +22,7 @@ Signatures (inputs -> outputs; B = any batch size >= 1, K = views per example):
   ``[B]``. Their SignatureDefs carry the classify / regress method names (see
   ``serving/export.py``).
 
-Text is cleaned and tokenized as offline (limits in ``gpt_tf/tf_tokenizer.py``), then each
+Text is cleaned and tokenized as offline (limits in ``gpt_tf/text/tf_tokenizer.py``), then each
 example goes through ``transform_record``: its truncation rule (module doc of
 ``pipelines/transforms.py``) applies to inputs longer than the context. Views are padded to
 the batch's longest view rather than to n_ctx; attention is causal, so the extract-token state

@@ -139,7 +139,7 @@ def test_a_10mb_line_is_tokenized_in_bounded_memory(shared_data):
     script = f"""
 import resource, sys
 sys.path.insert(0, {str(ROOT)!r})
-from gpt_tf.tokenizer import GPTTokenizer
+from gpt_tf.text.tokenizer import GPTTokenizer
 from pipelines.book_stream import encode_book
 tok = GPTTokenizer.from_dir({str(shared_data / 'gpt1_bpe')!r})
 words = open({str(next((shared_data / 'books').glob('*/b0000.txt')))!r}, encoding='utf-8').read().split()

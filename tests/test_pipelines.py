@@ -180,7 +180,7 @@ def built(shared_data, tmp_path_factory):
                             n_ctx=N_CTX, valid_fraction=0.2, shard_size=SHARD_SIZE, train_tokenizer_vocab=1000,
                             show_progress=False)
     manifest = pd.build_pretraining_data(cfg)
-    from gpt_tf.tokenizer import GPTTokenizer
+    from gpt_tf.text.tokenizer import GPTTokenizer
     return cfg, manifest, GPTTokenizer.from_dir(cfg.tokenizer_dir)
 
 

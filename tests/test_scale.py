@@ -54,7 +54,7 @@ def reference_run(data_dir, run_dir, flags, pipelines=1, **overrides):
     import tensorflow as tf
 
     from gpt_tf.config import get_preset
-    from gpt_tf.tokenizer import GPTTokenizer
+    from gpt_tf.text.tokenizer import GPTTokenizer
     from gpt_tf.training.lm_objective import Pretrainer, TrainConfig
     from pipelines.reader import pretraining_dataset
 

@@ -208,7 +208,7 @@ def test_skipped_rows_reach_the_manifest(tmp_path, tokenizer_dir):
     assert all(s["file"].endswith("train.tsv") for s in m["skipped"][:2]) and "'train-6'" in m["skipped"][2]["reason"]
     assert all(s["reason"].startswith("malformed") for s in m["skipped"])
     assert json.loads((tmp_path / "out/manifest.json").read_text())["skipped"] == m["skipped"]
-    from gpt_tf.tokenizer import GPTTokenizer
+    from gpt_tf.text.tokenizer import GPTTokenizer
     from pipelines.task_rows import Example
 
     with pytest.raises(ValueError, match="'g1': text_b encodes to no token"):
@@ -229,7 +229,7 @@ def read_records(path):
 
 
 def test_records_hold_the_tokens_of_the_examples(built, shared_data, tokenizer_dir):
-    from gpt_tf.tokenizer import GPTTokenizer
+    from gpt_tf.text.tokenizer import GPTTokenizer
 
     tok = GPTTokenizer.from_dir(tokenizer_dir)
     examples, _ = read_examples(get_task("rte"), shared_data / "glue/RTE", "dev")

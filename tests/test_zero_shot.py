@@ -23,7 +23,7 @@ from gpt_tf.analysis.heuristics import HEURISTICS, ZeroShotConfig, ZeroShotSuite
 from gpt_tf.analysis.lm_scorer import LMScorer
 from gpt_tf.metrics import matthews
 from gpt_tf.model import GPTLanguageModel
-from gpt_tf.tokenizer import GPTTokenizer
+from gpt_tf.text.tokenizer import GPTTokenizer
 from pipelines.task_rows import Example
 from pipelines.winograd import read_dpr
 from tests.small_runs import run_cli

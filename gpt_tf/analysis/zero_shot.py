@@ -9,8 +9,8 @@ plus (``--include_init``) a fresh initialisation drawn with the run's seed as st
 CSV row per checkpoint and task (``heuristics.CSV_COLUMNS``); ``--tb_dir`` also gets TensorBoard
 scalars. ``--data_dir`` lists each task's folder in its official layout, in ``--task`` order.
 
-The tokenizer and the beginning-of-text token come from the run: ``train_config.json`` names the
-pre-training data, whose ``manifest.json`` names the tokenizer and the document separator, which
+The tokenizer and the beginning-of-text token come from the run (``pipelines.run_folder.RunFolder``):
+``train_config.json`` names the pre-training data, whose ``manifest.json`` names the tokenizer and the document separator, which
 is put before every scored text (it is what precedes a document in pre-training). The model is
 scored in float32 whatever precision it was trained in. Nothing is written into ``--run_dir``.
 """
@@ -22,6 +22,8 @@ import os
 import sys
 
 from absl import app, flags, logging
+
+from gpt_tf.run_dir import MODEL_CONFIG
 
 FLAGS = flags.FLAGS
 
@@ -42,24 +44,12 @@ def define_flags() -> None:
     flags.DEFINE_integer("batch_size", 32, "Sequences per LM call.")
 
 
-def run_manifest(run_dir: str) -> dict | None:
-    """The pre-training data manifest of a run (via its train_config.json), or None if it cannot be found."""
-    from pipelines.records import MANIFEST, read_manifest
-
-    config_path = os.path.join(run_dir, "train_config.json")
-    if not os.path.isfile(config_path):
-        return None
-    with open(config_path) as f:
-        data_dir = json.load(f).get("data_dir", "")
-    return read_manifest(data_dir) if os.path.isfile(os.path.join(data_dir, MANIFEST)) else None
-
-
 def _check_flags() -> list[str]:
     problems = [f"--{name} is required" for name in ("run_dir", "output_csv") if not getattr(FLAGS, name)]
     if not FLAGS.task:
         problems.append("--task is required (one or more of cola, sst2, race, story_cloze, dprd)")
-    if FLAGS.run_dir and not os.path.isfile(os.path.join(FLAGS.run_dir, "model_config.json")):
-        problems.append(f"--run_dir={FLAGS.run_dir} has no model_config.json: not a gpt_tf pre-training run")
+    if FLAGS.run_dir and not os.path.isfile(os.path.join(FLAGS.run_dir, MODEL_CONFIG)):
+        problems.append(f"--run_dir={FLAGS.run_dir} has no {MODEL_CONFIG}: not a gpt_tf pre-training run")
     if FLAGS.reference_json and not os.path.isfile(FLAGS.reference_json):
         problems.append(f"--reference_json={FLAGS.reference_json} does not exist")
     if FLAGS.output_csv and FLAGS.run_dir and os.path.abspath(FLAGS.output_csv).startswith(os.path.abspath(FLAGS.run_dir) + os.sep):
@@ -81,15 +71,18 @@ def main(argv):
     config = ZeroShotConfig(tasks=tuple(FLAGS.task), data_dirs=tuple(FLAGS.data_dir), max_examples=FLAGS.max_examples,
                             holdout_fraction=FLAGS.holdout_fraction, batch_size=FLAGS.batch_size, reference=reference)
     problems = _check_flags() + config.problems()
-    manifest = run_manifest(FLAGS.run_dir) if FLAGS.run_dir else None
-    if FLAGS.run_dir and not FLAGS.tokenizer_dir and manifest is None:
-        problems.append(f"cannot find the pre-training manifest of {FLAGS.run_dir} (train_config.json → data_dir); "
-                        "give --tokenizer_dir")
-    if manifest is not None:
-        from pipelines.records import tokenizer_problems
+    run = None
+    if FLAGS.run_dir and os.path.isfile(os.path.join(FLAGS.run_dir, MODEL_CONFIG)):
+        from pipelines.run_folder import RunFolder
 
-        problems += tokenizer_problems(manifest, FLAGS.tokenizer_dir or manifest["tokenizer"]["dir"],
-                                       f"the pre-training data of {FLAGS.run_dir}")
+        try:
+            run = RunFolder.open(FLAGS.run_dir, tokenizer_dir=FLAGS.tokenizer_dir)
+        except (FileNotFoundError, ValueError) as err:
+            problems.append(f"--run_dir={FLAGS.run_dir}: {err}")
+    if run is not None and run.kind != "pretrain":
+        problems.append(f"--run_dir={FLAGS.run_dir} is not a gpt_tf pre-training run (no train_config.json)")
+    elif run is not None:
+        problems += run.tokenizer_problems()
     if problems:
         from gpt_tf.flag_checks import fail
 
@@ -100,20 +93,19 @@ def main(argv):
     tf = import_tensorflow()  # its start-up lines off the console (GPT_TF_VERBOSE=1 keeps them)
     import keras
 
-    from gpt_tf.checkpoints import kept_checkpoints, pretrained_model_config, restore_pretrained_lm
+    from gpt_tf.checkpoints import restore_pretrained_lm
     from gpt_tf.analysis.heuristics import ZeroShotSuite, append_csv, write_summaries
     from gpt_tf.model import GPTLanguageModel
-    from gpt_tf.tokenizer import GPTTokenizer
 
-    tokenizer = GPTTokenizer.from_dir(FLAGS.tokenizer_dir or manifest["tokenizer"]["dir"])
-    bos_id = (manifest or {}).get("separator", {}).get("id")
+    bos_id = run.bos_id
     print(f"beginning-of-text token: {bos_id if bos_id is not None else 'none (first tokens are context only)'}",
           file=sys.stderr, flush=True)
-    suite = ZeroShotSuite(config, tokenizer, bos_id=bos_id)
-    checkpoints = kept_checkpoints(FLAGS.run_dir, FLAGS.step)
-    with open(os.path.join(FLAGS.run_dir, "train_config.json")) as f:
-        keras.utils.set_random_seed(int(json.load(f).get("seed", 0)))
-    lm = GPTLanguageModel.from_config_preset(pretrained_model_config(FLAGS.run_dir))
+    suite = ZeroShotSuite(config, run.tokenizer, bos_id=bos_id)
+    checkpoints = [(s, p) for s, p in run.checkpoints if not FLAGS.step or s == FLAGS.step]
+    if not checkpoints:
+        sys.exit(f"gpt_tf.analysis.zero_shot: {FLAGS.run_dir}/checkpoints: no kept checkpoint at step {FLAGS.step}")
+    keras.utils.set_random_seed(run.seed)
+    lm = GPTLanguageModel.from_config_preset(run.model_config)
     writer = tf.summary.create_file_writer(FLAGS.tb_dir) if FLAGS.tb_dir else None
     points = ([(0, None)] if FLAGS.include_init else []) + checkpoints
     for step, prefix in points:

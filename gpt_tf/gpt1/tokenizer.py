@@ -1,7 +1,7 @@
 """``GPT1Tokenizer``: GPT-1's BPE as a ``keras_hub.tokenizers.Tokenizer``.
 
-Tokenizing runs the project's core-TensorFlow tokenizer (``gpt_tf/tf_tokenizer.py``, built from the
-offline ``GPTTokenizer`` of ``gpt_tf/tokenizer.py``): the same ids as the data pipelines and the
+Tokenizing runs the project's core-TensorFlow tokenizer (``gpt_tf/text/tf_tokenizer.py``, built from the
+offline ``GPTTokenizer`` of ``gpt_tf/text/tokenizer.py``): the same ids as the data pipelines and the
 served SavedModels, with no TF-Text op. The paper's special tokens (§3.3) follow the BPE ids in
 ``gpt_tf.config.SPECIAL_TOKENS`` order: start ``_start_``, delimiter ``_delimiter_``, extract
 ``_classify_`` (the release's names) and ``_pad_``.
@@ -19,8 +19,8 @@ from keras_hub.src.utils.tensor_utils import preprocessing_function
 
 from gpt_tf.config import SPECIAL_TOKENS
 from gpt_tf.layers import PACKAGE
-from gpt_tf.tokenizer import ENCODER_FILE, MERGES_FILE, GPTTokenizer
-from gpt_tf.word_split import END_OF_WORD
+from gpt_tf.text.tokenizer import ENCODER_FILE, MERGES_FILE, GPTTokenizer
+from gpt_tf.text.word_split import END_OF_WORD
 
 SPECIAL_TOKEN_NAMES = {"start": "_start_", "delimiter": "_delimiter_", "extract": "_classify_", "pad": "_pad_"}
 

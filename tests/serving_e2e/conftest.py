@@ -23,7 +23,7 @@ from gpt_tf.config import get_preset
 from gpt_tf.model import GPTBackbone, GPTLanguageModel
 from gpt_tf.task_model import GPTTaskModel
 from gpt_tf.tasks import get_task
-from gpt_tf.tokenizer import GPTTokenizer
+from gpt_tf.text.tokenizer import GPTTokenizer
 from tests.serving_e2e.helpers import (ENV, MAX_REQUEST_BYTES, ROOT, free_port, glue_examples, offline_features,
                                       reference_probabilities)
 

@@ -2,9 +2,9 @@
 
 GPT-1 (openai/finetune-transformer-lm ``text_utils.py``) ran spaCy's English tokenizer on the text
 after ``ftfy.fix_text`` and ``text_standardize``, lower-cased each token and applied BPE to it. This
-module is that split, for the offline tokenizer; ``gpt_tf/tf_word_split.py`` is the same algorithm
+module is that split, for the offline tokenizer; ``gpt_tf/text/tf_word_split.py`` is the same algorithm
 in core TensorFlow ops. Both use the patterns and tables built here, from
-``gpt_tf/spacy_en_rules.json`` (spaCy 3.8's English rules, written by ``bench/spacy_rules.py``).
+``gpt_tf/text/spacy_en_rules.json`` (spaCy 3.8's English rules, written by ``bench/spacy_rules.py``).
 
 The text is cut at spaces into chunks (after ``text_standardize`` a ``'\\n'`` chunk stands for every
 line break). A chunk is split as spaCy's ``Tokenizer`` does (its ``_split_affixes`` and
@@ -43,7 +43,7 @@ import json
 import re
 from pathlib import Path
 
-from gpt_tf.text_clean import STANDARDIZE_RUN_CHARS, to_python_regex
+from gpt_tf.text.text_clean import STANDARDIZE_RUN_CHARS, to_python_regex
 
 END_OF_WORD = "</w>"  # the BPE marks the end of each word of this split with it (GPT-1: ``x</w>``)
 

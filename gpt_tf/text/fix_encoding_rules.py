@@ -1,4 +1,4 @@
-"""ftfy's ``fix_encoding`` (mojibake repair) as RE2 patterns and tables, for ``gpt_tf/tf_fix_encoding.py``.
+"""ftfy's ``fix_encoding`` (mojibake repair) as RE2 patterns and tables, for ``gpt_tf/text/tf_fix_encoding.py``.
 
 ftfy decides that a line is mojibake with its ``BADNESS_RE`` heuristic, then tries, in order, each
 single-byte encoding of ``CHARMAP_ENCODINGS`` that can represent the whole line: encode the line
@@ -25,7 +25,7 @@ import re._parser as sre_parse  # pylint: disable=protected-access
 import ftfy.bad_codecs  # noqa: F401  (registers the sloppy-* codecs)  pylint: disable=unused-import
 from ftfy import badness, chardata, fixes
 
-from gpt_tf.text_clean import regex_char_class
+from gpt_tf.text.text_clean import regex_char_class
 
 # restore_byte_a0 starts with A_GRAVE_WORD_RE.sub(b"\xc3\xa0 "): 'Ã ' read as the word 'à', unless
 # one of these follows (its negative lookahead).

@@ -1,8 +1,8 @@
 """ftfy's mojibake repair (``fix_encoding``) in core TensorFlow ops: ``Iraqâ\\x80\\x99s`` -> ``Iraq’s``.
 
 ``TFFixEncoding().fix(lines)`` applies ftfy's ``fix_encoding`` to each line (ftfy's ``fix_text``
-works line by line; ``gpt_tf/tf_text_clean.py`` cuts the texts that :meth:`candidates` picks), from
-the patterns and tables of ``gpt_tf/fix_encoding_rules.py``: until a line stops changing, one step
+works line by line; ``gpt_tf/text/tf_text_clean.py`` cuts the texts that :meth:`candidates` picks), from
+the patterns and tables of ``gpt_tf/text/fix_encoding_rules.py``: until a line stops changing, one step
 of ftfy's ``_fix_encoding_one_step_and_explain``:
 
 1. ASCII lines and lines that ftfy's ``is_bad`` heuristic accepts are left alone;
@@ -21,8 +21,8 @@ marks used here would confuse (``restore_byte_a0`` and step 3 are skipped there)
 
 import tensorflow as tf
 
-from gpt_tf import fix_encoding_rules as rules
-from gpt_tf.tf_strings import StringMap, odd_positions, replace_where
+from gpt_tf.text import fix_encoding_rules as rules
+from gpt_tf.text.tf_strings import StringMap, odd_positions, replace_where
 
 _MARK = "\x00"
 _ASCII = "(?s)[\\x{0}-\\x{7f}]*"

@@ -1,13 +1,13 @@
 """GPT-1's text cleanup (ftfy subset + ``text_standardize``) in core TensorFlow ops.
 
 ``TFTextCleaner()(texts)`` maps ``tf.string [batch]`` to ``text_clean.clean_text`` of each text
-(cased), from the tables and patterns of ``gpt_tf/text_clean.py``. Per string:
+(cased), from the tables and patterns of ``gpt_tf/text/text_clean.py``. Per string:
 
 1. invalid UTF-8 -> U+FFFD;
 2. ftfy ``unescape_html``: named entities (ftfy's table) and numeric
    references (``html.unescape`` rules), repeated until stable, on the lines
    before the first line holding ``<`` (ftfy's ``"auto"`` rule);
-3. ftfy ``fix_encoding``, the mojibake repair (``gpt_tf/tf_fix_encoding.py``);
+3. ftfy ``fix_encoding``, the mojibake repair (``gpt_tf/text/tf_fix_encoding.py``);
 4. ftfy ``remove_terminal_escapes``;
 5. one per-character table: ftfy's ``fix_c1_controls``, ``fix_latin_ligatures``,
    ``fix_character_width``, ``uncurl_quotes``, ``fix_line_breaks``,
@@ -18,7 +18,7 @@
 6. text_standardize's regexes (RE2).
 
 What ftfy does that the graph does not (text differs only where these apply):
-the mojibake cases listed in ``gpt_tf/tf_fix_encoding.py``; the parts of NFC
+the mojibake cases listed in ``gpt_tf/text/tf_fix_encoding.py``; the parts of NFC
 beyond pairwise composition (reordering combining marks given out of
 canonical order, composing past a blocking mark); lone surrogates
 (cannot occur in UTF-8 input); and the interplay of steps inside ftfy's
@@ -28,9 +28,9 @@ repeat-until-stable loop (e.g. a full-width ``＆amp;`` that ftfy turns into
 
 import tensorflow as tf
 
-from gpt_tf import text_clean
-from gpt_tf.tf_fix_encoding import TFFixEncoding
-from gpt_tf.tf_strings import StringMap, replace_where
+from gpt_tf.text import text_clean
+from gpt_tf.text.tf_fix_encoding import TFFixEncoding
+from gpt_tf.text.tf_strings import StringMap, replace_where
 
 _HEAD_PATTERN = "(?s)^((?:[^<\n]*\n)*)[^\n]*<.*$"  # lines before the first line with '<'
 _MARK = "\x00"  # entity delimiter; NUL is a control character ftfy deletes anyway

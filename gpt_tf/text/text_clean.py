@@ -13,12 +13,12 @@ This module holds the text side of it:
   character classes (``\\s`` of Python ``re`` spelled out) so the very same
   pattern strings run in RE2 inside TensorFlow.
 * :func:`clean_text` = ``text_standardize(fix_text(text))``: what the word
-  splitter (``gpt_tf/word_split.py``) sees.
+  splitter (``gpt_tf/text/word_split.py``) sees.
 * :func:`graph_char_map`, :func:`nfc_pairs`, :func:`html_entities`,
   :func:`charref_specials`, :func:`ansi_escape_pattern`: ftfy's per-character
   fixes, NFC, HTML unescaping and terminal escapes as tables and patterns,
   derived from ftfy, ``unicodedata`` and ``html`` themselves, for
-  ``gpt_tf/tf_text_clean.py``.
+  ``gpt_tf/text/tf_text_clean.py``.
 
 All patterns are written to mean the same in Python ``re``, RE2 (TensorFlow)
 and Oniguruma (HF ``tokenizers``): only literal characters, ``\\x{...}``-style

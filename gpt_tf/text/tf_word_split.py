@@ -1,4 +1,4 @@
-"""GPT-1's word split (spaCy's English rules) in core TensorFlow ops: the twin of ``gpt_tf/word_split.py``.
+"""GPT-1's word split (spaCy's English rules) in core TensorFlow ops: the twin of ``gpt_tf/text/word_split.py``.
 
 ``TFWordSplit()(chunks)`` maps space-free chunks of cleaned text (``tf.string [n]``) to their words,
 cased and joined by spaces, equal to ``WordSplitter().split_chunk``: the same patterns (RE2 here,
@@ -16,14 +16,14 @@ strings, so their byte lengths are exact.
 
 import tensorflow as tf
 
-from gpt_tf.tf_strings import StringMap, odd_positions, replace_where
-from gpt_tf.word_split import SIMPLE_PATTERN, split_patterns
+from gpt_tf.text.tf_strings import StringMap, odd_positions, replace_where
+from gpt_tf.text.word_split import SIMPLE_PATTERN, split_patterns
 
 _MARK = "\x00"  # delimits re-merged spans; NUL never survives the cleanup
 
 
 class TFWordSplit(tf.Module):
-    """The word split of :func:`gpt_tf.word_split.split_patterns` as a tf.Module."""
+    """The word split of :func:`gpt_tf.text.word_split.split_patterns` as a tf.Module."""
 
     def __init__(self, name=None):
         super().__init__(name=name)

@@ -1,15 +1,15 @@
 """GPT-1's BPE tokenizer, offline (Python + HF ``tokenizers``), on GPT-1's two files.
 
-Pipeline, as the release's ``TextEncoder.encode``: :func:`gpt_tf.text_clean.clean_text`
+Pipeline, as the release's ``TextEncoder.encode``: :func:`gpt_tf.text.text_clean.clean_text`
 (``ftfy.fix_text`` -> ``text_standardize``) -> word split -> lower-case each word -> BPE with
 ``</w>`` word ends, lowest-rank merge first (HF ``tokenizers.models.BPE``, which reproduces the
 reference ``bpe()`` of openai/finetune-transformer-lm). Characters missing from the vocabulary
 become ``<unk>`` (id 0 in GPT-1's vocabulary), as the reference's ``encoder.get(token, 0)`` did.
 
 The word split is spaCy's English tokenizer, as GPT-1 used it, reproduced without spaCy by
-:class:`gpt_tf.word_split.WordSplitter` (``don't`` -> ``do n't``, ``it's`` -> ``it 's``, ``can't``
+:class:`gpt_tf.text.word_split.WordSplitter` (``don't`` -> ``do n't``, ``it's`` -> ``it 's``, ``can't``
 -> ``ca n't``, ``Mr.`` -> ``mr.``, ``U.S.`` -> ``u.s.``, ``3.14`` stays, ``--`` and ``...`` stay
-whole; see that module). The in-graph twin ``gpt_tf/tf_tokenizer.py`` applies the same rules in
+whole; see that module). The in-graph twin ``gpt_tf/text/tf_tokenizer.py`` applies the same rules in
 core TensorFlow ops. Python splits and lower-cases (memoised per space-free chunk) and hands the
 words, joined by single spaces, to HF ``tokenizers``, whose pre-tokenizer only splits on ``' '``.
 ``'\n'`` is a word of its own, so newlines become GPT-1's token ``'\n</w>'`` (id 40477); runs of
@@ -26,8 +26,8 @@ from tokenizers import pre_tokenizers
 from tokenizers.models import BPE
 from tokenizers.trainers import BpeTrainer
 
-from gpt_tf import text_clean
-from gpt_tf.word_split import END_OF_WORD, WordSplitter
+from gpt_tf.text import text_clean
+from gpt_tf.text.word_split import END_OF_WORD, WordSplitter
 
 UNK = "<unk>"
 MERGES_HEADER = "#version: 0.2"
@@ -198,7 +198,7 @@ class GPTTokenizer:
 
     def tf_tokenizer(self):
         """The in-graph twin (``TFGPTTokenizer``) of this tokenizer (one loaded from its two files)."""
-        from gpt_tf.tf_tokenizer import TFGPTTokenizer  # pylint: disable=import-outside-toplevel
+        from gpt_tf.text.tf_tokenizer import TFGPTTokenizer  # pylint: disable=import-outside-toplevel
         if self.encoder_path is None or self.merges_path is None:
             raise ValueError("this tokenizer was not loaded from files; save() it and load it first")
         return TFGPTTokenizer(self)

@@ -4,12 +4,12 @@
 to ``int32`` ragged ``[batch, None]`` ids equal to ``GPTTokenizer.encode``'s,
 inside ``tf.function`` and in SavedModels served by stock TF Serving: the vocabulary and merges
 of ``offline`` (a ``GPTTokenizer`` loaded from its two files; ``GPTTokenizer.tf_tokenizer()``
-builds one) become ``StaticHashTable`` constants. This module does not import ``gpt_tf.tokenizer``.
+builds one) become ``StaticHashTable`` constants. This module does not import ``gpt_tf.text.tokenizer``.
 
 Per batch of strings, mirroring the offline tokenizer step for step:
 
-1. cleanup (``gpt_tf/tf_text_clean.py``): the ftfy subset and ``text_standardize``;
-2. word split (``gpt_tf/tf_word_split.py``): spaCy's English rules, as GPT-1 used them, on the
+1. cleanup (``gpt_tf/text/tf_text_clean.py``): the ftfy subset and ``text_standardize``;
+2. word split (``gpt_tf/text/tf_word_split.py``): spaCy's English rules, as GPT-1 used them, on the
    batch's unique space-free chunks;
 3. lower-case each chunk's words (``tf.strings.lower``, ICU), the few characters ICU lower-cases
    unlike Python's ``str.lower`` (checked when the tokenizer is built) mapped first;
@@ -21,11 +21,11 @@ Per batch of strings, mirroring the offline tokenizer step for step:
 
 import tensorflow as tf
 
-from gpt_tf.tf_strings import StringMap, lookup_table, replace_where
-from gpt_tf.tf_text_clean import TFTextCleaner
-from gpt_tf.tf_word_split import TFWordSplit
-from gpt_tf.text_clean import regex_char_class
-from gpt_tf.word_split import END_OF_WORD
+from gpt_tf.text.tf_strings import StringMap, lookup_table, replace_where
+from gpt_tf.text.tf_text_clean import TFTextCleaner
+from gpt_tf.text.tf_word_split import TFWordSplit
+from gpt_tf.text.text_clean import regex_char_class
+from gpt_tf.text.word_split import END_OF_WORD
 
 _NO_RANK = tf.int64.max
 
