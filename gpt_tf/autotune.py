@@ -38,7 +38,7 @@ ONEDNN, FUSED = "TF_ENABLE_ONEDNN_OPTS", "GPT_TF_FUSED_KERNELS"
 INTRA, INTER = "TF_NUM_INTRAOP_THREADS", "TF_NUM_INTEROP_THREADS"
 SETTINGS = (ONEDNN, FUSED, INTRA, INTER)
 CACHE_FILE = "settings.json"
-PROBE = {"preset": "tiny", "n_layer": 2, "batch": 4, "seq": 64, "warmup": 1, "steps": 3}
+PROBE = {"preset": "tiny", "n_layer": 1, "batch": 4, "seq": 64, "warmup": 1, "steps": 3}
 TAG = "@@autotune "
 # A candidate's process-wide settings (0 threads: TensorFlow's default, one per core for each pool).
 BASE = {ONEDNN: "0", FUSED: "1", INTRA: "0", INTER: "0"}  # the project's settings before (on an AVX2-only CPU)
@@ -260,18 +260,25 @@ def settings_of(name: str) -> dict:
 def decide(path: str | None = None, measure_fn=measure, environ=os.environ) -> tuple[dict, str]:
     """``(entry, how)``: this machine's cached entry (``pick``, ``settings``, ``s_per_step``, ``measured``),
     measured now with ``measure_fn`` and cached where absent."""
+    import fcntl
+
     path = path or cache_path(environ)
     key = cache_key()
-    cache = read_cache(path)
-    entry = cache.get(key)
-    if entry is not None and set(entry.get("settings", {})) == set(SETTINGS):
-        return entry, f"cached {entry['measured']}"
-    seconds = measure_fn()
-    name = pick(seconds)
-    entry = {"pick": name, "settings": settings_of(name), "s_per_step": seconds,
-             "measured": datetime.datetime.now().astimezone().isoformat(timespec="seconds")}
-    cache[key] = entry
-    write_cache(path, cache)
+    os.makedirs(os.path.dirname(path), exist_ok=True)
+    # One probe per machine at a time: commands started together wait for the first one's pick (two probes
+    # at once would slow each other and disagree).
+    with open(f"{path}.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        cache = read_cache(path)
+        entry = cache.get(key)
+        if entry is not None and set(entry.get("settings", {})) == set(SETTINGS):
+            return entry, f"cached {entry['measured']}"
+        seconds = measure_fn()
+        name = pick(seconds)
+        entry = {"pick": name, "settings": settings_of(name), "s_per_step": seconds,
+                 "measured": datetime.datetime.now().astimezone().isoformat(timespec="seconds")}
+        cache[key] = entry
+        write_cache(path, cache)
     return entry, "measured now"
 
 
