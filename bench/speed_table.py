@@ -68,18 +68,16 @@ def precisions(info: dict, requested: str) -> list:
     return ["float32", "bfloat16"] if {"avx512_bf16", "amx_bf16"} & set(info["isa"]) else ["float32"]
 
 
-def pretraining(info: dict, log) -> list:
-    """The interleaved pre-training rows of every preset x precision (``train_throughput``'s statistics)."""
+def pretraining(info: dict, preset: str, log) -> list:
+    """The interleaved pre-training rows of ``preset`` in each precision (``train_throughput``'s statistics)."""
     from bench.train_throughput import run_group, summarise
 
-    rows = []
-    for preset in FLAGS.presets.split(","):
-        steps = min(FLAGS.steps, 3) if preset == "gpt1" else FLAGS.steps
-        for precision in precisions(info, FLAGS.precisions):
-            specs = [{"kind": "train", "stack": s, "preset": preset, "precision": precision, "threads": os.cpu_count(),
-                      "torch_adamw": "fused", "warmup": FLAGS.warmup, "steps": steps, **SIZES[preset]} for s in STACKS]
-            log(f"pre-training {preset} {precision}, batch {SIZES[preset]['batch']} x {SIZES[preset]['seq']}")
-            rows += run_group(specs, 0.1, steps, log)
+    rows, steps = [], min(FLAGS.steps, 3) if preset == "gpt1" else FLAGS.steps
+    for precision in precisions(info, FLAGS.precisions):
+        specs = [{"kind": "train", "stack": s, "preset": preset, "precision": precision, "threads": os.cpu_count(),
+                  "torch_adamw": "fused", "warmup": FLAGS.warmup, "steps": steps, **SIZES[preset]} for s in STACKS]
+        log(f"pre-training {preset} {precision}, batch {SIZES[preset]['batch']} x {SIZES[preset]['seq']}")
+        rows += run_group(specs, 0.1, steps, log)
     summarise(rows, {p: float("nan") for p in ("float32", "bfloat16")}, 0.1)
     return rows
 
@@ -104,7 +102,7 @@ def best(rows: list, preset: str, stack: str):
 
 def goals(report: dict) -> list:
     """``(what, ratio, goal)`` for every goal of issue #31 measured in this run."""
-    out, rows = [], report["pretraining"]
+    out, rows = [], report.get("pretraining", [])
     for preset in dict.fromkeys(r["preset"] for r in rows):
         ours = best(rows, preset, "ours")
         for peer, goal in zip(("keras_hub", "torch"), GOALS[preset], strict=True):
@@ -126,7 +124,7 @@ def markdown(report: dict) -> str:
              "Pre-training step (tokens/s; each stack in its own process, interleaved; medians over the timed steps):",
              "", "| size | precision | batch × seq | ours | keras-hub stack | PyTorch HF | ours / keras-hub "
              "| ours / PyTorch | others' CPU |", "|---|---|---|---:|---:|---:|---:|---:|---:|"]
-    rows = report["pretraining"]
+    rows = report.get("pretraining", [])
     for preset, precision in dict.fromkeys((r["preset"], r["precision"]) for r in rows):
         group = {r["stack"]: r for r in rows if r["preset"] == preset and r["precision"] == precision}
         ours = group["ours"]
@@ -162,11 +160,16 @@ def main(argv):
     # Before any worker starts: they inherit the settings (the keras-hub stack runs the same TensorFlow as ours).
     report["settings"] = autotune.apply() or "GPT_TF_AUTOTUNE=0: TensorFlow's defaults"
     log(report["settings"])
-    report["pretraining"] = pretraining(info, log)
-    report["finetuning"] = finetuning(info, log) if FLAGS.finetune_rounds > 0 else None
-    report["goals"] = goals(report)
     out = Path(FLAGS.out or f"bench/results/speed_table_{cpu_slug(info)}.json")
-    save_report(report, markdown(report), out, log)
+    report["pretraining"], report["finetuning"] = [], None
+    parts = (["finetuning"] if FLAGS.finetune_rounds > 0 else []) + FLAGS.presets.split(",")
+    for part in parts:  # the report is saved after each part: a long run cut short keeps what it measured
+        if part == "finetuning":
+            report["finetuning"] = finetuning(info, log)
+        else:
+            report["pretraining"] += pretraining(info, part, log)
+        report["goals"] = goals(report)
+        save_report(report, markdown(report), out, log)
 
 
 if __name__ == "__main__":
