@@ -290,7 +290,11 @@ def apply(environ=os.environ, path: str | None = None, measure_fn=measure) -> st
     if "tensorflow" in sys.modules:
         return "settings auto: not applied (TensorFlow was imported before them); TensorFlow's defaults run"
     path = path or cache_path(environ)
-    entry, how = decide(path, measure_fn, environ)
+    try:
+        entry, how = decide(path, measure_fn, environ)
+    except (RuntimeError, OSError, ValueError, subprocess.SubprocessError) as e:  # never stops the command
+        reason = (str(e).strip().splitlines() or [type(e).__name__])[0][:200]
+        return f"settings auto: the probe failed ({reason}); TensorFlow's defaults run, nothing cached"
     by_hand = [name for name in SETTINGS if environ.get(name, "").strip()]
     for name, value in entry["settings"].items():
         if name not in by_hand:

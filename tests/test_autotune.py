@@ -73,6 +73,17 @@ def test_gpt_tf_autotune_0_measures_nothing_and_changes_nothing(tmp_path):
     assert autotune.apply_serving(environ) is None and environ == {"GPT_TF_AUTOTUNE": "0"}
 
 
+def test_a_failed_probe_leaves_the_defaults_and_caches_nothing(tmp_path):
+    def broken():
+        raise RuntimeError("settings probe worker failed: boom")
+
+    environ = {}
+    line = autotune.apply(environ, str(tmp_path / "s.json"), broken)
+    assert line == ("settings auto: the probe failed (settings probe worker failed: boom); TensorFlow's defaults "
+                    "run, nothing cached")
+    assert environ == {} and not (tmp_path / "s.json").exists()
+
+
 def test_serving_takes_the_serving_default_unless_set_by_hand():
     environ = {}
     assert autotune.apply_serving(environ).startswith("settings auto: oneDNN ")
