@@ -3,13 +3,14 @@
 What is fastest depends on the CPU, not only on its flags: TensorFlow 2.21 leaves oneDNN's graph
 rewrites (``TF_ENABLE_ONEDNN_OPTS``) off on CPUs without AVX-512, where turning them on made a
 training step 30-52% faster on an AMD EPYC Zen 3 (issue #31). So at a command's first start on a
-machine, ``apply()`` times a short training step of the ``tiny`` model (batch 4 x 64, forward, LM
+machine, ``apply()`` times a short training step of a 1-layer ``tiny`` model (batch 4 x 64, forward, LM
 loss, backward, AdamW) in a few worker processes, one per candidate that needs its own process --
 oneDNN rewrites off / on, TensorFlow's default thread pools / one inter-op thread -- each timing the
 step with the fused kernels (``gpt_tf/kernels``) on and off; the workers take turns step by step (a
 load change hits all alike). The fastest combination is cached per machine (CPU model, CPU flags,
 usable cores, TensorFlow version) in ``$XDG_CACHE_HOME/gpt_tf/settings.json`` (``~/.cache/gpt_tf``),
-about 20 s once; later starts read it. The chosen values are set as environment variables before
+once per machine (it took 4-6 min on the issue's 2-core Zen 3 at a load of 10-16, shared with four
+other sessions; not yet timed on a quiet machine); later starts read it (delete the entry to re-measure). The chosen values are set as environment variables before
 ``import tensorflow`` (``TF_ENABLE_ONEDNN_OPTS``, ``GPT_TF_FUSED_KERNELS``, ``TF_NUM_INTRAOP_THREADS``,
 ``TF_NUM_INTEROP_THREADS``), and ``apply()`` returns one line saying what runs and why.
 
@@ -109,10 +110,11 @@ def candidate_name(settings: dict) -> str:
 
 
 def pick(seconds: dict) -> str:
-    """The fastest candidate name; within 2% of the fastest, the first listed (``measure`` lists ``BASE``
-    first, so an unclear difference keeps it)."""
+    """The fastest candidate name; within 5% of the fastest, the first listed: ``measure`` lists ``BASE`` first,
+    then each process's fused-kernels step before its stock one, so a difference within the noise of a shared
+    machine keeps the settings that ran before (three probes on the busy Zen 3 of issue #31 swung ~5%)."""
     best = min(seconds.values())
-    return next(name for name, s in seconds.items() if s <= 1.02 * best)
+    return next(name for name, s in seconds.items() if s <= 1.05 * best)
 
 
 # ----------------------------------------------------------------------------- measuring
@@ -158,7 +160,7 @@ def worker_main(settings: dict) -> None:
         kernels._load.cache_clear()  # re-reads the variable
         if fused == "0" or kernels.ops() is not None:
             steps[fused] = build()
-    print(f"{TAG}READY {json.dumps(sorted(steps))}", flush=True)
+    print(f"{TAG}READY {json.dumps(list(steps))}", flush=True)  # fused first: see pick()
     for line in sys.stdin:
         fused = line.split()[-1]
         start = time.perf_counter()

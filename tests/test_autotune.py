@@ -28,7 +28,7 @@ def _no_measuring():
 
 def test_the_fastest_candidate_is_picked_and_a_near_tie_keeps_the_first_listed():
     assert autotune.pick(SLOW) == ON
-    assert autotune.pick({OFF: 0.200, ON: 0.198}) == OFF  # within 2%: the settings that ran before
+    assert autotune.pick({OFF: 0.200, ON: 0.192}) == OFF  # within 5%: the settings that ran before
 
 
 def test_the_pick_is_measured_once_per_machine_then_read_from_the_cache(tmp_path):
