@@ -1,7 +1,9 @@
-"""Where a fine-tuning step's time goes, in gpt_tf and in HF Trainer: op time by kind, side by side.
+"""``bench.finetune_speed --mode=profile``: where a fine-tuning step's time goes, in gpt_tf and in HF Trainer.
 
-    python -m bench.finetune_profile        # ~4 min on 2 cores -> bench/results/finetune_profile.{json,md}
-    python -m bench.finetune_profile --precision=bfloat16 --out=bench/results/finetune_profile_bf16.json
+    python -m bench.finetune_speed --mode=profile     # ~4 min on 2 cores -> bench/results/finetune_profile.{json,md}
+    python -m bench.finetune_speed --mode=profile --precision=bfloat16 --out=bench/results/finetune_profile_bf16.json
+
+Op time by kind, side by side (this module is the mode's implementation; ``finetune_speed`` parses the flags).
 
 `bench/finetune_speed.py` times the two stacks; this says why they are where they are. Each stack runs
 in its own process, on the same data, shape and settings as finetune_speed (the `tiny` shape, SST-2
@@ -31,32 +33,12 @@ import subprocess
 import sys
 from pathlib import Path
 
-from absl import app, flags
-
-from bench.finetune_speed_stacks import define_data_flags
-from bench.train_throughput import save_report
-from bench.train_throughput_report import machine_info
-from bench.train_throughput_stacks import Clock, timed
+from bench.harness import Clock, machine_info, timed
 
 ROOT = Path(__file__).resolve().parents[1]
-FLAGS = flags.FLAGS
 KINDS = ("matmul", "optimizer", "dropout", "other ops", "outside ops")
 TAG = "@@finetune_profile "
 OTHERS = "others' CPU"
-
-
-def define_flags():
-    flags.DEFINE_integer("warmup_steps", 50, "steps before recording (tracing, first allocations); 50 = one of "
-                         "HF's length-grouped megabatches, so the recorded steps are one whole megabatch")
-    flags.DEFINE_integer("steps", 50, "training steps recorded")
-    flags.DEFINE_integer("batch_size", 32, "batch size of both stacks")
-    flags.DEFINE_integer("n_ctx", 64, "context of the fine-tuned model")
-    flags.DEFINE_enum("precision", "float32", ["float32", "bfloat16"], "both stacks: float32, or bfloat16 "
-                      "(ours mixed_bfloat16, HF Trainer bf16=True)")
-    flags.DEFINE_integer("threads", 1, "threads of both stacks (TF intra- and inter-op, torch intra-op)")
-    flags.DEFINE_integer("books", 20, "Gutenberg books the 8k BPE is trained on (bench/finetune_speed_stacks.py)")
-    define_data_flags("bench/results/finetune_profile.json")
-    flags.DEFINE_enum("worker", None, ["ours", "hf"], "internal: profile this stack and print its result")
 
 
 # ----------------------------------------------------------------------------- ours (TensorFlow)
@@ -215,46 +197,38 @@ def markdown(report: dict) -> str:
     return "\n".join(lines)
 
 
-def main(argv):
-    del argv  # everything is a flag
-    spec = {"batch_size": FLAGS.batch_size, "n_ctx": FLAGS.n_ctx, "threads": FLAGS.threads, "train_steps": FLAGS.steps}
-    if FLAGS.worker:
-        spec = {**spec, **json.loads(sys.stdin.readline())}
-        profile = profile_ours if FLAGS.worker == "ours" else profile_hf
-        print(TAG + json.dumps(profile(spec, FLAGS.warmup_steps, FLAGS.steps)), flush=True)
-        return
-    from bench.finetune_speed_stacks import lengths_summary, prepare_data
+def worker_main(spec: dict) -> None:
+    """In the worker process: profiles ``spec["stack"]`` and prints the result on one ``TAG`` line."""
+    profile = profile_ours if spec["stack"] == "ours" else profile_hf
+    print(TAG + json.dumps(profile(spec, spec["warmup_steps"], spec["train_steps"])), flush=True)
 
-    log = lambda msg: print(msg, flush=True)  # noqa: E731
-    task_dir = prepare_data(Path(FLAGS.data_root), Path(FLAGS.shared_data), FLAGS.books, FLAGS.n_ctx, log).resolve()
-    bf16 = FLAGS.precision == "bfloat16"
+
+def run_profile(args, task_dir: Path, log) -> dict:
+    """Profiles ours (λ = 0) and HF Trainer one after the other, each in a ``bench.finetune_speed`` worker."""
+    from bench.finetune_speed_stacks import lengths_summary
+
+    bf16 = args.precision != "float32"
     short, ours_precision = ("bf16", "mixed_bfloat16") if bf16 else ("fp32", "float32")
     stacks = {f"gpt_tf, buckets, λ = 0, {short}": {"stack": "ours", "buckets": True, "lm_coef": 0.0,
                                                    "precision": ours_precision},
-              f"HF Trainer, {short}": {"stack": "hf", "precision": FLAGS.precision}}
+              f"HF Trainer, {short}": {"stack": "hf", "precision": "bfloat16" if bf16 else "float32"}}
+    common = {"profile": True, "task_dir": str(task_dir), "batch_size": args.batch_size, "n_ctx": args.n_ctx,
+              "threads": args.threads, "train_steps": args.train_steps, "warmup_steps": args.profile_warmup_steps}
     rows = {}
     for name, stack in stacks.items():
         log(f"profiling {name} ...")
-        worker = [sys.executable, "-m", "bench.finetune_profile", f"--worker={stack['stack']}",
-                  *(f"--{k}={getattr(FLAGS, k)}" for k in ("warmup_steps", "steps", "batch_size", "n_ctx", "threads"))]
-        done = subprocess.run(worker, input=json.dumps({**stack, "task_dir": str(task_dir)}) + "\n", text=True,
-                              capture_output=True, cwd=ROOT)
+        worker = [sys.executable, "-m", "bench.finetune_speed", f"--worker={json.dumps({**common, **stack})}"]
+        done = subprocess.run(worker, text=True, capture_output=True, cwd=ROOT)
         line = next((x for x in done.stdout.splitlines() if x.startswith(TAG)), None)
         if done.returncode or line is None:
             raise RuntimeError(f"{name}: the worker failed (exit {done.returncode}):\n{done.stderr[-3000:]}")
         result = json.loads(line[len(TAG):])
         rows[name] = {phase: per_example_ms(result[phase]) for phase in ("train", "eval")}
         log(f"  {name}: {rows[name]}")
-    report = {"command": " ".join(["python -m bench.finetune_profile", *sys.argv[1:]]),
-              "date": datetime.datetime.now().astimezone().isoformat(timespec="seconds"), "machine": machine_info(),
-              "settings": {"model": "tiny (4 x 256, 4 heads, FFN 1024, 8k BPE)", "n_ctx": FLAGS.n_ctx,
-                           "batch": FLAGS.batch_size, "precision": FLAGS.precision, "warm-up steps": FLAGS.warmup_steps,
-                           "recorded steps": FLAGS.steps,
-                           "threads per stack": FLAGS.threads, "texts": lengths_summary(task_dir)},
-              "rows": rows}
-    save_report(report, markdown(report), Path(FLAGS.out), log)
-
-
-if __name__ == "__main__":
-    define_flags()
-    app.run(main)
+    return {"command": " ".join(["python -m bench.finetune_speed", *sys.argv[1:]]),
+            "date": datetime.datetime.now().astimezone().isoformat(timespec="seconds"), "machine": machine_info(),
+            "settings": {"model": "tiny (4 x 256, 4 heads, FFN 1024, 8k BPE)", "n_ctx": args.n_ctx,
+                         "batch": args.batch_size, "precision": short, "warm-up steps": args.profile_warmup_steps,
+                         "recorded steps": args.train_steps, "threads per stack": args.threads,
+                         "texts": lengths_summary(task_dir)},
+            "rows": rows}

@@ -1,7 +1,17 @@
 """Fine-tuning speed on SST-2: gpt_tf padded to n_ctx, gpt_tf length-bucketed, and HF Trainer, interleaved.
 
     python -m bench.finetune_speed                       # ~15 min on 2 cores -> bench/results/finetune_speed.{json,md}
-    python -m bench.finetune_speed --padding_only        # tokens per example after padding, ours and HF's
+    python -m bench.finetune_speed --mode=padding        # tokens per example after padding, ours and HF's
+    python -m bench.finetune_speed --mode=ab --base=REV  # this checkout against commit REV, same stack, same batches
+    python -m bench.finetune_speed --mode=profile        # where the time goes, ours against HF (bench/finetune_profile.py)
+
+Modes: ``speed`` (below); ``padding``; ``ab``: two workers of ``--stack`` (default ``ours_bucketed_bf16``), one
+running this checkout, one ``--base`` from a temporary `git worktree`, from the same seed (round r of each trains
+on the same batches), alternating; the figure is the ratio of the mean examples/s over the counted rounds
+(differences under ~2% are noise on a quiet 2-core machine; training only). ``profile``: each stack (ours at
+λ = 0, HF Trainer) in its own process records ``--train_steps`` training steps after ``--profile_warmup_steps``
+and one evaluation pass with its framework's profiler, every op's self time sorted into kinds (matmul,
+optimizer, dropout, other ops, outside ops; see ``bench/finetune_profile.py``).
 
 Stacks (`bench/finetune_speed_stacks.py`), each in its own worker process, all the `tiny` shape
 (4 layers, 256 dims, 4 heads, 1024 FFN, 8k BPE + 4 special tokens) with n_ctx 64, batch 32, on the
@@ -46,15 +56,17 @@ from __future__ import annotations
 import datetime
 import json
 import os
+import shutil
+import statistics
+import subprocess
 import sys
+import tempfile
 from pathlib import Path
 
 from absl import app, flags
 
 from bench.finetune_speed_stacks import define_data_flags
-from bench.train_throughput import Worker, save_report, wait_until_quiet
-from bench.train_throughput_report import machine_info, median
-from bench.train_throughput_stacks import busy_seconds
+from bench.harness import ROOT, Worker, busy_seconds, header, machine_info, median, save_report, wait_until_quiet
 
 FLAGS = flags.FLAGS
 STACKS = {
@@ -79,18 +91,25 @@ EVAL_STACKS = ("ours_padded", "ours_bucketed", "keras_fit", "ours_bucketed_bf16"
 
 
 def define_flags():
+    flags.DEFINE_enum("mode", "speed", ["speed", "padding", "ab", "profile"], "what to measure (see the module doc)")
     flags.DEFINE_string("stacks", ",".join(DEFAULT_STACKS), "comma-separated subset of " + ",".join(STACKS))
     flags.DEFINE_integer("rounds", 3, "counted rounds (after one warm-up round)")
     flags.DEFINE_integer("train_steps", 50, "training steps per worker per round")
     flags.DEFINE_integer("batch_size", 32, "batch size of every stack")
     flags.DEFINE_integer("n_ctx", 64, "context of the fine-tuned model (the README's SST-2 runs: 64)")
-    flags.DEFINE_enum("precision", "float32", ["float32", "mixed_bfloat16"], "ours")
+    flags.DEFINE_enum("precision", "float32", ["float32", "mixed_bfloat16", "bfloat16"], "ours (bfloat16 = "
+                      "mixed_bfloat16); --mode=profile: both stacks (HF Trainer bf16=True)")
     flags.DEFINE_integer("books", 20, "Gutenberg books the 8k BPE is trained on")
     flags.DEFINE_integer("threads", 1, "threads of every stack: TF intra- and inter-op, torch intra-op")
     flags.DEFINE_float("wait_quiet", 0.0, "before each measurement, wait up to this many "
                        "seconds for other processes to use at most 10% of the CPUs")
     define_data_flags("bench/results/finetune_speed.json")
-    flags.DEFINE_bool("padding_only", False, "only print the training tokens per example after padding, "
+    flags.DEFINE_string("base", None, "--mode=ab: the commit to compare this checkout against")
+    flags.DEFINE_enum("stack", "ours_bucketed_bf16", [s for s, v in STACKS.items() if v["stack"] == "ours"],
+                      "--mode=ab: the stack both workers run")
+    flags.DEFINE_integer("profile_warmup_steps", 50, "--mode=profile: steps before recording (50 = one of HF's "
+                         "length-grouped megabatches, so the recorded --train_steps=50 are one whole megabatch)")
+    flags.DEFINE_bool("padding_only", False, "same as --mode=padding: " "only print the training tokens per example after padding, "
                       "ours (buckets) and HF's (group_by_length), over one epoch; no timing")
     flags.DEFINE_string("worker", None, "internal: run as a worker with this JSON spec")
 
@@ -111,7 +130,7 @@ def run(args, specs: dict, log, code_roots: dict | None = None) -> dict:
     workers, logs = {}, {name: {"train": [], "eval": []} for name in specs}
     try:
         for name, spec in specs.items():
-            workers[name] = Worker(spec, module="bench.finetune_speed", tag="@@finetune_speed ",
+            workers[name] = Worker(spec, "bench.finetune_speed", tag="@@finetune_speed ",
                                    code_root=(code_roots or {}).get(name))
             logs[name]["info"] = workers[name].read("READY")
             log(f"  {name} ready: {logs[name]['info']}")
@@ -184,39 +203,105 @@ def markdown(report: dict) -> str:
     return "\n".join(lines) + "\n"
 
 
-def main(argv):
-    del argv  # everything is a flag
-    args = FLAGS
-    if args.worker:
-        from bench.finetune_speed_stacks import worker_main
+def git(*args) -> str:
+    return subprocess.run(["git", *args], cwd=ROOT, check=True, capture_output=True, text=True).stdout.strip()
 
-        return worker_main(json.loads(args.worker))
-    unknown = [s for s in args.stacks.split(",") if s not in STACKS]
-    if unknown:
-        raise app.UsageError(f"--stacks: unknown {unknown}; choose from {list(STACKS)}")
-    from bench.finetune_speed_stacks import lengths_summary, padding_summary, prepare_data
 
-    log = lambda msg: print(msg, flush=True)  # noqa: E731
-    task_dir = prepare_data(Path(args.data_root), Path(args.shared_data), args.books, args.n_ctx, log).resolve()
-    padding = padding_summary(task_dir, args.batch_size, args.n_ctx)
-    if args.padding_only:
-        return log(f"training tokens per example after padding (batch {args.batch_size}, one epoch): {padding}")
+def run_ab(args, task_dir: Path, log) -> tuple[dict, str]:
+    """``--mode=ab``: this checkout against ``--base``, the same stack from the same seed, alternating."""
+    if not args.base:
+        raise app.UsageError("--mode=ab needs --base=REV")
+    spec = {"task_dir": str(task_dir), "batch_size": args.batch_size, "n_ctx": args.n_ctx, "threads": args.threads,
+            "train_steps": args.train_steps, "precision": "float32", **STACKS[args.stack]}
+    base_rev, this_rev = git("rev-parse", "--short", args.base), git("rev-parse", "--short", "HEAD")
+    if git("status", "--porcelain", "--untracked-files=no"):
+        this_rev += " + uncommitted changes"
+    tree = Path(tempfile.mkdtemp(prefix="finetune_ab_")) / "base"
+    git("worktree", "add", "--detach", str(tree), base_rev)
+    try:
+        logs = run(args, {"base": spec, "this": spec}, log, code_roots={"base": tree})
+    finally:
+        git("worktree", "remove", "--force", str(tree))
+        shutil.rmtree(tree.parent, ignore_errors=True)
+    rates = {name: [m["examples_per_s"] for m in logs[name]["train"]] for name in ("base", "this")}
+    means = {name: statistics.mean(v) for name, v in rates.items()}
+    report = {"command": " ".join(["python -m bench.finetune_speed", *sys.argv[1:]]),
+              "date": datetime.datetime.now().astimezone().isoformat(timespec="seconds"), "machine": machine_info(),
+              "settings": {"this": this_rev, "base": base_rev, "stack": args.stack, "train_steps": args.train_steps,
+                           "rounds": args.rounds},
+              "result": {**rates, "base_mean": means["base"], "this_mean": means["this"],
+                         "ratio": means["this"] / means["base"]}}
+    s, r = report["settings"], report["result"]
+    lines = [f"`{report['command']}`", "",
+             f"{report['machine']['cpu']}, {report['date']}: this checkout ({s['this']}) against {s['base']}, stack "
+             f"{s['stack']}, {s['train_steps']} steps per round, {s['rounds']} counted rounds.", "",
+             "| round | base examples/s | this examples/s |", "|---:|---:|---:|"]
+    lines += [f"| {i + 1} | {a:.1f} | {b:.1f} |" for i, (a, b) in enumerate(zip(r["base"], r["this"]))]
+    lines += ["", f"Mean: base {r['base_mean']:.1f}, this {r['this_mean']:.1f} examples/s: **{r['ratio']:.3f}×**."]
+    return report, "\n".join(lines) + "\n"
+
+
+def speed_report(args, task_dir: Path, stacks: list, log, padding=None) -> dict:
+    """``--mode=speed``: the interleaved rounds of ``stacks``, summarised (``bench.speed_table`` runs it too)."""
+    from bench.finetune_speed_stacks import lengths_summary
+
     common = {"task_dir": str(task_dir), "batch_size": args.batch_size, "n_ctx": args.n_ctx,
               "train_steps": args.train_steps, "threads": args.threads}
-    specs = {name: {"precision": args.precision, **common, **STACKS[name]} for name in args.stacks.split(",")}
+    precision = "mixed_bfloat16" if args.precision == "bfloat16" else args.precision
+    specs = {name: {"precision": precision, **common, **STACKS[name]} for name in stacks}
     report = {"command": " ".join(["python -m bench.finetune_speed", *sys.argv[1:]]),
               "date": datetime.datetime.now().astimezone().isoformat(timespec="seconds"), "machine": machine_info(),
               "settings": {"model": "tiny (4 x 256, 4 heads, FFN 1024, 8k BPE)", "n_ctx": args.n_ctx,
                            "batch": args.batch_size, "train steps per round": args.train_steps,
-                           "rounds": f"{args.rounds} (+1 warm-up)", "ours precision": args.precision,
+                           "rounds": f"{args.rounds} (+1 warm-up)", "ours precision": precision,
                            "threads per stack": args.threads, "BPE books": args.books, "wait_quiet_s": args.wait_quiet,
                            "texts": lengths_summary(task_dir),
                            "training tokens per example after padding": padding},
               "stacks": specs}
-    log(f"{report['machine']['cpu']}, {report['machine']['cores']} cores; texts: {report['settings']['texts']}")
+    log(f"{header(report['machine'])}; texts: {report['settings']['texts']}")
     report["logs"] = run(args, specs, log)
     report["summary"] = summarise(report["logs"])
-    save_report(report, markdown(report), Path(args.out), log)
+    return report
+
+
+def main(argv):
+    del argv  # everything is a flag
+    args = FLAGS
+    if args.worker:
+        spec = json.loads(args.worker)
+        if spec.get("profile"):
+            from bench.finetune_profile import worker_main
+        else:
+            from bench.finetune_speed_stacks import worker_main
+        return worker_main(spec)
+    mode = "padding" if args.padding_only else args.mode
+    unknown = [s for s in args.stacks.split(",") if s not in STACKS]
+    if unknown:
+        raise app.UsageError(f"--stacks: unknown {unknown}; choose from {list(STACKS)}")
+    from bench.finetune_speed_stacks import padding_summary, prepare_data
+
+    log = lambda msg: print(msg, flush=True)  # noqa: E731
+    task_dir = prepare_data(Path(args.data_root), Path(args.shared_data), args.books, args.n_ctx, log).resolve()
+    out = Path(args.out)
+    if mode != "speed" and not args["out"].present:
+        out = out.with_name(f"finetune_{mode}.json")
+    if mode == "ab":
+        for name, value in (("train_steps", 100), ("rounds", 6)):  # an A/B needs more rounds to resolve ~2%
+            if not args[name].present:
+                setattr(args, name, value)
+        report, text = run_ab(args, task_dir, log)
+        return save_report(report, text, out, log)
+    if mode == "profile":
+        from bench.finetune_profile import markdown as profile_markdown
+        from bench.finetune_profile import run_profile
+
+        report = run_profile(args, task_dir, log)
+        return save_report(report, profile_markdown(report), out, log)
+    padding = padding_summary(task_dir, args.batch_size, args.n_ctx)
+    if mode == "padding":
+        return log(f"training tokens per example after padding (batch {args.batch_size}, one epoch): {padding}")
+    report = speed_report(args, task_dir, args.stacks.split(","), log, padding)
+    save_report(report, markdown(report), out, log)
 
 
 if __name__ == "__main__":

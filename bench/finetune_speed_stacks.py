@@ -21,7 +21,7 @@ import sys
 import time
 from pathlib import Path
 
-from bench.train_throughput_stacks import cpu_seconds
+from bench.harness import cpu_seconds, emit as _emit
 
 VIEWS_FILE = "views.json"
 HOLDOUT_FRACTION = 0.06
@@ -286,7 +286,7 @@ TAG = "@@finetune_speed "
 
 
 def emit(kind: str, payload: dict) -> None:
-    print(f"{TAG}{kind} {json.dumps(payload)}", flush=True)
+    _emit(kind, payload, TAG)
 
 
 def _timed(fn) -> dict:

@@ -25,7 +25,6 @@ from __future__ import annotations
 import datetime
 import json
 import os
-import resource
 import statistics
 import sys
 import tempfile
@@ -33,6 +32,8 @@ import time
 from pathlib import Path
 
 from absl import app, flags
+
+from bench.harness import cpu_seconds, header, machine_info, measure_peak
 
 FLAGS = flags.FLAGS
 
@@ -66,28 +67,11 @@ def _write_random_records(folder: Path, vocab: int, n_ctx: int, sequences: int, 
     (folder / MANIFEST).write_text(json.dumps(manifest))
 
 
-def _matmul_peak(dtype: str) -> float:
-    """Best FLOP/s of square matmuls (1024..4096) in ``dtype`` on TF's default device."""
-    import tensorflow as tf
-
-    best = 0.0
-    for n in (1024, 2048, 4096):
-        a = tf.cast(tf.random.normal((n, n)), dtype)
-        run = tf.function(lambda x: tf.reduce_sum(tf.cast(tf.matmul(x, x), tf.float32)))
-        run(a).numpy()
-        for _ in range(3):
-            t = time.perf_counter()
-            run(a).numpy()
-            best = max(best, 2 * n**3 / (time.perf_counter() - t))
-    return best
-
-
 class _StepClock:
     """The ``TrainCallbacks`` hooks ``Pretrainer.train`` calls, keeping the time each step ended."""
 
     def __init__(self):
-        self.ends = [time.perf_counter()]
-        self.cpu = [resource.getrusage(resource.RUSAGE_SELF)]
+        self.ends, self.cpu = [time.perf_counter()], [cpu_seconds()]
 
     def on_log(self, step, stats):
         del step, stats
@@ -95,7 +79,7 @@ class _StepClock:
     def on_step_end(self, step, trainer):
         del step, trainer
         self.ends.append(time.perf_counter())
-        self.cpu.append(resource.getrusage(resource.RUSAGE_SELF))
+        self.cpu.append(cpu_seconds())
 
 
 def _device() -> str:
@@ -105,10 +89,7 @@ def _device() -> str:
     if gpus:
         names = [tf.config.experimental.get_device_details(g).get("device_name", "GPU") for g in gpus]
         return f"{len(gpus)}× {names[0]}"
-    from bench.train_throughput_report import machine_info
-
-    info = machine_info()
-    return f"{info['cpu']} ({info['cores']} cores, {' '.join(info['isa'])})"
+    return header(machine_info())
 
 
 def run(args) -> dict:
@@ -140,11 +121,12 @@ def run(args) -> dict:
         trainer.train(clock)
     timed = slice(args.warmup, args.warmup + args.steps)  # step k (from 1) took ends[k] - ends[k - 1]
     seconds = [b - a for a, b in zip(clock.ends[:-1], clock.ends[1:])][timed]
-    cpu = [(b.ru_utime + b.ru_stime) - (a.ru_utime + a.ru_stime) for a, b in zip(clock.cpu[:-1], clock.cpu[1:])][timed]
+    cpu = [b - a for a, b in zip(clock.cpu[:-1], clock.cpu[1:])][timed]
     tokens_per_step = args.batch_size * model_config.n_ctx
     tokens_per_sec = tokens_per_step * len(seconds) / sum(seconds)
     compute_dtype = "bfloat16" if args.precision == "mixed_bfloat16" else "float32"
-    peak = args.peak_tflops * 1e12 if args.peak_tflops else _matmul_peak(compute_dtype)
+    peak = args.peak_tflops * 1e12 or max(v for k, v in measure_peak("tf", (1024, 2048, 4096), 3, 0, 1.0).items()
+                                          if k.startswith(compute_dtype + "@"))
     flops = model_config.flops_per_token(model_config.n_ctx)
     return {
         "when": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),

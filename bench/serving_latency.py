@@ -26,7 +26,6 @@ from __future__ import annotations
 import datetime
 import json
 import os
-import platform
 import subprocess
 import sys
 import tempfile
@@ -36,6 +35,8 @@ from pathlib import Path
 
 import numpy as np
 from absl import app, flags
+
+from bench.harness import CpuMeter, header, machine_info
 
 ROOT = Path(__file__).resolve().parents[1]
 FLAGS = flags.FLAGS
@@ -61,36 +62,6 @@ def sst2_texts(tokenizer, count: int, low: int, high: int) -> list:
         if len(texts) == count:
             return texts
     raise ValueError(f"SST-2 gave only {len(texts)} texts of {low}..{high} tokens")
-
-
-class CpuMeter:
-    """Share of the machine's CPU used by processes other than ``pids`` between start() and stop()."""
-
-    def __init__(self, pids):
-        self.pids = pids
-
-    @staticmethod
-    def _busy():
-        fields = [int(x) for x in open("/proc/stat").readline().split()[1:]]
-        return sum(fields) - fields[3] - fields[4]  # all but idle and iowait, in ticks
-
-    def _ours(self):
-        total = 0
-        for pid in self.pids:
-            try:
-                stat = open(f"/proc/{pid}/stat").read().rsplit(")", 1)[1].split()
-                total += int(stat[11]) + int(stat[12])  # utime + stime (+ their threads)
-            except OSError:
-                pass
-        return total
-
-    def start(self):
-        self._t, self._b, self._o = time.monotonic(), self._busy(), self._ours()
-
-    def stop(self) -> float:
-        ticks = os.sysconf("SC_CLK_TCK") * (time.monotonic() - self._t) * os.cpu_count()
-        others = (self._busy() - self._b) - (self._ours() - self._o)
-        return max(0.0, others / ticks)
 
 
 def run_load(call, requests: int, concurrency: int) -> tuple:
@@ -153,13 +124,6 @@ def grpc_caller(port: int, name: str, concurrency: int, texts: list):
     return call
 
 
-def cpu_model() -> str:
-    for line in open("/proc/cpuinfo"):
-        if line.startswith("model name"):
-            return line.split(":", 1)[1].strip()
-    return platform.machine()
-
-
 def summary(latencies, wall, others) -> dict:
     ms = np.asarray(latencies) * 1e3
     return {"requests": len(ms), "p50_ms": float(np.percentile(ms, 50)), "p99_ms": float(np.percentile(ms, 99)),
@@ -171,7 +135,7 @@ def markdown(report: dict) -> str:
     lines = [f"Measured {report['date']} on {report['machine']} ({report['cpus']} CPUs); model `{report['preset']}` preset "
              f"({report['params'] / 1e6:.1f}M parameters, GPT-1 BPE), SST-2 head, random weights; "
              f"{report['tokens_min']}-{report['tokens_max']} text tokens per request (+ <s>, <e>); "
-             f"{report['rounds']} interleaved rounds.", "",
+             f"{report['rounds']} interleaved rounds; oneDNN rewrites {'on' if report.get('onednn_rewrites') else 'off'}.", "",
              f"Command: `{report['command']}`", "",
              "| configuration | concurrency | requests | p50 ms | p99 ms | p99 / p50 | throughput req/s | others' CPU |",
              "|---|---:|---:|---:|---:|---:|---:|---:|"]
@@ -200,14 +164,19 @@ def define_flags():
     flags.DEFINE_integer("warmup", 16, "untimed requests per configuration first")
     flags.DEFINE_string("tokens", "120,128", "text length range in BPE tokens")
     flags.DEFINE_string("out", str(ROOT / "bench" / "results" / "serving_latency.json"), "the JSON report (.md beside it)")
+    flags.DEFINE_enum("onednn", None, ["0", "1"], "TF_ENABLE_ONEDNN_OPTS for this process and its servers (default: "
+                      "the serving default, gpt_tf/autotune.py); run once per value, alternating, to compare")
 
 
 def main(argv):
     del argv  # everything is a flag
     args = FLAGS
+    if args.onednn is not None:
+        os.environ["TF_ENABLE_ONEDNN_OPTS"] = args.onednn  # before TensorFlow starts, here and in the servers
     from gpt_tf.console import import_tensorflow
 
-    tf = import_tensorflow()
+    tf = import_tensorflow(serving=True)
+    from tensorflow.python.util import _pywrap_util_port
 
     from gpt_tf.config import get_preset
     from gpt_tf.model import GPTBackbone
@@ -265,7 +234,8 @@ def main(argv):
     gain = results[f"grpc-batched@{many}"]["throughput_rps"] / results[f"grpc-unbatched@{many}"]["throughput_rps"]
     ceiling = results[f"{BATCH}@{many}"]["throughput_rps"] / results[f"in-process@{many}"]["throughput_rps"]
     report = {
-        "date": datetime.datetime.now().strftime("%Y-%m-%d %H:%M"), "machine": cpu_model(),
+        "date": datetime.datetime.now().strftime("%Y-%m-%d %H:%M"), "machine": header(machine_info()),
+        "onednn_rewrites": bool(_pywrap_util_port.IsMklEnabled()),
         "cpus": os.cpu_count(), "preset": args.preset, "params": config.n_params, "tokens_min": low, "tokens_max": high,
         "rounds": args.rounds, "concurrency": concurrency, "command": "python -m bench.serving_latency " + " ".join(sys.argv[1:]),
         "results": results,

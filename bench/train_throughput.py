@@ -23,15 +23,14 @@ from __future__ import annotations
 import datetime
 import json
 import os
-import subprocess
 import sys
-import tempfile
 import time
 from pathlib import Path
 
 from absl import app, flags
 
-from bench.train_throughput_report import machine_info, markdown, row_name, summarise
+from bench.harness import Worker, emit, header, machine_info, measure_peak, measure_peaks, median, save_report, timed
+from bench.harness import wait_until_quiet
 
 STACKS = ("ours", "keras_hub", "torch")
 # Per-preset defaults for a 2-core CPU, sized so the default run (gpt1 + small) takes ~15 minutes.
@@ -41,7 +40,6 @@ PRESET_DEFAULTS = {
     "tiny": {"batch": 8, "seq": 128, "warmup": 3, "steps": 10},
     "test": {"batch": 8, "seq": 32, "warmup": 3, "steps": 20},
 }
-TAG = "@@bench "  # prefix of the protocol lines a worker prints on stdout
 ROOT = Path(__file__).resolve().parents[1]
 FLAGS = flags.FLAGS
 
@@ -49,93 +47,120 @@ FLAGS = flags.FLAGS
 # ----------------------------------------------------------------------------- worker process
 
 
-def _emit(kind, payload):
-    print(f"{TAG}{kind} {json.dumps(payload)}", flush=True)
-
-
 def worker_main(spec):
     """Worker: builds the stack, then runs one step per ``step`` line on stdin until stdin closes."""
-    from bench.train_throughput_stacks import build_step, measure_peak, timed
+    from bench.train_throughput_stacks import build_step
 
     if spec["kind"] == "peak":
-        _emit("RESULT", measure_peak(spec["lib"], spec["sizes"], spec["reps"], spec["threads"], spec["quiet_share"]))
+        emit("RESULT", measure_peak(spec["lib"], spec["sizes"], spec["reps"], spec["threads"], spec["quiet_share"]))
         return
+    if spec["stack"] != "torch":  # TensorFlow's pools as the project's settings say (gpt_tf/autotune.py)
+        import tensorflow as tf
+
+        from gpt_tf.autotune import apply_threads
+
+        apply_threads(tf)
     step, info = build_step(spec)
-    _emit("READY", info)
+    emit("READY", info)
     for line in sys.stdin:
         if line.strip() != "step":
             break
         loss, stats = timed(step)
-        _emit("STEP", {**stats, "loss": loss})
+        emit("STEP", {**stats, "loss": loss})
+
+
+# ----------------------------------------------------------------------------- statistics and report
+
+
+def row_name(row):
+    return row["stack"]
+
+
+def summarise(rows, peaks, quiet_share):
+    """Adds tokens/s, ms/step, CPU s/step, MFU and the ratios vs keras-hub and torch to each row.
+
+    Within one preset × precision, the medians are over the quiet steps if every row has at least
+    half its steps quiet, else over all steps (the same rule for every stack, so ratios stay fair).
+    """
+    from gpt_tf.config import get_preset
+
+    groups = {}
+    for row in rows:
+        groups.setdefault((row["preset"], row["precision"]), []).append(row)
+    for group in groups.values():
+        quiet = {id(r): [s for s in r["steps_log"] if s["others_cpu_share"] <= quiet_share] for r in group}
+        use_quiet = all(2 * len(quiet[id(r)]) >= max(len(r["steps_log"]), 1) for r in group)
+        for row in group:
+            steps = quiet[id(row)] if use_quiet else row["steps_log"]
+            row["quiet_steps"], row["used_steps"] = len(quiet[id(row)]), "quiet" if use_quiet else "all"
+            row["ms_per_step"] = 1e3 * median([s["s"] for s in steps])
+            row["cpu_s_per_step"] = median([s["cpu_s"] for s in steps])
+            row["tokens_per_s"] = row["batch"] * row["seq"] / (row["ms_per_step"] / 1e3)
+            row["flops_per_token"] = get_preset(row["preset"]).flops_per_token(row["seq"])
+            row["mfu"] = row["tokens_per_s"] * row["flops_per_token"] / peaks[row["precision"]]
+            row["others_cpu_share"] = sum(s["others_cpu_share"] for s in row["steps_log"]) / len(row["steps_log"])
+            row["final_loss"] = row["steps_log"][-1]["loss"]
+        for row in group:
+            for ref in ("keras_hub", "torch"):
+                other = [r for r in group if r["stack"] == ref]
+                if other:
+                    row[f"vs_{ref}"] = row["tokens_per_s"] / other[0]["tokens_per_s"]
+                    row[f"cpu_vs_{ref}"] = other[0]["cpu_s_per_step"] / row["cpu_s_per_step"]
+
+
+def table_lines(rows):
+    """The results as markdown table lines."""
+    lines = [
+        "| preset | precision | stack | batch × seq | params | tokens/s | ms/step | MFU | vs keras-hub | vs torch "
+        "| CPU s/step | others' CPU | steps used |",
+        "|---|---|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---|",
+    ]
+    for r in rows:
+        ratio = {k: f"{r[k]:.2f}×" if k in r else "–" for k in ("vs_keras_hub", "vs_torch")}
+        lines.append(
+            f"| {r['preset']} | {r['precision']} | {row_name(r)} | {r['batch']} × {r['seq']} | {r['n_params']:,} "
+            f"| {r['tokens_per_s']:,.0f} | {r['ms_per_step']:,.0f} | {100 * r['mfu']:.1f}% "
+            f"| {ratio['vs_keras_hub']} | {ratio['vs_torch']} | {r['cpu_s_per_step']:.2f} "
+            f"| {100 * r['others_cpu_share']:.0f}% "
+            f"| {r['used_steps']} ({r['quiet_steps']}/{len(r['steps_log'])} quiet) |"
+        )
+    return lines
+
+
+def markdown(report):
+    """The README snippet: the command, the machine, the measured peaks and the table."""
+    m, peaks = report["machine"], report["peak_flops"]
+    versions = ", ".join(f"{k} {v}" for k, v in m["versions"].items() if v)
+    return (
+        "\n".join(
+            [
+                "```bash",
+                report["command"],
+                "```",
+                "",
+                f"Measured {report['date']} on {m['cpu']} ({m['cores']} cores, {m['memory_gib']} GiB, "
+                f"{' '.join(m['isa'])}); {versions}.",
+                f"MFU = tokens/s × `flops_per_token` (6N + 12·L·d·T) / peak, where peak is the matmul FLOP/s "
+                f"measured in the same run (best of TF and torch over square matmuls of sizes "
+                f"{report['peak_matmul_sizes']}): "
+                + ", ".join(f"{p} {v / 1e9:.0f} GFLOP/s" for p, v in peaks.items())
+                + ".",
+                f"A step is forward + backward + global-norm clip + AdamW with dropout on, on one identical random "
+                f"batch (torch: `torch.optim.AdamW`, `{report['torch_adamw']}` implementation); "
+                f"each stack runs in its own process, schedule `{report['schedule']}`. This is a shared machine: "
+                f'"others\' CPU" is the mean share of its CPU time that other processes used during the timed steps; '
+                f"ms/step and CPU s/step (our process's own CPU time) are medians over the quiet steps (others ≤ "
+                f"{100 * report['quiet_share']:.0f}%) when every stack of the preset × precision has at least half its "
+                f'steps quiet, otherwise over all steps ("steps used").',
+                "",
+                *table_lines(report["rows"]),
+            ]
+        )
+        + "\n"
+    )
 
 
 # ----------------------------------------------------------------------------- driver side
-
-
-class Worker:
-    """One stack in a subprocess, driven line by line (stderr goes to a temp file, shown on failure).
-
-    The subprocess is ``python -m <module> --worker=<spec as JSON>``; it answers on stdout with
-    lines ``<tag><KIND> <JSON payload>``. ``code_root``: a folder whose packages (e.g. an older
-    ``gpt_tf``) come before this checkout's; the worker then runs from there.
-    """
-
-    def __init__(self, spec, module="bench.train_throughput", tag=TAG, code_root=None):
-        self.spec, self.tag = spec, tag
-        self.stderr = tempfile.TemporaryFile(mode="w+")
-        env = {**os.environ, "TF_CPP_MIN_LOG_LEVEL": "2", "PYTHONUNBUFFERED": "1"}
-        if code_root:
-            env["PYTHONPATH"] = os.pathsep.join([str(code_root), str(ROOT)])
-        cmd = [sys.executable, "-m", module, f"--worker={json.dumps(spec)}"]
-        self.proc = subprocess.Popen(
-            cmd, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=self.stderr, text=True, env=env,
-            cwd=code_root or ROOT,
-        )
-
-    def read(self, kind):
-        """The payload of the next ``kind`` line; raises with the worker's stderr tail if it died."""
-        for line in self.proc.stdout:
-            if line.startswith(self.tag):
-                got, payload = line[len(self.tag) :].split(" ", 1)
-                if got == kind:
-                    return json.loads(payload)
-        self.proc.wait()
-        self.stderr.seek(0)
-        tail = "\n".join(self.stderr.read().splitlines()[-12:])
-        raise RuntimeError(f"worker {self.spec} exited with {self.proc.returncode} before {kind}:\n{tail}")
-
-    def ask(self, command, kind):
-        """Sends one ``command`` line; returns the payload of the ``kind`` line that answers it."""
-        self.proc.stdin.write(command + "\n")
-        self.proc.stdin.flush()
-        return self.read(kind)
-
-    def step(self):
-        """Runs one step; returns its wall seconds, own CPU seconds, loss and the others' CPU share."""
-        return self.ask("step", "STEP")
-
-    def close(self):
-        if self.proc.poll() is None:
-            self.proc.stdin.close()
-            self.proc.wait()
-        self.stderr.close()
-
-
-def wait_until_quiet(quiet_share, timeout_s, window_s=0.5):
-    """Waits (at most ``timeout_s``) until other processes use ≤ ``quiet_share`` of the CPUs over a window.
-
-    Called between steps, when every worker of ours is idle, so all busy CPU time is someone else's.
-    Returns the seconds waited.
-    """
-    from bench.train_throughput_stacks import busy_seconds
-
-    start = time.time()
-    while time.time() - start < timeout_s:
-        busy = busy_seconds()
-        time.sleep(window_s)
-        if (busy_seconds() - busy) / ((os.cpu_count() or 1) * window_s) <= quiet_share:
-            break
-    return time.time() - start
 
 
 def run_group(specs, quiet_share, max_rounds, log, wait_quiet_s=0.0):
@@ -148,7 +173,7 @@ def run_group(specs, quiet_share, max_rounds, log, wait_quiet_s=0.0):
     try:
         for spec in specs:
             start = time.time()
-            workers.append(Worker(spec))
+            workers.append(Worker(spec, "bench.train_throughput"))
             rows.append({**spec, **workers[-1].read("READY"), "warmup_s": [], "steps_log": []})
             rows[-1]["build_s"] = round(time.time() - start, 1)
         warmup, steps = specs[0]["warmup"], specs[0]["steps"]
@@ -158,7 +183,7 @@ def run_group(specs, quiet_share, max_rounds, log, wait_quiet_s=0.0):
             for worker, row in zip(workers, rows, strict=True):
                 time.sleep(0.2)  # let the previous stack's spinning threads go idle
                 waited = wait_until_quiet(quiet_share, wait_quiet_s) if wait_quiet_s and i >= warmup else 0.0
-                result = worker.step()
+                result = worker.ask("step", "STEP")
                 result["waited_s"] = round(waited, 1)
                 if i < warmup:
                     row["warmup_s"].append(round(result["s"], 3))
@@ -184,23 +209,6 @@ def _round_line(rows, i, warmup):
 
 def _quiet_count(row, quiet_share):
     return sum(s["others_cpu_share"] <= quiet_share for s in row["steps_log"])
-
-
-def measure_peaks(sizes, threads, quiet_share, log):
-    """Best matmul FLOP/s per precision over TF, torch and ``sizes``, each library in its own process."""
-    per_lib, best = {}, {}
-    for lib in ("tf", "torch"):
-        spec = {"kind": "peak", "lib": lib, "sizes": sizes, "reps": 6, "threads": threads, "quiet_share": quiet_share}
-        worker = Worker(spec)
-        try:
-            per_lib[lib] = worker.read("RESULT")
-        finally:
-            worker.close()
-        log(f"  {lib} matmul GFLOP/s: " + ", ".join(f"{k} {v / 1e9:.0f}" for k, v in per_lib[lib].items()))
-        for key, flops in per_lib[lib].items():
-            precision = key.split("@")[0]
-            best[precision] = max(best.get(precision, 0.0), flops)
-    return best, per_lib
 
 
 def define_flags():
@@ -233,16 +241,6 @@ def check_flags(args) -> None:
             raise app.UsageError(f"--stacks: unknown stack {name!r}; choose from {STACKS}")
 
 
-def save_report(report: dict, text: str, out: Path, log) -> None:
-    """Prints the markdown, writes the report as ``out`` (JSON) and ``out`` .md, with the load at the end."""
-    report["machine"]["loadavg_at_end"] = os.getloadavg()
-    print("\n" + text)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(json.dumps(report, indent=1) + "\n")
-    out.with_suffix(".md").write_text(text)
-    log(f"wrote {out} and {out.with_suffix('.md')}")
-
-
 def main(argv):
     del argv  # everything is a flag
     args = FLAGS
@@ -260,10 +258,11 @@ def main(argv):
         "peak_matmul_sizes": args.peak_sizes,
         "rows": [],
     }
-    print(f"{report['machine']['cpu']}, {report['machine']['cores']} cores; matmul peak:", flush=True)
+    print(f"{header(report['machine'])}; matmul peak:", flush=True)
     log = lambda msg: print(msg, flush=True)  # noqa: E731
     sizes = [int(n) for n in args.peak_sizes.split(",")]
-    report["peak_flops"], report["peak_per_lib"] = measure_peaks(sizes, args.threads, args.quiet_share, log)
+    report["peak_flops"], report["peak_per_lib"] = measure_peaks("bench.train_throughput", sizes, args.threads,
+                                                                 args.quiet_share, log)
     stacks = [s for s in args.stacks.split(",") if s]
     for preset in args.presets.split(","):
         sizes = {k: getattr(args, k) or v for k, v in PRESET_DEFAULTS[preset].items()}

@@ -13,12 +13,7 @@ Python float (so the work has finished when it returns); ``info`` holds the para
 
 from __future__ import annotations
 
-import os
-import resource
-import time
-
 LEARNING_RATE, WEIGHT_DECAY, CLIP_NORM = 1e-4, 0.01, 1.0
-PRECISIONS = ("float32", "bfloat16")
 
 
 def random_batch(total_vocab, batch, seq, seed=0):
@@ -171,71 +166,3 @@ def build_step(spec):
     if spec["stack"] in ("ours", "keras_hub"):
         return _tf_step(spec, config)
     raise ValueError(f"unknown stack {spec['stack']!r}; choose ours, keras_hub or torch")
-
-
-def cpu_seconds():
-    """CPU seconds used so far by this process (all its threads)."""
-    usage = resource.getrusage(resource.RUSAGE_SELF)
-    return usage.ru_utime + usage.ru_stime
-
-
-def busy_seconds():
-    """Machine-wide busy CPU seconds so far (all cores, from /proc/stat)."""
-    with open("/proc/stat") as f:
-        fields = [int(x) for x in f.readline().split()[1:]]
-    return (sum(fields[:8]) - fields[3] - fields[4]) / os.sysconf("SC_CLK_TCK")  # minus idle and iowait
-
-
-class Clock:
-    """Started when made; ``read()``: wall seconds, own CPU seconds and the share of the machine's CPU
-    time that other processes used meanwhile (0: we had the machine to ourselves)."""
-
-    def __init__(self):
-        self.start = (busy_seconds(), cpu_seconds(), time.perf_counter())
-
-    def read(self) -> dict:
-        busy, cpu, start = self.start
-        wall, own = time.perf_counter() - start, cpu_seconds() - cpu
-        others = max(0.0, busy_seconds() - busy - own) / ((os.cpu_count() or 1) * wall)
-        return {"s": wall, "cpu_s": own, "others_cpu_share": min(others, 1.0)}
-
-
-def timed(fn):
-    """Runs ``fn()``; returns its result and the ``Clock`` reading over it."""
-    clock = Clock()
-    result = fn()
-    return result, clock.read()
-
-
-def measure_peak(lib, sizes, reps, threads, quiet_share):
-    """Matmul FLOP/s through ``lib`` (tf or torch) per precision and per square size: the best time over
-    the repetitions during which other processes left the machine quiet (all of them if none was)."""
-    results = {}
-    for precision in PRECISIONS:
-        for size in sizes:
-            run = _tf_matmul(size, precision) if lib == "tf" else _torch_matmul(size, precision, threads)
-            run()
-            stats = [timed(run)[1] for _ in range(reps)]
-            quiet = [s for s in stats if s["others_cpu_share"] <= quiet_share] or stats
-            results[f"{precision}@{size}"] = 2.0 * size**3 / min(s["s"] for s in quiet)
-    return results
-
-
-def _tf_matmul(size, precision):
-    """A callable running one ``size``² TF matmul (CPU eager results are ready when it returns)."""
-    import tensorflow as tf
-
-    a = tf.cast(tf.random.normal((size, size)), precision)
-    b = tf.transpose(a)
-    matmul = tf.function(tf.matmul)
-    return lambda: matmul(a, b).shape
-
-
-def _torch_matmul(size, precision, threads):
-    """A callable running one ``size``² torch matmul on ``threads`` threads."""
-    import torch
-
-    torch.set_num_threads(threads)
-    a = torch.randn(size, size).to(getattr(torch, precision))
-    b = a.t().contiguous()
-    return lambda: torch.matmul(a, b).shape

@@ -24,8 +24,7 @@ from pathlib import Path
 import numpy as np
 from absl import app, flags
 
-from bench.train_throughput_report import machine_info, median
-from bench.train_throughput_stacks import timed
+from bench.harness import machine_info, median, timed
 
 ROOT = Path(__file__).resolve().parents[1]
 FLAGS = flags.FLAGS

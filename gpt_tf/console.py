@@ -1,6 +1,9 @@
 """What the command lines show on a console: TensorFlow's start-up kept quiet, progress that reads in a log.
 
-* ``import_tensorflow()`` is the process's first TensorFlow import. TensorFlow's C++ start-up
+* ``import_tensorflow()`` is the process's first TensorFlow import. First it sets this machine's fastest
+  settings (oneDNN rewrites, fused kernels, thread pools: ``gpt_tf/autotune.py``, measured once per
+  machine, cached) and prints the one line saying which; ``serving=True`` takes the serving default
+  instead (``autotune.apply_serving``). TensorFlow's C++ start-up
   lines (the oneDNN notice, the CUDA probe and its ``failed call to cuInit`` error on a machine
   without a GPU, the CPU-instructions notice) are written to file descriptor 2 before
   ``TF_CPP_MIN_LOG_LEVEL`` applies ("before absl::InitializeLog() is called"). They are captured while
@@ -29,9 +32,25 @@ def verbose() -> bool:
     return os.environ.get(VERBOSE_ENV, "").strip().lower() not in ("", "0", "false", "no")
 
 
-def import_tensorflow():
-    """``import tensorflow`` with its start-up lines off the console (see the module doc); returns it."""
-    if "tensorflow" in sys.modules or verbose():
+def import_tensorflow(serving: bool = False):
+    """``import tensorflow`` with this machine's settings and its start-up lines off the console (see the
+    module doc); returns it."""
+    if "tensorflow" in sys.modules:
+        import tensorflow as tf
+
+        return tf
+    from gpt_tf import autotune
+
+    line = autotune.apply_serving() if serving else autotune.apply()
+    if line:
+        print(line, file=sys.stderr, flush=True)
+    tf = _quiet_import()
+    autotune.apply_threads(tf)
+    return tf
+
+
+def _quiet_import():
+    if verbose():
         import tensorflow as tf
 
         return tf

@@ -64,6 +64,7 @@ NUMERIC = {
     "batch_size": POSITIVE, "grad_accum_steps": POSITIVE, "train_steps": POSITIVE,
     "learning_rate": Rule(lo=0, hi=10.0), "warmup_steps": NON_NEGATIVE, "weight_decay": Rule(lo=0, hi=1),
     "clip_norm": NON_NEGATIVE, "seed": Rule(lo=0, hi=2**32 - 1),
+    "train_budget_minutes": NON_NEGATIVE, "min_train_steps": NON_NEGATIVE,
     # fine-tuning
     "epochs": POSITIVE, "buckets_per_octave": POSITIVE, "lm_coef": NON_NEGATIVE, "clf_pdrop": PROBABILITY, "warmup_fraction": Rule(lo=0, hi=1),
     "transfer_layers": Rule(lo=-1),
@@ -111,7 +112,7 @@ def problems(flag_values: flags.FlagValues, numeric: dict = NUMERIC, choices: di
 # Flags that apply to one kind of run only: given (on the command line or in a flagfile) for the
 # other kind they are an error, not silently ignored.
 MODE_ONLY = {
-    "pre-training": ("warmup_steps", "keep_checkpoints", "eval_every", "eval_batches", "sample_every", "sample_prompt",
+    "pre-training": ("warmup_steps", "train_budget_minutes", "min_train_steps", "keep_checkpoints", "eval_every", "eval_batches", "sample_every", "sample_prompt",
                      "sample_length", "zero_shot_tasks", "zero_shot_data_dirs", "zero_shot_every",
                      "zero_shot_max_examples", "zero_shot_reference_json"),
     "fine-tuning": ("init_checkpoint", "transfer_layers", "epochs", "lm_coef", "clf_pdrop", "warmup_fraction",

@@ -133,3 +133,18 @@ def resolve_precision(requested: str, config, batch: int, seq: int, path: str | 
     timing = ", ".join(f"{p} {1e3 * s:.0f} ms" for p, s in entry["s_per_step"].items())
     return entry["pick"], (f"precision auto: {entry['pick']} ({how}, {entry['measured']}: {timing} per "
                            f"{batch}x{seq} training step; key {key!r} in {path})")
+
+
+def step_seconds(config, precision: str, batch: int, seq: int) -> float:
+    """Seconds per ``batch`` x ``seq`` training step of ``config`` in ``precision`` on this machine now: the
+    median of 3 timed steps (after one) of at most 16 x 128, scaled by tokens (``--train_budget_minutes``).
+    Timed afresh, not cached: what the run will meet is the machine's load now."""
+    b, s = max(1, min(batch, 16)), max(8, min(seq, config.n_ctx, 128))
+    step = _train_step(config, precision, b, s)
+    step()
+    times = []
+    for _ in range(3):
+        start = time.perf_counter()
+        step()
+        times.append(time.perf_counter() - start)
+    return statistics.median(times) * (batch * seq) / (b * s)

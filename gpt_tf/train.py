@@ -101,6 +101,20 @@ def _strategy_and_precision(keras, model_config, seq):
     return strategy, precision
 
 
+def _budget_steps(model_config, precision: str) -> int:
+    """--train_steps, or fewer where they would take more than --train_budget_minutes at the step time measured
+    now (at least --min_train_steps and --warmup_steps)."""
+    from gpt_tf.precision import step_seconds
+
+    seconds = step_seconds(model_config, precision, FLAGS.batch_size, model_config.n_ctx)
+    fit = int(60 * FLAGS.train_budget_minutes / seconds)
+    steps = min(FLAGS.train_steps, max(FLAGS.min_train_steps, FLAGS.warmup_steps, fit))
+    _say(f"train budget {FLAGS.train_budget_minutes:g} min: {1e3 * seconds:.0f} ms per {FLAGS.batch_size}x"
+         f"{model_config.n_ctx} update measured now, {fit} fit -> {steps} updates (--min_train_steps="
+         f"{FLAGS.min_train_steps}, --train_steps={FLAGS.train_steps})")
+    return steps
+
+
 def _say(message: str) -> None:
     """Run-level messages (resume, transfer) to stderr; TensorFlow's INFO chatter stays off."""
     print(message, file=sys.stderr, flush=True)
@@ -189,7 +203,10 @@ def _pretrain(setup: Setup, keras) -> Summary:
 
     model_config, tokenizer, manifest = setup.model_config, setup.tokenizer, setup.manifest
     strategy, precision = _strategy_and_precision(keras, model_config, model_config.n_ctx)
-    config = TrainConfig(**{**setup.train_kwargs, "precision": precision})
+    train_kwargs = setup.train_kwargs
+    if FLAGS.mode == "train" and FLAGS.train_budget_minutes > 0:
+        train_kwargs = {**train_kwargs, "train_steps": _budget_steps(model_config, precision)}
+    config = TrainConfig(**{**train_kwargs, "precision": precision})
     trainer = Pretrainer(model_config, config, strategy, log=_say)
     print(f"model {FLAGS.model}: {model_config.n_params / 1e6:.2f}M parameters, {strategy.num_replicas_in_sync} replica(s), "
           f"{precision}, run dir {FLAGS.run_dir}", flush=True)

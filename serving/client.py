@@ -22,7 +22,7 @@ import threading
 
 from gpt_tf.console import import_tensorflow
 
-tf = import_tensorflow()  # first, so that its start-up lines stay off the console (GPT_TF_VERBOSE=1 keeps them)
+tf = import_tensorflow(serving=True)  # first, so that its start-up lines stay off the console (GPT_TF_VERBOSE=1 keeps them)
 
 import grpc  # noqa: E402 -- tensorflow_serving.apis imports TensorFlow: after the quiet import above
 import numpy as np  # noqa: E402

@@ -156,7 +156,7 @@ def main(argv):
         sys.exit("serving.export: --version must be >= 0")
     from gpt_tf.console import import_tensorflow
 
-    import_tensorflow()  # its start-up lines off the console (GPT_TF_VERBOSE=1 keeps them)
+    import_tensorflow(serving=True)  # the serving settings; its start-up lines off the console
     try:
         path = export_run(FLAGS.run_dir, FLAGS.export_base, FLAGS.model_name, FLAGS.version, FLAGS.precision,
                           FLAGS.tokenizer_dir, FLAGS.data_dir, FLAGS.lm_top_k)

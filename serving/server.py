@@ -90,7 +90,7 @@ def main(argv):
         sys.exit(2)
     from gpt_tf.console import import_tensorflow
 
-    tf = import_tensorflow()  # its start-up lines off the console (GPT_TF_VERBOSE=1 keeps them)
+    tf = import_tensorflow(serving=True)  # the serving settings; start-up lines off the console
     import grpc
     from tensorflow_serving.apis import model_service_pb2_grpc, prediction_service_pb2_grpc
 

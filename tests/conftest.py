@@ -5,6 +5,10 @@ from pathlib import Path
 
 import pytest
 
+# The suite runs with TensorFlow's defaults: no settings probe (gpt_tf/autotune.py) in any command it starts,
+# so that it stays deterministic and fast; tests/test_autotune.py drives the probe's logic with fake timings.
+os.environ["GPT_TF_AUTOTUNE"] = "0"
+
 
 @pytest.fixture(scope="session")
 def shared_data() -> Path:

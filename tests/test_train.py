@@ -134,3 +134,14 @@ def _scalars(tb_dir, tag):
     import tensorflow as tf
 
     return [float(tf.make_ndarray(e.tensor_proto)) for e in _events(tb_dir).Tensors(tag)]
+
+
+def test_a_train_budget_cuts_the_updates_to_what_fits_but_keeps_the_floor(data_dir, tmp_path):
+    """--train_budget_minutes (the demo's): a budget no step fits in leaves --min_train_steps updates, said in a
+    line; --train_steps still caps the floor (the walk-through test runs the demo with --train_steps=4)."""
+    flags = [*BASE_FLAGS, f"--data_dir={data_dir}", "--train_steps=40", "--warmup_steps=2",
+             "--train_budget_minutes=0.00001", "--min_train_steps=5"]
+    done = run_cli("gpt_tf.train", *flags, f"--run_dir={tmp_path / 'run'}")
+    assert re.search(r"train budget 1e-05 min: \d+ ms per \d+x32 update measured now, 0 fit -> 5 updates", done.stderr)
+    assert sorted(p.name for p in (tmp_path / "run" / "checkpoints").glob("ckpt-5*"))
+    assert not list((tmp_path / "run" / "checkpoints").glob("ckpt-40*"))

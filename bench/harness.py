@@ -1,0 +1,267 @@
+"""The shared harness of the speed benchmarks: clocks, others' CPU share, worker processes, peak matmul, reports.
+
+* ``Clock`` / ``timed``: wall seconds, this process's CPU seconds and the share of the machine's CPU time
+  other processes used meanwhile (the machine may be shared; 0: we had it to ourselves). ``CpuMeter``:
+  the same share around a set of processes (a server and its clients).
+* ``Worker``: one stack in its own process (``python -m <module> --worker=<spec as JSON>``), driven line
+  by line (``<tag><KIND> <JSON>``), so that stacks take turns step by step (a load change hits all alike);
+  ``emit`` is the worker's side. ``wait_until_quiet``: waits for other processes to go quiet.
+* ``measure_peak`` / ``measure_peaks``: the best square-matmul FLOP/s through TF and torch, the MFU's peak.
+* ``machine_info`` (CPU model, features, cores, versions, load), ``header`` (its one line), ``save_report``
+  (the JSON and the markdown beside it), ``median``.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import platform
+import resource
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+PRECISIONS = ("float32", "bfloat16")
+TAG = "@@bench "  # prefix of the protocol lines a worker prints on stdout
+ISA = ("avx2", "fma", "avx512f", "avx512_vnni", "avx512_bf16", "amx_bf16")
+
+
+def median(values):
+    ordered = sorted(values)
+    mid = len(ordered) // 2
+    return ordered[mid] if len(ordered) % 2 else 0.5 * (ordered[mid - 1] + ordered[mid])
+
+
+# ----------------------------------------------------------------------------- clocks
+
+
+def cpu_seconds():
+    """CPU seconds used so far by this process (all its threads)."""
+    usage = resource.getrusage(resource.RUSAGE_SELF)
+    return usage.ru_utime + usage.ru_stime
+
+
+def busy_seconds():
+    """Machine-wide busy CPU seconds so far (all cores, from /proc/stat)."""
+    with open("/proc/stat") as f:
+        fields = [int(x) for x in f.readline().split()[1:]]
+    return (sum(fields[:8]) - fields[3] - fields[4]) / os.sysconf("SC_CLK_TCK")  # minus idle and iowait
+
+
+class Clock:
+    """Started when made; ``read()``: wall seconds, own CPU seconds and the share of the machine's CPU
+    time that other processes used meanwhile (0: we had the machine to ourselves)."""
+
+    def __init__(self):
+        self.start = (busy_seconds(), cpu_seconds(), time.perf_counter())
+
+    def read(self) -> dict:
+        busy, cpu, start = self.start
+        wall, own = time.perf_counter() - start, cpu_seconds() - cpu
+        others = max(0.0, busy_seconds() - busy - own) / ((os.cpu_count() or 1) * wall)
+        return {"s": wall, "cpu_s": own, "others_cpu_share": min(others, 1.0)}
+
+
+def timed(fn):
+    """Runs ``fn()``; returns its result and the ``Clock`` reading over it."""
+    clock = Clock()
+    result = fn()
+    return result, clock.read()
+
+
+class CpuMeter:
+    """Share of the machine's CPU used by processes other than ``pids`` between start() and stop()."""
+
+    def __init__(self, pids):
+        self.pids = pids
+
+    def _ours(self):
+        total = 0
+        for pid in self.pids:
+            try:
+                with open(f"/proc/{pid}/stat") as f:
+                    stat = f.read().rsplit(")", 1)[1].split()
+                total += (int(stat[11]) + int(stat[12])) / os.sysconf("SC_CLK_TCK")  # utime + stime
+            except OSError:
+                pass
+        return total
+
+    def start(self):
+        self._t, self._b, self._o = time.monotonic(), busy_seconds(), self._ours()
+
+    def stop(self) -> float:
+        available = (time.monotonic() - self._t) * (os.cpu_count() or 1)
+        return max(0.0, (busy_seconds() - self._b) - (self._ours() - self._o)) / available
+
+
+def wait_until_quiet(quiet_share, timeout_s, window_s=0.5):
+    """Waits (at most ``timeout_s``) until other processes use ≤ ``quiet_share`` of the CPUs over a window.
+
+    Called between steps, when every worker of ours is idle, so all busy CPU time is someone else's.
+    Returns the seconds waited.
+    """
+    start = time.time()
+    while time.time() - start < timeout_s:
+        busy = busy_seconds()
+        time.sleep(window_s)
+        if (busy_seconds() - busy) / ((os.cpu_count() or 1) * window_s) <= quiet_share:
+            break
+    return time.time() - start
+
+
+# ----------------------------------------------------------------------------- worker processes
+
+
+def emit(kind, payload, tag=TAG):
+    """A worker's answer: one ``<tag><KIND> <JSON>`` line on stdout."""
+    print(f"{tag}{kind} {json.dumps(payload)}", flush=True)
+
+
+class Worker:
+    """One stack in a subprocess, driven line by line (stderr goes to a temp file, shown on failure).
+
+    The subprocess is ``python -m <module> --worker=<spec as JSON>``; it answers on stdout with
+    lines ``<tag><KIND> <JSON payload>``. ``code_root``: a folder whose packages (e.g. an older
+    ``gpt_tf``) come before this checkout's; the worker then runs from there. ``env``: extra variables.
+    """
+
+    def __init__(self, spec, module, tag=TAG, code_root=None, env=None):
+        self.spec, self.tag = spec, tag
+        self.stderr = tempfile.TemporaryFile(mode="w+")
+        env = {**os.environ, "TF_CPP_MIN_LOG_LEVEL": "2", "PYTHONUNBUFFERED": "1", **(env or {})}
+        if code_root:
+            env["PYTHONPATH"] = os.pathsep.join([str(code_root), str(ROOT)])
+        cmd = [sys.executable, "-m", module, f"--worker={json.dumps(spec)}"]
+        self.proc = subprocess.Popen(
+            cmd, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=self.stderr, text=True, env=env,
+            cwd=code_root or ROOT,
+        )
+
+    def read(self, kind):
+        """The payload of the next ``kind`` line; raises with the worker's stderr tail if it died."""
+        for line in self.proc.stdout:
+            if line.startswith(self.tag):
+                got, payload = line[len(self.tag) :].split(" ", 1)
+                if got == kind:
+                    return json.loads(payload)
+        self.proc.wait()
+        self.stderr.seek(0)
+        tail = "\n".join(self.stderr.read().splitlines()[-12:])
+        raise RuntimeError(f"worker {self.spec} exited with {self.proc.returncode} before {kind}:\n{tail}")
+
+    def ask(self, command, kind):
+        """Sends one ``command`` line; returns the payload of the ``kind`` line that answers it."""
+        self.proc.stdin.write(command + "\n")
+        self.proc.stdin.flush()
+        return self.read(kind)
+
+    def close(self):
+        if self.proc.poll() is None:
+            self.proc.stdin.close()
+            self.proc.wait()
+        self.stderr.close()
+
+
+# ----------------------------------------------------------------------------- peak matmul
+
+
+def measure_peak(lib, sizes, reps, threads, quiet_share):
+    """Matmul FLOP/s through ``lib`` (tf or torch) per precision and per square size: the best time over
+    the repetitions during which other processes left the machine quiet (all of them if none was)."""
+    results = {}
+    for precision in PRECISIONS:
+        for size in sizes:
+            run = _tf_matmul(size, precision) if lib == "tf" else _torch_matmul(size, precision, threads)
+            run()
+            stats = [timed(run)[1] for _ in range(reps)]
+            quiet = [s for s in stats if s["others_cpu_share"] <= quiet_share] or stats
+            results[f"{precision}@{size}"] = 2.0 * size**3 / min(s["s"] for s in quiet)
+    return results
+
+
+def measure_peaks(module, sizes, threads, quiet_share, log):
+    """Best matmul FLOP/s per precision over TF, torch and ``sizes``, each library in a ``module`` worker
+    (its ``--worker`` runs ``measure_peak`` for a ``{"kind": "peak"}`` spec)."""
+    per_lib, best = {}, {}
+    for lib in ("tf", "torch"):
+        spec = {"kind": "peak", "lib": lib, "sizes": sizes, "reps": 6, "threads": threads, "quiet_share": quiet_share}
+        worker = Worker(spec, module)
+        try:
+            per_lib[lib] = worker.read("RESULT")
+        finally:
+            worker.close()
+        log(f"  {lib} matmul GFLOP/s: " + ", ".join(f"{k} {v / 1e9:.0f}" for k, v in per_lib[lib].items()))
+        for key, flops in per_lib[lib].items():
+            precision = key.split("@")[0]
+            best[precision] = max(best.get(precision, 0.0), flops)
+    return best, per_lib
+
+
+def _tf_matmul(size, precision):
+    """A callable running one ``size``² TF matmul (CPU eager results are ready when it returns)."""
+    import tensorflow as tf
+
+    a = tf.cast(tf.random.normal((size, size)), precision)
+    b = tf.transpose(a)
+    matmul = tf.function(tf.matmul)
+    return lambda: matmul(a, b).shape
+
+
+def _torch_matmul(size, precision, threads):
+    """A callable running one ``size``² torch matmul on ``threads`` threads."""
+    import torch
+
+    torch.set_num_threads(threads)
+    a = torch.randn(size, size).to(getattr(torch, precision))
+    b = a.t().contiguous()
+    return lambda: torch.matmul(a, b).shape
+
+
+# ----------------------------------------------------------------------------- reports
+
+
+def machine_info():
+    """CPU model and features, core count, memory, library versions and load of this machine."""
+    from importlib import metadata
+
+    from gpt_tf.autotune import cpu_info
+
+    cpu = cpu_info()
+    versions = {}
+    for package in ("tensorflow", "keras", "keras-hub", "torch", "transformers", "numpy"):
+        try:
+            versions[package] = metadata.version(package)
+        except metadata.PackageNotFoundError:
+            versions[package] = None
+    return {
+        "cpu": cpu["model"],
+        "cores": os.cpu_count(),
+        "isa": [f for f in ISA if f in cpu["flags"]],
+        "cpu_flags": " ".join(cpu["flags"]),
+        "memory_gib": round(os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") / 2**30, 1),
+        "python": platform.python_version(),
+        "versions": versions,
+        "loadavg_at_start": os.getloadavg(),
+    }
+
+
+def header(info: dict) -> str:
+    """``AMD EPYC, 2 cores (avx2 fma; no AVX-512, no bf16), load 1.2 3.4 5.6; tensorflow 2.21.0, ...``."""
+    missing = [name for name, flag in (("AVX-512", "avx512f"), ("bf16", "avx512_bf16")) if flag not in info["isa"]]
+    versions = ", ".join(f"{k} {v}" for k, v in info["versions"].items() if v)
+    load = " ".join(f"{x:.1f}" for x in info["loadavg_at_start"])
+    return (f"{info['cpu']}, {info['cores']} cores ({' '.join(info['isa']) or 'no AVX2'}"
+            f"{'; no ' + ', no '.join(missing) if missing else ''}), load average at start {load}; {versions}")
+
+
+def save_report(report: dict, text: str, out: Path, log) -> None:
+    """Prints the markdown, writes the report as ``out`` (JSON) and ``out`` .md, with the load at the end."""
+    report.setdefault("machine", {})["loadavg_at_end"] = os.getloadavg()
+    print("\n" + text)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps(report, indent=1) + "\n")
+    out.with_suffix(".md").write_text(text)
+    log(f"wrote {out} and {out.with_suffix('.md')}")
