@@ -27,7 +27,7 @@ import os
 import re
 
 import numpy as np
-from absl import app, flags
+from absl import app, flags, logging
 
 FLAGS = flags.FLAGS
 
@@ -212,6 +212,9 @@ def plot_curve(rows: list[dict], setting: dict, path: str, sweep: dict[str, list
 def main(argv):
     del argv
     from gpt_tf.console import import_tensorflow
+
+    if not FLAGS["verbosity"].present:
+        logging.set_verbosity(logging.WARNING)  # TF's checkpoint INFO lines off the console, as gpt_tf.train
 
     import_tensorflow()  # its start-up lines off the console (GPT_TF_VERBOSE=1 keeps them)
     if FLAGS.action == "export":

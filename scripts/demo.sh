@@ -37,9 +37,10 @@ PY
 cat <<EOF
 The run: $RUN (checkpoints/, model_config.json; data/shakespeare_bpe is its BPE).
 TensorBoard: .venv/bin/tensorboard --logdir $RUN/tb
-Next, the README's walk-through: fine-tune this model on SST-2, evaluate it, export it and serve it:
+Next, the README's walk-through: fine-tune the shipped books model on SST-2, export it and serve it:
   source .venv/bin/activate
-  python -m pipelines.finetune_data --task=sst2 --data_dir=../shared/data/glue/SST-2 \\
-      --tokenizer_dir=data/shakespeare_bpe --output_dir=data/tasks/sst2 --train_subsample=4000
-  python -m gpt_tf.train --flagfile=configs/finetune_sst2.flags --init_checkpoint=$RUN
+  python -m pipelines.pretrain_data --input_dir=data/shakespeare/valid --output_dir=data/plays_books_bpe \\
+      --tokenizer_dir=bench/results/books_tiny_h100 --n_ctx=128
+  python -m bench.torch_pretrain_io --action=import --weights_dir=bench/results/books_tiny_h100 \\
+      --data_dir=data/plays_books_bpe --run_dir=runs/books_tiny --model=tiny
 EOF

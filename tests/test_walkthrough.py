@@ -7,7 +7,8 @@ for until the ports it names answer, and stopped once the blocks after it have r
 temporary folder laid out like the repository (links to its code, configs and .venv; fresh data/, runs/,
 exported/) beside ../shared/data, in an environment like `source .venv/bin/activate` gives, after
 `bash scripts/demo.sh` (README command 1). Test scale: the flags in DEMO_SCALE and SCALE are appended
-to the commands (later flags win), and the ports the README names are swapped for free ones.
+to the commands (later flags win: 40 task examples, one epoch of batches of 8), and the ports the README
+names are swapped for free ones.
 
 Besides each command's success, it checks what the walk-through promises: the submission file, the same
 answer over gRPC and REST, the served models' status, TensorBoard's runs, and a quiet console (no
@@ -31,7 +32,7 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
-LINKED = ("configs", "gpt_tf", "pipelines", "serving", "scripts", "pyproject.toml", "requirements.txt",
+LINKED = ("bench", "configs", "gpt_tf", "pipelines", "serving", "scripts", "pyproject.toml", "requirements.txt",
           "requirements-dev.txt")
 DEMO_SCALE = ["--model=test", "--train_steps=4", "--warmup_steps=1", "--batch_size=4", "--log_every=2",
               "--eval_batches=2", "--sample_length=8"]
@@ -39,6 +40,7 @@ SCALE = {"pipelines.finetune_data": ["--max_examples=40"], "gpt_tf.train": ["--e
 PORTS = ("8500", "8501", "6006")
 TF_START_UP = ("cuInit", "oneDNN custom operations", "rebuild TensorFlow", "Could not find cuda drivers",
                "absl::InitializeLog")
+ABSL_INFO = re.compile(r"^I\d{4} \d\d:\d\d:\d\d", re.M)  # an absl / TensorFlow INFO line
 BLOCK = re.compile(r"^<!-- walkthrough(?P<serve>: serve)? -->\n```bash\n(?P<body>.*?)^```", re.M | re.S)
 
 
@@ -159,8 +161,10 @@ def test_readme_command_1_and_the_walkthrough_work_as_written(project):
     assert "Held-out perplexity" in demo.stdout and "The run: runs/shakespeare_tiny" in demo.stdout
     assert demo.stderr.count("loaded runs/shakespeare_tiny/checkpoints/ckpt-4 (step 4)") == 2, demo.stderr
     assert "resumed from" not in demo.stderr
+    # The shipped books model became a run (its four kept checkpoints) that fine-tuning started from.
+    assert (project / "runs" / "books_tiny" / "checkpoints" / "ckpt-7158.index").is_file()
     # The submission: GLUE's layout (SST-2's labels as 0 / 1), one row per test example (40 at this scale).
-    rows = (project / "runs" / "finetune_sst2" / "SST-2.test.tsv").read_text().splitlines()
+    rows = (project / "runs" / "finetune_sst2_tiny" / "SST-2.test.tsv").read_text().splitlines()
     assert rows[0] == "index\tprediction" and len(rows) == 41 and {r.split("\t")[1] for r in rows[1:]} <= {"0", "1"}
     # The same question over gRPC and REST gets the same answer, printed the same way.
     outputs = {command: stdout for command, stdout, _ in shell.outputs}
@@ -172,7 +176,7 @@ def test_readme_command_1_and_the_walkthrough_work_as_written(project):
     # serving/models.config found both exported models (its base paths are relative to the file).
     server_log = next(err for command, _, err in shell.outputs if "serving.server" in command)
     assert "models: lm, sst2" in server_log and "WARNING" not in server_log, server_log
-    assert {"shakespeare_tiny/tb", "finetune_sst2/tb"} <= set(tensorboard_runs), tensorboard_runs
+    assert {"shakespeare_tiny/tb", "books_tiny/tb/eval", "finetune_sst2_tiny/tb"} <= set(tensorboard_runs), tensorboard_runs
     # A quiet console: no TensorFlow start-up lines, no progress bars redrawn with \r (TensorBoard's own
     # start-up is TensorBoard's).
     for command, stdout, stderr in shell.outputs:
@@ -180,6 +184,7 @@ def test_readme_command_1_and_the_walkthrough_work_as_written(project):
             continue
         for line in TF_START_UP:
             assert line not in stdout + stderr, f"`{command}` printed TensorFlow's {line!r}:\n{stderr[-3000:]}"
+        assert not ABSL_INFO.search(stdout + stderr), f"`{command}` printed INFO log lines:\n{stderr[-3000:]}"
         assert "\r" not in stdout + stderr, f"`{command}` drew a progress bar into a non-terminal output"
 
 
@@ -189,7 +194,7 @@ def _tensorboard_runs(shell: Shell, port: str) -> list:
     while time.time() < deadline:
         with urllib.request.urlopen(f"http://127.0.0.1:{port}/data/runs", timeout=10) as response:
             runs = json.loads(response.read())
-        if len(runs) >= 2:
+        if len(runs) >= 3:
             break
         time.sleep(1)
     return runs
