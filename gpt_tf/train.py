@@ -27,10 +27,11 @@ from absl import app, flags, logging
 
 from gpt_tf import flag_checks, kernels, train_flags
 from gpt_tf.recipes import PAPER_FINETUNE
-from gpt_tf.run_dir import DATA_FILE, data_identity, resume_problems, write_json_atomic
+from gpt_tf.run_dir import DATA_FILE, RunDirLocked, data_identity, lock_run_dir, resume_problems, write_json_atomic
 from gpt_tf.train_flags import define_flags
 
 FLAGS = flags.FLAGS  # defined by train_flags.define_flags() when run() starts
+_RUN_LOCK = []  # the run folder's lock file, held open until the process ends
 
 
 # Flags shared with pre-training whose unset value differs when fine-tuning.
@@ -98,6 +99,30 @@ def _strategy_and_precision(keras, model_config, seq):
     return strategy, precision
 
 
+def _chief_task() -> bool:
+    """Whether this process is the chief worker (from --workers or TF_CONFIG; no TensorFlow needed)."""
+    if FLAGS.workers:
+        return FLAGS.worker_index == 0
+    try:
+        cluster = json.loads(os.environ.get("TF_CONFIG") or "{}")
+    except ValueError:
+        return True  # TensorFlow reports a bad TF_CONFIG itself
+    task = cluster.get("task", {})
+    kind, index = task.get("type"), int(task.get("index", 0))
+    return kind in (None, "chief") or (kind == "worker" and index == 0 and "chief" not in cluster.get("cluster", {}))
+
+
+def _lock_run_dir() -> None:
+    """The chief takes the run folder's lock for the run (``gpt_tf.run_dir.lock_run_dir``); a second trainer
+    on the folder stops here, exit status 2, before it writes anything."""
+    if not _chief_task():
+        return
+    try:
+        _RUN_LOCK.append(lock_run_dir(FLAGS.run_dir))
+    except RunDirLocked as err:
+        flag_checks.fail("gpt_tf.train", [str(err)], "cannot start, nothing was written")
+
+
 def _say(message: str) -> None:
     """Run-level messages (resume, transfer) to stderr; TensorFlow's INFO chatter stays off."""
     print(message, file=sys.stderr, flush=True)
@@ -124,6 +149,8 @@ def main(argv):
     problems += setup[-1] if setup else []
     if problems:
         flag_checks.fail("gpt_tf.train", problems, "cannot start, nothing was written")
+    if FLAGS.mode == "train" and not FLAGS.task:
+        _lock_run_dir()
 
     # Imported late: flag errors must show in a second, not after TensorFlow's start-up.
     from gpt_tf.console import import_tensorflow
@@ -132,6 +159,7 @@ def main(argv):
     import keras
 
     from gpt_tf.analysis.baselines import unigram_perplexity
+    from gpt_tf.checkpoints import CheckpointError
     from gpt_tf.generate import Sampler
     from gpt_tf.training.monitor import TrainCallbacks
     from gpt_tf.preemption import PREEMPTED_EXIT_CODE, Preempted
@@ -165,13 +193,16 @@ def main(argv):
             callbacks.close()
             _say(str(stopped))
             sys.exit(PREEMPTED_EXIT_CODE)
-        except DataError as err:
+        except (DataError, CheckpointError) as err:
             sys.exit(f"gpt_tf.train: {err}")
         loss = "" if result["loss"] is None else f", loss {result['loss']:.4f}"
         _report(result, f"trained to step {result['step']}{loss}; the run is in {FLAGS.run_dir} "
                         f"(checkpoints/, TensorBoard logs in tb/)")
         return
-    step = trainer.restore(resuming=False)
+    try:
+        step = trainer.restore(resuming=False)
+    except CheckpointError as err:
+        sys.exit(f"gpt_tf.train: {err}")
     if FLAGS.mode == "eval":
         try:
             held_out = trainer.evaluate()
@@ -262,6 +293,7 @@ def _finetune_model_config(tokenizer_vocab):
 def _finetune_main(keras, tf):
     import dataclasses
 
+    from gpt_tf.checkpoints import CheckpointError
     from gpt_tf.console import format_metrics
     from gpt_tf.training.finetune_io import save_run_configs, write_submission
     from gpt_tf.preemption import PREEMPTED_EXIT_CODE, Preempted
@@ -297,6 +329,7 @@ def _finetune_main(keras, tf):
                                                    "finetune_config.json": dataclasses.asdict(config), DATA_FILE: data})
         if problems:
             flag_checks.fail("gpt_tf.train", problems, "cannot start, nothing was written")
+        _lock_run_dir()
     tuner = Finetuner(task, model_config, config, strategy, log=_say)
     if FLAGS.mode == "train":
         if tuner.chief:
@@ -306,10 +339,13 @@ def _finetune_main(keras, tf):
         except Preempted as stopped:
             _say(str(stopped))
             sys.exit(PREEMPTED_EXIT_CODE)
-        except DataError as err:
+        except (DataError, CheckpointError) as err:
             sys.exit(f"gpt_tf.train: {err}")
     else:
-        step = tuner.restore(resuming=False)
+        try:
+            step = tuner.restore(resuming=False)
+        except CheckpointError as err:
+            sys.exit(f"gpt_tf.train: {err}")
         if FLAGS.mode == "predict":
             split = FLAGS.predict_split or task.eval_splits[0]
             path = write_submission(tuner, split, FLAGS.run_dir, write=tuner.chief)
