@@ -161,7 +161,7 @@ class ModelRegistry:
             self._states[name][version] = (State.UNLOADING, "")
         servable.close()
         del servable
-        gc.collect()  # a version's graph is full of reference cycles; its session (its memory) goes with it
+        gc.collect()  # whatever cycles still hold it: its tables are destroyed with it (Servable.__del__)
         release_freed_memory(min_interval=0)  # and the allocator hands the freed pages back
         self._set_state(name, version, State.END)
         self._log(f"model {name} version {version}: unloaded")

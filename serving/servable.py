@@ -24,6 +24,7 @@ import grpc
 import numpy as np
 import tensorflow as tf
 from tensorflow.core.protobuf import saved_model_pb2
+from tensorflow.python.ops import gen_resource_variable_ops
 from tensorflow.python.util import deprecation
 
 from serving.batcher import Batcher, BatchingParameters
@@ -77,6 +78,26 @@ def _load_session(path: str):
         session.close()
         raise
     return session
+
+
+def _table_handles(loaded) -> list:
+    """Handles of the loaded object's resources other than variables (lookup tables); variables free themselves."""
+    handles = []
+    for obj in tf.train.TrackableView(loaded).descendants():
+        if isinstance(obj, tf.Variable) or not hasattr(type(obj), "resource_handle"):
+            continue
+        handle = getattr(obj, "_resource_handle", None)
+        if handle is not None:
+            handles.append(handle)
+    return handles
+
+
+def _destroy_resources(handles) -> None:
+    for handle in handles:
+        try:
+            gen_resource_variable_ops.destroy_resource_op(handle, ignore_lookup_error=True)
+        except Exception:  # noqa: BLE001 -- already gone, or the interpreter is shutting down
+            pass
 
 
 class Servable:
