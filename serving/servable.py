@@ -1,13 +1,12 @@
 """One loaded model version: TF Serving's Predict / Classify / Regress semantics over a SavedModel.
 
-The SavedModel is loaded as TF Serving loads it: its MetaGraph into a graph of its own, run by a
-session of its own (``tf.compat.v1.saved_model.loader``; nothing else is imported). Its variables
-and lookup tables live in that session, so an unloaded version frees all of its memory once the last
-request that holds it is answered. (``tf.saved_model.load`` puts them in the process's eager context,
-which keeps them: each hot swap of a test-preset GPT export, with its tokenizer's tables, grew the
-server by ~0.5 GB, and a 6 MB table model by ~23 MB per load.) Its SignatureDefs are read from
-``saved_model.pb`` (method names, input/output TensorInfos, as GetModelMetadata reports them), and
-requests are checked against them before they run, with
+The SavedModel is loaded with ``tf.saved_model.load`` (nothing else is imported). Its lookup
+tables (the tokenizer's) are resources of the process's eager context that outlive the loaded
+object, so when the last reference to an unloaded version goes they are destroyed explicitly
+(``_destroy_resources``; their handles are unique per load, so a newer version of the same model
+keeps its own). Its
+SignatureDefs are read from ``saved_model.pb`` (method names, input/output TensorInfos, as
+GetModelMetadata reports them), and requests are checked against them before they run, with
 TF Serving's status codes and messages: an unknown signature (FAILED_PRECONDITION for Predict,
 INVALID_ARGUMENT for Classify / Regress), missing or extra inputs, a wrong dtype or shape, an
 unknown output filter (INVALID_ARGUMENT). Errors raised in the graph keep their own code.
@@ -25,7 +24,6 @@ import numpy as np
 import tensorflow as tf
 from tensorflow.core.protobuf import saved_model_pb2
 from tensorflow.python.ops import gen_resource_variable_ops
-from tensorflow.python.util import deprecation
 
 from serving.batcher import Batcher, BatchingParameters
 from serving.errors import ServingError, from_tf_error, invalid
@@ -63,23 +61,6 @@ def _shape_text(info) -> str:
     return "[" + ",".join(str(d.size) if d.size >= 0 else "?" for d in info.tensor_shape.dim) + "]"
 
 
-def _load_session(path: str):
-    """A session of its own running the SavedModel's MetaGraph (tag ``serve``), variables restored and tables
-    initialised; thread pools as ``tf.config.threading`` sets them (``serving.server``'s flags)."""
-    config = tf.compat.v1.ConfigProto(
-        intra_op_parallelism_threads=tf.config.threading.get_intra_op_parallelism_threads(),
-        inter_op_parallelism_threads=tf.config.threading.get_inter_op_parallelism_threads())
-    graph = tf.Graph()
-    session = tf.compat.v1.Session(graph=graph, config=config)
-    try:
-        with graph.as_default(), deprecation.silence():
-            tf.compat.v1.saved_model.loader.load(session, [tf.saved_model.SERVING], path)
-    except BaseException:
-        session.close()
-        raise
-    return session
-
-
 def _table_handles(loaded) -> list:
     """Handles of the loaded object's resources other than variables (lookup tables); variables free themselves."""
     handles = []
@@ -108,35 +89,34 @@ class Servable:
         self.name, self.version, self.path = name, version, path
         self.method_name_check = method_name_check
         self.signature_defs = read_signature_defs(path)
-        self._session = _load_session(path)
-        self._runners = {}  # signature -> (input names, output aliases, the session's callable)
-        for signature, definition in self.signature_defs.items():
-            inputs, outputs = sorted(definition.inputs), sorted(definition.outputs)
-            self._runners[signature] = (inputs, outputs, self._session.make_callable(
-                [definition.outputs[k].name for k in outputs], [definition.inputs[k].name for k in inputs]))
+        self._loaded = tf.saved_model.load(path)
+        self._functions = dict(self._loaded.signatures)
+        self._tables = _table_handles(self._loaded)
         self._batchers = {}
         if batching is not None:
             self._batchers = {sig: Batcher(lambda inputs, s=sig: self._call(s, inputs), batching, f"{name}-{version}")
-                              for sig in self._runners}
+                              for sig in self._functions}
 
     def close(self) -> None:
         """Drains and stops the batch threads (requests already holding this servable still finish).
 
-        The session is not closed here but when the last reference to this servable goes (a request
-        may still be running in it); dropping the batchers breaks their reference cycle back to it.
+        Its tables are destroyed when the last reference to it goes (``__del__``: a request may still be
+        running in it); dropping the batchers breaks their reference cycle back to it.
         """
         for batcher in self._batchers.values():
             batcher.close()
         self._batchers = {}
 
+    def __del__(self):
+        _destroy_resources(getattr(self, "_tables", ()))
+
     # ------------------------------------------------------------------ running
     def _call(self, signature: str, inputs: dict) -> dict:
-        names, aliases, run = self._runners[signature]
         try:
-            values = run(*(inputs[k] for k in names))
+            outputs = self._functions[signature](**{k: tf.constant(v) for k, v in inputs.items()})
         except tf.errors.OpError as err:
             raise from_tf_error(err) from None
-        return dict(zip(aliases, values))
+        return {k: v.numpy() for k, v in outputs.items()}
 
     def run(self, signature: str, inputs: dict) -> dict:
         """Validated inputs -> all outputs, through the batcher when batching is on."""
