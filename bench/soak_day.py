@@ -92,6 +92,7 @@ class SlowClients:
         self._thread.join()
         for s in self.socks:
             s.close()
+        self.socks = []
 
 
 def swap(models: Path, source: Path, version: int, rest_port: int, deadline: float) -> None:
