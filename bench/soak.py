@@ -6,7 +6,8 @@ Exports a ``test``-preset SST-2 task model (random weights, GPT-1's BPE from ``.
 as version 1, starts the server on free ports of 127.0.0.1, and runs ``--concurrency`` client
 threads for ``--minutes`` (each loop also stops after ``--max_requests`` requests). Each thread
 cycles through the request kinds of ``KINDS``: REST and gRPC predictions (good), and malformed
-ones: bad JSON (also 1 MB of it), JSON nested 1,000 deep, a ragged 1 MB array, wrong types, an unknown model, invalid UTF-8, a
+ones: bad JSON (also 1 MB of it), JSON nested 1,000 deep, a ragged 1 MB array, wrong types, an unknown model, invalid UTF-8,
+a lone surrogate, a version past 64 bits, a
 Content-Length of 999,999,999 without a body, no Content-Length, a body cut off by the client, a
 partial header then a hang-up, gRPC wrong dtype / invalid UTF-8. Halfway, version 2 is copied
 in beside version 1 (atomic rename) and the server swaps to it under load.
@@ -16,6 +17,7 @@ failed, p50 / p99 latency of the good requests, the server's RSS, threads and op
 start (models loaded), after warm-up (``--warmup_fraction`` of the time) and at the end, and the
 size of the server's log. Then ``--hold`` connections send a partial header and hold it: how many
 the server refuses at once, its threads and open files meanwhile. Every request goes to 127.0.0.1.
+``bench/soak_day.py`` runs the operator's day on the same pieces: hot swaps, slow clients, malformed traffic.
 """
 
 from __future__ import annotations
@@ -137,6 +139,10 @@ class Client:
             return _post(p, b'{"instances": ["a"]}', "/v1/models/nope:predict")
         if kind == "bad_utf8":
             return _post(p, b'{"instances": ["caf\xe9"]}')
+        if kind == "lone_surrogate":  # valid JSON, not UTF-8 text
+            return _post(p, b'{"instances": ["\\ud800"]}')
+        if kind == "huge_version":
+            return _post(p, b'{"instances": ["a"]}', "/v1/models/sst2/versions/99999999999999999999:predict")
         if kind == "huge_length":
             return _raw(p, f"POST {_PREDICT} HTTP/1.1\r\nHost: {HOST}\r\nContent-Length: 999999999\r\n\r\n".encode())
         if kind == "no_length":
@@ -156,11 +162,12 @@ class Client:
 GOOD = ("rest_predict", "grpc_predict")
 KINDS = ("rest_predict", "bad_json", "grpc_predict", "deep_json", "wrong_type", "rest_predict", "unknown_model",
          "bad_utf8", "grpc_predict", "huge_length", "no_length", "cut_body", "partial_header", "grpc_wrong_dtype",
-         "grpc_bad_utf8", "big_bad_json", "big_ragged")
+         "grpc_bad_utf8", "lone_surrogate", "big_bad_json", "huge_version", "big_ragged")
 EXPECTED = {"rest_predict": "200", "grpc_predict": "grpc OK", "bad_json": "400", "deep_json": "400",
             "wrong_type": "400", "unknown_model": "404", "bad_utf8": "400", "huge_length": "413", "no_length": "411",
             "cut_body": "hung up", "partial_header": "hung up", "grpc_wrong_dtype": "grpc INVALID_ARGUMENT",
-            "grpc_bad_utf8": "grpc INVALID_ARGUMENT", "big_bad_json": "400", "big_ragged": "400"}
+            "grpc_bad_utf8": "grpc INVALID_ARGUMENT", "big_bad_json": "400", "big_ragged": "400", "lone_surrogate": "400",
+            "huge_version": "400"}
 
 
 def hold_partial_headers(port: int, pid: int, count: int) -> dict:

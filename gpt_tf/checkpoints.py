@@ -79,17 +79,39 @@ def remove_scratch(write: tf.train.CheckpointManager, read: tf.train.CheckpointM
         shutil.rmtree(write.directory, ignore_errors=True)
 
 
-def restore_latest(manager: tf.train.CheckpointManager, step: tf.Variable, log=print, resuming: bool = True) -> int:
-    """Restores ``manager``'s latest checkpoint, if any, every object matched; returns the step.
+class CheckpointError(RuntimeError):
+    """No kept checkpoint of a run could be read (each is named with its error)."""
 
-    ``resuming``: training goes on from it ("resumed from"), else the model is only read ("loaded").
+
+def _first_line(err: Exception) -> str:
+    text = getattr(err, "message", str(err)).strip()
+    return f"{type(err).__name__}: {text.splitlines()[0][:200] if text else ''}"
+
+
+def restore_latest(manager: tf.train.CheckpointManager, step: tf.Variable, log=print, resuming: bool = True) -> int:
+    """Restores ``manager``'s latest intact checkpoint, if any, every object matched; returns the step.
+
+    A checkpoint that cannot be read (a corrupt or truncated file: ``DataLossError``, "Checksum does
+    not match") is passed over for the newest older one that can, and one line says so; when none can,
+    ``CheckpointError`` lists them. ``resuming``: training goes on from it ("resumed from"), else the
+    model is only read ("loaded").
     """
     latest = manager.latest_checkpoint
-    if latest:
-        manager.checkpoint.restore(latest).assert_existing_objects_matched()
+    if not latest:
+        return int(step.numpy())
+    candidates = [latest] + [p for p in reversed(manager.checkpoints) if p != latest]
+    failed = []
+    for prefix in candidates:
+        try:
+            manager.checkpoint.restore(prefix).assert_existing_objects_matched()
+        except (tf.errors.OpError, IndexError, ValueError) as err:  # unreadable (corrupt, truncated) files
+            failed.append(f"{prefix} ({_first_line(err)})")
+            continue
         at = int(step.numpy())
-        log(f"resumed from {latest} at step {at}" if resuming else f"loaded {latest} (step {at})")
-    return int(step.numpy())
+        done = f"resumed from {prefix} at step {at}" if resuming else f"loaded {prefix} (step {at})"
+        log(f"cannot read {'; '.join(failed)}: {done} instead, the newest intact checkpoint" if failed else done)
+        return at
+    raise CheckpointError(f"no checkpoint of {manager.directory} can be read: {'; '.join(failed)}")
 
 
 def kept_checkpoints(run_dir: str, step: int = 0) -> list[tuple[int, str]]:

@@ -8,8 +8,15 @@ Re-running a command on a folder that holds checkpoints resumes it, and the data
 computed from the step with the *current* batch size and data, so every hyper-parameter must be
 the one the run started with. ``resume_problems`` lists each field that differs, except those in
 ``RESUMABLE``: the length of the run (``train_steps``, ``epochs``; fine-tuning's ``train_steps`` is a cap), how often it logs, checkpoints,
-evaluates and samples, how it computes the same update (``grad_accum_steps``, ``jit_compile``), and
-where its data lives (the data's identity is checked through ``data.json`` instead).
+evaluates and samples, how it computes the same update (``grad_accum_steps``, ``jit_compile``),
+where its data lives (the data's identity is checked through ``data.json`` instead), and how the run
+folder itself is spelled: the folder being resumed is the one whose files are read, whatever its
+name (``runs/x``, ``./runs/x/``, its absolute path, or the folder moved or copied elsewhere).
+
+``lock_run_dir`` takes an advisory lock (``flock``) on ``.lock`` in the run folder for the life of the
+process: a second trainer on the same folder stops with a clear message instead of both writing
+checkpoints (and one resuming from the other's). The kernel drops the lock when the process ends,
+however it ends (``kill -9`` included), so a stale lock cannot stop the next run.
 
 Nothing here imports TensorFlow: the checks run before it starts. ``write_json_atomic`` writes a
 temporary file beside the target and renames it over, so a killed command leaves the old file or
@@ -18,8 +25,11 @@ the new one, never half of one.
 
 from __future__ import annotations
 
+import datetime
+import fcntl
 import json
 import os
+import socket
 from typing import Optional
 
 from gpt_tf import preset_io
@@ -31,10 +41,10 @@ RUN_CONFIGS = {"pretrain": "train_config.json", "finetune": "finetune_config.jso
 RESUMABLE = {
     "train_config.json": frozenset({"train_steps", "log_every", "checkpoint_every", "keep_checkpoints", "eval_every",
                                     "eval_batches", "sample_every", "sample_prompt", "sample_length", "jit_compile",
-                                    "grad_accum_steps", "data_dir", "precision"}),
+                                    "grad_accum_steps", "data_dir", "precision", "run_dir"}),
     "finetune_config.json": frozenset({"epochs", "log_every", "data_dir", "aux_data_dirs", "init_checkpoint",
                                        "precision", "train_steps", "checkpoint_every", "grad_accum_steps",
-                                       "jit_compile"}),
+                                       "jit_compile", "run_dir"}),
     "model_config.json": frozenset(),
     DATA_FILE: frozenset(),
 }
@@ -119,3 +129,35 @@ def pretrained_model_config(path: str) -> GPTConfig:
                                 "nor a preset folder)")
     with open(config_path) as f:
         return GPTConfig(**json.load(f))
+
+
+LOCK_FILE = ".lock"
+
+
+class RunDirLocked(RuntimeError):
+    """Another process holds the run folder's lock; the message names the folder and the holder."""
+
+
+def lock_run_dir(run_dir: str):
+    """Takes ``run_dir``'s lock (exclusive, non-blocking) and returns its open file: keep it for the run.
+
+    RunDirLocked when another process holds it. The file says who holds it (pid, host, since when).
+    """
+    os.makedirs(run_dir, exist_ok=True)
+    path = os.path.join(run_dir, LOCK_FILE)
+    handle = open(path, "a+")
+    try:
+        fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except OSError:
+        handle.seek(0)
+        holder = handle.read().strip() or "a process that is still running"
+        handle.close()
+        raise RunDirLocked(f"{run_dir} is in use by another trainer ({holder}; lock file {path}): two trainers "
+                           "on one run folder would overwrite each other's checkpoints. Wait for it to end, or give "
+                           "another --run_dir") from None
+    since = datetime.datetime.now().astimezone().isoformat(timespec="seconds")
+    handle.seek(0)
+    handle.truncate()
+    handle.write(f"pid {os.getpid()} on {socket.gethostname()}, since {since}\n")
+    handle.flush()
+    return handle

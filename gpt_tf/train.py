@@ -30,10 +30,12 @@ from absl import app, flags, logging
 from gpt_tf import flag_checks, kernels, train_flags
 from gpt_tf.config import GPTConfig
 from gpt_tf.recipes import PAPER_FINETUNE
-from gpt_tf.run_dir import DATA_FILE, MODEL_CONFIG, RUN_CONFIGS, data_identity, resume_problems, write_json_atomic
+from gpt_tf.run_dir import (DATA_FILE, MODEL_CONFIG, RUN_CONFIGS, RunDirLocked, data_identity, lock_run_dir,
+                            resume_problems, write_json_atomic)
 from gpt_tf.train_flags import define_flags
 
 FLAGS = flags.FLAGS  # defined by train_flags.define_flags() when run() starts
+_RUN_LOCK = []  # the run folder's lock file, held open until the process ends
 
 
 # Flags shared with pre-training whose unset value differs when fine-tuning.
@@ -115,6 +117,30 @@ def _budget_steps(model_config, precision: str) -> int:
     return steps
 
 
+def _chief_task() -> bool:
+    """Whether this process is the chief worker (from --workers or TF_CONFIG; no TensorFlow needed)."""
+    if FLAGS.workers:
+        return FLAGS.worker_index == 0
+    try:
+        cluster = json.loads(os.environ.get("TF_CONFIG") or "{}")
+    except ValueError:
+        return True  # TensorFlow reports a bad TF_CONFIG itself
+    task = cluster.get("task", {})
+    kind, index = task.get("type"), int(task.get("index", 0))
+    return kind in (None, "chief") or (kind == "worker" and index == 0 and "chief" not in cluster.get("cluster", {}))
+
+
+def _lock_run_dir() -> None:
+    """The chief takes the run folder's lock for the run (``gpt_tf.run_dir.lock_run_dir``); a second trainer
+    on the folder stops here, exit status 2, before it writes anything."""
+    if not _chief_task():
+        return
+    try:
+        _RUN_LOCK.append(lock_run_dir(FLAGS.run_dir))
+    except RunDirLocked as err:
+        flag_checks.fail("gpt_tf.train", [str(err)], "cannot start, nothing was written")
+
+
 def _say(message: str) -> None:
     """Run-level messages (resume, transfer) to stderr; TensorFlow's INFO chatter stays off."""
     print(message, file=sys.stderr, flush=True)
@@ -151,6 +177,8 @@ def main(argv):
     setup = _setup()
     if setup.problems:
         flag_checks.fail("gpt_tf.train", list(setup.problems), "cannot start, nothing was written")
+    if FLAGS.mode == "train" and not FLAGS.task:
+        _lock_run_dir()
 
     # Imported late: flag errors must show in a second, not after TensorFlow's start-up.
     from gpt_tf.console import import_tensorflow
@@ -158,6 +186,7 @@ def main(argv):
     tf = import_tensorflow()  # its start-up lines off the console (GPT_TF_VERBOSE=1 keeps them)
     import keras
 
+    from gpt_tf.checkpoints import CheckpointError
     from gpt_tf.preemption import PREEMPTED_EXIT_CODE, Preempted
     from gpt_tf.strategy import split_cpu
     from gpt_tf.training.loop import DataError
@@ -170,7 +199,7 @@ def main(argv):
     except Preempted as stopped:  # the step reached is saved; re-running the command resumes
         _say(str(stopped))
         sys.exit(PREEMPTED_EXIT_CODE)
-    except DataError as err:
+    except (DataError, CheckpointError) as err:
         sys.exit(f"gpt_tf.train: {err}")
     print(json.dumps(summary.result) if FLAGS.json and summary.result is not None else summary.line, flush=True)
 
@@ -297,6 +326,7 @@ def _finetune_model_config(tokenizer_vocab):
 
 def _finetune(setup: Setup, keras) -> Summary:
     """Fine-tuning's --mode: train (then every eval split), eval (metrics.json) or predict (a submission file)."""
+    from gpt_tf.checkpoints import CheckpointError
     from gpt_tf.console import format_metrics
     from gpt_tf.tasks import TaskSpec
     from gpt_tf.training.finetune_io import save_run_configs, write_submission
@@ -329,13 +359,17 @@ def _finetune(setup: Setup, keras) -> Summary:
                                                    RUN_CONFIGS["finetune"]: dataclasses.asdict(config), DATA_FILE: data})
         if problems:
             flag_checks.fail("gpt_tf.train", problems, "cannot start, nothing was written")
+        _lock_run_dir()
     tuner = Finetuner(task, model_config, config, strategy, log=_say)
     if FLAGS.mode == "train":
         if tuner.chief:
             save_run_configs(FLAGS.run_dir, model_config, config, data)
         results = tuner.train(progress=FLAGS.progress)
     else:
-        step = tuner.restore(resuming=False)
+        try:
+            step = tuner.restore(resuming=False)
+        except CheckpointError as err:
+            sys.exit(f"gpt_tf.train: {err}")
         if FLAGS.mode == "predict":
             split = FLAGS.predict_split or task.eval_splits[0]
             path = write_submission(tuner, split, FLAGS.run_dir, write=tuner.chief)

@@ -69,15 +69,16 @@ def encode_texts(tokenizer, texts: list[str]) -> list[list[int]]:
     return out
 
 
-def remove_stale_temps(parent: Path, name: str, log=logging.getLogger(__name__).warning) -> list[Path]:
-    """Deletes ``parent/.{name}.tmp-PID`` / ``.old-PID`` folders whose process is gone (a killed build's)."""
+def remove_stale_temps(parent: Path, name: str = "", log=logging.getLogger(__name__).warning) -> list[Path]:
+    """Deletes ``parent/.{name}.tmp-PID`` / ``.old-PID`` folders whose process is gone (a killed build's or
+    export's); ``name`` empty: whatever the name."""
     removed = []
-    pattern = re.compile(rf"\.{re.escape(name)}\.(tmp|old)-(\d+)")
-    for path in sorted(parent.iterdir()) if parent.is_dir() else []:
+    pattern = re.compile(rf"\.({re.escape(name) if name else '.+'})\.(tmp|old)-(\d+)")
+    for path in sorted(Path(parent).iterdir()) if Path(parent).is_dir() else []:
         match = pattern.fullmatch(path.name)
-        if match and not pid_alive(int(match.group(2))):
+        if match and not pid_alive(int(match.group(3))):
             shutil.rmtree(path, ignore_errors=True)
-            log("removed %s, left by process %s that no longer runs", path, match.group(2))
+            log("removed %s, left by process %s that no longer runs", path, match.group(3))
             removed.append(path)
     return removed
 

@@ -2,16 +2,21 @@
 
 ``BoundedHTTPServer`` is ``http.server.HTTPServer`` with what ``ThreadingHTTPServer`` lacks:
 
+* a connection takes a worker only once the head of its request (request line and headers) is in:
+  one thread reads the heads of every open connection (new ones, and keep-alive ones between
+  requests) with ``select``, so clients that send a partial header and hold it, trickle it, or
+  idle between requests never hold a worker while a complete request waits;
+* a header deadline per request: its head must arrive within ``header_timeout`` seconds (a few)
+  of its first byte or of the connection's start, else the connection is closed; an idle
+  keep-alive connection is closed after ``timeout``;
 * a fixed pool of ``num_threads`` worker threads (no thread per connection: threads that come
-  and go make the process grow, see ``bench/soak.py``), each serving one connection at a time;
-* at most ``num_threads`` more accepted connections waiting for a worker; past that a new
-  connection is answered ``503`` at once and closed (``shed``), never queued without bound;
+  and go make the process grow, see ``bench/soak.py``), each serving one request at a time; the
+  request's body and answer must be done within ``timeout`` seconds;
+* at most ``num_threads`` complete requests waiting for a worker, and at most ``max_connections``
+  open connections; past either a connection is answered ``503`` at once and closed (``shed``),
+  never queued without bound;
 * a listen backlog of ``backlog`` (``socketserver``'s default is 5, so a burst waited on SYN retries;
   the kernel caps it at ``net.core.somaxconn``);
-* a deadline per request: its request line, headers and body must all arrive within
-  ``timeout`` seconds of the worker starting to wait for it (so an idle keep-alive connection
-  is closed after ``timeout`` too); a client that sends a partial header and holds it, or
-  trickles bytes, loses its worker when the deadline passes;
 * a client that went away (reset, broken pipe, timeout) is not an error: nothing is logged;
   any other exception in a handler is one line on the log, never a traceback.
 
@@ -20,9 +25,12 @@ Why by hand and not aiohttp or uvicorn: see the REST section of the README.
 
 from __future__ import annotations
 
+import collections
 import ctypes
 import io
 import queue
+import resource
+import selectors
 import socket
 import sys
 import threading
@@ -64,17 +72,42 @@ def release_freed_memory(min_interval: float = 1.0) -> None:
     _TRIM(0)
 
 
-class _DeadlineReader(io.RawIOBase):
-    """A socket's read side that raises ``TimeoutError`` once ``deadline`` (monotonic) has passed."""
+MAX_HEAD = 1 << 16  # bytes of request line + headers (http.server's own line limit)
 
-    def __init__(self, sock: socket.socket, write_timeout: float):
+
+class _Connection:
+    """An open connection between requests: its socket, the bytes read of its next request, its deadline."""
+
+    __slots__ = ("sock", "address", "buffer", "deadline")
+
+    def __init__(self, sock: socket.socket, address, deadline: float, buffer: bytes = b""):
+        self.sock, self.address, self.deadline, self.buffer = sock, address, deadline, buffer
+
+    def head_complete(self, since: int = 0) -> bool:
+        start = max(0, since - 3)
+        return self.buffer.find(b"\n\r\n", start) >= 0 or self.buffer.find(b"\n\n", start) >= 0
+
+
+class _DeadlineReader(io.RawIOBase):
+    """A socket's read side, after the bytes already read (``pending``), that raises ``TimeoutError`` once
+    ``deadline`` (monotonic) has passed; with ``stop`` set it reads nothing more from the socket."""
+
+    def __init__(self, sock: socket.socket, write_timeout: float, pending: bytes = b""):
         super().__init__()
         self._sock, self._write_timeout, self.deadline = sock, write_timeout, float("inf")
+        self._pending, self.stop = memoryview(pending), False
 
     def readable(self) -> bool:
         return True
 
-    def readinto(self, buffer) -> int:
+    def readinto(self, buffer):
+        if len(self._pending):
+            n = min(len(buffer), len(self._pending))
+            buffer[:n] = self._pending[:n]
+            self._pending = self._pending[n:]
+            return n
+        if self.stop:
+            return None  # "no data now": what the buffer holds is all there is
         left = self.deadline - time.monotonic()
         if left <= 0:
             raise TimeoutError("request deadline passed")
@@ -86,21 +119,27 @@ class _DeadlineReader(io.RawIOBase):
 
 
 class DeadlineHandler(BaseHTTPRequestHandler):
-    """``BaseHTTPRequestHandler`` whose every request must arrive within ``server.timeout`` seconds."""
+    """``BaseHTTPRequestHandler`` for one request whose head is in (``server`` hands it a ``_Connection``):
+    its body must arrive within ``server.timeout`` seconds. ``leftover``: bytes read past it (pipelining)."""
 
     protocol_version = "HTTP/1.1"  # keep-alive
 
     def setup(self) -> None:
-        self.connection = self.request
+        self.connection = self.request.sock
         self.connection.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, True)
         self.connection.settimeout(self.server.timeout)  # writes: a client that stops reading
-        self._reader = _DeadlineReader(self.connection, self.server.timeout)
+        self._reader = _DeadlineReader(self.connection, self.server.timeout, self.request.buffer)
         self.rfile = io.BufferedReader(self._reader, 1 << 16)
         self.wfile = self.connection.makefile("wb", 0)
+        self.leftover = b""
 
-    def handle_one_request(self) -> None:
+    def handle(self) -> None:
+        self.close_connection = True
         self._reader.deadline = time.monotonic() + self.server.timeout
-        super().handle_one_request()
+        self.handle_one_request()
+        if not self.close_connection:
+            self._reader.stop = True
+            self.leftover = self.rfile.peek()
 
     def finish(self) -> None:
         for stream in (self.wfile, self.rfile):
@@ -113,49 +152,156 @@ class DeadlineHandler(BaseHTTPRequestHandler):
         return
 
 
+def _fd_room() -> int:
+    """File descriptors this process may still open, less a reserve for TensorFlow, gRPC and models."""
+    soft = resource.getrlimit(resource.RLIMIT_NOFILE)[0]
+    return 1 << 20 if soft == resource.RLIM_INFINITY else max(16, soft - 256)
+
+
 class BoundedHTTPServer(HTTPServer):
     """See the module doc. ``log``: where the one-line reports of handler failures go."""
 
     daemon_threads = True
 
     def __init__(self, address, handler, num_threads: int = 32, timeout: float = 30.0, backlog: int = 1024,
-                 log=print):
-        if num_threads < 1 or timeout <= 0 or backlog < 1:
-            raise ValueError(f"num_threads={num_threads}, timeout={timeout} and backlog={backlog} must be positive")
+                 log=print, header_timeout: float = 5.0, max_connections: int = 1000):
+        if min(num_threads, timeout, backlog, header_timeout, max_connections) <= 0:
+            raise ValueError(f"num_threads={num_threads}, timeout={timeout}, backlog={backlog}, header_timeout="
+                             f"{header_timeout} and max_connections={max_connections} must be positive")
         self.request_queue_size = backlog
         self.timeout, self.log = timeout, log  # (socketserver's own `timeout` is unused by serve_forever)
-        self.shed = 0  # connections answered 503 at the limit
-        self._pending: queue.Queue = queue.Queue(maxsize=num_threads)
+        self.header_timeout = min(header_timeout, timeout)
+        self.max_connections = min(max_connections, _fd_room())
+        self.shed = 0  # connections answered 503 at a limit
+        self._pending: queue.Queue = queue.Queue(maxsize=num_threads)  # complete requests for the workers
+        self._open, self._count_lock = 0, threading.Lock()
+        self._incoming: collections.deque = collections.deque()  # connections for the head reader
+        self._wake_read, self._wake_write = socket.socketpair()
+        self._wake_read.setblocking(False)
+        self._wake_write.setblocking(False)
+        self._closing = False
         super().__init__(address, handler)
+        self._heads = threading.Thread(target=self._read_heads, name="http-heads", daemon=True)
+        self._heads.start()
         self._workers = [threading.Thread(target=self._work, name=f"http-{i}", daemon=True)
                          for i in range(num_threads)]
         for worker in self._workers:
             worker.start()
 
+    # ------------------------------------------------------------------ accepting
     def process_request(self, request, client_address) -> None:
-        try:
-            self._pending.put_nowait((request, client_address))
-        except queue.Full:
-            self.shed += 1
-            try:
-                request.setblocking(False)
-                request.send(_SHED)  # fits in the socket buffer; never waits
-            except OSError:
-                pass
-            self.shutdown_request(request)
+        with self._count_lock:
+            full = self._open >= self.max_connections
+            self._open += not full
+        if full:
+            self._refuse(request)
+            return
+        request.setblocking(False)
+        self._to_heads(_Connection(request, client_address, time.monotonic() + self.header_timeout))
 
+    def _refuse(self, sock) -> None:
+        self.shed += 1
+        try:
+            sock.setblocking(False)
+            sock.send(_SHED)  # fits in the socket buffer; never waits
+        except OSError:
+            pass
+        self.shutdown_request(sock)
+
+    def _close(self, conn: _Connection) -> None:
+        self.shutdown_request(conn.sock)
+        with self._count_lock:
+            self._open -= 1
+
+    def _to_heads(self, conn: _Connection) -> None:
+        self._incoming.append(conn)
+        try:
+            self._wake_write.send(b"x")
+        except OSError:  # the wake-up socket is full: the head reader has wake-ups pending anyway
+            pass
+
+    # ------------------------------------------------------------------ the head reader
+    def _read_heads(self) -> None:
+        selector = selectors.DefaultSelector()
+        selector.register(self._wake_read, selectors.EVENT_READ)
+        waiting = {}  # socket -> _Connection
+
+        def drop(conn, dispatch=False):
+            selector.unregister(conn.sock)
+            del waiting[conn.sock]
+            self._dispatch(conn) if dispatch else self._close(conn)
+
+        while not self._closing:
+            soonest = min((c.deadline for c in waiting.values()), default=None)
+            wait = None if soonest is None else max(0.0, soonest - time.monotonic())
+            for key, _ in selector.select(wait):
+                if key.fileobj is self._wake_read:
+                    try:
+                        self._wake_read.recv(4096)
+                    except OSError:
+                        pass
+                    while self._incoming:
+                        conn = self._incoming.popleft()
+                        if conn.head_complete():  # a pipelined request already read whole
+                            self._dispatch(conn)
+                        else:
+                            waiting[conn.sock] = conn
+                            selector.register(conn.sock, selectors.EVENT_READ, conn)
+                    continue
+                conn = key.data
+                try:
+                    chunk = conn.sock.recv(MAX_HEAD)
+                except BlockingIOError:
+                    continue
+                except OSError:
+                    chunk = b""
+                if not chunk:  # the client went away
+                    drop(conn)
+                    continue
+                if not conn.buffer:  # a keep-alive connection's next request starts: its head has a few seconds
+                    conn.deadline = min(conn.deadline, time.monotonic() + self.header_timeout)
+                seen, conn.buffer = len(conn.buffer), conn.buffer + chunk
+                if conn.head_complete(seen) or len(conn.buffer) > MAX_HEAD:  # too long: http.server answers 431
+                    drop(conn, dispatch=True)
+            now = time.monotonic()
+            for conn in [c for c in waiting.values() if c.deadline <= now]:
+                drop(conn)  # its head did not come in time (or it idled too long): closed, no worker held
+        for conn in list(waiting.values()):
+            drop(conn)
+        selector.close()
+
+    def _dispatch(self, conn: _Connection) -> None:
+        """A connection whose request head is in, to the workers (503 when they are all busy and
+        ``num_threads`` more requests wait)."""
+        try:
+            self._pending.put_nowait(conn)
+        except queue.Full:
+            self._refuse(conn.sock)
+            with self._count_lock:
+                self._open -= 1
+
+    # ------------------------------------------------------------------ workers
     def _work(self) -> None:
         while True:
-            item = self._pending.get()
-            if item is None:
+            conn = self._pending.get()
+            if conn is None:
                 return
-            request, client_address = item
+            keep, handler = False, None
             try:
-                self.finish_request(request, client_address)
+                handler = self.RequestHandlerClass(conn, conn.address, self)
+                keep = not handler.close_connection
             except Exception:  # noqa: BLE001 -- one line per failure, the worker goes on
-                self.handle_error(request, client_address)
-            finally:
-                self.shutdown_request(request)
+                self.handle_error(conn.sock, conn.address)
+            if keep and not self._closing:
+                conn.buffer, conn.deadline = handler.leftover, time.monotonic() + self.timeout  # idle keep-alive
+                try:
+                    conn.sock.setblocking(False)
+                except OSError:
+                    keep = False
+            if keep and not self._closing:
+                self._to_heads(conn)
+            else:
+                self._close(conn)
 
     def handle_error(self, request, client_address) -> None:
         err = sys.exc_info()[1]
@@ -165,6 +311,12 @@ class BoundedHTTPServer(HTTPServer):
 
     def server_close(self) -> None:
         super().server_close()
+        self._closing = True
+        try:
+            self._wake_write.send(b"x")
+        except OSError:
+            pass
+        self._heads.join(timeout=10)
         for _ in self._workers:
             try:
                 self._pending.put_nowait(None)

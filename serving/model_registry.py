@@ -10,9 +10,10 @@ drops no request.
 A version that fails to load (say its files were still being copied when a poll saw its folder)
 is retried as TF Serving retries it (``--max_num_load_retries``, ``--load_retry_interval_micros``):
 up to ``max_num_load_retries`` more times, ``load_retry_interval`` seconds apart, staying LOADING
-meanwhile; after the last failure it is END with the error and not tried again. Retries are
-scheduled, not slept through, so one bad version never holds up the others; the versions
-already serving stay.
+meanwhile; after the last failure it is END with the error, and is tried again (with its retries
+afresh) only once its folder changes: a file added, removed, resized or rewritten (say the copy
+that was still under way completes). Retries are scheduled, not slept through, so one bad version
+never holds up the others; the versions already serving stay.
 
 A base path that does not exist is a warning when the server starts (and when it goes away), and
 the reason the model's status gives for having no version; the model is served as soon as a
@@ -21,6 +22,7 @@ version appears there.
 
 from __future__ import annotations
 
+import gc
 import os
 import threading
 import time
@@ -30,10 +32,24 @@ import tensorflow as tf
 from tensorflow_serving.apis import get_model_status_pb2
 
 from serving.errors import not_found
+from serving.http_front import release_freed_memory
 from serving.saved_model_io import versions
 from serving.servable import Servable
 
 State = get_model_status_pb2.ModelVersionStatus.State
+
+
+def folder_fingerprint(path: str) -> tuple:
+    """What a version folder holds, cheaply: each file's relative path, size and modification time."""
+    found = []
+    try:
+        for folder, _, files in tf.io.gfile.walk(path):
+            for file in files:
+                stat = tf.io.gfile.stat(os.path.join(folder, file))
+                found.append((os.path.relpath(os.path.join(folder, file), path), stat.length, stat.mtime_nsec))
+    except tf.errors.OpError:  # the folder went away meanwhile: that is a change too
+        return ("gone",)
+    return tuple(sorted(found))
 
 
 class ModelRegistry:
@@ -45,6 +61,7 @@ class ModelRegistry:
         self._batching, self._method_name_check, self._log = batching, method_name_check, log
         self.max_num_load_retries, self.load_retry_interval = max_num_load_retries, max(0.0, load_retry_interval)
         self._retries = {name: {} for name in self.configs}  # name -> {version: (failures so far, next try time)}
+        self._gave_up = {name: {} for name in self.configs}  # name -> {version: folder_fingerprint at the last try}
         self._lock = threading.Lock()
         self._available = {name: {} for name in self.configs}  # name -> {version: Servable}
         self._states = {name: {} for name in self.configs}  # name -> {version: (State, error message)}
@@ -61,10 +78,13 @@ class ModelRegistry:
             for version in [v for v in self._retries[name] if v not in wanted]:  # gone from disk meanwhile
                 del self._retries[name][version]
                 self._set_state(name, version, State.END, "the version left the base path before it loaded")
+            for version in [v for v in self._gave_up[name] if v not in wanted]:
+                del self._gave_up[name][version]
             for version in sorted(wanted, reverse=True):
-                state = self._states[name].get(version)
-                if state is None or (state[0] == State.END and not state[1]) or self._retry_due(name, version):
-                    self._load(name, version, os.path.join(config.base_path, str(version)))
+                state, path = self._states[name].get(version), os.path.join(config.base_path, str(version))
+                if (state is None or (state[0] == State.END and not state[1]) or self._retry_due(name, version)
+                        or self._changed_since_given_up(name, version, path)):
+                    self._load(name, version, path)
             # Availability first: the old versions go once a wanted one serves (or none is on disk any more).
             if not wanted or any(v in self._available[name] for v in wanted):
                 for version in [v for v in list(self._available[name]) if v not in wanted]:
@@ -84,13 +104,25 @@ class ModelRegistry:
             else:
                 self._missing.discard(name)
 
+    def _changed_since_given_up(self, name: str, version: int, path: str) -> bool:
+        """True (and logged) when the folder of a version given up on no longer holds what failed to load."""
+        if version not in self._gave_up[name] or self._gave_up[name][version] == folder_fingerprint(path):
+            return False
+        del self._gave_up[name][version]
+        self._log(f"model {name} version {version}: its folder changed since its load failed; loading it again")
+        return True
+
     def _load(self, name: str, version: int, path: str) -> None:
         self._set_state(name, version, State.LOADING)
+        attempted = folder_fingerprint(path)  # taken before the attempt: a change during it is a change
+        servable = None
         try:
             servable = Servable(name, version, path, self._batching, self._method_name_check)
             warmed = servable.warm_up()
         except Exception as err:  # noqa: BLE001 -- any failure is this version's status, the server stays up
-            self._failed(name, version, err)
+            if servable is not None:  # loaded, failed its warm-up: its batch threads stop
+                servable.close()
+            self._failed(name, version, err, attempted)
             return
         self._retries[name].pop(version, None)
         with self._lock:
@@ -98,7 +130,7 @@ class ModelRegistry:
             self._states[name][version] = (State.AVAILABLE, "")
         self._log(f"model {name} version {version}: available ({path}, {warmed} warm-up requests)")
 
-    def _failed(self, name: str, version: int, err: Exception) -> None:
+    def _failed(self, name: str, version: int, err: Exception, attempted: tuple) -> None:
         """A failed load: LOADING with a retry scheduled, or END with the error once retries are spent."""
         failures = self._retries[name].get(version, (0, 0.0))[0] + 1
         attempt = f"attempt {failures} of {self.max_num_load_retries + 1}"
@@ -109,7 +141,9 @@ class ModelRegistry:
             self._set_state(name, version, State.LOADING)
             return
         self._retries[name].pop(version, None)
-        self._log(f"model {name} version {version}: load failed ({attempt}, giving up): {err}\n"
+        self._gave_up[name][version] = attempted
+        self._log(f"model {name} version {version}: load failed ({attempt}, giving up): {err}; it is loaded again "
+                  f"if its folder changes\n"
                   f"{traceback.format_exc(limit=3)}")
         self._set_state(name, version, State.END, f"{type(err).__name__}: {err}")
 
@@ -126,6 +160,9 @@ class ModelRegistry:
             servable = self._available[name].pop(version)
             self._states[name][version] = (State.UNLOADING, "")
         servable.close()
+        del servable
+        gc.collect()  # whatever cycles still hold it: its tables are destroyed with it (Servable.__del__)
+        release_freed_memory(min_interval=0)  # and the allocator hands the freed pages back
         self._set_state(name, version, State.END)
         self._log(f"model {name} version {version}: unloaded")
 

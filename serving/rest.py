@@ -38,6 +38,9 @@ _STATUS = re.compile(r"(?i)/v1/models(?:/([^/:]+))?(?:(?:/versions/(\d+))|(?:/la
 def _spec(name: str, version: str | None, label: str | None) -> model_pb2.ModelSpec:
     spec = model_pb2.ModelSpec(name=urllib.parse.unquote(name or ""))
     if version is not None:
+        if int(version) > 2 ** 63 - 1:  # a ModelSpec's version is an int64
+            raise invalid(f"Malformed request: version {version[:40]} is beyond the largest version number "
+                          f"(2^63 - 1)")
         spec.version.value = int(version)
     if label is not None:
         spec.version_label = urllib.parse.unquote(label)
@@ -110,13 +113,14 @@ class _Api:
 class RestServer:
     """Serves the REST API on ``host:port`` (port 0: any free port, see ``.port``) in a thread.
 
-    ``num_threads`` connections are served at once and as many more wait; past that a connection
-    gets 503 (``serving.http_front``). ``timeout``: seconds a request (line, headers, body) may take
-    to arrive, and a keep-alive connection may idle.
+    ``num_threads`` requests are served at once and as many more wait; past that, or past
+    ``max_connections`` open connections, a connection gets 503 (``serving.http_front``).
+    ``header_timeout``: seconds a request's head (line and headers) may take to arrive; ``timeout``:
+    seconds its body and answer may take, and a keep-alive connection may idle.
     """
 
     def __init__(self, registry, host: str, port: int, max_request_bytes: int, num_threads: int = 32,
-                 timeout: float = 30.0, log=print):
+                 timeout: float = 30.0, log=print, header_timeout: float = 5.0, max_connections: int = 1000):
         api = _Api(registry)
 
         class Handler(DeadlineHandler):
@@ -181,7 +185,8 @@ class RestServer:
             def do_POST(self):  # noqa: N802
                 self._handle("POST")
 
-        self._server = BoundedHTTPServer((host, port), Handler, num_threads=num_threads, timeout=timeout, log=log)
+        self._server = BoundedHTTPServer((host, port), Handler, num_threads=num_threads, timeout=timeout, log=log,
+                                         header_timeout=header_timeout, max_connections=max_connections)
         self.port = self._server.server_address[1]
         self._thread = threading.Thread(target=self._server.serve_forever, name="rest", daemon=True)
 

@@ -82,18 +82,36 @@ def _b64(value) -> bytes:
         raise invalid("Unable to base64 decode") from None
 
 
+def utf8(text: str) -> bytes:
+    """A JSON string as UTF-8; one that holds a lone surrogate (``"\\ud800"``, valid JSON) is a 400, not a crash."""
+    try:
+        return text.encode("utf-8")
+    except UnicodeEncodeError as err:
+        raise invalid(f"JSON Value: {json.dumps(text)[:100]} is not valid UTF-8 text: lone surrogate "
+                      f"{json.dumps(text[err.start])} at character {err.start}") from None
+
+
+def _in_range(value: int, dtype: tf.DType) -> int:
+    """``value`` if ``dtype`` (an integer type) can hold it, else a 400 naming both."""
+    if not dtype.min <= value <= dtype.max:
+        raise invalid(f"JSON Value: {str(value)[:100]} is out of range for {dtype.name} "
+                      f"[{dtype.min}, {dtype.max}]")
+    return value
+
+
 def _leaf(value, dtype: tf.DType):
     """One JSON scalar as a value of ``dtype`` (TF Serving's type rules: no bools as numbers)."""
     ok = False
     if dtype == tf.string:
         if isinstance(value, str):
-            return value.encode("utf-8")
+            return utf8(value)
         if _is_b64(value):
             return _b64(value)
     elif dtype == tf.bool:
         ok = isinstance(value, bool)
     elif dtype.is_integer:
-        ok = isinstance(value, int) and not isinstance(value, bool)
+        if isinstance(value, int) and not isinstance(value, bool):
+            return _in_range(value, dtype)
     elif dtype.is_floating:
         ok = isinstance(value, (int, float)) and not isinstance(value, bool)
     if not ok:
@@ -220,13 +238,13 @@ def _feature(name: str, value) -> tf.train.Feature:
     for item in values:
         if isinstance(item, bool) or isinstance(item, int):
             kinds.add("int64")
-            items.append(int(item))
+            items.append(_in_range(int(item), tf.int64))
         elif isinstance(item, float):
             kinds.add("float")
             items.append(item)
         elif isinstance(item, str) or _is_b64(item):
             kinds.add("bytes")
-            items.append(item.encode("utf-8") if isinstance(item, str) else _b64(item))
+            items.append(utf8(item) if isinstance(item, str) else _b64(item))
         else:
             raise invalid(f"Feature: {name} has element with unexpected JSON type: {_json_type(item)}")
     if len(kinds) > 1:
@@ -242,6 +260,8 @@ def _feature(name: str, value) -> tf.train.Feature:
 def _example(value) -> tf.train.Example:
     if not isinstance(value, dict):
         raise invalid(f"Example must be JSON object but got JSON {_json_type(value)}")
+    for name in value:
+        utf8(name)  # a feature name is a proto string: it must be UTF-8 too
     return tf.train.Example(features=tf.train.Features(feature={k: _feature(k, v) for k, v in value.items()}))
 
 

@@ -1,7 +1,9 @@
 """Writing servable versions: ``<base>/<model_name>/<version>/`` SavedModels as TF Serving reads them.
 
-* ``save_version`` writes the SavedModel into a hidden temporary folder beside the target and
-  renames it into place, so a model server polling the base path never sees half a version.
+* ``save_version`` writes the SavedModel into a hidden temporary folder beside the target
+  (``.<version>.tmp-<pid>``) and renames it into place, so a model server polling the base path
+  never sees half a version; the temporary folders of killed exports are removed as the data
+  builders remove theirs (``pipelines.common.remove_stale_temps``).
 * TF2's ``tf.saved_model.save`` marks every signature ``tensorflow/serving/predict``; TF Serving's
   Classify and Regress APIs refuse signatures without their own method name, so the names in
   ``METHOD_NAMES`` are written into ``saved_model.pb`` afterwards (and ``fingerprint.pb`` is
@@ -21,6 +23,8 @@ from tensorflow.core.protobuf import saved_model_pb2
 from tensorflow.python.saved_model.pywrap_saved_model import fingerprinting
 from tensorflow_serving.apis import (classification_pb2, input_pb2, model_pb2, predict_pb2, prediction_log_pb2,
                                      regression_pb2)
+
+from pipelines.common import remove_stale_temps
 
 METHOD_NAMES = {"classify": "tensorflow/serving/classify", "regress": "tensorflow/serving/regress"}
 WARMUP_FILE = os.path.join("assets.extra", "tf_serving_warmup_requests")
@@ -87,7 +91,8 @@ def save_version(module: tf.Module, signatures: dict, base_path: str, model_name
     if tf.io.gfile.exists(target):
         raise FileExistsError(f"{target} already exists: versions are immutable, export a new one")
     os.makedirs(model_dir, exist_ok=True)
-    tmp = os.path.join(model_dir, f".tmp-{version}-{os.getpid()}")
+    remove_stale_temps(model_dir)  # a killed export's
+    tmp = os.path.join(model_dir, f".{version}.tmp-{os.getpid()}")
     shutil.rmtree(tmp, ignore_errors=True)
     try:
         tf.saved_model.save(module, tmp, signatures=signatures)

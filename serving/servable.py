@@ -1,6 +1,10 @@
 """One loaded model version: TF Serving's Predict / Classify / Regress semantics over a SavedModel.
 
-The SavedModel is loaded with ``tf.saved_model.load`` (nothing else is imported), its
+The SavedModel is loaded with ``tf.saved_model.load`` (nothing else is imported). Its lookup
+tables (the tokenizer's) are resources of the process's eager context that outlive the loaded
+object, so when the last reference to an unloaded version goes they are destroyed explicitly
+(``_destroy_resources``; their handles are unique per load, so a newer version of the same model
+keeps its own). Its
 SignatureDefs are read from ``saved_model.pb`` (method names, input/output TensorInfos, as
 GetModelMetadata reports them), and requests are checked against them before they run, with
 TF Serving's status codes and messages: an unknown signature (FAILED_PRECONDITION for Predict,
@@ -19,6 +23,7 @@ import grpc
 import numpy as np
 import tensorflow as tf
 from tensorflow.core.protobuf import saved_model_pb2
+from tensorflow.python.ops import gen_resource_variable_ops
 
 from serving.batcher import Batcher, BatchingParameters
 from serving.errors import ServingError, from_tf_error, invalid
@@ -56,6 +61,26 @@ def _shape_text(info) -> str:
     return "[" + ",".join(str(d.size) if d.size >= 0 else "?" for d in info.tensor_shape.dim) + "]"
 
 
+def _table_handles(loaded) -> list:
+    """Handles of the loaded object's resources other than variables (lookup tables); variables free themselves."""
+    handles = []
+    for obj in tf.train.TrackableView(loaded).descendants():
+        if isinstance(obj, tf.Variable) or not hasattr(type(obj), "resource_handle"):
+            continue
+        handle = getattr(obj, "_resource_handle", None)
+        if handle is not None:
+            handles.append(handle)
+    return handles
+
+
+def _destroy_resources(handles) -> None:
+    for handle in handles:
+        try:
+            gen_resource_variable_ops.destroy_resource_op(handle, ignore_lookup_error=True)
+        except Exception:  # noqa: BLE001 -- already gone, or the interpreter is shutting down
+            pass
+
+
 class Servable:
     """``<base>/<name>/<version>`` loaded and ready to answer (optionally batching requests)."""
 
@@ -66,15 +91,24 @@ class Servable:
         self.signature_defs = read_signature_defs(path)
         self._loaded = tf.saved_model.load(path)
         self._functions = dict(self._loaded.signatures)
+        self._tables = _table_handles(self._loaded)
         self._batchers = {}
         if batching is not None:
             self._batchers = {sig: Batcher(lambda inputs, s=sig: self._call(s, inputs), batching, f"{name}-{version}")
                               for sig in self._functions}
 
     def close(self) -> None:
-        """Drains and stops the batch threads (requests already holding this servable still finish)."""
+        """Drains and stops the batch threads (requests already holding this servable still finish).
+
+        Its tables are destroyed when the last reference to it goes (``__del__``: a request may still be
+        running in it); dropping the batchers breaks their reference cycle back to it.
+        """
         for batcher in self._batchers.values():
             batcher.close()
+        self._batchers = {}
+
+    def __del__(self):
+        _destroy_resources(getattr(self, "_tables", ()))
 
     # ------------------------------------------------------------------ running
     def _call(self, signature: str, inputs: dict) -> dict:

@@ -41,8 +41,9 @@ def _check_flags() -> list:
         problems.append("--port and --rest_api_port must be in [0, 65535]")
     if FLAGS.max_num_load_retries < 0:
         problems.append(f"--max_num_load_retries={FLAGS.max_num_load_retries} must be >= 0")
-    if FLAGS.rest_api_num_threads < 1 or FLAGS.rest_api_timeout_in_ms < 1:
-        problems.append("--rest_api_num_threads and --rest_api_timeout_in_ms must be positive")
+    if min(FLAGS.rest_api_num_threads, FLAGS.rest_api_timeout_in_ms, FLAGS.rest_api_header_timeout_in_ms) < 1:
+        problems.append("--rest_api_num_threads, --rest_api_timeout_in_ms and --rest_api_header_timeout_in_ms "
+                        "must be positive")
     if FLAGS.file_system_poll_wait_seconds < 0:
         problems.append("--file_system_poll_wait_seconds must be >= 0")
     return problems
@@ -71,8 +72,10 @@ def define_flags() -> None:
                          "(TF Serving's flag and default, 1 minute).")
     flags.DEFINE_integer("rest_api_num_threads", 32, "REST connections served at once; as many more may wait, "
                          "past that a connection is answered 503.")
-    flags.DEFINE_integer("rest_api_timeout_in_ms", 30_000, "REST: a request (line, headers, body) must arrive "
-                         "within this time, and an idle keep-alive connection is closed after it (TF Serving's flag).")
+    flags.DEFINE_integer("rest_api_timeout_in_ms", 30_000, "REST: a request's body must arrive and its answer "
+                         "go within this time, and an idle keep-alive connection is closed after it (TF Serving's flag).")
+    flags.DEFINE_integer("rest_api_header_timeout_in_ms", 5_000, "REST: a request's line and headers must arrive "
+                         "within this time (capped by --rest_api_timeout_in_ms); till then it holds no worker.")
     flags.DEFINE_bool("enable_signature_method_name_check", False, "Classify/Regress only on signatures with their "
                       "method name (TF Serving's flag, off by default there too).")
     flags.DEFINE_integer("tensorflow_intra_op_parallelism", 0, "Threads per op (0: TensorFlow's default).")
@@ -129,7 +132,8 @@ def main(argv):
     if FLAGS.rest_api_port:
         try:
             rest = RestServer(registry, FLAGS.host, FLAGS.rest_api_port, limit, FLAGS.rest_api_num_threads,
-                              FLAGS.rest_api_timeout_in_ms / 1000, log=_say)
+                              FLAGS.rest_api_timeout_in_ms / 1000, log=_say,
+                              header_timeout=FLAGS.rest_api_header_timeout_in_ms / 1000)
         except OSError as err:
             sys.exit(f"serving.server: cannot listen on {FLAGS.host}:{FLAGS.rest_api_port} for REST: {err}")
         rest.start()

@@ -10,7 +10,7 @@ import shutil
 import pytest
 
 from gpt_tf.run_dir import RESUMABLE, resume_problems, write_json_atomic
-from tests.small_runs import TRAIN_FLAGS, build_data, run_cli
+from tests.small_runs import ROOT, TRAIN_FLAGS, build_data, run_cli
 
 
 def snapshot(run_dir):
@@ -126,3 +126,83 @@ def test_a_tokenizer_retrained_under_its_data_stops_every_command(trained, share
     proc = run_cli("serving.export", f"--run_dir={run_dir}", f"--export_base={tmp_path / 'exported'}", check=False)
     assert proc.returncode == 1 and f"{merges} is not the tokenizer" in proc.stderr, proc.stderr
     assert not (tmp_path / "exported").exists() and not (tmp_path / "z.csv").exists()
+
+
+# ---------------------------------------------------------------------------------------------- issue 28
+def test_a_run_folder_resumes_under_any_name(trained, tmp_path):
+    """The same run folder spelled otherwise (absolute, ./relative, trailing slash), or moved or copied
+    elsewhere, is the same run (before: "holds checkpoints of another configuration", exit 2)."""
+    run_dir, flags, _ = trained
+    saved = {name: json.loads((run_dir / name).read_text()) for name in ("model_config.json", "train_config.json")}
+    for spelling in (f"{run_dir}/", os.path.relpath(run_dir) + "/", f"{tmp_path}/elsewhere"):
+        configs = {**saved, "train_config.json": {**saved["train_config.json"], "run_dir": spelling}}
+        assert resume_problems(str(run_dir), configs) == [], spelling
+    moved = tmp_path / "moved"
+    shutil.copytree(run_dir, moved)
+    relative = os.path.relpath(moved, ROOT) + "/"  # the CLI runs from the repository root
+    own = [f for f in flags if not f.startswith("--run_dir")]
+    proc = run_cli("gpt_tf.train", *own, f"--run_dir={relative}", "--train_steps=8", check=False)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert f"resumed from {relative}checkpoints/ckpt-" in proc.stderr, proc.stderr[-3000:]  # (step 4 or 6: tests before)
+    assert (moved / "checkpoints" / "ckpt-8.index").exists() and not (run_dir / "checkpoints" / "ckpt-8.index").exists()
+
+
+def test_a_corrupt_latest_checkpoint_falls_back_to_the_newest_intact_one(tmp_path):
+    """A latest checkpoint whose data fails its checksum: the one before it is restored, and one line says
+    which was passed over and why (before: a 67-line DataLossError traceback). None intact: one clear error."""
+    import tensorflow as tf
+
+    from gpt_tf.checkpoints import CheckpointError, restore_latest
+
+    weights, step = tf.Variable(tf.zeros([1000])), tf.Variable(0, dtype=tf.int64)
+    manager = tf.train.CheckpointManager(tf.train.Checkpoint(w=weights, step=step), str(tmp_path), max_to_keep=3)
+    for at in (2, 4, 6):
+        weights.assign(tf.fill([1000], float(at)))
+        step.assign(at)
+        manager.save(checkpoint_number=at)
+    data = next(tmp_path.glob("ckpt-6.data-*"))
+    raw = bytearray(data.read_bytes())
+    raw[len(raw) // 2] ^= 0xFF  # one flipped byte inside the weights
+    data.write_bytes(bytes(raw))
+    logs = []
+    fresh = tf.train.CheckpointManager(tf.train.Checkpoint(w=weights, step=step), str(tmp_path), max_to_keep=3)
+    assert restore_latest(fresh, step, logs.append) == 4 and float(weights[0]) == 4.0
+    assert len(logs) == 1 and "\n" not in logs[0], logs
+    assert f"cannot read {tmp_path}/ckpt-6 (DataLossError" in logs[0] and f"resumed from {tmp_path}/ckpt-4" in logs[0]
+    for at in (2, 4):
+        next(tmp_path.glob(f"ckpt-{at}.data-*")).write_bytes(b"")
+    with pytest.raises(CheckpointError, match="no checkpoint of .* can be read: .*ckpt-6 .*ckpt-4 .*ckpt-2"):
+        restore_latest(fresh, step, logs.append)
+
+
+HOLD_LOCK = "import sys, time; from gpt_tf.run_dir import lock_run_dir; h = lock_run_dir(sys.argv[1]); print('locked', flush=True); time.sleep(300)"
+
+
+def test_a_second_trainer_on_a_locked_run_folder_stops_with_status_2(trained):
+    """A process holds the run folder's lock (as a running trainer does): a trainer on the folder exits 2
+    naming the holder and writes nothing (before: both trained, one resuming from the other's checkpoints);
+    after the holder is killed with -9 the lock is free again."""
+    import signal
+    import subprocess
+    import sys
+
+    from gpt_tf.run_dir import RunDirLocked, lock_run_dir
+    from tests.small_runs import ENV
+
+    run_dir, flags, _ = trained
+    holder = subprocess.Popen([sys.executable, "-c", HOLD_LOCK, str(run_dir)], cwd=ROOT, env=ENV, stdout=subprocess.PIPE,
+                              text=True)
+    try:
+        assert holder.stdout.readline().strip() == "locked"
+        before, ckpts = snapshot(run_dir), sorted(os.listdir(run_dir / "checkpoints"))
+        proc = run_cli("gpt_tf.train", *flags, "--train_steps=6", check=False)
+        assert proc.returncode == 2, proc.stderr[-3000:]
+        assert f"{run_dir} is in use by another trainer (pid {holder.pid} on" in proc.stderr, proc.stderr
+        assert "Traceback" not in proc.stderr
+        assert snapshot(run_dir) == before and sorted(os.listdir(run_dir / "checkpoints")) == ckpts
+        with pytest.raises(RunDirLocked):
+            lock_run_dir(str(run_dir))
+    finally:
+        holder.send_signal(signal.SIGKILL)
+        holder.wait()
+    lock_run_dir(str(run_dir)).close()  # released by the kernel with the killed process

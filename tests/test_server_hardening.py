@@ -106,6 +106,33 @@ def test_load_retries_end_with_the_error(tmp_path):
         "load failed (attempt 1 of 3)", "load failed (attempt 2 of 3)", "load failed (attempt 3 of 3, giving up)"]
 
 
+def test_a_version_given_up_on_is_loaded_once_its_folder_changes(tmp_path):
+    """A half-copied version ends after its last attempt; it is not tried again while its folder stays as it
+    was, and is loaded as soon as the copy completes (before: never, until a restart)."""
+    base = tmp_path / "base"
+    save_length_model(base / "1")
+    logs = []
+    registry = ModelRegistry([ModelConfig("m", str(base))], log=logs.append, max_num_load_retries=0)
+    registry.poll()
+    (base / "2").mkdir()
+    (base / "2" / "saved_model.pb").write_bytes(b"half a copy")
+    registry.poll()
+    registry.poll()
+    states = {v: s for v, s, _ in registry.status("m")}
+    assert states == {1: State.AVAILABLE, 2: State.END} and registry.servable("m").version == 1
+    assert sum("load failed" in line for line in logs) == 1  # an unchanged folder is not tried again
+    save_length_model(tmp_path / "whole")
+    shutil.rmtree(base / "2")
+    shutil.copytree(tmp_path / "whole", base / "2")  # the copy completes
+    registry.poll()
+    try:
+        assert registry.servable("m").version == 2
+        assert {v: s for v, s, _ in registry.status("m")} == {1: State.END, 2: State.AVAILABLE}
+        assert any("version 2: its folder changed since its load failed" in line for line in logs), logs
+    finally:
+        registry.stop()
+
+
 # ---------------------------------------------------------------------------------------------- item 11
 def test_json_depth_limit():
     assert json_depth(b'{"a": [[1], [2]], "s": "[[[[\\"]]"}') == 3
@@ -116,8 +143,9 @@ def test_json_depth_limit():
 
 
 # ---------------------------------------------------------------------------------------------- the server
-def start_server(root: Path, timeout_ms: int):
-    """``python -m serving.server`` with THREADS REST threads and a ``timeout_ms`` request deadline."""
+def start_server(root: Path, timeout_ms: int, header_ms: int = 5_000):
+    """``python -m serving.server`` with THREADS REST threads, a ``timeout_ms`` request deadline and a
+    ``header_ms`` header deadline."""
     save_length_model(root / "sst2" / "1")
     grpc_port, rest_port = free_port(), free_port()
     log_path = root / "server.log"
@@ -125,7 +153,8 @@ def start_server(root: Path, timeout_ms: int):
     proc = subprocess.Popen(
         [sys.executable, "-m", "serving.server", "--model_name=sst2", f"--model_base_path={root / 'sst2'}",
          f"--port={grpc_port}", f"--rest_api_port={rest_port}", f"--rest_api_num_threads={THREADS}",
-         f"--rest_api_timeout_in_ms={timeout_ms}", "--max_request_bytes=2000000"],
+         f"--rest_api_timeout_in_ms={timeout_ms}", f"--rest_api_header_timeout_in_ms={header_ms}",
+         "--max_request_bytes=2000000"],
         cwd=ROOT, env=ENV, stdout=subprocess.PIPE, stderr=log, text=True)
     line = proc.stdout.readline()
     assert "gRPC on" in line, log_path.read_text()[-2000:]
@@ -177,6 +206,27 @@ def test_deep_json_is_400_invalid_argument(server):
     assert answer.startswith(b"HTTP/1.1 400") and b"nesting depth 1001" in answer, answer
 
 
+def test_lone_surrogates_and_huge_numbers_are_400_not_500(server):
+    """Valid JSON the server cannot use: a lone surrogate in a text (predict input, example feature or its
+    name), a version number or an int64 feature beyond 64 bits. Each is a 400 naming the value (before: 500)."""
+    _, _, port, _ = server
+    cases = [
+        ("/v1/models/sst2:predict", b'{"instances": ["ok", "\\ud800"]}', b"lone surrogate"),
+        ("/v1/models/sst2:predict", b'{"inputs": {"sentence": ["\\udfff x"]}}', b"lone surrogate"),
+        ("/v1/models/sst2:classify", b'{"examples": [{"x": "\\ud800"}]}', b"lone surrogate"),
+        ("/v1/models/sst2:classify", b'{"examples": [{"\\ud800": "x"}]}', b"lone surrogate"),
+        ("/v1/models/sst2:classify", b'{"examples": [{"x": 99999999999999999999}]}', b"out of range for int64"),
+        ("/v1/models/sst2/versions/99999999999999999999:predict", b'{"instances": ["a"]}', b"beyond the largest"),
+    ]
+    for path, body, message in cases:
+        answer = request(port, post(path, body))
+        assert answer.startswith(b"HTTP/1.1 400") and message in answer, (path, body, answer)
+    answer = request(port, b"GET /v1/models/sst2/versions/99999999999999999999 HTTP/1.1\r\nHost: x\r\n\r\n")
+    assert answer.startswith(b"HTTP/1.1 400") and b"beyond the largest" in answer, answer
+    answer = request(port, post("/v1/models/sst2:predict", b'{"instances": ["abc"]}'))
+    assert answer.startswith(b"HTTP/1.1 200"), answer
+
+
 def test_413_comes_from_the_content_length_alone(server):
     _, _, port, _ = server
     start = time.monotonic()
@@ -192,62 +242,82 @@ def test_413_comes_from_the_content_length_alone(server):
     conn.close()
 
 
-PATIENT_MS = 8000  # the connection-cap test's deadline: long, so a loaded machine cannot free a place early
+def held(port: int, n: int) -> list:
+    """``n`` connections that each send the start of a request head and then nothing."""
+    socks = []
+    for _ in range(n):
+        s = socket.create_connection((HOST, port), timeout=30)
+        s.sendall(b"POST /v1/models/sst2:predict HTTP/1.1\r\nHo")
+        socks.append(s)
+    return socks
 
 
-def refused_at_once(sock: socket.socket, wait: float = 0.2) -> bool:
-    """Whether the server answers this connection with its 503 (shed) within ``wait`` seconds."""
-    sock.settimeout(wait)
+def closed_by_server(sock: socket.socket, seconds: float) -> bool:
+    """Whether the server closes ``sock`` (EOF, no answer) within ``seconds``."""
+    sock.settimeout(seconds)
     try:
-        return sock.recv(100).startswith(b"HTTP/1.1 503")
+        return sock.recv(100) == b""
     except (socket.timeout, TimeoutError):
-        return False  # still held, waiting for the rest of its header
+        return False
+    except ConnectionResetError:
+        return True
 
 
-def test_slow_clients_time_out_and_excess_connections_get_503(tmp_path):
-    """2 x THREADS connections hold every worker and waiting place with a partial header; one more
-    exceeds the cap, so one of the 2 x THREADS + 1 is answered 503 at once (normally the last; on a
-    loaded machine the workers may not yet have taken the first ones off the queue when later ones
-    come, and a later held one is refused instead). None is queued without bound: every connection
-    the server kept is closed at its deadline, and then the server serves again.
-
-    Its own server with an 8 s deadline: with the module's 1.5 s one, a loaded machine (CI) let a held
-    connection reach its deadline before the probe came, which freed a place and proved nothing."""
-    proc, _, port, _ = start_server(tmp_path, PATIENT_MS)
+def test_partial_header_clients_hold_no_worker(tmp_path):
+    """16 x THREADS connections that send a partial header and hold it, plus one that trickles its header a
+    byte at a time: a complete request beside them is answered 200 (before: the first 2 x THREADS filled the
+    workers and their queue and it got 503, for as long as the request deadline), and the server closes every
+    partial one at its header deadline (2 s here), well before the 30 s request deadline, without a 503."""
+    proc, _, port, _ = start_server(tmp_path, 30_000, header_ms=2_000)
     try:
-        first = time.monotonic()
-        held = []
-        for i in range(2 * THREADS):
-            s = socket.create_connection((HOST, port), timeout=30)
-            s.sendall(b"POST /v1/models/sst2:predict HTTP/1.1\r\nHo")
-            held.append(s)
-            if i == THREADS - 1:
-                time.sleep(0.5)  # the workers take the first THREADS; the next ones wait in the queue
-        time.sleep(0.3)
-        start = time.monotonic()
-        with socket.create_connection((HOST, port), timeout=30) as probe:
-            probe.sendall(b"GET /v1/models/sst2 HTTP/1.1\r\nHost: x\r\n\r\n")
-            probe_refused = refused_at_once(probe, wait=PATIENT_MS / 2000)
-            took = time.monotonic() - start
-            shed = [s for s in held if refused_at_once(s)]
-            assert time.monotonic() - first < PATIENT_MS / 1000, "past the held deadline: proves nothing"
-            assert len(shed) + probe_refused == 1, (len(shed), probe_refused)  # exactly the one over the cap
-            if probe_refused:
-                assert took < PATIENT_MS / 2000  # at once: a queued probe would wait for a held deadline
-            else:  # a held one was refused in its place: the probe waits for a worker, then is served
-                probe.settimeout(3 * PATIENT_MS / 1000)
-                assert probe.recv(100).startswith(b"HTTP/1.1 200")
-        for s in held:  # the server closes each connection it kept at its deadline
-            if s not in shed:
-                s.settimeout(3 * PATIENT_MS / 1000)
-                assert s.recv(100) == b""
-            s.close()
-        assert time.monotonic() - first >= 0.9 * PATIENT_MS / 1000  # ... and not before it
+        slow = held(port, 16 * THREADS)
+        trickler = socket.create_connection((HOST, port), timeout=30)
+        trickler.sendall(b"GET /v1/models/sst2 HTTP/1.1\r\n")
         answer = request(port, b"GET /v1/models/sst2 HTTP/1.1\r\nHost: x\r\n\r\n")
-        assert answer.startswith(b"HTTP/1.1 200"), answer  # healed
-        assert server_stats(proc.pid)["fds"] < 30
+        assert answer.startswith(b"HTTP/1.1 200"), answer
+        answer = request(port, post("/v1/models/sst2:predict", b'{"instances": ["abcd"]}'))
+        assert answer.startswith(b"HTTP/1.1 200") and b"4" in answer.split(b"\r\n\r\n", 1)[1], answer
+        trickled = 0
+        try:
+            for _ in range(100):  # one header byte every 0.2 s: a header that never ends
+                trickler.sendall(b"X")
+                trickled += 1
+                time.sleep(0.2)
+        except OSError:  # the server closed it at its header deadline
+            pass
+        assert trickled < 100, "a trickled header was never cut off"
+        assert all(closed_by_server(s, 25) for s in slow)  # closed (EOF), none answered 503
+        for s in [*slow, trickler]:
+            s.close()
+        wait_for(lambda: server_stats(proc.pid)["fds"] < 30, 30, "connections left open")
     finally:
         stop_server(proc)
+
+
+def test_connections_past_the_cap_get_503_and_none_waits_without_bound(tmp_path):
+    """A RestServer capped at 8 open connections (in this process): 8 held, the 9th is answered 503 at once;
+    once the held ones are closed at their header deadline the server serves again."""
+    from serving.rest import RestServer
+
+    save_length_model(tmp_path / "sst2" / "1")
+    registry = ModelRegistry([ModelConfig("sst2", str(tmp_path / "sst2"))], log=lambda _: None)
+    registry.poll()
+    rest = RestServer(registry, HOST, 0, 2_000_000, THREADS, 30.0, log=lambda _: None, header_timeout=1.0,
+                      max_connections=8)
+    rest.start()
+    try:
+        slow = held(rest.port, 8)
+        wait_for(lambda: rest._server._open == 8, 30, "the held connections were not all accepted")  # noqa: SLF001
+        answer = request(rest.port, b"GET /v1/models/sst2 HTTP/1.1\r\nHost: x\r\n\r\n")
+        assert answer.startswith(b"HTTP/1.1 503") and rest.shed == 1, answer
+        assert all(closed_by_server(s, 25) for s in slow)
+        for s in slow:
+            s.close()
+        answer = request(rest.port, b"GET /v1/models/sst2 HTTP/1.1\r\nHost: x\r\n\r\n")
+        assert answer.startswith(b"HTTP/1.1 200"), answer
+    finally:
+        rest.stop()
+        registry.stop()
 
 
 def test_clients_that_go_away_leave_no_traceback(server):
@@ -383,3 +453,62 @@ def test_server_flags_are_checked_before_anything_starts():
                           capture_output=True, text=True, timeout=60)
     assert proc.returncode == 2
     assert "--max_num_load_retries=-1 must be >= 0" in proc.stderr and "--rest_api_num_threads" in proc.stderr
+
+
+# ---------------------------------------------------------------------------------------------- issue 28
+class Table(tf.Module):
+    """``ids`` -> their row in a 500,000-entry lookup table (~8 MB on disk): a model whose tables, like the
+    GPT tokenizer's, are resources (``tf.saved_model.load`` kept every loaded version's in the process)."""
+
+    def __init__(self, rows: int = 500_000):
+        super().__init__()
+        keys = tf.range(rows, dtype=tf.int64) * 7
+        self.table = tf.lookup.StaticHashTable(tf.lookup.KeyValueTensorInitializer(keys, tf.range(rows, dtype=tf.int64)), -1)
+
+    @tf.function(input_signature=[tf.TensorSpec([None], tf.int64, name="ids")])
+    def serve(self, ids):
+        return {"row": self.table.lookup(ids)}
+
+
+def hot_swap_rss(folder: str, swaps: int) -> list:
+    """RSS (MB) of this process after each of ``swaps`` hot swaps of the same model, served by a
+    ``ModelRegistry`` with batching, as ``serving.server`` runs it (a few requests after each swap)."""
+    import numpy as np
+
+    from serving.batcher import BatchingParameters
+
+    source, base = Path(folder) / "source", Path(folder) / "base"
+    module = Table()
+    tf.saved_model.save(module, str(source), signatures={"serving_default": module.serve})
+    shutil.copytree(source, base / "1")
+    registry = ModelRegistry([ModelConfig("m", str(base))], BatchingParameters(), log=lambda _: None)
+    registry.poll()
+    readings = []
+    try:
+        for version in range(2, swaps + 2):
+            shutil.copytree(source, base / f".{version}")
+            os.rename(base / f".{version}", base / str(version))  # dropped in whole, as an export does
+            registry.poll()  # loads it, then unloads the one before
+            shutil.rmtree(base / str(version - 1))
+            for _ in range(5):
+                out = registry.servable("m").predict("serving_default", {"ids": np.array([35, 8], np.int64)})
+                assert out["row"].tolist() == [5, -1]
+            assert [v for v, state, _ in registry.status("m") if state == State.AVAILABLE] == [version]
+            readings.append(server_stats(os.getpid())["rss_mb"])
+    finally:
+        registry.stop()
+    return readings
+
+
+def test_hot_swaps_of_one_model_do_not_grow_memory(tmp_path):
+    """10 hot swaps of the same model: RSS after the 10th within 10% of RSS after the first. Before the
+    fix each swap kept the old version's table (eager tables outlive the loaded object): 868 -> 1,090 MB here
+    (+25 MB a swap). A fresh process: RSS is the whole process's. NOT covered: a test-preset GPT export still
+    grows the server by ~0.5 GB a swap (1,866 -> 2,399 MB with this fix): something other than its tables
+    keeps it (issue 28 item 1 stays open for that)."""
+    import multiprocessing
+    from concurrent.futures import ProcessPoolExecutor
+
+    with ProcessPoolExecutor(1, mp_context=multiprocessing.get_context("spawn")) as pool:
+        readings = pool.submit(hot_swap_rss, str(tmp_path), 10).result(timeout=600)
+    assert readings[-1] <= 1.10 * readings[0], [round(r) for r in readings]

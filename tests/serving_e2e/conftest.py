@@ -69,7 +69,7 @@ def server(base):
     yield proc, grpc_port, rest_port
     proc.terminate()
     try:
-        assert proc.wait(timeout=30) == 0, (base / "server.log").read_text()[-3000:]
+        assert proc.wait(timeout=180) == 0, (base / "server.log").read_text()[-3000:]  # a loaded machine: >30 s seen
     finally:
         proc.kill()
         log.close()
@@ -109,12 +109,12 @@ def exported(server, base, sst2_run, bpe, config):
 def served(server, exported):
     """(gRPC port, REST port) once the server has every model available."""
     proc, grpc_port, rest_port = server
-    ready, _, _ = select.select([proc.stdout], [], [], 120)
-    assert ready, "serving.server printed nothing in 120 s"
+    ready, _, _ = select.select([proc.stdout], [], [], 900)  # deadlines for a hang, not timings: a loaded 2-core
+    assert ready, "serving.server printed nothing in 900 s"  # machine took 330 s for this set-up
     line = proc.stdout.readline()
     assert f"gRPC on 127.0.0.1:{grpc_port}, REST on 127.0.0.1:{rest_port}" in line, line
     stub = model_service_pb2_grpc.ModelServiceStub(grpc.insecure_channel(f"127.0.0.1:{grpc_port}"))
-    deadline = time.time() + 120
+    deadline = time.time() + 900
     for name in ("sst2", "stsb", "lm"):
         while True:
             try:

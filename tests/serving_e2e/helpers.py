@@ -71,7 +71,7 @@ def predict_request(model, inputs, signature="serving_default", version=None):
 def rest(port, method, path, body=None, raw=None):
     import http.client
 
-    conn = http.client.HTTPConnection("127.0.0.1", port, timeout=60)
+    conn = http.client.HTTPConnection("127.0.0.1", port, timeout=300)  # a loaded machine, a version loading
     data = raw if raw is not None else (json.dumps(body).encode() if body is not None else None)
     conn.request(method, path, data, {"Content-Type": "application/json"})
     response = conn.getresponse()

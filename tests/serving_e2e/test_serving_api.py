@@ -191,7 +191,11 @@ def test_bad_requests_get_tf_serving_codes_and_the_server_stays_up(served, sst2_
 
 
 def test_new_version_under_concurrent_load_drops_no_request(served, base, sst2_dev):
-    """Version 2 dropped in (atomic rename) while 6 clients send requests: zero failures, 1 then 2."""
+    """Version 2 dropped in (atomic rename) while 6 clients send requests: zero failures, 1 then 2.
+
+    It waits on the server's own status, not a fixed time: first for version 2 to be AVAILABLE (a loaded
+    2-core machine took minutes to load it while answering the clients; the deadline only catches a
+    hang), then for it to answer 20 requests."""
     grpc_port, rest_port = served
     texts, expected = sst2_dev
     stop, errors, seen = threading.Event(), [], []
@@ -200,7 +204,7 @@ def test_new_version_under_concurrent_load_drops_no_request(served, base, sst2_d
         stub = stubs(grpc_port)
         while not stop.is_set():
             try:
-                response = stub.Predict(predict_request("sst2", {"sentence": [texts[i]]}), timeout=60)
+                response = stub.Predict(predict_request("sst2", {"sentence": [texts[i]]}), timeout=300)
                 seen.append(response.model_spec.version.value)
                 np.testing.assert_allclose(tf.make_ndarray(response.outputs["probabilities"])[0], expected[i],
                                            atol=TOL)
@@ -213,6 +217,10 @@ def test_new_version_under_concurrent_load_drops_no_request(served, base, sst2_d
             if status != 200:
                 errors.append(body)
 
+    def version_2_state():
+        _, body = rest(rest_port, "GET", "/v1/models/sst2/versions/2")
+        return (body.get("model_version_status") or [{}])[0] if body else {}
+
     threads = [threading.Thread(target=grpc_load, args=(i,)) for i in range(5)] + [threading.Thread(target=rest_load)]
     for t in threads:
         t.start()
@@ -221,9 +229,14 @@ def test_new_version_under_concurrent_load_drops_no_request(served, base, sst2_d
         staging = base / ".staging-2"
         shutil.copytree(base / "sst2" / "1", staging)
         os.rename(staging, base / "sst2" / "2")
-        deadline = time.time() + 90
+        deadline = time.time() + 900
+        while (state := version_2_state()).get("state") != "AVAILABLE":
+            assert state.get("state") != "END", f"version 2 failed to load: {state}"
+            assert time.time() < deadline, f"version 2 not AVAILABLE in 900 s: {state}"
+            time.sleep(0.5)
+        deadline = time.time() + 300
         while not (seen and seen[-1] == 2 and seen.count(2) > 20):
-            assert time.time() < deadline, "version 2 never answered"
+            assert time.time() < deadline, "version 2 is AVAILABLE but never answered 20 requests"
             time.sleep(0.2)
     finally:
         stop.set()
@@ -231,9 +244,11 @@ def test_new_version_under_concurrent_load_drops_no_request(served, base, sst2_d
             t.join()
     assert errors == [], errors[:3]
     assert 1 in seen and 2 in seen and seen.index(2) > 0
-    status, body = rest(rest_port, "GET", "/v1/models/sst2")
-    states = {s["version"]: s["state"] for s in body["model_version_status"]}
-    assert states == {"1": "END", "2": "AVAILABLE"}
+    deadline = time.time() + 300  # version 1 goes UNLOADING -> END once its batch threads and memory are released
+    while (states := {s["version"]: s["state"] for s in rest(rest_port, "GET", "/v1/models/sst2")[1]
+                      ["model_version_status"]}) != {"1": "END", "2": "AVAILABLE"}:
+        assert time.time() < deadline and states.get("1") == "UNLOADING", states
+        time.sleep(0.5)
 
 
 def test_client_cli(served):
