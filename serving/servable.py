@@ -4,7 +4,10 @@ The SavedModel is loaded with ``tf.saved_model.load`` (nothing else is imported)
 tables (the tokenizer's) are resources of the process's eager context that outlive the loaded
 object, so when the last reference to an unloaded version goes they are destroyed explicitly
 (``_destroy_resources``; their handles are unique per load, so a newer version of the same model
-keeps its own). Its
+keeps its own). Likewise the gradients ``tf.saved_model.load`` registers for the model's custom-gradient
+ops (Keras layers use ``tf.custom_gradient``): TensorFlow's global gradient registry holds them under
+op types unique to that load, and through them every function of the model (each with its runtime
+instantiations, ~0.5 GB for a ``test``-preset GPT export), so they are unregistered with the tables. Its
 SignatureDefs are read from ``saved_model.pb`` (method names, input/output TensorInfos, as
 GetModelMetadata reports them), and requests are checked against them before they run, with
 TF Serving's status codes and messages: an unknown signature (FAILED_PRECONDITION for Predict,
@@ -18,11 +21,13 @@ Classify / Regress run any signature with one ``inputs`` tensor and ``classes`` 
 from __future__ import annotations
 
 import os
+import threading
 
 import grpc
 import numpy as np
 import tensorflow as tf
 from tensorflow.core.protobuf import saved_model_pb2
+from tensorflow.python.framework import ops
 from tensorflow.python.ops import gen_resource_variable_ops
 
 from serving.batcher import Batcher, BatchingParameters
@@ -73,6 +78,28 @@ def _table_handles(loaded) -> list:
     return handles
 
 
+_GRADIENTS = ops._gradient_registry._registry  # pylint: disable=protected-access -- {op type: gradient}
+_LOAD_LOCK = threading.Lock()  # loads in turn: the gradients one registers are the registry's new keys
+
+
+def _load(path: str) -> tuple:
+    """``tf.saved_model.load(path)`` and the op types of the gradients it registered (none left by a failed load)."""
+    with _LOAD_LOCK:
+        before = set(_GRADIENTS)
+        try:
+            loaded = tf.saved_model.load(path)
+        finally:
+            registered = [op_type for op_type in list(_GRADIENTS) if op_type not in before]
+            if "loaded" not in locals():
+                _unregister_gradients(registered)
+        return loaded, registered
+
+
+def _unregister_gradients(op_types) -> None:
+    for op_type in op_types:
+        _GRADIENTS.pop(op_type, None)
+
+
 def _destroy_resources(handles) -> None:
     for handle in handles:
         try:
@@ -89,7 +116,7 @@ class Servable:
         self.name, self.version, self.path = name, version, path
         self.method_name_check = method_name_check
         self.signature_defs = read_signature_defs(path)
-        self._loaded = tf.saved_model.load(path)
+        self._loaded, self._gradients = _load(path)
         self._functions = dict(self._loaded.signatures)
         self._tables = _table_handles(self._loaded)
         self._batchers = {}
@@ -100,8 +127,8 @@ class Servable:
     def close(self) -> None:
         """Drains and stops the batch threads (requests already holding this servable still finish).
 
-        Its tables are destroyed when the last reference to it goes (``__del__``: a request may still be
-        running in it); dropping the batchers breaks their reference cycle back to it.
+        Its tables are destroyed and its gradients unregistered when the last reference to it goes
+        (``__del__``: a request may still be running in it); dropping the batchers breaks their reference cycle back to it.
         """
         for batcher in self._batchers.values():
             batcher.close()
@@ -109,6 +136,7 @@ class Servable:
 
     def __del__(self):
         _destroy_resources(getattr(self, "_tables", ()))
+        _unregister_gradients(getattr(self, "_gradients", ()))
 
     # ------------------------------------------------------------------ running
     def _call(self, signature: str, inputs: dict) -> dict:
