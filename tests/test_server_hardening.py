@@ -503,9 +503,8 @@ def hot_swap_rss(folder: str, swaps: int) -> list:
 def test_hot_swaps_of_one_model_do_not_grow_memory(tmp_path):
     """10 hot swaps of the same model: RSS after the 10th within 10% of RSS after the first. Before the
     fix each swap kept the old version's table (eager tables outlive the loaded object): 868 -> 1,090 MB here
-    (+25 MB a swap). A fresh process: RSS is the whole process's. NOT covered: a test-preset GPT export still
-    grows the server by ~0.5 GB a swap (1,866 -> 2,399 MB with this fix): something other than its tables
-    keeps it (issue 28 item 1 stays open for that)."""
+    (+25 MB a swap). A fresh process: RSS is the whole process's. A GPT export's other leak (its
+    custom-gradient functions) is tests/test_hot_swap_memory.py's."""
     import multiprocessing
     from concurrent.futures import ProcessPoolExecutor
 
