@@ -128,7 +128,8 @@ class Servable:
         """Drains and stops the batch threads (requests already holding this servable still finish).
 
         Its tables are destroyed and its gradients unregistered when the last reference to it goes
-        (``__del__``: a request may still be running in it); dropping the batchers breaks their reference cycle back to it.
+        (``__del__``: a request may still be running in it); dropping the batchers breaks their reference
+        cycle back to it.
         """
         for batcher in self._batchers.values():
             batcher.close()

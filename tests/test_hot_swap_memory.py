@@ -60,7 +60,8 @@ def gpt_hot_swaps(folder: str, tokenizer_dir: str, swaps: int) -> list:
             registry.poll()  # loads (and warms up) it, then unloads the one before
             shutil.rmtree(base / str(version - 1))
             for _ in range(2):
-                out = registry.servable("sst2").predict("serving_default", {"sentence": np.array([b"a fine film"], object)})
+                sentence = np.array([b"a fine film"], object)
+                out = registry.servable("sst2").predict("serving_default", {"sentence": sentence})
                 assert np.isfinite(out["probabilities"]).all(), out
             assert [v for v, state, _ in registry.status("sst2") if state == State.AVAILABLE] == [version]
             readings.append((_rss_mb(), len(context.context().list_function_names()),
@@ -73,8 +74,8 @@ def gpt_hot_swaps(folder: str, tokenizer_dir: str, swaps: int) -> list:
 def test_hot_swaps_of_a_gpt_export_do_not_grow_memory(tmp_path, shared_data):
     """10 swaps: the functions and gradients of the process stay those of one version, and RSS after the
     10th is within 10% of RSS after the first. Before the fix: +258 functions and +4 gradients a swap, and
-    RSS 1,913 -> 5,785 MB (~+430 MB a swap); after it 1,582 -> 1,578 MB (2-core Zen 3, 2026-11-26). About 5 minutes on a busy 2-core
-    machine: 11 loads of 258 functions."""
+    RSS 1,913 -> 5,785 MB (~+430 MB a swap); after it 1,582 -> 1,578 MB (2-core Zen 3, 2026-11-26).
+    About 5 minutes on a busy 2-core machine: 11 loads of 258 functions."""
     with ProcessPoolExecutor(1, mp_context=multiprocessing.get_context("spawn")) as pool:
         readings = pool.submit(gpt_hot_swaps, str(tmp_path), str(shared_data / "gpt1_bpe"), 10).result(timeout=600)
     rss = [round(r[0]) for r in readings]
