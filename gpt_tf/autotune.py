@@ -313,14 +313,10 @@ def apply(environ=os.environ, path: str | None = None, measure_fn=measure) -> st
             f"per {probe} training step{gain}; precision: --precision=auto per model; {path})")
 
 
-if __name__ == "__main__":
-    worker_main(json.loads(sys.argv[1]))
-
-
 # Serving (``serving.server``, ``serving.export``): a fixed default, no probe (a server must start fast and
-# behave alike on every start). The oneDNN rewrites gave the lower in-process and gRPC latency on the
-# AVX2-only Zen 3 (``bench/serving_latency.py --onednn=0,1``, docs/benchmarks.md); "1" is also what
-# TensorFlow already runs on AVX-512 CPUs, so nothing changes there.
+# behave alike on every start). "1" is what TensorFlow already runs on AVX-512 CPUs, so nothing changes
+# there; on the AVX2-only Zen 3 the on/off comparison (``bench/serving_latency.py --onednn=0`` vs
+# ``--onednn=1``) has not yet been measured on a quiet machine (docs/benchmarks.md).
 SERVING = {ONEDNN: "1"}
 
 
@@ -335,3 +331,7 @@ def apply_serving(environ=os.environ) -> str | None:
     on = environ[ONEDNN].strip().lower() not in ("0", "false", "off", "no")
     how = f"set by hand: {ONEDNN}={environ[ONEDNN]}" if hand else "the serving default, gpt_tf/autotune.py"
     return f"settings auto: oneDNN {'on' if on else 'off'} ({how})"
+
+
+if __name__ == "__main__":  # a probe worker (``measure`` starts it)
+    worker_main(json.loads(sys.argv[1]))
