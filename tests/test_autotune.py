@@ -13,6 +13,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 from gpt_tf import autotune
 from gpt_tf.autotune import FUSED, INTER, INTRA, ONEDNN
 
@@ -20,6 +22,13 @@ ROOT = Path(__file__).resolve().parents[1]
 ON = autotune.candidate_name({ONEDNN: "1", FUSED: "1", INTRA: "0", INTER: "0"})
 OFF = autotune.candidate_name(autotune.BASE)
 SLOW = {OFF: 0.30, ON: 0.20, autotune.candidate_name({ONEDNN: "1", FUSED: "0", INTRA: "0", INTER: "0"}): 0.25}
+
+
+@pytest.fixture(autouse=True)
+def _before_tensorflow(monkeypatch):
+    """``apply`` acts only before TensorFlow's import (after it, it says so and changes nothing); other test
+    files in this worker imported it, so these tests see the process as a command's start would."""
+    monkeypatch.delitem(sys.modules, "tensorflow", raising=False)
 
 
 def _no_measuring():

@@ -70,31 +70,23 @@ def save_backbone_preset(backbone, tokenizer_dir: str, preset_dir: str) -> str:
     return preset_dir
 
 
-def run_tokenizer_dir(run_dir: str) -> str:
-    """The BPE folder a run's data manifest names."""
-    from gpt_tf.checkpoints import read_json  # pylint: disable=import-outside-toplevel
-    from pipelines.records import read_manifest  # pylint: disable=import-outside-toplevel
-
-    config = "finetune_config.json" if os.path.isfile(os.path.join(run_dir, "finetune_config.json")) else \
-        "train_config.json"
-    data_dir = read_json(os.path.join(run_dir, config))["data_dir"]
-    return read_manifest(data_dir)["tokenizer"]["dir"]
-
-
 def preset_from_run(run_dir: str, preset_dir: str, tokenizer_dir: str = "") -> str:
-    """A pre-training run (→ backbone + tokenizer) or a fine-tuning run (→ its task too) as a preset."""
+    """A pre-training run (→ backbone + tokenizer) or a fine-tuning run (→ its task too) as a preset; the run
+    is read once by ``pipelines.run_folder.RunFolder`` (``tokenizer_dir``: else the one its data names)."""
     # pylint: disable=import-outside-toplevel
-    from gpt_tf.checkpoints import load_task_model, pretrained_model_config, restore_pretrained_lm
-    from gpt_tf.model import GPTLanguageModel  # pylint: disable=import-outside-toplevel
-    from pipelines.transforms import load_task_spec  # pylint: disable=import-outside-toplevel
+    from gpt_tf.checkpoints import load_task_model, restore_pretrained_lm
+    from gpt_tf.model import GPTLanguageModel
+    from pipelines.run_folder import RunFolder
 
-    tokenizer_dir = tokenizer_dir or run_tokenizer_dir(run_dir)
-    if not os.path.isfile(os.path.join(run_dir, "finetune_config.json")):
-        lm = GPTLanguageModel.from_config_preset(pretrained_model_config(run_dir))
+    run = RunFolder.open(run_dir, tokenizer_dir=tokenizer_dir)
+    if not run.tokenizer_dir:
+        raise FileNotFoundError(f"{run_dir}: no tokenizer folder known (its data folder is gone): give one")
+    if run.kind != "finetune":
+        lm = GPTLanguageModel.from_config_preset(run.model_config)
         restore_pretrained_lm(lm, run_dir)
-        return save_backbone_preset(backbone_from(lm), tokenizer_dir, preset_dir)
-    model, spec = load_task_model(run_dir, load_task_spec)
-    task = task_from(model, spec, tokenizer_dir)
+        return save_backbone_preset(backbone_from(lm), run.tokenizer_dir, preset_dir)
+    model, spec = load_task_model(run)
+    task = task_from(model, spec, run.tokenizer_dir)
     task.save_to_preset(preset_dir)
     return preset_dir
 
