@@ -101,7 +101,14 @@ class GPT1TaskMixin:
         return self.compute_metrics(x, y, outputs["task"])
 
     # ------------------------------------------------------------------ optimiser
-    def _paper_compile(self, optimizer, kwargs, **defaults):
+    def compile(self, optimizer="auto", loss="auto", *, metrics="auto", **kwargs):
+        """The paper's recipe by default (``PAPER``'s keywords override it); the loss is ``compute_loss``'s."""
+        optimizer = self._paper_compile(optimizer, kwargs)
+        if metrics == "auto":
+            metrics = self._default_metrics()
+        keras.Model.compile(self, optimizer=optimizer, loss=None, metrics=metrics, **kwargs)
+
+    def _paper_compile(self, optimizer, kwargs):
         """Pops the recipe's arguments from ``kwargs``; for ``optimizer="auto"`` builds the paper's."""
         recipe = {k: kwargs.pop(k, v) for k, v in PAPER.items()}
         self.lm_coef = float(recipe["lm_coef"])

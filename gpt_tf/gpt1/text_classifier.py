@@ -70,11 +70,8 @@ class GPT1TextClassifier(GPT1TaskMixin, keras_hub.models.TextClassifier):
         if compile:
             self.compile()
 
-    def compile(self, optimizer="auto", loss="auto", *, metrics="auto", **kwargs):
-        optimizer = self._paper_compile(optimizer, kwargs)
-        if metrics == "auto":
-            metrics = [keras.metrics.SparseCategoricalAccuracy(name="accuracy")]
-        keras.Model.compile(self, optimizer=optimizer, loss=None, metrics=metrics, **kwargs)
+    def _default_metrics(self):
+        return [keras.metrics.SparseCategoricalAccuracy(name="accuracy")]
 
     def get_config(self):
         return {**keras_hub.models.Task.get_config(self), **self._task_config(), "num_classes": self.num_classes,
@@ -109,11 +106,8 @@ class GPT1TextRegressor(GPT1TaskMixin, keras_hub.models.Task):
         if compile:
             self.compile()
 
-    def compile(self, optimizer="auto", loss="auto", *, metrics="auto", **kwargs):
-        optimizer = self._paper_compile(optimizer, kwargs)
-        if metrics == "auto":
-            metrics = [keras.metrics.MeanSquaredError(name="mse")]
-        keras.Model.compile(self, optimizer=optimizer, loss=None, metrics=metrics, **kwargs)
+    def _default_metrics(self):
+        return [keras.metrics.MeanSquaredError(name="mse")]
 
     def get_config(self):
         return {**keras_hub.models.Task.get_config(self), **self._task_config(), "input_type": self.input_type}
@@ -153,11 +147,8 @@ class GPT1MultipleChoice(GPT1TaskMixin, keras_hub.models.Task):
         if compile:
             self.compile()
 
-    def compile(self, optimizer="auto", loss="auto", *, metrics="auto", **kwargs):
-        optimizer = self._paper_compile(optimizer, kwargs)
-        if metrics == "auto":
-            metrics = [keras.metrics.SparseCategoricalAccuracy(name="accuracy")]
-        keras.Model.compile(self, optimizer=optimizer, loss=None, metrics=metrics, **kwargs)
+    def _default_metrics(self):
+        return [keras.metrics.SparseCategoricalAccuracy(name="accuracy")]
 
     def get_config(self):
         return {**keras_hub.models.Task.get_config(self), **self._task_config(), "num_choices": self.num_choices}
