@@ -287,16 +287,17 @@ def main(argv) -> None:
     soak(FLAGS)
 
 
-def soak(args) -> dict:
-    """Exports a model, starts the server, runs the soak; the report as a dict."""
+def soak(args, run_fn=None, prefix: str = "soak_", root: Path | None = None) -> dict:
+    """Exports a model, starts the server, runs the soak (``run_fn``: ``run``, or ``bench/soak_day.py``'s day);
+    the report as a dict."""
     os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
-    work = Path(tempfile.mkdtemp(prefix="soak_"))
+    work = Path(tempfile.mkdtemp(prefix=prefix))
     try:
         export_model(work / "models", args.tokenizer_dir)
         proc, log, grpc_port, rest_port = start_server(work / "models", work / "server.log", args.server_flag,
-                                                           Path(args.server_root))
+                                                           root or Path(args.server_root))
         try:
-            return run(args, proc, work, grpc_port, rest_port)
+            return (run_fn or run)(args, proc, work, grpc_port, rest_port)
         finally:
             proc.terminate()
             proc.wait(timeout=60)

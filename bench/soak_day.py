@@ -24,15 +24,13 @@ import json
 import os
 import shutil
 import socket
-import tempfile
 import threading
 import time
 from pathlib import Path
 
 from absl import app, flags
 
-from bench.soak import (EXPECTED, GOOD, HOST, KINDS, ROOT, _PREDICT, Client, export_model, percentile_ms,
-                        server_stats, start_server)
+from bench.soak import EXPECTED, GOOD, HOST, KINDS, ROOT, _PREDICT, Client, percentile_ms, server_stats, soak
 
 FLAGS = flags.FLAGS
 
@@ -139,20 +137,13 @@ def markdown(table: list[dict], summary: dict) -> str:
 
 
 def day(args) -> dict:
-    os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
-    work = Path(tempfile.mkdtemp(prefix="soak_day_"))
-    try:
-        export_model(work / "models", args.tokenizer_dir)
-        shutil.copytree(work / "models" / "sst2" / "1", work / "source")
-        proc, log, grpc_port, rest_port = start_server(work / "models", work / "server.log", args.server_flag)
-        try:
-            return run(args, proc, work, grpc_port, rest_port)
-        finally:
-            proc.terminate()
-            proc.wait(timeout=60)
-            log.close()
-    finally:
-        shutil.rmtree(work, ignore_errors=True)
+    """``bench.soak.soak``'s export and server, with the day's phases as its run."""
+    return soak(args, _day_run, prefix="soak_day_", root=ROOT)
+
+
+def _day_run(args, proc, work: Path, grpc_port: int, rest_port: int) -> dict:
+    shutil.copytree(work / "models" / "sst2" / "1", work / "source")  # what each swap drops in again
+    return run(args, proc, work, grpc_port, rest_port)
 
 
 def real_client(client: Client, kinds: list, offset: int, stop: threading.Event, results: list, lock) -> None:
