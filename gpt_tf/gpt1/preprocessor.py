@@ -63,8 +63,25 @@ def pretokenize(x, tokenizer, input_type: str):
     return out
 
 
+class _SequenceLength:
+    """What both preprocessors share: a settable ``sequence_length`` (keras-hub's packer is not used) and a
+    ``build`` with nothing to build."""
+
+    @property
+    def sequence_length(self):
+        """The views' (or sequences') length: the backbone's ``max_sequence_length`` unless set shorter."""
+        return self._sequence_length
+
+    @sequence_length.setter
+    def sequence_length(self, value):
+        self._sequence_length = None if value is None else int(value)
+
+    def build(self, input_shape=None):
+        self.built = True
+
+
 @keras.saving.register_keras_serializable(package=PACKAGE)
-class GPT1TaskPreprocessor(keras_hub.models.TextClassifierPreprocessor):
+class GPT1TaskPreprocessor(_SequenceLength, keras_hub.models.TextClassifierPreprocessor):
     """Texts → ``{"input_ids" [B, K, L], "extract_index" [B, K], "lm_weights" [B, K, L]}`` (§3.3).
 
     Args:
@@ -93,18 +110,6 @@ class GPT1TaskPreprocessor(keras_hub.models.TextClassifierPreprocessor):
         self.input_type = input_type
         self.num_choices = int(num_choices)
         self.truncate = "transforms.py"
-
-    @property
-    def sequence_length(self):
-        """The views' (or sequences') length: the backbone's ``max_sequence_length`` unless set shorter."""
-        return self._sequence_length
-
-    @sequence_length.setter
-    def sequence_length(self, value):
-        self._sequence_length = None if value is None else int(value)
-
-    def build(self, input_shape=None):
-        self.built = True
 
     @property
     def views(self) -> int:
@@ -171,7 +176,7 @@ class GPT1TaskPreprocessor(keras_hub.models.TextClassifierPreprocessor):
 
 
 @keras.saving.register_keras_serializable(package=PACKAGE)
-class GPT1CausalLMPreprocessor(keras_hub.models.CausalLMPreprocessor):
+class GPT1CausalLMPreprocessor(_SequenceLength, keras_hub.models.CausalLMPreprocessor):
     """Texts → ``({"token_ids", "padding_mask"}, next ids, mask)`` for the LM, and ``generate``'s prompts.
 
     GPT-1 pre-trained on a plain token stream (no start or end token), so none is added; padding
@@ -187,18 +192,6 @@ class GPT1CausalLMPreprocessor(keras_hub.models.CausalLMPreprocessor):
         self.tokenizer = tokenizer
         self.sequence_length = sequence_length
         self.add_start_token = self.add_end_token = False
-
-    @property
-    def sequence_length(self):
-        """The views' (or sequences') length: the backbone's ``max_sequence_length`` unless set shorter."""
-        return self._sequence_length
-
-    @sequence_length.setter
-    def sequence_length(self, value):
-        self._sequence_length = None if value is None else int(value)
-
-    def build(self, input_shape=None):
-        self.built = True
 
     def _pack(self, x, length):
         ids = self.tokenizer.tokenize(tf.convert_to_tensor(x, tf.string))
