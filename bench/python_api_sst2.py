@@ -17,12 +17,13 @@ import ast
 import datetime
 import json
 import os
-import platform
 import re
 import subprocess
 import sys
 import time
 from pathlib import Path
+
+from gpt_tf.precision import cpu_name
 
 ROOT = Path(__file__).resolve().parents[1]
 BLOCK = re.compile(r"^<!-- python-api -->\n```python\n(?P<body>.*?)^```", re.M | re.S)
@@ -45,16 +46,6 @@ def edited(block: str, edits: list[tuple[str, str]]) -> str:
     return block
 
 
-def cpu_model() -> str:
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor()
-
-
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--set", action="append", default=[], help="OLD=>NEW edit of the block (repeatable)")
@@ -74,7 +65,7 @@ def main() -> None:
         sys.exit(f"the block failed ({proc.returncode}):\n{proc.stderr[-4000:]}")
     scores = [ast.literal_eval(line) for line in proc.stdout.splitlines() if line.startswith("{'accuracy'")]
     report = {"dev_accuracy": scores[0]["accuracy"] if scores else None, "wall_s": round(wall, 1),
-              "edits": edits, "cpu": cpu_model(), "cores": os.cpu_count(), "load_before": load_before,
+              "edits": edits, "cpu": cpu_name(), "cores": os.cpu_count(), "load_before": load_before,
               "load_after": os.getloadavg(), "commit": commit.strip(), "date": datetime.datetime.now().isoformat(),
               "stdout": proc.stdout[-2000:]}
     Path(args.out).parent.mkdir(parents=True, exist_ok=True)

@@ -34,6 +34,8 @@ import subprocess
 import sys
 import time
 
+from gpt_tf.precision import read_cache, write_cache  # the same cache files' format (no TensorFlow)
+
 ENV = "GPT_TF_AUTOTUNE"
 ONEDNN, FUSED = "TF_ENABLE_ONEDNN_OPTS", "GPT_TF_FUSED_KERNELS"
 INTRA, INTER = "TF_NUM_INTRAOP_THREADS", "TF_NUM_INTEROP_THREADS"
@@ -230,23 +232,6 @@ def apply_threads(tf) -> None:
 
 
 # ----------------------------------------------------------------------------- the decision
-
-
-def read_cache(path: str) -> dict:
-    try:
-        with open(path) as f:
-            return json.load(f)
-    except (OSError, ValueError):
-        return {}
-
-
-def write_cache(path: str, cache: dict) -> None:
-    """Atomic replace, so concurrent runs never read a half-written file (the last writer wins)."""
-    os.makedirs(os.path.dirname(path), exist_ok=True)
-    tmp = f"{path}.tmp-{os.getpid()}"
-    with open(tmp, "w") as f:
-        json.dump(cache, f, indent=1, sort_keys=True)
-    os.replace(tmp, path)
 
 
 def settings_of(name: str) -> dict:

@@ -91,7 +91,8 @@ def measure(config, batch: int, seq: int) -> dict:
     return {p: statistics.median(t) for p, t in times.items()}
 
 
-def _read_cache(path: str) -> dict:
+def read_cache(path: str) -> dict:
+    """A JSON cache file of ~/.cache/gpt_tf ({} when absent or unreadable)."""
     try:
         with open(path) as f:
             return json.load(f)
@@ -99,7 +100,7 @@ def _read_cache(path: str) -> dict:
         return {}
 
 
-def _write_cache(path: str, cache: dict) -> None:
+def write_cache(path: str, cache: dict) -> None:
     """Atomic replace, so concurrent runs never read a half-written file (the last writer wins)."""
     os.makedirs(os.path.dirname(path), exist_ok=True)
     tmp = f"{path}.tmp-{os.getpid()}"
@@ -119,7 +120,7 @@ def resolve_precision(requested: str, config, batch: int, seq: int, path: str | 
         return "mixed_bfloat16", f"precision auto: mixed_bfloat16 (rule: {accelerators[0].device_type} present)"
     batch, seq = max(1, min(batch, 16)), max(8, min(seq, config.n_ctx, 128))  # a short, representative step
     path, key = path or cache_path(), cache_key(config, batch, seq)
-    cache = _read_cache(path)
+    cache = read_cache(path)
     entry, how = cache.get(key), "cached"
     if entry is None:
         # The pick is derived from the figures the cache keeps (0.1 ms), so it can always be read off them
@@ -128,7 +129,7 @@ def resolve_precision(requested: str, config, batch: int, seq: int, path: str | 
         entry = {"pick": min(seconds, key=seconds.get), "s_per_step": seconds,
                  "measured": datetime.datetime.now().astimezone().isoformat(timespec="seconds")}
         cache[key] = entry
-        _write_cache(path, cache)
+        write_cache(path, cache)
         how = "measured now"
     timing = ", ".join(f"{p} {1e3 * s:.0f} ms" for p, s in entry["s_per_step"].items())
     return entry["pick"], (f"precision auto: {entry['pick']} ({how}, {entry['measured']}: {timing} per "
