@@ -112,8 +112,8 @@ def goals(report: dict) -> list:
     if report.get("finetuning"):
         r = report["finetuning"]["summary"]["rows"]
         for phase in ("train", "eval"):
-            ours = max((n for n in r if n.startswith("ours")), key=lambda n: r[n][phase])
-            hf = max((n for n in r if n.startswith("hf")), key=lambda n: r[n][phase])
+            ours = max((n for n in r if n.startswith("ours") and phase in r[n]), key=lambda n: r[n][phase])
+            hf = max((n for n in r if n.startswith("hf") and phase in r[n]), key=lambda n: r[n][phase])
             out.append((f"fine-tuning {phase}: {ours} / {hf}", r[ours][phase] / r[hf][phase], 1.5))
     return out
 

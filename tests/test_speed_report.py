@@ -1,0 +1,28 @@
+"""The speed reports' bookkeeping: which stacks are evaluated and how the goals are read from a run's rows."""
+
+from bench import finetune_speed, speed_table
+
+
+def test_eval_stacks_evaluates_one_stack_per_lambda_twin():
+    # The default set: the λ = 0.5 stack of each precision, keras fit, HF.
+    assert finetune_speed.eval_stacks(finetune_speed.DEFAULT_STACKS) == [
+        "ours_padded", "ours_bucketed", "keras_fit", "ours_bucketed_bf16", "hf_float32", "hf_bfloat16"]
+    # bench.speed_table's set has no λ = 0.5 stack: its λ = 0 stacks must be evaluated (a run of this set once
+    # ended in a KeyError, evaluating nothing of ours).
+    assert finetune_speed.eval_stacks(["ours_bucketed_lm0", "hf_float32"]) == ["ours_bucketed_lm0", "hf_float32"]
+
+
+def _measure(examples_per_s):
+    return {"examples_per_s": examples_per_s, "examples_per_cpu_s": examples_per_s, "others_cpu_share": 0.0}
+
+
+def test_goals_of_a_lambda0_only_run():
+    logs = {"ours_bucketed_lm0": {"train": [_measure(150.0)], "eval": [_measure(450.0)]},
+            "hf_float32": {"train": [_measure(100.0)], "eval": [_measure(300.0)]}}
+    summary = finetune_speed.summarise(logs)
+    assert summary["ratios"]["train ours_bucketed_lm0 / best HF (hf_float32) (goal >= 1.5)"] == 1.5
+    assert summary["ratios"]["eval ours_bucketed_lm0 / best HF (hf_float32) (goal >= 1.5)"] == 1.5
+    goals = speed_table.goals({"pretraining": [], "finetuning": {"summary": summary}})
+    assert [(what, round(ratio, 2)) for what, ratio, _ in goals] == [
+        ("fine-tuning train: ours_bucketed_lm0 / hf_float32", 1.5),
+        ("fine-tuning eval: ours_bucketed_lm0 / hf_float32", 1.5)]
