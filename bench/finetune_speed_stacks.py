@@ -165,8 +165,9 @@ class Ours:
 
 class KerasFit:
     """The Python API: ``GPT1TextClassifier.fit`` / ``predict`` on the same SST-2 token ids, given as
-    ``pretokenize`` gives them (the preprocessor builds each example's view in ``tf.data`` and pads each batch
-    to its length bucket; the update is the loop's). ``train(k)`` is one ``fit`` call of k batches: its
+    ``pretokenize`` gives them (``fit`` orders them into batches of one length bucket, ``predict`` sorts them by
+    bucket, and the preprocessor builds each example's view in ``tf.data``, padded to the bucket; the update is
+    the loop's). ``train(k)`` is one ``fit`` call of k batches: its
     ``tf.data`` set-up counts, as it does for a user; the train function is traced once."""
 
     def __init__(self, spec):
@@ -202,8 +203,9 @@ class KerasFit:
         n, total = steps * self.batch_size, int(self.train_y.shape[0])
         rows = [(self.position + i) % total for i in range(n)]
         self.position = (self.position + n) % total
+        # As a user calls it (shuffle on): fit plans the chunk's batches by length bucket, as the CLI's pipeline does
         history = self.model.fit({"sentence": _rows(self.train_x, rows)}, self.train_y[rows],
-                                 batch_size=self.batch_size, epochs=1, verbose=0, shuffle=False)
+                                 batch_size=self.batch_size, epochs=1, verbose=0)
         return {"examples": n, "loss": float(history.history["loss"][-1])}
 
     def evaluate(self) -> dict:

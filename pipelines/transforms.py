@@ -147,16 +147,28 @@ def record_lengths(task: TaskSpec, serialized: tf.Tensor, n_ctx: int) -> tf.Tens
     parsed = tf.io.parse_example(serialized, spec)
     a = tf.cast(parsed["tokens_a"].row_lengths(), tf.int32)
     b = tf.cast(parsed["tokens_b"].row_lengths(), tf.int32)
-    if task.input_type == "single":
-        return tf.minimum(a + 2, n_ctx)
     if task.input_type != "multiple_choice":
-        return tf.minimum(a + b + 3, n_ctx)
+        return view_lengths(task.input_type, a, b, n_ctx)
     choices = parsed["choice_lengths"]
     check = tf.debugging.assert_equal(tf.cast(choices.row_lengths(), tf.int32), task.num_choices,
                                       message=f"a record does not have num_choices={task.num_choices} choices")
     with tf.control_dependencies([check]):
         c = tf.reshape(tf.cast(choices.flat_values, tf.int32), [-1, task.num_choices])
-    return tf.reduce_max(tf.minimum((a + b)[:, None] + c + 3, n_ctx), axis=1)
+    return view_lengths(task.input_type, a, b, n_ctx, c)
+
+
+def view_lengths(input_type: str, a: tf.Tensor, b: tf.Tensor, n_ctx: int, choices: tf.Tensor | None = None):
+    """Tokens in each example's longest view after truncation, from its fields' token counts: int32 [N].
+
+    ``a``, ``b`` [N]: the first and second text's tokens (``b`` zeros for single texts); ``choices`` [N, K]:
+    each candidate's tokens (multiple choice). The special tokens are counted: ``<s> a <e>``,
+    ``<s> a $ b <e>``, ``<s> a b $ choice <e>``; truncation cuts a view to ``n_ctx``.
+    """
+    if input_type == "single":
+        return tf.minimum(a + 2, n_ctx)
+    if input_type != "multiple_choice":
+        return tf.minimum(a + b + 3, n_ctx)
+    return tf.reduce_max(tf.minimum((a + b)[:, None] + choices + 3, n_ctx), axis=1)
 
 
 def _check_special_ids(special_ids: Mapping[str, int], vocab_size: int) -> None:

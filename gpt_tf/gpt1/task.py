@@ -19,6 +19,7 @@ import keras
 import numpy as np
 import tensorflow as tf
 
+from gpt_tf.gpt1 import batching
 from gpt_tf.optim import GPTAdamW, WarmupDecay, make_optimizer
 from gpt_tf.task_model import GPTTaskModel, task_loss
 from gpt_tf.tasks import TaskSpec
@@ -145,22 +146,66 @@ class GPT1TaskMixin:
         return pretokenize(x, self.preprocessor.tokenizer, self.preprocessor.input_type)
 
     def fit(self, x=None, y=None, batch_size=None, epochs=1, steps_per_epoch=None, validation_data=None, **kwargs):
-        """Keras's ``fit``; texts in memory are tokenized first (offline tokenizer), then batched, each batch
-        padded to its length bucket. With ``compile()``'s default optimizer the schedule spans this call."""
-        self._plan_schedule(x, batch_size, epochs, steps_per_epoch)
+        """Keras's ``fit``. Texts in memory are tokenized first (offline tokenizer), then fed in the CLI's length
+        buckets (``gpt_tf/gpt1/batching.py``): every epoch a fresh random plan of batches that each hold texts of
+        one bucket, padded to it, so short texts do not pay for long ones' padding. With ``compile()``'s default
+        optimizer the schedule spans this call."""
+        raw = x
         if isinstance(validation_data, tuple) and not isinstance(validation_data[0], tf.data.Dataset):
             validation_data = (self._pretokenize(validation_data[0]), *validation_data[1:])
         x = self._pretokenize(x)
+        planned = None
         if kwargs.pop("shuffle", True) and y is not None and not isinstance(x, tf.data.Dataset):
-            x, y, kwargs = _shuffled(x, y, kwargs)  # keras-hub's PipelineModel would ignore `shuffle`
-        return super().fit(x, y, batch_size=batch_size, epochs=epochs,
-                           steps_per_epoch=steps_per_epoch, validation_data=validation_data, **kwargs)
+            if self._plannable(x) and not kwargs.get("validation_split"):
+                planned = self._planned(x, y, batch_size or 32, epochs, steps_per_epoch, kwargs)
+            if planned is None:  # keras-hub's PipelineModel would ignore `shuffle`
+                x, y, kwargs = _shuffled(x, y, kwargs)
+        if planned is not None:
+            x, y, kwargs, steps_per_epoch = planned
+            self._plan_schedule(None, batch_size, epochs, steps_per_epoch)
+        else:
+            self._plan_schedule(raw, batch_size, epochs, steps_per_epoch)
+        # shuffle=False: done above (Keras would only warn that it cannot shuffle the dataset keras-hub builds)
+        return super().fit(x, y, batch_size=batch_size, epochs=epochs, steps_per_epoch=steps_per_epoch,
+                           validation_data=validation_data, shuffle=False, **kwargs)
 
     def evaluate(self, x=None, y=None, **kwargs):
-        return super().evaluate(self._pretokenize(x), y, **kwargs)
+        """Keras's ``evaluate``; texts in memory run sorted by length bucket (the metrics do not depend on order)."""
+        x = self._pretokenize(x)
+        if self._plannable(x):
+            order = batching.sorted_order(self._lengths(x), self.preprocessor.sequence_length)
+            x, y = batching.take(x, order), batching.take(y, order)
+            if kwargs.get("sample_weight") is not None:
+                kwargs = {**kwargs, "sample_weight": batching.take(kwargs["sample_weight"], order)}
+        return super().evaluate(x, y, **kwargs)
 
     def predict(self, x, **kwargs):
-        return super().predict(self._pretokenize(x), **kwargs)
+        """Keras's ``predict``; texts in memory run sorted by length bucket, the outputs come back in their order."""
+        x = self._pretokenize(x)
+        if not self._plannable(x):
+            return super().predict(x, **kwargs)
+        order = batching.sorted_order(self._lengths(x), self.preprocessor.sequence_length)
+        return batching.restore(super().predict(batching.take(x, order), **kwargs), order)
+
+    def _plannable(self, x) -> bool:
+        return self.preprocessor is not None and batching.plannable(x)
+
+    def _lengths(self, x):
+        return batching.lengths(x, self.preprocessor.input_type, self.preprocessor.sequence_length)
+
+    def _planned(self, x, y, batch_size, epochs, steps_per_epoch, kwargs):
+        """``(x, y, kwargs, steps_per_epoch)`` in ``epoch_plan``'s order for the whole call, or None where the
+        examples make no full batch. The seed comes from numpy's global generator (``keras.utils.set_random_seed``
+        makes it repeatable)."""
+        lengths = self._lengths(x)
+        steps = steps_per_epoch or int(tf.size(lengths)) // batch_size
+        order = batching.fit_order(lengths, self.preprocessor.sequence_length, batch_size, steps * epochs,
+                                   seed=int(np.random.randint(2**31 - 1)))
+        if not len(order):
+            return None
+        if kwargs.get("sample_weight") is not None:
+            kwargs = {**kwargs, "sample_weight": batching.take(kwargs["sample_weight"], order)}
+        return batching.take(x, order), batching.take(y, order), kwargs, steps
 
     def _task_config(self) -> dict:
         return {"dropout": self.dropout, "lm_coef": self.lm_coef}
