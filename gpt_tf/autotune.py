@@ -298,19 +298,27 @@ def apply(environ=os.environ, path: str | None = None, measure_fn=measure) -> st
             f"per {probe} training step{gain}; precision: --precision=auto per model; {path})")
 
 
-# Serving (``serving.server``, ``serving.export``): a fixed default, no probe (a server must start fast and
-# behave alike on every start). "1" is what TensorFlow already runs on AVX-512 CPUs, so nothing changes
-# there; on the AVX2-only Zen 3 the on/off comparison (``bench/serving_latency.py --onednn=0`` vs
-# ``--onednn=1``) has not yet been measured on a quiet machine (docs/benchmarks.md).
-SERVING = {ONEDNN: "1"}
+# Serving (``serving.server``, ``serving.export``): a fixed default per CPU, no probe (a server must start fast
+# and behave alike on every start): the oneDNN rewrites where TensorFlow turns them on by itself (CPUs with these
+# neural-network instructions; nothing changes there), off elsewhere. On the AVX2-only Zen 3, with the rewrites
+# off, the gRPC p50s were lower in 3 of the 4 served configurations and ~11% lower at the median
+# (``bench/serving_latency.py --onednn=0`` vs ``--onednn=1``, docs/benchmarks.md), unlike the training step.
+SERVING_ONEDNN_FLAGS = ("avx512_vnni", "avx512_bf16", "avx_vnni", "amx_tile", "amx_int8", "amx_bf16")
 
 
-def apply_serving(environ=os.environ) -> str | None:
-    """Sets the serving default (``SERVING``) where not set by hand; the one line (None when disabled)."""
+def serving_default(info: dict | None = None) -> dict:
+    """``{TF_ENABLE_ONEDNN_OPTS: "1" or "0"}`` for serving on this CPU (``cpu_info()``'s flags)."""
+    flags_ = (info or cpu_info())["flags"]
+    return {ONEDNN: "1" if any(f in flags_ for f in SERVING_ONEDNN_FLAGS) else "0"}
+
+
+def apply_serving(environ=os.environ, info: dict | None = None) -> str | None:
+    """Sets the serving default (``serving_default``) where not set by hand; the one line (None when disabled)."""
     if disabled(environ) or "tensorflow" in sys.modules:
         return None
-    hand = [name for name in SERVING if environ.get(name, "").strip()]
-    for name, value in SERVING.items():
+    default = serving_default(info)
+    hand = [name for name in default if environ.get(name, "").strip()]
+    for name, value in default.items():
         if name not in hand:
             environ[name] = value
     on = environ[ONEDNN].strip().lower() not in ("0", "false", "off", "no")

@@ -93,12 +93,17 @@ def test_a_failed_probe_leaves_the_defaults_and_caches_nothing(tmp_path):
     assert environ == {} and not (tmp_path / "s.json").exists()
 
 
-def test_serving_takes_the_serving_default_unless_set_by_hand():
+def test_serving_takes_tensorflows_own_onednn_choice_per_cpu_unless_set_by_hand():
+    avx2 = {"model": "AMD EPYC", "flags": ["avx2", "fma"]}
+    avx512 = {"model": "Intel Xeon", "flags": ["avx2", "avx512f", "avx512_bf16", "avx512_vnni", "fma"]}
     environ = {}
-    assert autotune.apply_serving(environ).startswith("settings auto: oneDNN ")
-    assert environ == autotune.SERVING
-    environ = {ONEDNN: "0"}
-    assert "set by hand" in autotune.apply_serving(environ) and environ == {ONEDNN: "0"}
+    assert autotune.apply_serving(environ, avx2) == "settings auto: oneDNN off (the serving default, gpt_tf/autotune.py)"
+    assert environ == {ONEDNN: "0"}
+    environ = {}
+    assert autotune.apply_serving(environ, avx512).startswith("settings auto: oneDNN on ")
+    assert environ == {ONEDNN: "1"}
+    environ = {ONEDNN: "1"}
+    assert "set by hand" in autotune.apply_serving(environ, avx2) and environ == {ONEDNN: "1"}
 
 
 PROBE = """
