@@ -33,6 +33,7 @@ from gpt_tf.recipes import PAPER_FINETUNE
 from gpt_tf.run_dir import (DATA_FILE, MODEL_CONFIG, RUN_CONFIGS, RunDirLocked, data_identity, lock_run_dir,
                             resume_problems, write_json_atomic)
 from gpt_tf.train_flags import define_flags
+from pipelines.records import has_manifest
 
 FLAGS = flags.FLAGS  # defined by train_flags.define_flags() when run() starts
 _RUN_LOCK = []  # the run folder's lock file, held open until the process ends
@@ -53,7 +54,7 @@ def _check_flags() -> list[str]:
     """Contradictions and missing values, found before any work starts."""
     problems = [f"--{name} is required" for name in ("data_dir", "run_dir") if not getattr(FLAGS, name)]
     builder = "finetune_data" if FLAGS.task else "pretrain_data"
-    if FLAGS.data_dir and not os.path.isfile(os.path.join(FLAGS.data_dir, "manifest.json")):
+    if FLAGS.data_dir and not has_manifest(FLAGS.data_dir):
         problems.append(f"--data_dir={FLAGS.data_dir} has no manifest.json; build it with `python -m pipelines.{builder}`")
     if FLAGS.batch_size > 0 and FLAGS.grad_accum_steps > 0 and FLAGS.batch_size % FLAGS.grad_accum_steps:
         problems.append(f"--batch_size={FLAGS.batch_size} is not divisible by --grad_accum_steps={FLAGS.grad_accum_steps}")
