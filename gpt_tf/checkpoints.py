@@ -170,6 +170,18 @@ def initialise_from_pretrained(model, path: str, n_layers: int, seed: int = 0) -
     return copied
 
 
+def continue_from_pretrained(lm, path: str) -> list[str]:
+    """Continued pre-training's start: the pre-trained LM at ``path`` (see ``restore_pretrained_lm``) into the
+    ``GPTLanguageModel`` ``lm``: every block, the embeddings with their special-token rows, and the first
+    ``lm``'s n_ctx position rows (its context may be shorter). Returns the paths of the variables overwritten."""
+    from gpt_tf.model import GPTLanguageModel
+    from gpt_tf.task_model import transfer_layers
+
+    source = GPTLanguageModel.from_config_preset(pretrained_model_config(path))  # its own n_ctx
+    restore_pretrained_lm(source, path)
+    return transfer_layers(source, lm, lm.config.n_layer)
+
+
 def build_task_models(model_config: GPTConfig, tasks, clf_pdrop: float, precision: str) -> list:
     """One ``GPTTaskModel`` per task, all on one backbone (the primary task first): a run's model.
 

@@ -115,19 +115,23 @@ MODE_ONLY = {
     "pre-training": ("warmup_steps", "train_budget_minutes", "min_train_steps", "keep_checkpoints", "eval_every", "eval_batches", "sample_every", "sample_prompt",
                      "sample_length", "zero_shot_tasks", "zero_shot_data_dirs", "zero_shot_every",
                      "zero_shot_max_examples", "zero_shot_reference_json"),
-    "fine-tuning": ("init_checkpoint", "transfer_layers", "epochs", "lm_coef", "clf_pdrop", "warmup_fraction",
+    "fine-tuning": ("transfer_layers", "epochs", "lm_coef", "clf_pdrop", "warmup_fraction",
                     "aux_data_dirs", "task_mixture", "length_buckets", "buckets_per_octave", "predict_split"),
 }
 
 
 def mode_problems(flag_values: flags.FlagValues) -> list[str]:
-    """One line per given flag that does not apply to this kind of run (``--task``: fine-tuning)."""
+    """One line per given flag that does not apply to this kind of run (``--task``: fine-tuning), and
+    ``--init_checkpoint``'s problems (it applies to both: the weights either kind starts from)."""
     finetuning = bool(flag_values.task)
     other = "pre-training" if finetuning else "fine-tuning"
     out = [f"--{name} applies to {other} only ({'drop --task' if finetuning else 'add --task'} or drop the flag)"
            for name in MODE_ONLY[other] if name in flag_values and flag_values[name].present]
-    if finetuning and flag_values.init_checkpoint and flag_values["model"].present:
+    if flag_values.init_checkpoint and flag_values["model"].present:
         out.append("--model: with --init_checkpoint the model is the pre-trained one (drop --model)")
+    init = flag_values.init_checkpoint
+    if init and not (os.path.exists(init) or os.path.exists(init + ".index")):
+        out.append(f"--init_checkpoint={init} does not exist")
     generating = [f"--{name}" for name in ("prompt", "temperature", "top_k")
                   if name in flag_values and flag_values[name].present]
     if generating and flag_values.mode != "generate":
@@ -161,8 +165,6 @@ def finetune_problems(fv: flags.FlagValues) -> list[str]:
     problems = []
     if fv.mode == "generate":
         problems.append("--mode=generate is for language models, not with --task")
-    if fv.init_checkpoint and not (os.path.exists(fv.init_checkpoint) or os.path.exists(fv.init_checkpoint + ".index")):
-        problems.append(f"--init_checkpoint={fv.init_checkpoint} does not exist")
     if fv.transfer_layers >= 0 and not fv.init_checkpoint:
         problems.append("--transfer_layers needs --init_checkpoint (without it nothing is transferred)")
     if fv.mode in ("eval", "predict") and fv.run_dir and not os.path.isdir(os.path.join(fv.run_dir, "checkpoints")):

@@ -3,7 +3,8 @@
 A preset folder (``GPT1Backbone.save_to_preset``, ``python -m gpt_tf.gpt1.convert``) holds
 ``config.json`` (the backbone's Keras config: keras-hub's field names), ``model.weights.h5`` (the
 backbone's weights), ``tokenizer.json`` + ``assets/tokenizer/`` (GPT-1's two BPE files) and
-``metadata.json``; a task adds ``task.json`` / ``task.weights.h5``. The backbone's variables are
+``metadata.json``; a task adds ``task.json`` / ``task.weights.h5``. The presets shipped in the package are
+``gpt_tf/presets/<name>``; ``FindsPresets`` gives the family's ``from_preset`` a clear error for one not found. The backbone's variables are
 ``GPTBackbone``'s, so the core restores a preset into any GPT model (``--init_checkpoint=<preset>``)
 with no keras-hub in the process. ``backbone_kwargs`` / ``config_from_kwargs`` are the one mapping
 between ``GPTConfig``'s fields and keras-hub's.
@@ -19,6 +20,7 @@ from gpt_tf.config import GPTConfig
 CONFIG_FILE = "config.json"
 WEIGHTS_FILE = "model.weights.h5"
 TOKENIZER_ASSETS = os.path.join("assets", "tokenizer")
+SHIPPED_DIR = os.path.join(os.path.dirname(os.path.abspath(__file__)), "presets")  # package data: named presets
 
 # GPTConfig field -> keras-hub argument (vocab_size is derived: keras-hub counts the special rows).
 _NAMES = {"n_special": "num_special_tokens", "n_ctx": "max_sequence_length", "n_embd": "hidden_dim",
@@ -62,3 +64,43 @@ def load_preset_weights(backbone, path: str) -> str:
     weights = os.path.join(path, WEIGHTS_FILE)
     backbone.load_weights(weights)
     return weights
+
+
+def shipped_presets() -> dict:
+    """``{name: folder}`` of the presets shipped inside the package (``gpt_tf/presets/<name>``)."""
+    if not os.path.isdir(SHIPPED_DIR):
+        return {}
+    return {name: os.path.join(SHIPPED_DIR, name) for name in sorted(os.listdir(SHIPPED_DIR))
+            if os.path.isfile(os.path.join(SHIPPED_DIR, name, CONFIG_FILE))}
+
+
+def preset_problem(preset) -> str:
+    """Why ``preset`` (a ``from_preset`` argument) names no preset here, or "" (a shipped name, a folder holding
+    ``config.json``, or a remote handle such as ``kaggle://`` / ``hf://``, which keras-hub resolves)."""
+    if not isinstance(preset, (str, os.PathLike)):
+        return f"a preset is a shipped name or a folder, got {type(preset).__name__} {preset!r}"
+    preset = os.fspath(preset)
+    if "://" in preset or preset in shipped_presets():
+        return ""
+    shipped = ", ".join(shipped_presets()) or "none"
+    where = os.path.abspath(os.path.expanduser(preset))
+    if not os.path.isdir(where):
+        return (f"GPT-1 preset {preset!r} not found: it is neither a shipped preset ({shipped}) nor a folder "
+                f"({where} does not exist); save_to_preset or `python -m gpt_tf.gpt1.convert` writes one")
+    if not os.path.isfile(os.path.join(where, CONFIG_FILE)):
+        return (f"{where} is not a preset folder: it holds no {CONFIG_FILE} (shipped presets: {shipped}; "
+                "save_to_preset or `python -m gpt_tf.gpt1.convert` writes one)")
+    return ""
+
+
+class FindsPresets:
+    """Mixed into the GPT-1 classes (before their keras-hub base): ``from_preset`` of a name or folder that
+    is not there fails with ``preset_problem``'s ValueError (the path and the shipped presets) before
+    keras-hub's generic "Unknown preset identifier"."""
+
+    @classmethod
+    def from_preset(cls, preset, *args, **kwargs):
+        problem = preset_problem(preset)
+        if problem:
+            raise ValueError(problem)
+        return super().from_preset(preset, *args, **kwargs)

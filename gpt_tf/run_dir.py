@@ -41,7 +41,7 @@ RUN_CONFIGS = {"pretrain": "train_config.json", "finetune": "finetune_config.jso
 RESUMABLE = {
     "train_config.json": frozenset({"train_steps", "log_every", "checkpoint_every", "keep_checkpoints", "eval_every",
                                     "eval_batches", "sample_every", "sample_prompt", "sample_length", "jit_compile",
-                                    "grad_accum_steps", "data_dir", "precision", "run_dir"}),
+                                    "grad_accum_steps", "data_dir", "precision", "run_dir", "init_checkpoint"}),
     "finetune_config.json": frozenset({"epochs", "log_every", "data_dir", "aux_data_dirs", "init_checkpoint",
                                        "precision", "train_steps", "checkpoint_every", "grad_accum_steps",
                                        "jit_compile", "run_dir"}),
@@ -129,6 +129,21 @@ def pretrained_model_config(path: str) -> GPTConfig:
                                 "nor a preset folder)")
     with open(config_path) as f:
         return GPTConfig(**json.load(f))
+
+
+def continued_model_config(init_checkpoint: str, data_dir: str, overrides: dict) -> tuple[GPTConfig, list[str]]:
+    """Continued pre-training's model: ``init_checkpoint``'s (``pretrained_model_config``) with ``overrides``
+    (``n_ctx``: the data's, at most the checkpoint's; dropouts), and the problems that forbid it
+    (``overrides["vocab_size"]``, the data's tokenizer, must be the checkpoint's)."""
+    config = pretrained_model_config(init_checkpoint)
+    problems = []
+    if config.vocab_size != overrides["vocab_size"]:
+        problems.append(f"--init_checkpoint={init_checkpoint} has {config.vocab_size} BPE tokens but {data_dir} was "
+                        f"tokenized with {overrides['vocab_size']}: rebuild it with the model's tokenizer")
+    if overrides["n_ctx"] > config.n_ctx:
+        problems.append(f"{data_dir} holds {overrides['n_ctx']}-token sequences, longer than the {config.n_ctx} "
+                        f"positions of --init_checkpoint={init_checkpoint}")
+    return config.replace(**{k: v for k, v in overrides.items() if k != "vocab_size"}), problems
 
 
 LOCK_FILE = ".lock"

@@ -33,6 +33,7 @@ from gpt_tf.recipes import PAPER_FINETUNE
 from gpt_tf.run_dir import (DATA_FILE, MODEL_CONFIG, RUN_CONFIGS, RunDirLocked, data_identity, lock_run_dir,
                             resume_problems, write_json_atomic)
 from gpt_tf.train_flags import define_flags
+from pipelines.records import has_manifest
 
 FLAGS = flags.FLAGS  # defined by train_flags.define_flags() when run() starts
 _RUN_LOCK = []  # the run folder's lock file, held open until the process ends
@@ -53,7 +54,7 @@ def _check_flags() -> list[str]:
     """Contradictions and missing values, found before any work starts."""
     problems = [f"--{name} is required" for name in ("data_dir", "run_dir") if not getattr(FLAGS, name)]
     builder = "finetune_data" if FLAGS.task else "pretrain_data"
-    if FLAGS.data_dir and not os.path.isfile(os.path.join(FLAGS.data_dir, "manifest.json")):
+    if FLAGS.data_dir and not has_manifest(FLAGS.data_dir):
         problems.append(f"--data_dir={FLAGS.data_dir} has no manifest.json; build it with `python -m pipelines.{builder}`")
     if FLAGS.batch_size > 0 and FLAGS.grad_accum_steps > 0 and FLAGS.batch_size % FLAGS.grad_accum_steps:
         problems.append(f"--batch_size={FLAGS.batch_size} is not divisible by --grad_accum_steps={FLAGS.grad_accum_steps}")
@@ -235,9 +236,11 @@ def _pretrain(setup: Setup, keras) -> Summary:
     train_kwargs = setup.train_kwargs
     if FLAGS.mode == "train" and FLAGS.train_budget_minutes > 0:
         train_kwargs = {**train_kwargs, "train_steps": _budget_steps(model_config, precision)}
+    if FLAGS.mode != "train":  # the run's own checkpoint is what eval and generate read
+        train_kwargs = {**train_kwargs, "init_checkpoint": ""}
     config = TrainConfig(**{**train_kwargs, "precision": precision})
     trainer = Pretrainer(model_config, config, strategy, log=_say)
-    print(f"model {FLAGS.model}: {model_config.n_params / 1e6:.2f}M parameters, {strategy.num_replicas_in_sync} replica(s), "
+    print(f"model {FLAGS.init_checkpoint or FLAGS.model}: {model_config.n_params / 1e6:.2f}M parameters, {strategy.num_replicas_in_sync} replica(s), "
           f"{precision}, run dir {FLAGS.run_dir}", flush=True)
 
     if FLAGS.mode == "train":
@@ -271,7 +274,7 @@ def _pretrain(setup: Setup, keras) -> Summary:
 
 def _train_kwargs() -> dict:
     """``TrainConfig``'s fields from the flags (a dict: compared with a run's before TensorFlow starts)."""
-    names = ("batch_size", "grad_accum_steps", "train_steps", "learning_rate", "warmup_steps", "lr_decay",
+    names = ("init_checkpoint", "batch_size", "grad_accum_steps", "train_steps", "learning_rate", "warmup_steps", "lr_decay",
              "weight_decay", "clip_norm", "precision", "jit_compile", "seed", "log_every", "checkpoint_every",
              "keep_checkpoints", "eval_every", "eval_batches", "sample_every", "sample_prompt", "sample_length")
     return {"data_dir": FLAGS.data_dir, "run_dir": FLAGS.run_dir, **{name: FLAGS[name].value for name in names}}
@@ -280,6 +283,7 @@ def _train_kwargs() -> dict:
 def _pretrain_setup(setup: Setup) -> Setup:
     """``setup`` with pre-training's tokenizer, model config and TrainConfig fields, checked against the run's saved ones."""
     from gpt_tf.config import get_preset
+    from gpt_tf.run_dir import continued_model_config
     from gpt_tf.text.tokenizer import GPTTokenizer
 
     manifest = setup.manifest
@@ -287,8 +291,11 @@ def _pretrain_setup(setup: Setup) -> Setup:
     overrides = {"vocab_size": tokenizer.vocab_size, "n_ctx": FLAGS.n_ctx or int(manifest["n_ctx"])}
     if FLAGS.dropout >= 0:
         overrides.update(embd_pdrop=FLAGS.dropout, attn_pdrop=FLAGS.dropout, resid_pdrop=FLAGS.dropout)
-    model_config = get_preset(FLAGS.model, **overrides)
     problems = []
+    if FLAGS.init_checkpoint:
+        model_config, problems = continued_model_config(FLAGS.init_checkpoint, FLAGS.data_dir, overrides)
+    else:
+        model_config = get_preset(FLAGS.model, **overrides)
     if model_config.n_ctx != int(manifest["n_ctx"]):
         problems.append(f"--n_ctx={model_config.n_ctx} but {FLAGS.data_dir} holds {manifest['n_ctx']}-token sequences")
     kwargs = _train_kwargs()

@@ -94,13 +94,15 @@ def read_manifest(folder, builder: str = "pipelines.pretrain_data or pipelines.f
         raise ValueError(f"{path}: not valid JSON ({err})") from None
 
 
+def has_manifest(folder) -> bool:
+    """Whether ``folder`` (local or remote) holds a ``manifest.json``."""
+    return _exists(_join(folder, MANIFEST))
+
+
 def find_manifest(folder) -> Optional[dict]:
-    """The manifest of a local output folder, or None if it has none (the builders' up-to-date check)."""
-    path = Path(folder) / MANIFEST
-    if not path.is_file():
-        return None
-    with open(path, encoding="utf-8") as f:
-        return json.load(f)
+    """The manifest of a local output folder, or None if it has none (the builders' up-to-date check);
+    ValueError naming the file if it is not valid JSON (``read_manifest``)."""
+    return read_manifest(folder) if has_manifest(folder) else None
 
 
 def split_entry(manifest: dict, folder, split: str) -> dict:

@@ -27,7 +27,7 @@ from typing import Optional
 from gpt_tf.config import GPTConfig
 from gpt_tf.run_dir import MODEL_CONFIG, RUN_CONFIGS, pretrained_model_config, read_json
 from gpt_tf.tasks import TaskSpec
-from pipelines.records import MANIFEST, read_manifest, tokenizer_problems
+from pipelines.records import MANIFEST, has_manifest, read_manifest, tokenizer_problems
 
 
 @dataclasses.dataclass(frozen=True)
@@ -64,7 +64,7 @@ class RunFolder:
             manifest = read_manifest(data_dir, "pipelines.finetune_data")
             aux = tuple(read_manifest(d, "pipelines.finetune_data") for d in run_config.get("aux_data_dirs", ()))
         else:
-            manifest = read_manifest(data_dir) if data_dir and os.path.isfile(os.path.join(data_dir, MANIFEST)) else None
+            manifest = read_manifest(data_dir) if data_dir and has_manifest(data_dir) else None
             aux = ()
         tokenizer_dir = str(tokenizer_dir or (manifest or {}).get("tokenizer", {}).get("dir", ""))
         return cls(path, kind, model_config, run_config, data_dir, manifest, aux, tokenizer_dir)

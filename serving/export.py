@@ -99,13 +99,29 @@ def export_task(task, base_path: str, model_name: str = "", version: int = 0) ->
     ``preprocessor``) as a servable version: the same core-TF signatures as a fine-tuning run's (raw
     strings in; no TF-Text op, no custom op). Returns its folder."""
     from serving.saved_model_io import save_version
+
+    name = model_name or task.name
+    module = _task_module(task)
+    return save_version(module, module.signatures(), base_path, name, version, task_warmup(name, task.task_spec))
+
+
+def export_task_at(task, path: str) -> str:
+    """``export_task``'s SavedModel written at ``path`` itself (no version folder; absent or empty), as Keras's
+    ``Model.export(path)`` writes one: the tasks' ``export`` (``gpt_tf/gpt1/task.py``). Returns ``path``."""
+    from serving.saved_model_io import free_target, save_at
+
+    path = free_target(path)  # before the (slow) tracing of the signatures
+    module = _task_module(task)
+    return save_at(module, module.signatures(), path, task_warmup(task.name, task.task_spec))
+
+
+def _task_module(task):
+    """A Python-API task behind the text signatures (``serving/task_module.py``)."""
     from serving.task_module import TaskServingModule
 
     if getattr(task, "preprocessor", None) is None:
         raise ValueError("the task has no preprocessor: its tokenizer is what the SavedModel tokenizes with")
-    spec, name = task.task_spec, model_name or task.name
-    module = TaskServingModule(task.task_model, spec, task.preprocessor.tokenizer.tf_tokenizer)
-    return save_version(module, module.signatures(), base_path, name, version, task_warmup(name, spec))
+    return TaskServingModule(task.task_model, task.task_spec, task.preprocessor.tokenizer.tf_tokenizer)
 
 
 def export_lm(lm, tokenizer, base_path: str, model_name: str, version: int = 0, top_k: int = 10) -> str:

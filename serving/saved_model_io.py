@@ -90,9 +90,29 @@ def save_version(module: tf.Module, signatures: dict, base_path: str, model_name
     target = os.path.join(model_dir, str(version))
     if tf.io.gfile.exists(target):
         raise FileExistsError(f"{target} already exists: versions are immutable, export a new one")
-    os.makedirs(model_dir, exist_ok=True)
-    remove_stale_temps(model_dir)  # a killed export's
-    tmp = os.path.join(model_dir, f".{version}.tmp-{os.getpid()}")
+    remove_stale_temps(model_dir)  # a killed export's, of any version
+    return save_at(module, signatures, target, warmup)
+
+
+def free_target(target: str) -> str:
+    """``target`` as an absolute path that a SavedModel may take: absent, or an empty folder (removed here);
+    FileExistsError naming it when it holds anything (check before tracing the signatures)."""
+    target = os.path.abspath(target)
+    if os.path.isdir(target) and not os.listdir(target):
+        os.rmdir(target)
+    elif os.path.exists(target):
+        raise FileExistsError(f"{target} already exists and is not an empty folder: export to a new path")
+    return target
+
+
+def save_at(module: tf.Module, signatures: dict, target: str, warmup=()) -> str:
+    """Writes ``module`` as the SavedModel folder ``target`` (absent, or an empty folder: ``free_target``),
+    which appears whole (written beside it, then renamed); returns ``target``."""
+    target = free_target(target)
+    folder = os.path.dirname(target)
+    os.makedirs(folder, exist_ok=True)
+    remove_stale_temps(folder, os.path.basename(target))  # a killed export's, of this target
+    tmp = os.path.join(folder, f".{os.path.basename(target)}.tmp-{os.getpid()}")
     shutil.rmtree(tmp, ignore_errors=True)
     try:
         tf.saved_model.save(module, tmp, signatures=signatures)

@@ -111,11 +111,12 @@ def books_folder(shared_data: Path, root: Path, chars: int = 60_000) -> tuple[Pa
     return train, valid
 
 
-def build_data(shared_data: Path, root: Path, tokenizer_copy: bool = False) -> Path:
-    """TFRecords (n_ctx 32, shards of 16 records) with GPT-1's BPE (a copy of it with ``tokenizer_copy``)."""
+def build_data(shared_data: Path, root: Path, tokenizer_copy: bool = False, tokenizer: Path | None = None) -> Path:
+    """TFRecords (n_ctx 32, shards of 16 records) with GPT-1's BPE (a copy of it with ``tokenizer_copy``), or
+    with the BPE folder ``tokenizer``."""
     from pipelines.pretrain_data import PretrainConfig, build_pretraining_data
 
-    tokenizer = shared_data / "gpt1_bpe"
+    tokenizer = tokenizer or shared_data / "gpt1_bpe"
     if tokenizer_copy:
         shutil.copytree(tokenizer, root / "bpe")
         tokenizer = root / "bpe"

@@ -149,16 +149,38 @@ def test_release_shards_and_runs_convert_to_presets(tokenizer, tmp_path):
     np.testing.assert_array_equal(converted.embed.logits(converted(x))[..., :8000], lm(x)[..., :8000])
 
 
-def test_clear_errors_for_num_classes_labels_and_unknown_presets(tokenizer):
+def test_clear_errors_for_num_classes_labels_and_unknown_presets(tokenizer, tmp_path):
     import gpt_tf
 
-    with pytest.raises(ValueError, match="num_classes must be an integer >= 2"):
-        gpt_tf.GPT1TextClassifier(_backbone(), num_classes=1)
-    with pytest.raises(ValueError, match=r"(?s)Unknown preset identifier.*no_such_preset"):
+    for bad in (0, 1, 2.0):
+        with pytest.raises(ValueError, match=f"num_classes must be an integer >= 2, got {bad!r}"):
+            gpt_tf.GPT1TextClassifier(_backbone(), num_classes=bad)
+    with pytest.raises(ValueError, match=r"GPT-1 preset 'no_such_preset' not found: .*shipped preset \(books_tiny\)"):
         gpt_tf.GPT1TextClassifier.from_preset("no_such_preset", num_classes=2)
-    classifier = _classifier(tokenizer)
-    with pytest.raises(Exception, match=r"label is >= num_classes=2"):
+    with pytest.raises(ValueError, match=f"not found: .*{tmp_path / 'gone'} does not exist"):
+        gpt_tf.GPT1Backbone.from_preset(str(tmp_path / "gone"))
+    with pytest.raises(ValueError, match=f"{tmp_path} is not a preset folder: it holds no config.json .*books_tiny"):
+        gpt_tf.GPT1Tokenizer.from_preset(str(tmp_path))
+    classifier = _classifier(tokenizer, num_classes=3)
+    classifier.save_to_preset(str(tmp_path / "three"))
+    with pytest.raises(ValueError, match=r"num_classes=2 but 3 label_names \(0, 1, 2\): .* needs its own label_names"):
+        gpt_tf.GPT1TextClassifier.from_preset(str(tmp_path / "three"), num_classes=2)
+    fresh = gpt_tf.GPT1TextClassifier.from_preset(str(tmp_path / "three"), num_classes=2, label_names=["no", "yes"])
+    assert fresh.label_names == ("no", "yes")
+    with pytest.raises(Exception, match=r"label is >= num_classes=3"):
         classifier.fit(TEXTS, [0, 1, 5], batch_size=3, verbose=0)
+
+
+def test_public_classes_document_an_example_and_summarise(tokenizer):
+    import gpt_tf
+
+    for name in gpt_tf.__all__:
+        doc = getattr(gpt_tf, name).__doc__ or ""
+        assert "Example" in doc and "```python" in doc and "from_preset" in doc, name
+    lines = []
+    _classifier(tokenizer).summary(print_fn=lambda line, **_: lines.append(line))
+    text = "\n".join(lines)
+    assert "gpt1_text_classifier" in text.lower() and "Total params" in text, text
 
 
 def test_regression_and_multiple_choice_fit_and_predict(tokenizer):
@@ -186,23 +208,28 @@ def test_causal_lm_generates_text_and_never_a_special_token(tokenizer):
 
 
 def test_a_python_api_classifier_serves_raw_strings_in_a_tensorflow_only_process(tokenizer, tmp_path):
+    """Keras's ``model.export(path)`` of a classifier built in Python (the task's ``export``: the SavedModel of
+    ``serving.export.export_task``, at ``path``): ``serving_default`` takes raw strings, the graph holds core
+    TF ops only (no TF-Text op, no custom op), and it answers where only ``tensorflow`` is imported."""
     import tensorflow as tf
-
-    from serving.export import export_task
-
-    classifier = _classifier(tokenizer)
-    path = export_task(classifier, str(tmp_path), "api_sst2")
     from tensorflow.core.protobuf import saved_model_pb2
 
-    proto = saved_model_pb2.SavedModel.FromString((tmp_path / "api_sst2" / "1" / "saved_model.pb").read_bytes())
-    library = {f.signature.name for g in proto.meta_graphs for f in g.graph_def.library.function}
-    ops = {n.op for g in proto.meta_graphs for n in g.graph_def.node}
-    ops |= {n.op for g in proto.meta_graphs for f in g.graph_def.library.function for n in f.node_def}
-    assert sorted(op for op in ops - library if not hasattr(tf.raw_ops, op)) == []  # core TF ops only
+    classifier = _classifier(tokenizer)
+    paths = [classifier.export(str(tmp_path / "keras_export"))]
+    assert paths[0] == str(tmp_path / "keras_export")
+    for path in paths:
+        proto = saved_model_pb2.SavedModel.FromString(open(f"{path}/saved_model.pb", "rb").read())
+        library = {f.signature.name for g in proto.meta_graphs for f in g.graph_def.library.function}
+        ops = {n.op for g in proto.meta_graphs for n in g.graph_def.node}
+        ops |= {n.op for g in proto.meta_graphs for f in g.graph_def.library.function for n in f.node_def}
+        assert sorted(op for op in ops - library if not hasattr(tf.raw_ops, op)) == []  # core TF ops only
+        inputs = proto.meta_graphs[0].signature_def["serving_default"].inputs
+        assert {k: v.dtype for k, v in inputs.items()} == {"sentence": tf.string.as_datatype_enum}
     expected = tf.nn.softmax(classifier.predict(TEXTS, verbose=0)).numpy()
     script = TF_ONLY + textwrap.dedent(f"""
-        out = tf.saved_model.load("{path}").signatures["serving_default"](sentence=tf.constant({TEXTS!r}))
-        print(json.dumps({{"p": out["probabilities"].numpy().tolist(),
+        got = [tf.saved_model.load(path).signatures["serving_default"](sentence=tf.constant({TEXTS!r}))
+               for path in {[str(p) for p in paths]!r}]
+        print(json.dumps({{"p": [out["probabilities"].numpy().tolist() for out in got],
                           "modules": sorted({{m.split(".")[0] for m in sys.modules}} & set(BLOCKED))}}))
     """)
     proc = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=300, check=False,
@@ -210,4 +237,7 @@ def test_a_python_api_classifier_serves_raw_strings_in_a_tensorflow_only_process
     assert proc.returncode == 0, proc.stderr[-3000:]
     got = json.loads(proc.stdout.strip().splitlines()[-1])
     assert got["modules"] == []
-    np.testing.assert_allclose(got["p"], expected, atol=1e-5)
+    for probabilities in got["p"]:
+        np.testing.assert_allclose(probabilities, expected, atol=1e-5)
+    with pytest.raises(FileExistsError, match="keras_export already exists"):
+        classifier.export(str(tmp_path / "keras_export"))

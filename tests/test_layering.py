@@ -3,8 +3,9 @@
 Layers, bottom up: the core (``gpt_tf/*.py`` but the CLI), ``pipelines/``, ``gpt_tf/training/``,
 ``gpt_tf/analysis/`` (§5), then the command lines on top (``gpt_tf/train.py`` and its flags, ``bench/``);
 ``serving/`` stands beside training on the core and ``pipelines`` only. ``gpt_tf/gpt1/`` (the keras-hub
-family) sits on the core, ``pipelines`` (its §3.3 transformations) and ``training`` (the update it shares
-with the loop); ``serving.export.export_task`` takes its tasks without importing it, and ``gpt_tf/__init__.py``
+family) sits on the core, ``pipelines`` (its §3.3 transformations), ``training`` (the update it shares
+with the loop) and ``serving`` (its tasks' ``export``); ``serving.export.export_task`` takes its tasks without
+importing it, and ``gpt_tf/__init__.py``
 loads it by name, lazily (no import statement: it is how ``import gpt_tf`` stays light). Every import counts, those
 inside functions too (they are how heavy modules are loaded lazily, not a way around the layers).
 """
@@ -55,7 +56,7 @@ def layer(module: str) -> str:
 # What each layer may import (itself included).
 ALLOWED = {"core": {"core"}, "pipelines": {"core", "pipelines"}, "training": {"core", "pipelines", "training"},
            "analysis": {"core", "pipelines", "training", "analysis"}, "serving": {"core", "pipelines", "serving"},
-           "gpt1": {"core", "pipelines", "training", "gpt1"},
+           "gpt1": {"core", "pipelines", "training", "serving", "gpt1"},
            "cli": {"core", "pipelines", "training", "analysis", "cli"}}
 
 

@@ -95,3 +95,25 @@ def test_release_shards_and_other_folders(tmp_path, shared_data):
     gone = run(tmp_path / "gone", "pretrain", data_dir=str(tmp_path / "deleted"))
     assert RunFolder.open(gone).manifest is None
     assert "give --tokenizer_dir" in RunFolder.open(gone).tokenizer_problems()[0]
+
+
+def test_a_data_manifest_missing_or_corrupt_is_named_by_every_reader(tmp_path):
+    """``pipelines.records.read_manifest`` is the data manifests' one reader: the builders' up-to-date check
+    (``find_manifest``), ``RunFolder.open`` and the training data readers go through it and its errors."""
+    from pipelines.records import find_manifest, has_manifest, read_manifest
+    from pipelines.transforms import load_task_spec
+
+    path = tmp_path / "data" / "manifest.json"
+    path.parent.mkdir()
+    assert not has_manifest(path.parent) and find_manifest(path.parent) is None
+    with pytest.raises(FileNotFoundError, match=f"{path}: no manifest; build {path.parent} with `python -m "
+                                                "pipelines.finetune_data`"):
+        load_task_spec(str(path.parent))
+    run(tmp_path / "run", "finetune", data_dir=str(path.parent))
+    with pytest.raises(FileNotFoundError, match=f"{path}: no manifest"):
+        RunFolder.open(str(tmp_path / "run"))
+    path.write_text('{"tokenizer": {"dir": ')  # cut short
+    assert has_manifest(path.parent)
+    for reader in (read_manifest, find_manifest, lambda d: RunFolder.open(str(tmp_path / "run"))):
+        with pytest.raises(ValueError, match=f"{path}: not valid JSON"):
+            reader(path.parent)

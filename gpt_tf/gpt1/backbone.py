@@ -13,11 +13,11 @@ import keras_hub
 
 from gpt_tf.backbone import GPTBackbone
 from gpt_tf.layers import PACKAGE
-from gpt_tf.preset_io import backbone_kwargs, config_from_kwargs
+from gpt_tf.preset_io import FindsPresets, backbone_kwargs, config_from_kwargs
 
 
 @keras.saving.register_keras_serializable(package=PACKAGE)
-class GPT1Backbone(keras_hub.models.Backbone, GPTBackbone):
+class GPT1Backbone(FindsPresets, keras_hub.models.Backbone, GPTBackbone):
     """GPT-1 (Radford et al. 2018): token ids ``[batch, length]`` → final states ``[batch, length, hidden_dim]``.
 
     Post-LN decoder blocks with learned positions and a token embedding tied to the LM head

@@ -10,10 +10,11 @@ from keras import ops
 from gpt_tf.gpt1.backbone import GPT1Backbone
 from gpt_tf.gpt1.preprocessor import GPT1CausalLMPreprocessor
 from gpt_tf.layers import PACKAGE
+from gpt_tf.preset_io import FindsPresets
 
 
 @keras.saving.register_keras_serializable(package=PACKAGE)
-class GPT1CausalLM(keras_hub.models.CausalLM):
+class GPT1CausalLM(FindsPresets, keras_hub.models.CausalLM):
     """GPT-1's language model (Eq. 1–2): ``{"token_ids", "padding_mask"}`` → next-token logits
     ``[B, T, vocabulary_size]``; ``generate()`` takes and returns strings.
 

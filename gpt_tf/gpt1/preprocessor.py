@@ -18,6 +18,7 @@ from keras_hub.src.utils.tensor_utils import preprocessing_function
 from gpt_tf.gpt1.backbone import GPT1Backbone
 from gpt_tf.gpt1.tokenizer import GPT1Tokenizer
 from gpt_tf.layers import PACKAGE
+from gpt_tf.preset_io import FindsPresets
 from gpt_tf.tasks import INPUT_FIELDS, INPUT_TYPES
 from pipelines.task_batches import bucket_lengths
 from pipelines.transforms import transform_record
@@ -63,9 +64,9 @@ def pretokenize(x, tokenizer, input_type: str):
     return out
 
 
-class _SequenceLength:
-    """What both preprocessors share: a settable ``sequence_length`` (keras-hub's packer is not used) and a
-    ``build`` with nothing to build."""
+class _SequenceLength(FindsPresets):
+    """What both preprocessors share: a settable ``sequence_length`` (keras-hub's packer is not used), a
+    ``build`` with nothing to build, and ``from_preset``'s error for a preset not found (``FindsPresets``)."""
 
     @property
     def sequence_length(self):
@@ -93,6 +94,16 @@ class GPT1TaskPreprocessor(_SequenceLength, keras_hub.models.TextClassifierPrepr
 
     Inputs: a batch of strings (single), a tuple ``(a, b)`` (pairs), ``(context, choices [B, K])``
     (multiple choice), or a dict by field name (``gpt_tf.tasks.INPUT_FIELDS`` and ``"choices"``).
+    Called alone, a tuple is Keras's ``(x, y)``: give pairs as a dict.
+
+    Example:
+
+    ```python
+    import gpt_tf
+    pre = gpt_tf.GPT1TaskPreprocessor.from_preset("books_tiny", sequence_length=64, input_type="pair")
+    features = pre({"premise": ["a man sleeps ."], "hypothesis": ["a person rests ."]})
+    features["input_ids"]                          # [1, 1, 16]: <s> premise $ hypothesis <e>, padded
+    ```
     """
 
     backbone_cls = GPT1Backbone
@@ -181,6 +192,14 @@ class GPT1CausalLMPreprocessor(_SequenceLength, keras_hub.models.CausalLMPreproc
 
     GPT-1 pre-trained on a plain token stream (no start or end token), so none is added; padding
     uses the pad id and comes last.
+
+    Example:
+
+    ```python
+    import gpt_tf
+    pre = gpt_tf.GPT1CausalLMPreprocessor.from_preset("books_tiny", sequence_length=16)
+    x, y, sample_weight = pre(["the man walked into the room ."])   # y: x["token_ids"] shifted by one
+    ```
     """
 
     backbone_cls = GPT1Backbone

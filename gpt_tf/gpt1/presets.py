@@ -12,8 +12,8 @@ import keras_hub
 
 from gpt_tf.gpt1.backbone import GPT1Backbone
 from gpt_tf.gpt1.tokenizer import GPT1Tokenizer
+from gpt_tf.preset_io import shipped_presets
 
-BUILTIN_DIR = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "presets")
 DESCRIPTIONS = {
     "books_tiny": "The `tiny` GPT-1 (4 layers, 256 dims, 128 context, 8k BPE) pre-trained on 409 Gutenberg books "
                   "(bench/torch_pretrain.py, 7,158 updates, held-out perplexity 55.1): the model the README's "
@@ -21,19 +21,11 @@ DESCRIPTIONS = {
 }
 
 
-def builtin_presets() -> dict:
-    """``{name: folder}`` of the presets shipped inside the package."""
-    if not os.path.isdir(BUILTIN_DIR):
-        return {}
-    return {name: os.path.join(BUILTIN_DIR, name) for name in sorted(os.listdir(BUILTIN_DIR))
-            if os.path.isfile(os.path.join(BUILTIN_DIR, name, "config.json"))}
-
-
 def register_builtin_presets() -> None:
     """Registers each shipped preset with keras-hub, so ``from_preset("books_tiny")`` finds its folder
     (no network: keras-hub reads a local folder as the preset's handle)."""
     presets = {}
-    for name, folder in builtin_presets().items():
+    for name, folder in shipped_presets().items():
         with open(os.path.join(folder, "metadata.json")) as f:
             params = json.load(f).get("parameter_count")
         presets[name] = {"metadata": {"description": DESCRIPTIONS.get(name, name), "params": params,

@@ -21,6 +21,7 @@ import tensorflow as tf
 
 from gpt_tf.gpt1 import batching
 from gpt_tf.optim import GPTAdamW, WarmupDecay, make_optimizer
+from gpt_tf.preset_io import FindsPresets
 from gpt_tf.task_model import GPTTaskModel, task_loss
 from gpt_tf.tasks import TaskSpec
 from gpt_tf.training.loop import all_reduce_and_apply
@@ -28,7 +29,7 @@ from gpt_tf.training.loop import all_reduce_and_apply
 PAPER = {"learning_rate": 6.25e-5, "warmup_fraction": 0.002, "weight_decay": 0.01, "clip_norm": 1.0, "lm_coef": 0.5}
 
 
-class GPT1TaskMixin:
+class GPT1TaskMixin(FindsPresets):
     """Mixed into each keras-hub task class (before it): see the module doc."""
 
     def _setup(self, backbone, preprocessor, spec: TaskSpec, dropout: float, lm_coef: float):
@@ -206,6 +207,31 @@ class GPT1TaskMixin:
         if kwargs.get("sample_weight") is not None:
             kwargs = {**kwargs, "sample_weight": batching.take(kwargs["sample_weight"], order)}
         return batching.take(x, order), batching.take(y, order), kwargs, steps
+
+    def export(self, filepath, format="tf_saved_model", verbose=None, input_signature=None,
+               **kwargs):  # pylint: disable=redefined-builtin
+        """Keras's ``Model.export``, for serving: with a preprocessor, ``format="tf_saved_model"`` writes at
+        ``filepath`` the SavedModel ``serving.export.export_task`` writes (``serving_default`` takes the
+        raw strings of each input field; core TF ops only, no TF-Text op, no custom op: stock TF Serving and
+        a process importing only ``tensorflow`` run it; plus ``tokens``, ``features``, ``classify`` /
+        ``regress`` and warm-up requests). Keras's own export traces ``call`` on token ids instead: it is
+        what runs for another ``format``, an ``input_signature`` or a task without preprocessor.
+
+        ```python
+        classifier.export("exported/sst2/1")
+        tf.saved_model.load("exported/sst2/1").signatures["serving_default"](sentence=tf.constant(["a gem"]))
+        ```
+        """
+        if format != "tf_saved_model" or input_signature is not None or self.preprocessor is None or kwargs:
+            return super().export(filepath, format=format, verbose=verbose, input_signature=input_signature,
+                                  **kwargs)
+        from serving.export import export_task_at  # pylint: disable=import-outside-toplevel
+
+        path = export_task_at(self, str(filepath))
+        if verbose:
+            print(f"Saved artifact at '{path}': serving_default takes raw strings "
+                  f"({', '.join(self.task_spec.input_fields)}).")
+        return path
 
     def _task_config(self) -> dict:
         return {"dropout": self.dropout, "lm_coef": self.lm_coef}

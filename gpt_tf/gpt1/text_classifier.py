@@ -37,6 +37,9 @@ class GPT1TextClassifier(GPT1TaskMixin, keras_hub.models.TextClassifier):
 
     ``compile()`` defaults to the paper's recipe (``gpt_tf/gpt1/task.py``); its extra keyword arguments
     ``learning_rate``, ``warmup_fraction``, ``weight_decay``, ``clip_norm`` and ``lm_coef`` change it.
+    ``from_preset`` of a fine-tuned task preset keeps its head and label names; with ``num_classes`` the
+    head is new (keras-hub's rule), and one of another size needs its ``label_names`` too.
+    ``export(path)`` writes a SavedModel whose ``serving_default`` takes raw strings (``GPT1TaskMixin.export``).
 
     Example:
 
@@ -62,7 +65,9 @@ class GPT1TextClassifier(GPT1TaskMixin, keras_hub.models.TextClassifier):
         input_type = _check_input_type(preprocessor, input_type, ("single", "pair", "pair_symmetric"))
         labels = tuple(label_names) if label_names else tuple(str(i) for i in range(num_classes))
         if len(labels) != num_classes:
-            raise ValueError(f"{len(labels)} label_names for num_classes={num_classes}")
+            raise ValueError(f"num_classes={num_classes} but {len(labels)} label_names ({', '.join(labels)}): a task "
+                             "preset's head keeps its label names, so a head of another size needs its own "
+                             f"label_names=[...] ({num_classes} names; None: 0..{num_classes - 1})")
         spec = TaskSpec("keras_classifier", input_type, "classification", labels, ("accuracy",))
         self.num_classes, self.input_type, self.label_names = num_classes, input_type, labels
         self.activation = activation

@@ -19,6 +19,7 @@ from keras_hub.src.utils.tensor_utils import preprocessing_function
 
 from gpt_tf.config import SPECIAL_TOKENS
 from gpt_tf.layers import PACKAGE
+from gpt_tf.preset_io import FindsPresets
 from gpt_tf.text.tokenizer import ENCODER_FILE, MERGES_FILE, GPTTokenizer
 from gpt_tf.text.word_split import END_OF_WORD
 
@@ -26,7 +27,7 @@ SPECIAL_TOKEN_NAMES = {"start": "_start_", "delimiter": "_delimiter_", "extract"
 
 
 @keras.saving.register_keras_serializable(package=PACKAGE)
-class GPT1Tokenizer(keras_hub.tokenizers.Tokenizer):
+class GPT1Tokenizer(FindsPresets, keras_hub.tokenizers.Tokenizer):
     """Strings → GPT-1 BPE ids (ragged ``int32``), and back.
 
     Args:

@@ -16,6 +16,7 @@ import time
 import keras
 import tensorflow as tf
 
+from gpt_tf.checkpoints import continue_from_pretrained
 from gpt_tf.config import GPTConfig
 from gpt_tf.model import GPTLanguageModel, lm_loss
 from gpt_tf.optim import WarmupDecay, make_optimizer
@@ -52,6 +53,7 @@ class TrainConfig:
     sample_every: int = 0  # 0: only at the end
     sample_prompt: str = ""
     sample_length: int = 64
+    init_checkpoint: str = ""  # continue from these weights (a run, ckpt prefix, GPT-1 shards or preset); "": scratch
 
 
 class Pretrainer:
@@ -69,6 +71,10 @@ class Pretrainer:
         keras.utils.set_random_seed(config.seed)
         with strategy.scope():
             self.model = GPTLanguageModel.from_config_preset(model_config, dtype=config.precision)
+            if config.init_checkpoint:  # a resumed run's own checkpoint overrides it in `restore`
+                copied = continue_from_pretrained(self.model, config.init_checkpoint)
+                log(f"initialised from {config.init_checkpoint}: embeddings + {model_config.n_layer} blocks "
+                    f"({len(copied)} arrays)")
             self.schedule = WarmupDecay(config.learning_rate, config.warmup_steps, config.train_steps, config.lr_decay)
             self.optimizer = make_optimizer(
                 self.model.trainable_variables,

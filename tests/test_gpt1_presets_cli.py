@@ -1,0 +1,124 @@
+"""GPT-1 presets through the command lines, end to end: a pre-training run and a fine-tuning run convert to
+presets with ``python -m gpt_tf.gpt1.convert`` (a subprocess, as a user runs it) whose models give the runs'
+logits, and ``python -m gpt_tf.train --init_checkpoint=<preset>`` continues pre-training and fine-tunes from
+one, starting from the preset's weights.
+
+Runs: the ``test`` shape on books_tiny's 8k BPE, n_ctx 32, a few updates on slices of two real books and of SST-2.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from tests.small_runs import BASE_FLAGS, ROOT, build_data, run_clis
+
+BPE = ROOT / "gpt_tf" / "presets" / "books_tiny" / "assets" / "tokenizer"
+TEXTS = ["a gripping , beautifully acted film .", "a dull mess", "it is what it is , no more and no less ."]
+PRETRAIN = [f for f in BASE_FLAGS if not f.startswith("--model=")]  # the model: --model's or --init_checkpoint's
+FINETUNE = ["--task=sst2", "--batch_size=8", "--epochs=1", "--seed=1", "--progress=false", "--json", "--deterministic"]
+FROZEN = ["--learning_rate=0", "--weight_decay=0"]  # updates that leave every weight where it started
+
+
+@pytest.fixture(scope="module")
+def runs(shared_data, tmp_path_factory):
+    """A 3-update pre-training run and a 2-update fine-tuning run (from scratch), each converted to a preset by
+    the CLI: ``<root>/{lm,ft}`` and ``<root>/{lm,ft}_preset``; their data in ``<root>/{data,sst2}``."""
+    from pipelines import finetune_data as fd
+
+    root = tmp_path_factory.mktemp("gpt1_cli")
+    data = build_data(shared_data, root, tokenizer=BPE)
+    fd.build_task_data("sst2", shared_data / "glue" / "SST-2", BPE, root / "sst2", max_examples=16, show_progress=False)
+    run_clis(("gpt_tf.train", *PRETRAIN, "--model=test", f"--data_dir={data}", "--train_steps=3",
+              "--checkpoint_every=3", f"--run_dir={root / 'lm'}"),
+             ("gpt_tf.train", *FINETUNE, "--model=test", "--n_ctx=32", f"--data_dir={root / 'sst2'}",
+              f"--run_dir={root / 'ft'}"))
+    run_clis(("gpt_tf.gpt1.convert", f"--run_dir={root / 'lm'}", f"--preset_dir={root / 'lm_preset'}"),
+             ("gpt_tf.gpt1.convert", f"--run_dir={root / 'ft'}", f"--preset_dir={root / 'ft_preset'}"))
+    return root
+
+
+def _lm(path):
+    """The ``GPTLanguageModel`` of a run, a checkpoint or a preset, restored by the core (no keras-hub)."""
+    from gpt_tf.checkpoints import restore_pretrained_lm
+    from gpt_tf.model import GPTLanguageModel
+    from gpt_tf.run_dir import pretrained_model_config
+
+    lm = GPTLanguageModel.from_config_preset(pretrained_model_config(str(path)))
+    restore_pretrained_lm(lm, str(path))
+    return lm
+
+
+def test_a_pretraining_run_converts_by_the_cli_to_a_preset_with_the_runs_logits(runs):
+    import keras_hub
+
+    preset = str(runs / "lm_preset")
+    x = np.array([[5, 6, 7, 8, 9, 10]])
+    want = _lm(runs / "lm")(x).numpy()
+    backbone = keras_hub.models.Backbone.from_preset(preset)
+    np.testing.assert_array_equal(backbone.embed.logits(backbone(x)), want)
+    causal_lm = keras_hub.models.CausalLM.from_preset(preset)
+    assert type(causal_lm).__name__ == "GPT1CausalLM"
+    np.testing.assert_array_equal(causal_lm({"token_ids": x, "padding_mask": np.ones_like(x, bool)}), want)
+    for name in ("encoder.json", "vocab.bpe"):  # the run's tokenizer, as its data manifest names it
+        assert (runs / "lm_preset" / "assets" / "tokenizer" / name).read_bytes() == (BPE / name).read_bytes()
+
+
+def test_a_finetuning_run_converts_by_the_cli_to_a_task_preset_with_the_runs_logits(runs):
+    import keras_hub
+
+    from gpt_tf.checkpoints import load_task_model
+    from pipelines.run_folder import RunFolder
+
+    model, spec = load_task_model(RunFolder.open(str(runs / "ft")))
+    task = keras_hub.models.TextClassifier.from_preset(str(runs / "ft_preset"))
+    assert type(task).__name__ == "GPT1TextClassifier" and task.label_names == spec.label_names
+    features = task.preprocessor(TEXTS)
+    want = model(features, with_lm=False)["task"].numpy()
+    np.testing.assert_array_equal(task(features).numpy(), want)
+    np.testing.assert_allclose(task.predict(TEXTS, verbose=0), want, atol=1e-6)  # the same, traced in a graph
+
+
+def test_train_continues_pretraining_and_fine_tunes_from_a_preset_starting_at_its_weights(runs, tmp_path):
+    from gpt_tf.checkpoints import load_task_model
+    from pipelines.run_folder import RunFolder
+
+    preset = runs / "lm_preset"
+    procs = run_clis(("gpt_tf.train", *PRETRAIN, *FROZEN, f"--init_checkpoint={preset}", f"--data_dir={runs / 'data'}",
+                      "--train_steps=2", "--checkpoint_every=2", f"--run_dir={tmp_path / 'lm'}"),
+                     ("gpt_tf.train", *FINETUNE, *FROZEN, f"--init_checkpoint={preset}", f"--data_dir={runs / 'sst2'}",
+                      f"--run_dir={tmp_path / 'ft'}"))
+    assert all(f"initialised from {preset}" in proc.stderr for proc in procs), [p.stderr[-2000:] for p in procs]
+    reference = _lm(preset)
+    continued = _lm(tmp_path / "lm")  # its checkpoint after 2 frozen updates: the weights it started from
+    assert int(continued.backbone.config.n_ctx) == 32 and len(continued.weights) == len(reference.weights)
+    for a, b in zip(continued.weights, reference.weights):
+        np.testing.assert_array_equal(a.numpy(), b.numpy(), err_msg=a.path)
+    model, _ = load_task_model(RunFolder.open(str(tmp_path / "ft")))
+    tuned = model.backbone.weights
+    np.testing.assert_array_equal(tuned[0].numpy()[:8000], reference.backbone.weights[0].numpy()[:8000])  # specials re-drawn
+    for a, b in zip(tuned[1:], reference.backbone.weights[1:]):
+        np.testing.assert_array_equal(a.numpy(), b.numpy(), err_msg=a.path)
+
+
+def test_continued_pretraining_names_what_does_not_fit_the_preset(runs):
+    from gpt_tf.run_dir import continued_model_config
+
+    preset = str(runs / "lm_preset")
+    config, problems = continued_model_config(preset, "data/x", {"vocab_size": 8000, "n_ctx": 16, "resid_pdrop": 0.0})
+    assert problems == [] and (config.n_ctx, config.resid_pdrop, config.n_layer) == (16, 0.0, 2)
+    _, problems = continued_model_config(preset, "data/x", {"vocab_size": 500, "n_ctx": 64})
+    assert problems == [f"--init_checkpoint={preset} has 8000 BPE tokens but data/x was tokenized with 500: rebuild "
+                        "it with the model's tokenizer",
+                        f"data/x holds 64-token sequences, longer than the 32 positions of --init_checkpoint={preset}"]
+
+
+@pytest.mark.parametrize("args, message", [
+    (["--init_checkpoint=/nope"], "--init_checkpoint=/nope does not exist"),
+    (["--init_checkpoint=/tmp", "--model=small"], "--model: with --init_checkpoint the model is"),
+])
+def test_bad_init_checkpoint_flags_of_pretraining_fail_fast(args, message):
+    from tests.small_runs import run_cli
+
+    proc = run_cli("gpt_tf.train", "--data_dir=/tmp", "--run_dir=/tmp/x", *args, check=False, timeout=60)
+    assert proc.returncode == 2 and message in proc.stderr, proc.stderr
