@@ -19,7 +19,7 @@ import keras
 import numpy as np
 import tensorflow as tf
 
-from gpt_tf.gpt1 import batching
+import gpt_tf.gpt1.batching as batching
 from gpt_tf.optim import GPTAdamW, WarmupDecay, make_optimizer
 from gpt_tf.preset_io import FindsPresets
 from gpt_tf.task_model import GPTTaskModel, task_loss
