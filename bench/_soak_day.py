@@ -32,7 +32,8 @@ from pathlib import Path
 
 from absl import flags
 
-from bench.soak import EXPECTED, GOOD, HOST, KINDS, ROOT, _PREDICT, Client, percentile_ms, server_stats, soak
+from bench.soak import (EXPECTED, GOOD, HOST, KINDS, ROOT, _PREDICT, Client, percentile_ms, send_one, server_stats,
+                        soak)
 
 OUTPUT = "bench/results/soak_day.md"
 
@@ -149,15 +150,8 @@ def real_client(client: Client, kinds: list, offset: int, stop: threading.Event,
     """One real client all day: ``kinds[0]`` (the phase's request kinds) in turn until ``stop``."""
     i = offset
     while not stop.is_set():
-        kind = kinds[0][i % len(kinds[0])]
+        send_one(client, kinds[0][i % len(kinds[0])], results, lock)
         i += 1
-        start = time.perf_counter()
-        try:
-            outcome = client.send(kind)
-        except OSError as err:
-            outcome = f"client {type(err).__name__}"
-        with lock:
-            results.append((kind, outcome, time.perf_counter() - start, time.monotonic()))
 
 
 def run(args, proc, work: Path, grpc_port: int, rest_port: int) -> dict:

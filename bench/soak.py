@@ -236,14 +236,18 @@ def drive(client: Client, kinds, offset: int, deadline: float, max_requests: int
     for i in range(max_requests):
         if time.monotonic() >= deadline:
             return
-        kind = kinds[(offset + i) % len(kinds)]
-        start = time.perf_counter()
-        try:
-            outcome = client.send(kind)
-        except OSError as err:
-            outcome = f"client {type(err).__name__}"
-        with lock:
-            results.append((kind, outcome, time.perf_counter() - start, time.monotonic()))
+        send_one(client, kinds[(offset + i) % len(kinds)], results, lock)
+
+
+def send_one(client: Client, kind: str, results: list, lock) -> None:
+    """One request of ``kind``; ``(kind, outcome, seconds, when)`` appended to ``results`` (a client error counts)."""
+    start = time.perf_counter()
+    try:
+        outcome = client.send(kind)
+    except OSError as err:
+        outcome = f"client {type(err).__name__}"
+    with lock:
+        results.append((kind, outcome, time.perf_counter() - start, time.monotonic()))
 
 
 def percentile_ms(seconds, q):
