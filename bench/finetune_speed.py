@@ -3,7 +3,8 @@
     python -m bench.finetune_speed                       # ~15 min on 2 cores -> bench/results/finetune_speed.{json,md}
     python -m bench.finetune_speed --mode=padding        # tokens per example after padding, ours and HF's
     python -m bench.finetune_speed --mode=ab --base=REV  # this checkout against commit REV, same stack, same batches
-    python -m bench.finetune_speed --mode=profile        # where the time goes, ours against HF (bench/finetune_profile.py)
+    python -m bench.finetune_speed --mode=profile        # where the time goes, ours against HF (bench/_finetune_profile.py)
+    python -m bench.finetune_speed --mode=zero_shot      # §5 zero-shot scoring, LMScorer before vs after length buckets
 
 Modes: ``speed`` (below); ``padding``; ``ab``: two workers of ``--stack`` (default ``ours_bucketed_bf16``), one
 running this checkout, one ``--base`` from a temporary `git worktree`, from the same seed (round r of each trains
@@ -11,9 +12,11 @@ on the same batches), alternating; the figure is the ratio of the mean examples/
 (differences under ~2% are noise on a quiet 2-core machine; training only). ``profile``: each stack (ours at
 λ = 0, HF Trainer) in its own process records ``--train_steps`` training steps after ``--profile_warmup_steps``
 and one evaluation pass with its framework's profiler, every op's self time sorted into kinds (matmul,
-optimizer, dropout, other ops, outside ops; see ``bench/finetune_profile.py``).
+optimizer, dropout, other ops, outside ops; see ``bench/_finetune_profile.py``). ``zero_shot``: the evaluation of
+§5's zero-shot heuristics, the ``LMScorer`` of the commit before length buckets against today's, on the same BPE
+(``bench/_zero_shot_scoring.py``; ``bench/results/zero_shot_speed.{json,md}``).
 
-Stacks (`bench/finetune_speed_stacks.py`), each in its own worker process, all the `tiny` shape
+Stacks (`bench/_finetune_stacks.py`), each in its own worker process, all the `tiny` shape
 (4 layers, 256 dims, 4 heads, 1024 FFN, 8k BPE + 4 special tokens) with n_ctx 64, batch 32, on the
 same SST-2 training texts tokenized with the project's tokenizer, from random weights:
 
@@ -29,7 +32,7 @@ same SST-2 training texts tokenized with the project's tokenizer, from random we
                          a shape per length): what the finest grid would buy over the default buckets
                          (evaluated too, in bf16)
     keras_fit            the Python API: GPT1TextClassifier.fit (λ = 0.5, fp32) on the same token ids, each batch
-                         padded to its bucket by the preprocessor (bench/finetune_speed_stacks.py KerasFit)
+                         padded to its bucket by the preprocessor (bench/_finetune_stacks.py KerasFit)
     hf_float32           transformers.Trainer, OpenAIGPTForSequenceClassification, dynamic padding,
                          train_sampling_strategy="group_by_length", fp32
     hf_bfloat16          the same with bf16=True (torch.autocast bfloat16)
@@ -65,7 +68,7 @@ from pathlib import Path
 
 from absl import app, flags
 
-from bench.finetune_speed_stacks import define_data_flags
+from bench._finetune_stacks import define_data_flags
 from bench.harness import ROOT, Worker, busy_seconds, header, machine_info, median, save_report, wait_until_quiet
 
 FLAGS = flags.FLAGS
@@ -101,7 +104,8 @@ def eval_stacks(names) -> list:
 
 
 def define_flags():
-    flags.DEFINE_enum("mode", "speed", ["speed", "padding", "ab", "profile"], "what to measure (see the module doc)")
+    flags.DEFINE_enum("mode", "speed", ["speed", "padding", "ab", "profile", "zero_shot"],
+                      "what to measure (see the module doc)")
     flags.DEFINE_string("stacks", ",".join(DEFAULT_STACKS), "comma-separated subset of " + ",".join(STACKS))
     flags.DEFINE_integer("rounds", 3, "counted rounds (after one warm-up round)")
     flags.DEFINE_integer("train_steps", 50, "training steps per worker per round")
@@ -256,7 +260,7 @@ def run_ab(args, task_dir: Path, log) -> tuple[dict, str]:
 
 def speed_report(args, task_dir: Path, stacks: list, log, padding=None) -> dict:
     """``--mode=speed``: the interleaved rounds of ``stacks``, summarised (``bench.speed_table`` runs it too)."""
-    from bench.finetune_speed_stacks import lengths_summary
+    from bench._finetune_stacks import lengths_summary
 
     common = {"task_dir": str(task_dir), "batch_size": args.batch_size, "n_ctx": args.n_ctx,
               "train_steps": args.train_steps, "threads": args.threads}
@@ -283,17 +287,24 @@ def main(argv):
     if args.worker:
         spec = json.loads(args.worker)
         if spec.get("profile"):
-            from bench.finetune_profile import worker_main
+            from bench._finetune_profile import worker_main
         else:
-            from bench.finetune_speed_stacks import worker_main
+            from bench._finetune_stacks import worker_main
         return worker_main(spec)
     mode = "padding" if args.padding_only else args.mode
     unknown = [s for s in args.stacks.split(",") if s not in STACKS]
     if unknown:
         raise app.UsageError(f"--stacks: unknown {unknown}; choose from {list(STACKS)}")
-    from bench.finetune_speed_stacks import padding_summary, prepare_data
+    from bench._finetune_stacks import padding_summary, prepare_data
 
     log = lambda msg: print(msg, flush=True)  # noqa: E731
+    if mode == "zero_shot":
+        from bench._zero_shot_scoring import run_zero_shot
+
+        if not args["rounds"].present:
+            args.rounds = 4
+        out = Path(args.out if args["out"].present else "bench/results/zero_shot_speed.json")
+        return save_report(*run_zero_shot(args), out, log)
     task_dir = prepare_data(Path(args.data_root), Path(args.shared_data), args.books, args.n_ctx, log).resolve()
     out = Path(args.out)
     if mode != "speed" and not args["out"].present:
@@ -305,8 +316,8 @@ def main(argv):
         report, text = run_ab(args, task_dir, log)
         return save_report(report, text, out, log)
     if mode == "profile":
-        from bench.finetune_profile import markdown as profile_markdown
-        from bench.finetune_profile import run_profile
+        from bench._finetune_profile import markdown as profile_markdown
+        from bench._finetune_profile import run_profile
 
         report = run_profile(args, task_dir, log)
         return save_report(report, profile_markdown(report), out, log)

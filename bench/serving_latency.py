@@ -36,9 +36,8 @@ from pathlib import Path
 import numpy as np
 from absl import app, flags
 
-from bench.harness import CpuMeter, header, machine_info
+from bench.harness import ROOT, CpuMeter, header, machine_info
 
-ROOT = Path(__file__).resolve().parents[1]
 FLAGS = flags.FLAGS
 DATA = ROOT.parent / "shared" / "data"
 CONFIGS = ("in-process", "grpc-batched", "grpc-unbatched")

@@ -1,6 +1,7 @@
 r"""Soak test of ``python -m serving.server``: mixed good and malformed traffic, a version swap midway.
 
     python -m bench.soak --minutes=5 --concurrency=16 [--output=bench/results/soak.json]
+    python -m bench.soak --mode=day --swaps=20 --phase_seconds=120 --slow_clients=500   # the operator's day
 
 Exports a ``test``-preset SST-2 task model (random weights, GPT-1's BPE from ``../shared/data``)
 as version 1, starts the server on free ports of 127.0.0.1, and runs ``--concurrency`` client
@@ -17,7 +18,8 @@ failed, p50 / p99 latency of the good requests, the server's RSS, threads and op
 start (models loaded), after warm-up (``--warmup_fraction`` of the time) and at the end, and the
 size of the server's log. Then ``--hold`` connections send a partial header and hold it: how many
 the server refuses at once, its threads and open files meanwhile. Every request goes to 127.0.0.1.
-``bench/soak_day.py`` runs the operator's day on the same pieces: hot swaps, slow clients, malformed traffic.
+``--mode=day`` (``bench/_soak_day.py``) runs the operator's day on the same pieces: hot swaps, slow clients,
+malformed traffic, a table over time in ``bench/results/soak_day.{md,json}``.
 """
 
 from __future__ import annotations
@@ -36,7 +38,8 @@ from pathlib import Path
 
 from absl import app, flags
 
-ROOT = Path(__file__).resolve().parents[1]
+from bench.harness import ROOT
+
 FLAGS = flags.FLAGS
 HOST = "127.0.0.1"
 TEXT = "a gripping, funny and touching film"
@@ -233,14 +236,18 @@ def drive(client: Client, kinds, offset: int, deadline: float, max_requests: int
     for i in range(max_requests):
         if time.monotonic() >= deadline:
             return
-        kind = kinds[(offset + i) % len(kinds)]
-        start = time.perf_counter()
-        try:
-            outcome = client.send(kind)
-        except OSError as err:
-            outcome = f"client {type(err).__name__}"
-        with lock:
-            results.append((kind, outcome, time.perf_counter() - start, time.monotonic()))
+        send_one(client, kinds[(offset + i) % len(kinds)], results, lock)
+
+
+def send_one(client: Client, kind: str, results: list, lock) -> None:
+    """One request of ``kind``; ``(kind, outcome, seconds, when)`` appended to ``results`` (a client error counts)."""
+    start = time.perf_counter()
+    try:
+        outcome = client.send(kind)
+    except OSError as err:
+        outcome = f"client {type(err).__name__}"
+    with lock:
+        results.append((kind, outcome, time.perf_counter() - start, time.monotonic()))
 
 
 def percentile_ms(seconds, q):
@@ -269,6 +276,9 @@ def summarize(results, snapshots, log_path: Path, versions, shed_note) -> dict:
 
 
 def define_flags():
+    from bench import _soak_day  # pylint: disable=import-outside-toplevel  (it imports this module)
+
+    flags.DEFINE_enum("mode", "mixed", ["mixed", "day"], "mixed: the soak above; day: the operator's day")
     flags.DEFINE_float("minutes", 5.0, "how long the clients send requests")
     flags.DEFINE_integer("concurrency", 16, "client threads")
     flags.DEFINE_integer("max_requests", 1_000_000, "per client thread")
@@ -277,18 +287,23 @@ def define_flags():
     flags.DEFINE_bool("no_swap", False, "no version swap (memory under one version only)")
     flags.DEFINE_integer("hold", 500, "then hold this many partial headers (0: skip)")
     flags.DEFINE_string("tokenizer_dir", str(ROOT.parent / "shared" / "data" / "gpt1_bpe"), "GPT-1's BPE")
-    flags.DEFINE_string("output", "", "also write the report here")
+    flags.DEFINE_string("output", "", "also write the report here (--mode=day: bench/results/soak_day.md)")
     flags.DEFINE_multi_string("server_flag", [], "extra serving.server flag (repeatable)")
     flags.DEFINE_string("server_root", str(ROOT), "checkout whose serving.server runs (to compare)")
+    _soak_day.define_flags()
 
 
 def main(argv) -> None:
     del argv  # everything is a flag
+    if FLAGS.mode == "day":
+        from bench._soak_day import day  # pylint: disable=import-outside-toplevel
+
+        return day(FLAGS)
     soak(FLAGS)
 
 
 def soak(args, run_fn=None, prefix: str = "soak_", root: Path | None = None) -> dict:
-    """Exports a model, starts the server, runs the soak (``run_fn``: ``run``, or ``bench/soak_day.py``'s day);
+    """Exports a model, starts the server, runs the soak (``run_fn``: ``run``, or ``bench/_soak_day.py``'s day);
     the report as a dict."""
     os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
     work = Path(tempfile.mkdtemp(prefix=prefix))

@@ -85,7 +85,7 @@ def pretraining(info: dict, preset: str, log) -> list:
 def finetuning(info: dict, log) -> dict:
     """``finetune_speed``'s interleaved rounds: ours (buckets, λ = 0) and HF Trainer, each precision the CPU has."""
     from bench.finetune_speed import speed_report
-    from bench.finetune_speed_stacks import prepare_data
+    from bench._finetune_stacks import prepare_data
 
     args = types.SimpleNamespace(batch_size=32, n_ctx=64, train_steps=FLAGS.finetune_train_steps, threads=1,
                                  precision="float32", books=20, wait_quiet=0.0, rounds=FLAGS.finetune_rounds)

@@ -27,7 +27,8 @@ from pathlib import Path
 
 from absl import app, flags
 
-ROOT = Path(__file__).resolve().parents[1]
+from bench.harness import ROOT
+
 FLAGS = flags.FLAGS
 DATA = ROOT.parent / "shared" / "data"
 

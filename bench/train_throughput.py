@@ -1,8 +1,16 @@
 """Training throughput of our GPT-1 vs a keras-hub stack and vs PyTorch/transformers, same machine, same run.
 
+    python -m bench.train_throughput                     # --mode=stacks: the training step, three stacks
+    python -m bench.train_throughput --mode=loop --model=small --batch_size=4 [--jit_compile] [--peak_tflops=989]
+    python -m bench.train_throughput --mode=optimizer    # one AdamW update alone, ours vs torch's fused AdamW
+
+Modes: ``stacks`` (below); ``loop``: the real pre-training loop (``Pretrainer``: reader, strategy, accumulation,
+XLA) and its MFU, a row appended to ``bench/results/pretrain_throughput.{json,md}`` (``bench/_pretrain_loop.py``);
+``optimizer``: the optimizer update alone (``bench/_optimizer_step.py``).
+
 For each preset × precision it times full training steps (forward, backward, global-norm clipping,
 AdamW update; dropout on) on one identical random batch with three stacks (see
-``bench/train_throughput_stacks.py``): ``ours``, ``keras_hub`` and ``torch``. Every stack lives in
+``bench/_train_stacks.py``): ``ours``, ``keras_hub`` and ``torch``. Every stack lives in
 its own fresh worker process. With ``--schedule=interleaved`` (default) the workers of one
 preset × precision are started together and stepped round-robin, one step at a time, so that a
 load change on a shared machine hits every stack alike; ``--schedule=sequential`` runs one worker
@@ -29,6 +37,7 @@ from pathlib import Path
 
 from absl import app, flags
 
+from bench import _optimizer_step, _pretrain_loop
 from bench.harness import Worker, emit, header, machine_info, measure_peak, measure_peaks, median, save_report, timed
 from bench.harness import wait_until_quiet
 
@@ -40,7 +49,6 @@ PRESET_DEFAULTS = {
     "tiny": {"batch": 8, "seq": 128, "warmup": 3, "steps": 10},
     "test": {"batch": 8, "seq": 32, "warmup": 3, "steps": 20},
 }
-ROOT = Path(__file__).resolve().parents[1]
 FLAGS = flags.FLAGS
 
 
@@ -49,7 +57,7 @@ FLAGS = flags.FLAGS
 
 def worker_main(spec):
     """Worker: builds the stack, then runs one step per ``step`` line on stdin until stdin closes."""
-    from bench.train_throughput_stacks import build_step
+    from bench._train_stacks import build_step
 
     if spec["kind"] == "peak":
         emit("RESULT", measure_peak(spec["lib"], spec["sizes"], spec["reps"], spec["threads"], spec["quiet_share"]))
@@ -212,6 +220,7 @@ def _quiet_count(row, quiet_share):
 
 
 def define_flags():
+    flags.DEFINE_enum("mode", "stacks", ["stacks", "loop", "optimizer"], "what to measure (see the module doc)")
     flags.DEFINE_string("presets", "gpt1,small", "comma-separated model presets")
     flags.DEFINE_string("precisions", "float32,bfloat16", "float32 and/or bfloat16")
     flags.DEFINE_string("stacks", ",".join(STACKS), "comma-separated subset of " + ",".join(STACKS))
@@ -228,8 +237,11 @@ def define_flags():
                       "torch.optim.AdamW implementation (fused: the fastest on CPU)")
     flags.DEFINE_integer("threads", os.cpu_count(), "torch intra-op threads")
     flags.DEFINE_string("peak_sizes", "512,1024,2048,4096", "square matmul sizes for the peak FLOP/s")
-    flags.DEFINE_string("out", "bench/results/train_throughput.json", "the JSON report (the .md snippet goes beside it)")
+    flags.DEFINE_string("out", None, "the JSON report (the .md goes beside it; default bench/results/"
+                        "train_throughput.json, --mode=loop: pretrain_throughput.json)")
     flags.DEFINE_string("worker", None, "internal: run as a worker with this JSON spec")
+    _pretrain_loop.define_flags()
+    _optimizer_step.define_flags()
 
 
 def check_flags(args) -> None:
@@ -246,6 +258,8 @@ def main(argv):
     args = FLAGS
     if args.worker:
         return worker_main(json.loads(args.worker))
+    if args.mode != "stacks":
+        return {"loop": _pretrain_loop, "optimizer": _optimizer_step}[args.mode].main(args)
     check_flags(args)
     report = {
         "command": " ".join(["python -m bench.train_throughput", *sys.argv[1:]]),
@@ -290,7 +304,7 @@ def main(argv):
     for preset in args.presets.split(","):
         counts = {row_name(r): r["n_params"] for r in report["rows"] if r["preset"] == preset}
         log(f"{preset}: parameters {counts}; config.n_params = {get_preset(preset).n_params:,}")
-    save_report(report, markdown(report), Path(args.out), log)
+    save_report(report, markdown(report), Path(args.out or "bench/results/train_throughput.json"), log)
 
 
 if __name__ == "__main__":

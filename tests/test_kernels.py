@@ -194,7 +194,7 @@ def test_gpt_adamw_gives_the_same_updates_with_and_without_the_kernel(lib, monke
 
 def test_gpt_adamw_compiled_with_xla_runs_the_stock_update(lib):
     """XLA cannot compile the kernel: a ``jit_compile`` update traces the stock ops and gives the
-    fused update's values (``bench/optimizer_speed.py`` times that path)."""
+    fused update's values (``bench.train_throughput --mode=optimizer`` times that path)."""
     from gpt_tf.optim import make_optimizer
 
     rng = np.random.default_rng(3)

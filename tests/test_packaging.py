@@ -27,6 +27,9 @@ PACKAGES = ("gpt_tf", "pipelines", "serving")
 # Examples for commands run from a checkout (paths relative to it), read only when a flag names them.
 NOT_SHIPPED = {"serving/models.config", "serving/models.docker.config", "serving/batching_parameters.txt"}
 PROBE = "gpt_tf/presets/zz_packaging_probe/assets/tokenizer/probe.txt"  # a preset-like file, nested
+# Generators of package data, run by hand with the dev extra (``python -m gpt_tf.text.make_spacy_rules`` needs
+# spaCy); they sit beside the data they write, and no runtime module imports them.
+DATA_GENERATORS = {"gpt_tf/text/make_spacy_rules.py": "gpt_tf.text.make_spacy_rules"}
 
 
 def _pyproject() -> dict:
@@ -131,21 +134,30 @@ def test_setup_sh_takes_torchs_cpu_build_at_the_dev_extras_pin():
     assert found.stdout.split() == [f'"{p}"' for p in pins] and len(pins) == 1, (found.stdout, pins)
 
 
+def _imports(path: Path) -> list[str]:
+    """The absolute module names ``path`` imports, inside functions too (``from a import b``: ``a`` and ``a.b``)."""
+    names = []
+    for node in ast.walk(ast.parse(path.read_text(), str(path))):
+        if isinstance(node, ast.Import):
+            names += [a.name for a in node.names]
+        elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
+            names += [node.module] + [f"{node.module}.{a.name}" for a in node.names]
+    return names
+
+
+def _runtime_files() -> list[Path]:
+    return [path for pkg in PACKAGES for path in sorted((ROOT / pkg).rglob("*.py"))]
+
+
 def _third_party_imports() -> dict[str, str]:
     """``{top-level module: first file importing it}`` over the runtime packages, imports inside functions too."""
     found = {}
-    for pkg in PACKAGES:
-        for path in sorted((ROOT / pkg).rglob("*.py")):
-            for node in ast.walk(ast.parse(path.read_text(), str(path))):
-                if isinstance(node, ast.Import):
-                    names = [a.name for a in node.names]
-                elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
-                    names = [node.module]
-                else:
-                    continue
-                for top in (n.split(".")[0] for n in names):
-                    if top not in sys.stdlib_module_names and top not in PACKAGES and top != "__future__":
-                        found.setdefault(top, path.relative_to(ROOT).as_posix())
+    for path in _runtime_files():
+        if path.relative_to(ROOT).as_posix() in DATA_GENERATORS:
+            continue
+        for top in (n.split(".")[0] for n in _imports(path)):
+            if top not in sys.stdlib_module_names and top not in PACKAGES and top != "__future__":
+                found.setdefault(top, path.relative_to(ROOT).as_posix())
     return found
 
 
@@ -163,3 +175,12 @@ def test_every_package_the_runtime_code_imports_is_a_runtime_dependency():
             kind = "a dev-only package" if names & dev else "not a declared dependency"
             problems.append(f"{where} imports {module} ({', '.join(sorted(names)) or 'not installed'}): {kind}")
     assert not problems, "\n".join(problems)
+
+
+def test_no_runtime_module_imports_a_data_generator():
+    """The generators may import dev packages (spaCy) because nothing that runs after `pip install` imports them."""
+    generators = set(DATA_GENERATORS.values())
+    importers = [f"{path.relative_to(ROOT).as_posix()} imports {name}" for path in _runtime_files()
+                 for name in _imports(path) if name in generators]
+    assert not importers, importers
+    assert all((ROOT / path).is_file() for path in DATA_GENERATORS), DATA_GENERATORS

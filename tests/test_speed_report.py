@@ -26,3 +26,22 @@ def test_goals_of_a_lambda0_only_run():
     assert [(what, round(ratio, 2)) for what, ratio, _ in goals] == [
         ("fine-tuning train: ours_bucketed_lm0 / hf_float32", 1.5),
         ("fine-tuning eval: ours_bucketed_lm0 / hf_float32", 1.5)]
+
+
+def test_the_speed_table_goals_file_name_and_table():
+    info = {"cpu": "AMD EPYC 9B45", "isa": ["avx2", "fma", "avx512f", "avx512_bf16"]}
+    assert speed_table.cpu_slug(info) == "amd_epyc_9b45_avx512_bf16"
+    rows = [{"preset": "tiny", "stack": s, "precision": "float32", "tokens_per_s": t, "batch": 8, "seq": 128,
+             "others_cpu_share": 0.5, "vs_keras_hub": 1.5, "vs_torch": 3.0}
+            for s, t in (("ours", 300.0), ("keras_hub", 200.0), ("torch", 100.0))]
+    report = {"pretraining": rows, "finetuning": {"summary": {"rows": {
+        "ours_bucketed_lm0": {"train": 150.0, "eval": 400.0, "others_cpu_share": 0.1},
+        "hf_float32": {"train": 100.0, "eval": 400.0, "others_cpu_share": 0.1}}}}}
+    assert [(what.split(":")[0], round(r, 2), g) for what, r, g in speed_table.goals(report)] == [
+        ("pre-training tiny", 1.5, 1.25), ("pre-training tiny", 3.0, 1.5), ("fine-tuning train", 1.5, 1.5),
+        ("fine-tuning eval", 1.0, 1.5)]
+    report.update(command="python -m bench.speed_table", date="2026-11-26T01:00+00:00", header="AMD EPYC",
+                  settings="settings auto: ...", goals=speed_table.goals(report))
+    table = speed_table.markdown(report)
+    assert "| tiny | float32 | 8 × 128 | 300 | 200 | 100 | 1.50× | 3.00× | 50% |" in table
+    assert "| fine-tuning eval: ours_bucketed_lm0 / hf_float32 | 1.00× | ≥ 1.5× | no |" in table

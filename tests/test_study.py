@@ -1,4 +1,4 @@
-"""bench/study.py: which runs the study makes (arms → flags), the LSTM recipe, the report and figures from records.
+"""bench/experiments/study.py: which runs the study makes (arms → flags), the LSTM recipe, the report and figures from records.
 
 No model runs here (the runs are the CLIs tested elsewhere); the report is built from synthetic records
 whose expected numbers are known.
@@ -11,10 +11,10 @@ from pathlib import Path
 
 import pytest
 
-from bench.study import (coarse_to_fine, finetune_specs, lstm_pretrain_cmd, parse_part, part_of, recipe_flags, resolve_plan,
+from bench.experiments.study import (coarse_to_fine, finetune_specs, lstm_pretrain_cmd, parse_part, part_of, recipe_flags, resolve_plan,
                          reused_run)
-from bench.study_flags import parse_args
-from bench.study_report import write_report
+from bench.experiments.study_flags import parse_args
+from bench.experiments.study_report import write_report
 
 TRAIN_CONFIG = {"data_dir": "data/books_tiny", "batch_size": 32, "grad_accum_steps": 1, "learning_rate": 3e-4,
                 "lr_decay": "cosine", "weight_decay": 0.01, "clip_norm": 1.0, "precision": "mixed_bfloat16", "seed": 0,
@@ -119,21 +119,21 @@ def test_report_tables_checks_and_figures(tmp_path):
               "train_subsample": 0, "precision": "mixed_bfloat16", "lstm_steps": 2000,
               "zero_shot_tasks": ["cola", "sst2"], "zero_shot_max_examples": 0}
     out = tmp_path / "docs"
-    write_report(records, config, out, "python -m bench.study --scale=cpu", 42.0, str(tmp_path / "tasks"))
+    write_report(records, config, out, "python -m bench.experiments.study --scale=cpu", 42.0, str(tmp_path / "tasks"))
     md = (out / "results.md").read_text()
     assert "| Transformer w/ aux LM (full) | 70.5 | 61.0 (60.0–62.0) | 80.0 [1 of 3 seeds] |" in md
     assert "mean Δ = **+7.5** points over 2 tasks (better on 2 of 2)" in md  # rte 61 − 50, sst2 80 − 76
     assert "| rte | 2,490 | 61.0 | 62.0 | -1.0 |" in md and "| 4 (all) | 61.0 (60.0–62.0) |" in md
     assert "rte: 4 vs 0 blocks +9.0 points" in md
     assert "| transformer | 250 | 0.100 [+0.10] | 0.590 [+0.30] |" in md  # sst2 (0.59 − 0.5) / (0.80 − 0.5)
-    assert "cola 1.000 (perfect score" in md and "python -m bench.study --scale=cpu" in md
+    assert "cola 1.000 (perfect score" in md and "python -m bench.experiments.study --scale=cpu" in md
     for name in ("results.md", "ablations.png", "layer_transfer.png", "zero_shot.png"):
         assert (out / name).is_file()
     assert all((out / n).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" for n in ("ablations.png", "zero_shot.png"))
 
 
 def test_a_runs_root_keeps_one_configuration(tmp_path):
-    from bench.study import _check_configuration
+    from bench.experiments.study import _check_configuration
 
     _check_configuration(Path(tmp_path), {"epochs": 3, "seeds": [0]})
     _check_configuration(Path(tmp_path), {"epochs": 3, "seeds": [0]})

@@ -13,9 +13,9 @@ import ftfy
 import pytest
 import tensorflow as tf
 
-from bench import spacy_rules
 from bench.reference_encoder import ReferenceEncoder
 from bench.tokenizer_fidelity import fidelity_sets, score
+from gpt_tf.text import make_spacy_rules as spacy_rules
 from gpt_tf.text import text_clean
 from gpt_tf.text.tokenizer import GPTTokenizer
 
@@ -168,7 +168,7 @@ def test_word_split_is_spacys(gpt1, reference, corpus):
 
 
 def test_spacy_rules_file_is_current(reference):  # pylint: disable=unused-argument  (needs spaCy)
-    """gpt_tf/text/spacy_en_rules.json is what bench/spacy_rules.py exports from the installed spaCy."""
+    """gpt_tf/text/spacy_en_rules.json is what gpt_tf/text/make_spacy_rules.py exports from the installed spaCy."""
     assert json.loads(spacy_rules.OUTPUT.read_text(encoding="utf-8")) == spacy_rules.export()
 
 

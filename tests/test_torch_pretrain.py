@@ -1,4 +1,4 @@
-"""Pre-training on a GPU machine without TensorFlow (bench.torch_pretrain) and back into a gpt_tf run.
+"""Pre-training on a GPU machine without TensorFlow (bench.torch_pretrain.train) and back into a gpt_tf run.
 
 Records -> token streams -> a few PyTorch reference updates -> weights imported as a gpt_tf run whose
 model gives the reference's logits, and whose windows are exactly the records.
@@ -27,7 +27,7 @@ def run_module(module, *args):
 
 
 def test_presets_match_gpt_tf():
-    from bench.torch_pretrain import PRESETS
+    from bench.torch_pretrain.train import PRESETS
     from gpt_tf.config import get_preset
 
     for name, sizes in PRESETS.items():
@@ -39,7 +39,7 @@ def test_presets_match_gpt_tf():
 def test_lr_schedule_matches_gpt_tf():
     import tensorflow as tf
 
-    from bench.torch_pretrain import lr_at
+    from bench.torch_pretrain.train import lr_at
     from gpt_tf.optim import WarmupDecay
 
     ours = WarmupDecay(1e-3, 10, 100, "cosine")
@@ -70,8 +70,8 @@ def test_reference_run_round_trip(records, tmp_path):
     transformers = pytest.importorskip("transformers")
     import tensorflow as tf
 
-    from bench.torch_pretrain import PRESETS, build_model, windows
-    from bench.torch_pretrain_io import export, import_run
+    from bench.torch_pretrain.train import PRESETS, build_model, windows
+    from bench.torch_pretrain.convert import export, import_run
     from gpt_tf.config import GPTConfig
     from gpt_tf.model import GPTLanguageModel
     from gpt_tf.checkpoints import restore_pretrained_lm
@@ -88,7 +88,7 @@ def test_reference_run_round_trip(records, tmp_path):
     assert meta["tokens"]["train"] == len(streams["train"])
 
     out = tmp_path / "gpu"
-    run_module("bench.torch_pretrain", f"--tokens={tokens}", f"--out_dir={out}", "--model=test", "--batch_size=8",
+    run_module("bench.torch_pretrain.train", f"--tokens={tokens}", f"--out_dir={out}", "--model=test", "--batch_size=8",
                "--epochs=2", "--evals=2", "--eval_windows=64", "--keep=1")
     log = [json.loads(line) for line in (out / "log.jsonl").read_text().splitlines()]
     steps = log[0]["setting"]["steps"]
@@ -121,3 +121,21 @@ def test_reference_run_round_trip(records, tmp_path):
     with torch.no_grad():
         theirs = reference(torch.from_numpy(ids.astype(np.int64))).logits.numpy()
     np.testing.assert_allclose(np.asarray(ours(ids))[..., : meta["vocab_size"]], theirs, atol=1e-4)
+
+
+def test_the_shipped_books_preset_is_the_runs_last_checkpoint(tmp_path):
+    """`--weights_dir=gpt_tf/presets/books_tiny` (the README's walk-through): the preset, with the kept run's
+    log beside its weights, is one checkpoint at the run's last step; a folder with neither is refused."""
+    from bench.torch_pretrain.convert import checkpoint_steps, read_log
+
+    preset = ROOT / "gpt_tf" / "presets" / "books_tiny"
+    setting, rows = read_log(str(preset))
+    assert setting["steps"] == 7158 and rows[-1]["step"] == 7158 and round(rows[-1]["valid_ppl"], 1) == 55.1
+    assert checkpoint_steps(str(preset), setting["steps"]) == {7158: [str(preset)]}
+    (tmp_path / "weights-5.part0.npz").write_bytes(b"")
+    (tmp_path / "weights-9.part1.npz").write_bytes(b"")
+    (tmp_path / "weights-9.part0.npz").write_bytes(b"")
+    assert checkpoint_steps(str(tmp_path), 9) == {5: [str(tmp_path / "weights-5.part0.npz")],
+                                                  9: [str(tmp_path / f"weights-9.part{k}.npz") for k in (0, 1)]}
+    with pytest.raises(FileNotFoundError, match="not a gpt_tf preset"):
+        checkpoint_steps(str(tmp_path / "empty"), 9)

@@ -161,7 +161,7 @@ def test_readme_command_1_and_the_walkthrough_work_as_written(project):
     assert "Held-out perplexity" in demo.stdout and "The run: runs/shakespeare_tiny" in demo.stdout
     assert demo.stderr.count("loaded runs/shakespeare_tiny/checkpoints/ckpt-4 (step 4)") == 2, demo.stderr
     assert "resumed from" not in demo.stderr
-    # The shipped books model became a run (its four kept checkpoints) that fine-tuning started from.
+    # The shipped books preset became a run (its one checkpoint, the last update) that fine-tuning started from.
     assert (project / "runs" / "books_tiny" / "checkpoints" / "ckpt-7158.index").is_file()
     # The submission: GLUE's layout (SST-2's labels as 0 / 1), one row per test example (40 at this scale).
     rows = (project / "runs" / "finetune_sst2_tiny" / "SST-2.test.tsv").read_text().splitlines()

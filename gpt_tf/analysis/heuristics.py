@@ -22,7 +22,7 @@ zero-shot and fine-tuned scores are on the same stories; 0 scores all of ``val``
 Normalisation as in Fig. 2 (right): ``(score − chance) / (reference − chance)``, where chance is
 the metric of random guessing (accuracy 1/choices, Matthews 0) and ``reference`` a score the user
 supplies per task. The paper used the state of the art; here it is the same model size's fine-tuned
-score on the same split (``bench/study.py`` passes its full-transfer median). Without a reference
+score on the same split (``bench/experiments/study.py`` passes its full-transfer median). Without a reference
 only the raw score is reported.
 """
 

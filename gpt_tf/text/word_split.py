@@ -4,7 +4,7 @@ GPT-1 (openai/finetune-transformer-lm ``text_utils.py``) ran spaCy's English tok
 after ``ftfy.fix_text`` and ``text_standardize``, lower-cased each token and applied BPE to it. This
 module is that split, for the offline tokenizer; ``gpt_tf/text/tf_word_split.py`` is the same algorithm
 in core TensorFlow ops. Both use the patterns and tables built here, from
-``gpt_tf/text/spacy_en_rules.json`` (spaCy 3.8's English rules, written by ``bench/spacy_rules.py``).
+``gpt_tf/text/spacy_en_rules.json`` (spaCy 3.8's English rules, written by ``gpt_tf/text/make_spacy_rules.py``).
 
 The text is cut at spaces into chunks (after ``text_standardize`` a ``'\\n'`` chunk stands for every
 line break). A chunk is split as spaCy's ``Tokenizer`` does (its ``_split_affixes`` and
@@ -31,7 +31,7 @@ here: explicit code points in classes, no back-references, leftmost-first altern
 Words are lower-cased after the split, per word, as the release's ``token.text.lower()``. Known
 differences from spaCy: its matcher that re-merges special cases across already split tokens
 (``_apply_special_cases``) is not reproduced, and URL host labels and top-level domains have no
-length limit (spaCy: 63); see ``bench/spacy_rules.py`` for the two lookarounds dropped.
+length limit (spaCy: 63); see ``gpt_tf/text/make_spacy_rules.py`` for the two lookarounds dropped.
 """
 
 from __future__ import annotations

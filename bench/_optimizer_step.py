@@ -1,9 +1,11 @@
-"""One optimizer update of the `tiny` model's 5.2M parameters, timed alone: ours against HF's default.
+"""``bench.train_throughput --mode=optimizer``: one optimizer update of the `tiny` model's 5.2M parameters, timed
+alone: ours against HF's default.
 
-    python -m bench.optimizer_speed        # ~1 min; prints ms per update
+    python -m bench.train_throughput --mode=optimizer        # ~1 min; prints ms per update
 
 Same parameter shapes (the `tiny` backbone's trainable variables), random gradients large enough to be
-clipped, one thread each, median of ``--reps`` updates after ``--warmup``, the stacks alternating:
+clipped, one thread each, median of ``--reps`` updates after ``--warmup`` (default 3), the stacks alternating
+for ``--rounds`` rounds:
 
     gpt_tf graph   ``GPTAdamW.clip_and_apply`` in a ``tf.function``: the update the training loop runs
                    (global-norm clip, then gpt_tf's fused AdamW kernel where it runs, else the decoupled
@@ -19,15 +21,13 @@ from __future__ import annotations
 import statistics
 import time
 
-from absl import app, flags
-
-FLAGS = flags.FLAGS
+from absl import flags
 
 
 def define_flags():
-    flags.DEFINE_integer("reps", 30, "timed updates per stack and round")
-    flags.DEFINE_integer("rounds", 3, "rounds, each stack in turn")
-    flags.DEFINE_integer("warmup", 3, "untimed updates per stack first")
+    """``--reps`` and ``--rounds`` (``--warmup`` is ``bench.train_throughput``'s)."""
+    flags.DEFINE_integer("reps", 30, "--mode=optimizer: timed updates per stack and round")
+    flags.DEFINE_integer("rounds", 3, "--mode=optimizer: rounds, each stack in turn")
 
 
 def ours(jit: bool):
@@ -59,8 +59,8 @@ def torch_fused(shapes):
     return step
 
 
-def main(argv):
-    del argv
+def main(args) -> None:
+    warmup = 3 if args.warmup is None else args.warmup
     import tensorflow as tf
     import torch
 
@@ -76,19 +76,15 @@ def main(argv):
     stacks = {"gpt_tf graph": graph, "gpt_tf XLA": xla, "torch fused": torch_fused(shapes)}
     times = {name: [] for name in stacks}
     for step in stacks.values():
-        for _ in range(FLAGS.warmup):
+        for _ in range(warmup):
             step()
-    for _ in range(FLAGS.rounds):
+    for _ in range(args.rounds):
         for name, step in stacks.items():
-            for _ in range(FLAGS.reps):
+            for _ in range(args.reps):
                 start = time.perf_counter()
                 step()
                 times[name].append(time.perf_counter() - start)
-    print(f"{n:,} parameters, one thread; ms per update (median of {FLAGS.rounds} x {FLAGS.reps}):")
+    print(f"{n:,} parameters, one thread; ms per update (median of {args.rounds} x {args.reps}):")
     for name, seconds in times.items():
         print(f"  {name:13s} {1000 * statistics.median(seconds):6.2f}")
 
-
-if __name__ == "__main__":
-    define_flags()
-    app.run(main)

@@ -1,8 +1,8 @@
 """What every fine-tuning table shares: one run's command, running it timed, a resumable ledger, medians.
 
-``bench/finetune_table.py`` (pre-trained vs scratch) and ``bench/study.py`` (the §5 analysis) build
-their runs with ``finetune_spec`` and run them with ``run_one``; each finished run is one JSON line
-of a ledger, so an interrupted table resumes where it stopped.
+``reproduction.py`` (pre-trained vs scratch) and ``study.py`` (the §5 analysis) build their runs with
+``finetune_spec`` and run them with ``run_one``; each finished run is one JSON line of a ledger, so an
+interrupted table resumes where it stopped.
 """
 
 from __future__ import annotations
@@ -17,7 +17,8 @@ import sys
 import time
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
+from bench.harness import ROOT
+
 # Context per task, from the token lengths in the task manifests (max view lengths: SST-2 73,
 # CoLA 52, STS-B 142, MRPC 135, RTE 370, Story Cloze 94); longer views are truncated by the
 # documented rule of pipelines/transforms.py.
@@ -27,7 +28,7 @@ N_CTX = {"sst2": 64, "cola": 64, "stsb": 96, "mrpc": 128, "rte": 128, "story_clo
 def finetune_spec(task: str, arm: str, seed: int, *, runs_root, tasks_dir, precision: str,
                   init_checkpoint: str = "", model: str = "", extra=(), recipe: str = "") -> dict:
     """One ``python -m gpt_tf.train --task`` run: the recipe of ``configs/finetune_<task><recipe>.flags``
-    (``recipe=""``: the paper's; ``"_tiny"``: the small-model recipe chosen by ``bench/reproduction.py``).
+    (``recipe=""``: the paper's; ``"_tiny"``: the small-model recipe chosen by ``bench/experiments/reproduction.py``).
 
     ``init_checkpoint`` (a pre-training run) or ``model`` (a preset, from scratch); ``extra``: more flags.
     """

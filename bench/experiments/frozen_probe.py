@@ -1,6 +1,6 @@
 """How much of a regression task the frozen model's states already hold: a ridge probe on dev.
 
-    python -m bench.frozen_probe --task_dir=data/tasks_books/stsb --pretrained=runs/books_tiny   # ~2 min
+    python -m bench.experiments.frozen_probe --task_dir=data/tasks_books/stsb --pretrained=runs/books_tiny   # ~2 min
 
 The probe reads the final block's states at the extract tokens, as the fine-tuned head does (for a
 symmetric pair task the two orders' states added, §3.3), from the pre-trained model and from the same

@@ -1,6 +1,6 @@
 """The study's report: ``results.md`` (tables, checks of the paper's claims, configuration, commands) and figures.
 
-Everything here is computed from the ledger of ``bench/study.py`` (fine-tuning records, the zero-shot
+Everything here is computed from the ledger of ``bench/experiments/study.py`` (fine-tuning records, the zero-shot
 CSVs, the LSTM pre-training record); nothing is typed in by hand. Cells are the median over seeds
 with the range (min–max) when there are several. Figures follow the paper's Fig. 2 (left: dev score
 against the number of transferred layers; right: zero-shot score over pre-training, transformer
@@ -21,7 +21,7 @@ import os
 import subprocess
 from pathlib import Path
 
-from bench.finetune_runs import dev_score, main_metric, median_spread
+from bench.experiments.finetune_runs import dev_score, main_metric, median_spread
 from gpt_tf.analysis.heuristics import HEURISTICS
 from gpt_tf.metrics import spearman
 
@@ -184,8 +184,8 @@ def departures(config, train_config, model_config, sizes) -> list[str]:
             "BooksCorpus (~800M words) with 64 × 512-token batches.",
             f"- Fine-tuning: {sub}, " + (f"{config['epochs']} epoch(s) of the paper's recipe" if config.get("recipe", "paper") == "paper"
             else "each task's small-model recipe for every arm (`configs/finetune_<task>_tiny.flags`, chosen on dev by "
-            "`bench/reproduction.py`)") + f", seeds {config['seeds']}, shorter contexts "
-            "(bench/finetune_runs.N_CTX), precision " + config["precision"] + "; dev sets, not test sets."
+            "`bench/experiments/reproduction.py`)") + f", seeds {config['seeds']}, shorter contexts "
+            "(bench/experiments/finetune_runs.N_CTX), precision " + config["precision"] + "; dev sets, not test sets."
             + (" Story Cloze is scored on a 30% hold-out of its val file (the paper fine-tunes on val and tests on "
                "test)." if "story_cloze" in config["tasks"] + config["zero_shot_tasks"] else ""),
             f"- The LSTM baseline: one layer with about the transformer's non-embedding parameters "
@@ -220,7 +220,7 @@ def wall_clock(records) -> str:
 
 def write_report(records, config, out_dir: Path, command: str, seconds: float, tasks_dir: str) -> None:
     """Writes ``out_dir/results.md`` and the PNG figures from the study's records."""
-    from bench.study_figures import ablation_figure, layer_figure, zero_shot_figure
+    from bench.experiments.study_figures import ablation_figure, layer_figure, zero_shot_figure
 
     out_dir.mkdir(parents=True, exist_ok=True)
     pre = Path(config["pretrained"])

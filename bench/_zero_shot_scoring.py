@@ -1,33 +1,31 @@
-"""Zero-shot scoring speed (`gpt_tf/analysis/lm_scorer.py`): the scorer before and after length buckets, interleaved.
+"""``bench.finetune_speed --mode=zero_shot``: zero-shot scoring speed (`gpt_tf/analysis/lm_scorer.py`), the scorer
+before and after length buckets, interleaved.
 
-    python -m bench.zero_shot_speed          # ~5 min on 2 cores -> bench/results/zero_shot_speed.{json,md}
+    python -m bench.finetune_speed --mode=zero_shot     # ~5 min on 2 cores -> bench/results/zero_shot_speed.{json,md}
 
 The requests are those of the §5 heuristics (`gpt_tf/analysis/heuristics.py`) on the real dev sets of
 SST-2 (sentence + "very" -> "positive" / "negative"), CoLA (the sentence) and Story Cloze (the
-30% hold-out of val: story -> each ending), tokenized with the 8k BPE of `bench/finetune_speed.py`;
+30% hold-out of val: story -> each ending), tokenized with the 8k BPE of `bench/finetune_speed.py` (its ``--books``, ``--data_root``);
 the model is the `tiny` preset with random weights (speed does not depend on the weights).
 
     before   the scorer as it was: each batch padded to its longest sequence, the LM head at every position
     after    `LMScorer` now: each batch padded to a length bucket, the LM head at the scored positions only
 
 Both score the same requests in the same process, alternating round by round; tokens/s counts
-the real (unpadded) model-input tokens. The sums of log-probabilities of the two are compared.
+the real (unpadded) model-input tokens. The sums of log-probabilities of the two are compared. ``--rounds``
+counted rounds (4 unless given), ``--batch_size`` sequences per scoring batch.
 """
 
 from __future__ import annotations
 
 import datetime
-import json
 import sys
 from pathlib import Path
 
 import numpy as np
-from absl import app, flags
 
 from bench.harness import machine_info, median, timed
 
-ROOT = Path(__file__).resolve().parents[1]
-FLAGS = flags.FLAGS
 TASKS = {"sst2": "glue/SST-2", "cola": "glue/CoLA", "story_cloze": "story_cloze"}
 
 
@@ -48,20 +46,9 @@ def before_scorer(lm, bos_id, batch_size):
     return scorer
 
 
-def define_flags():
-    flags.DEFINE_integer("rounds", 4, "counted rounds per scorer (after one warm-up)")
-    flags.DEFINE_integer("batch_size", 32, "sequences per scoring batch")
-    flags.DEFINE_integer("books", 20, "books the 8k BPE is trained on (as bench.finetune_speed)")
-    flags.DEFINE_string("data_root", "data/bench_finetune_speed", "BPE cache (shared with bench.finetune_speed)")
-    flags.DEFINE_string("shared_data", str(ROOT.parent / "shared" / "data"), "the shared data folder (books, GLUE)")
-    flags.DEFINE_string("out", "bench/results/zero_shot_speed.json", "the JSON report (the .md goes beside it)")
-
-
-def main(argv):
-    del argv  # everything is a flag
-    args = FLAGS
-
-    from bench.finetune_speed_stacks import train_bpe
+def run_zero_shot(args) -> tuple[dict, str]:
+    """(the report, its markdown) of ``--rounds`` interleaved rounds of the two scorers."""
+    from bench._finetune_stacks import train_bpe
     from gpt_tf.config import get_preset
     from gpt_tf.analysis.heuristics import HEURISTICS, load_examples, requests
     from gpt_tf.analysis.lm_scorer import LMScorer
@@ -88,7 +75,7 @@ def main(argv):
                 log[name].append({"s": wall, "others_cpu_share": others})
     rows = {name: {"tokens_per_s": round(tokens / median([m["s"] for m in ms])),
                    "others_cpu_share": round(median([m["others_cpu_share"] for m in ms]), 3)} for name, ms in log.items()}
-    report = {"command": " ".join(["python -m bench.zero_shot_speed", *sys.argv[1:]]),
+    report = {"command": " ".join(["python -m bench.finetune_speed", *sys.argv[1:]]),
               "date": datetime.datetime.now().astimezone().isoformat(timespec="seconds"), "machine": machine_info(),
               "requests": len(reqs), "model_input_tokens": tokens, "batch_size": args.batch_size, "rows": rows,
               "speed_up": round(rows["after"]["tokens_per_s"] / rows["before"]["tokens_per_s"], 2),
@@ -99,13 +86,4 @@ def main(argv):
             + "".join(f"| {n} | {r['tokens_per_s']} | {100 * r['others_cpu_share']:.0f}% |\n" for n, r in rows.items())
             + f"\nafter / before: {report['speed_up']}×; largest difference of a log-probability sum: "
               f"{report['max_abs_diff_logprob_sums']:.2e}\n")
-    print("\n" + text)
-    out = Path(args.out)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(json.dumps(report, indent=1) + "\n")
-    out.with_suffix(".md").write_text(text)
-
-
-if __name__ == "__main__":
-    define_flags()
-    app.run(main)
+    return report, text

@@ -1,19 +1,19 @@
 """Does pre-training pay off? Recipe sweeps per arm, then the 3-seed table and test-set predictions.
 
     # 1. sweep a recipe grid on dev, seed 0, for each arm (each arm gets its own sweep)
-    python -m bench.reproduction --stage=sweep --arm=scratch --tasks=rte,mrpc \\
+    python -m bench.experiments.reproduction --stage=sweep --arm=scratch --tasks=rte,mrpc \\
         --grid="learning_rate=2.5e-4,1e-3;epochs=3,6"
-    python -m bench.reproduction --stage=sweep --arm=pretrained --tasks=rte,mrpc --grid="..."
+    python -m bench.experiments.reproduction --stage=sweep --arm=pretrained --tasks=rte,mrpc --grid="..."
     # 2. each (task, arm) with its best dev recipe, seeds 0-2 (seed 0 is the sweep's run, not redone)
-    python -m bench.reproduction --stage=table --seeds=0,1,2
+    python -m bench.experiments.reproduction --stage=table --seeds=0,1,2
     # 3. seed 0 of each arm predicts the unlabeled test files (GLUE submission layout)
-    python -m bench.reproduction --stage=predict --tasks=sst2,mrpc,stsb,story_cloze
+    python -m bench.experiments.reproduction --stage=predict --tasks=sst2,mrpc,stsb,story_cloze
     # 4. only rewrite the report from the ledger
-    python -m bench.reproduction --stage=report
+    python -m bench.experiments.reproduction --stage=report
     # 5. the pre-trained arm's chosen recipes as flagfiles: configs/finetune_<task>_tiny.flags
-    python -m bench.reproduction --stage=configs
+    python -m bench.experiments.reproduction --stage=configs
 
-Every run is one ``python -m gpt_tf.train --task`` process (``bench.finetune_runs.finetune_spec``: the
+Every run is one ``python -m gpt_tf.train --task`` process (``bench.experiments.finetune_runs.finetune_spec``: the
 task's flagfile, the arm's initialisation, then the recipe's flags), timed wall-clock; each finished run is
 one line of the ledger (``--ledger``, with the commit that ran it), keyed by (task, arm, seed, recipe), so an
 interrupted stage resumes and a run already in the ledger is never redone. The choice of recipe reads dev scores only; the test
@@ -30,8 +30,8 @@ from pathlib import Path
 
 from absl import app, flags
 
-from bench.finetune_runs import (N_CTX, ROOT, append_ledger, dev_score, finetune_spec, load_ledger, main_metric, median_spread,
-                                 run_command, run_one, shown_command)
+from bench.experiments.finetune_runs import (N_CTX, ROOT, append_ledger, dev_score, finetune_spec, load_ledger,
+                                             main_metric, median_spread, run_command, run_one, shown_command)
 
 FLAGS = flags.FLAGS
 ARMS = ("pretrained", "scratch")
@@ -131,7 +131,7 @@ def write_report(records: list[dict]) -> None:
     """bench/results/reproduction.md: the table (median, min-max over seeds), then every sweep."""
     chosen = best_recipes(records)
     lines = ["# Pre-trained vs from scratch, each arm with its own recipe chosen on dev", "",
-             "Written by `python -m bench.reproduction --stage=report` from `" + FLAGS.ledger + "`.", "",
+             "Written by `python -m bench.experiments.reproduction --stage=report` from `" + FLAGS.ledger + "`.", "",
              "| task | metric | goal | pre-trained median [min–max] | seeds | from scratch median [min–max] | seeds "
              "| Δ median | s/run (pre / scratch) |", "|---|---|---:|---|---:|---|---:|---:|---|"]
     deltas = []
@@ -177,12 +177,12 @@ def write_configs(records: list[dict], configs_dir: Path) -> list[Path]:
         runs = cell_runs(records, task, "pretrained", recipe)
         stats = median_spread(dev_score(r) for r in runs.values())
         path = configs_dir / f"finetune_{task}_tiny.flags"
-        lines = [f"# The small-model fine-tuning recipe for {task}, chosen on dev by bench/reproduction.py (issue #13)",
+        lines = [f"# The small-model fine-tuning recipe for {task}, chosen on dev by bench/experiments/reproduction.py (issue #13)",
                  f"# for a `tiny` books model: dev {main_metric(task)} median {stats[0]:.1f} [{stats[1]:.1f}-{stats[2]:.1f}] "
                  f"over {len(runs)} seed(s).",
                  f"# Run: python -m gpt_tf.train --flagfile=configs/finetune_{task}_tiny.flags --init_checkpoint=runs/books_tiny "
                  f"--data_dir=data/tasks_books/{task}",
-                 "# Written by `python -m bench.reproduction --stage=configs`; the paper's recipe stays in "
+                 "# Written by `python -m bench.experiments.reproduction --stage=configs`; the paper's recipe stays in "
                  f"finetune_{task}.flags (gpt1).",
                  f"--flagfile=configs/finetune_{task}.flags", f"--run_dir=runs/finetune_{task}_tiny", f"--n_ctx={N_CTX[task]}"]
         lines += [f"--{k}={v}" for k, v in sorted(recipe.items())]

@@ -1,10 +1,10 @@
-"""The TensorFlow side of `bench.torch_pretrain`: token streams out, a gpt_tf run folder back in.
+"""The TensorFlow side of `bench.torch_pretrain.train`: token streams out, a gpt_tf run folder back in.
 
     # 1. here: the pre-training records as two token streams (uint16) for the accelerator
-    python -m bench.torch_pretrain_io --action=export --data_dir=data/books_tiny --tokens=.gpu/books_tiny.npz
-    # 2. there: python -m bench.torch_pretrain --tokens=.gpu/books_tiny.npz --out_dir=$OUT/run ...
+    python -m bench.torch_pretrain.convert --action=export --data_dir=data/books_tiny --tokens=.gpu/books_tiny.npz
+    # 2. there: python -m bench.torch_pretrain.train --tokens=.gpu/books_tiny.npz --out_dir=$OUT/run ...
     # 3. here: its weights as a gpt_tf pre-training run, usable by --init_checkpoint, zero-shot, eval, export
-    python -m bench.torch_pretrain_io --action=import --weights_dir=<out_dir> --data_dir=data/books_tiny \\
+    python -m bench.torch_pretrain.convert --action=import --weights_dir=<out_dir> --data_dir=data/books_tiny \\
         --run_dir=runs/books_tiny --model=tiny --plot=docs/books_pretraining.png
 
 Export reads the records of ``pipelines.pretrain_data`` and rebuilds each split's stream (window i holds
@@ -36,7 +36,8 @@ def define_flags():
     flags.DEFINE_enum("action", None, ["export", "import"], "export: records -> streams; import: weights -> run.")
     flags.DEFINE_string("data_dir", None, "A pipelines.pretrain_data output folder.")
     flags.DEFINE_string("tokens", "", "export: the npz to write.")
-    flags.DEFINE_string("weights_dir", "", "import: bench.torch_pretrain's --out_dir (log.jsonl, weights-*.npz).")
+    flags.DEFINE_string("weights_dir", "", "import: bench.torch_pretrain.train's --out_dir (log.jsonl, weights-*.npz), "
+                        "or a gpt_tf preset with its log.jsonl (gpt_tf/presets/books_tiny: one checkpoint, the last step).")
     flags.DEFINE_string("run_dir", "", "import: the gpt_tf run folder to create.")
     flags.DEFINE_string("model", "tiny", "import: the preset the accelerator trained.")
     flags.DEFINE_string("plot", "", "import: also draw held-out perplexity against tokens seen into this PNG.")
@@ -78,10 +79,6 @@ def export(data_dir: str, out: str) -> dict:
     return meta
 
 
-REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-PRESET_POINTER = "final_preset.txt"
-
-
 def read_log(weights_dir: str) -> tuple[dict, list[dict]]:
     """(the run's setting, its evaluation rows) from log.jsonl."""
     setting, rows = {}, []
@@ -94,20 +91,19 @@ def read_log(weights_dir: str) -> tuple[dict, list[dict]]:
     return setting, rows
 
 
-def checkpoint_steps(weights_dir: str) -> dict[int, list[str]]:
-    """step -> its weight part files (or ``[preset folder]`` for a step moved into a gpt_tf preset, named by
-    ``final_preset.txt``: "<step> <folder relative to the repository root>"), in step order."""
+def checkpoint_steps(weights_dir: str, final_step: int) -> dict[int, list[str]]:
+    """step -> its weight part files, in step order; a gpt_tf preset folder (``gpt_tf/presets/books_tiny``: the
+    kept run's final weights, with its ``log.jsonl`` and ``sweep.jsonl``) is the one checkpoint ``final_step``."""
+    from gpt_tf import preset_io
+
+    if preset_io.is_preset(weights_dir):
+        return {final_step: [weights_dir]}
     steps: dict[int, list[str]] = {}
     for path in glob.glob(os.path.join(weights_dir, "weights-*.part*.npz")):
         step = int(re.match(r"weights-(\d+)\.part\d+\.npz", os.path.basename(path)).group(1))
         steps.setdefault(step, []).append(path)
-    pointer = os.path.join(weights_dir, PRESET_POINTER)
-    if os.path.isfile(pointer):
-        with open(pointer) as f:
-            step, folder = f.read().split()
-        steps[int(step)] = [os.path.join(REPO, folder)]
     if not steps:
-        raise FileNotFoundError(f"{weights_dir}: no weights-<step>.part<k>.npz files")
+        raise FileNotFoundError(f"{weights_dir}: no weights-<step>.part<k>.npz files and not a gpt_tf preset")
     return {s: sorted(steps[s]) for s in sorted(steps)}
 
 
@@ -132,7 +128,7 @@ def import_run(weights_dir: str, data_dir: str, run_dir: str, model: str) -> dic
         raise ValueError(f"{weights_dir} was trained on tokenizer files {trained_on}, but {data_dir} was built with "
                          f"{tokenizer_digests(manifest['tokenizer'])}: rebuild it with the run's BPE files")
     config = get_preset(model, vocab_size=manifest["tokenizer"]["vocab_size"], n_ctx=manifest["config"]["n_ctx"])
-    steps = checkpoint_steps(weights_dir)
+    steps = checkpoint_steps(weights_dir, setting["steps"])
     train_config = TrainConfig(
         data_dir=data_dir, run_dir=run_dir, batch_size=setting["batch_size"], train_steps=setting["steps"],
         learning_rate=setting["learning_rate"], warmup_steps=setting["warmup"], lr_decay="cosine",
@@ -140,7 +136,7 @@ def import_run(weights_dir: str, data_dir: str, run_dir: str, model: str) -> dic
         seed=setting["seed"], keep_checkpoints=len(steps))
     trainer = Pretrainer(config, train_config, tf.distribute.get_strategy(), log=lambda *_: None)
     for step, parts in steps.items():
-        if preset_io.is_preset(parts[0]):  # the final weights, moved into gpt_tf/presets/ (float32 as they were)
+        if preset_io.is_preset(parts[0]):  # the final weights as shipped in gpt_tf/presets/ (float32 as they were)
             preset_io.load_preset_weights(trainer.model.backbone, parts[0])
         else:
             state = {}
@@ -157,7 +153,7 @@ def import_run(weights_dir: str, data_dir: str, run_dir: str, model: str) -> dic
             tf.summary.scalar("perplexity", row["valid_ppl"], step=row["step"])
             tf.summary.scalar("loss", row["valid_loss"], step=row["step"])
     writer.flush()
-    provenance = {"trained_by": "bench.torch_pretrain (transformers OpenAIGPTLMHeadModel, the reference that "
+    provenance = {"trained_by": "bench.torch_pretrain.train (transformers OpenAIGPTLMHeadModel, the reference that "
                                 "tests/test_weights.py proves equal to gpt_tf's model)",
                   "setting": setting, "curve": rows, "checkpoints": list(steps)}
     with open(os.path.join(run_dir, "provenance.json"), "w") as f:

@@ -33,9 +33,8 @@ import subprocess
 import sys
 from pathlib import Path
 
-from bench.harness import Clock, machine_info, timed
+from bench.harness import ROOT, Clock, machine_info, timed
 
-ROOT = Path(__file__).resolve().parents[1]
 KINDS = ("matmul", "optimizer", "dropout", "other ops", "outside ops")
 TAG = "@@finetune_profile "
 OTHERS = "others' CPU"
@@ -86,7 +85,7 @@ def profile_ours(spec: dict, warmup_steps: int, steps: int) -> dict:
 
     import tensorflow as tf
 
-    from bench.finetune_speed_stacks import Ours
+    from bench._finetune_stacks import Ours
 
     stack = Ours(spec)
     scope = stack.tuner.optimizer.name
@@ -135,7 +134,7 @@ def torch_op_seconds(prof) -> dict:
 def profile_hf(spec: dict, warmup_steps: int, steps: int) -> dict:
     from torch.profiler import ProfilerActivity, profile
 
-    from bench.finetune_speed_stacks import HF
+    from bench._finetune_stacks import HF
 
     out, state = {}, {}
 
@@ -205,7 +204,7 @@ def worker_main(spec: dict) -> None:
 
 def run_profile(args, task_dir: Path, log) -> dict:
     """Profiles ours (λ = 0) and HF Trainer one after the other, each in a ``bench.finetune_speed`` worker."""
-    from bench.finetune_speed_stacks import lengths_summary
+    from bench._finetune_stacks import lengths_summary
 
     bf16 = args.precision != "float32"
     short, ours_precision = ("bf16", "mixed_bfloat16") if bf16 else ("fp32", "float32")

@@ -3,7 +3,7 @@ r"""Fig. 2 (right) for one pre-training run: zero-shot scores over its kept chec
     python -m gpt_tf.analysis.zero_shot --run_dir=runs/books_tiny --task=cola,sst2,story_cloze --include_init \
         --data_dir=../shared/data/glue/CoLA,../shared/data/glue/SST-2,../shared/data/story_cloze \
         --output_csv=runs/zero_shot_books/zero_shot.csv
-    python -m bench.zero_shot_curve --csv=runs/zero_shot_books/zero_shot.csv --out=docs/zero_shot_books
+    python -m bench.experiments.zero_shot_curve --csv=runs/zero_shot_books/zero_shot.csv --out=docs/zero_shot_books
 
 Writes ``<out>.md`` and ``<out>.png``. The normalisation is the paper's: (score - chance) / (reference -
 chance), where the reference is the pre-trained arm's median dev score in the reproduction ledger
@@ -30,9 +30,9 @@ def define_flags():
 
 def references(ledger: Path, tasks) -> dict:
     """{task: (reference, source)}: the pre-trained arm's median dev score (chosen recipe), if usable."""
-    from bench.finetune_runs import dev_score, load_ledger, median_spread
-    from bench.reproduction import best_recipes, cell_runs
-    from bench.study_report import MIN_MARGIN
+    from bench.experiments.finetune_runs import dev_score, load_ledger, median_spread
+    from bench.experiments.reproduction import best_recipes, cell_runs
+    from bench.experiments.study_report import MIN_MARGIN
     from gpt_tf.analysis.heuristics import HEURISTICS
 
     records = load_ledger(ledger) if ledger.is_file() else []
@@ -50,8 +50,8 @@ def references(ledger: Path, tasks) -> dict:
 
 def main(argv):
     del argv
-    from bench.study_figures import zero_shot_figure
-    from bench.study_report import zero_shot_section
+    from bench.experiments.study_figures import zero_shot_figure
+    from bench.experiments.study_report import zero_shot_section
 
     with open(FLAGS.csv) as f:
         rows = {(row["task"], int(row["step"])): row for row in csv.DictReader(f)}  # the last row wins
@@ -65,7 +65,7 @@ def main(argv):
     section = zero_shot_section(zs, refs)
     section = [line.replace("](zero_shot.png)", f"]({out.with_suffix('.png').name})") for line in section]
     written = datetime.datetime.now().isoformat(timespec="seconds")
-    head = [f"Written {written} by `python -m bench.zero_shot_curve --csv={FLAGS.csv} --out={FLAGS.out}`.", ""]
+    head = [f"Written {written} by `python -m bench.experiments.zero_shot_curve --csv={FLAGS.csv} --out={FLAGS.out}`.", ""]
     out.with_suffix(".md").write_text("\n".join(section[:1] + [""] + head + section[2:]) + "\n")
     print(out.with_suffix(".md").read_text())
 

@@ -1,6 +1,7 @@
-r"""Tokens/s and MFU of the pre-training loop itself: ``Pretrainer``, as ``python -m gpt_tf.train`` runs it.
+r"""``bench.train_throughput --mode=loop``: tokens/s and MFU of the pre-training loop itself, ``Pretrainer``, as
+``python -m gpt_tf.train`` runs it.
 
-``bench/train_throughput.py`` times one step function on one batch, three stacks side by side; this
+``--mode=stacks`` times one step function on one batch, three stacks side by side; this
 times the real loop instead, under the strategy, precision and ``--jit_compile`` given: the tf.data
 reader over GZIP TFRecords, ``strategy.run``, gradient accumulation, the all-reduce, clipping and
 AdamW, with dropout on. The records hold random tokens (speed does not depend on them).
@@ -10,12 +11,14 @@ MFU = tokens/s × ``GPTConfig.flops_per_token`` / peak. The peak is ``--peak_tfl
 measured here, on the same device, in the compute dtype.
 
     # on a GPU machine (the figure the README asks for):
-    python -m bench.pretrain_throughput --model=gpt1 --batch_size=64 --precision=mixed_bfloat16 \
+    python -m bench.train_throughput --mode=loop --model=gpt1 --batch_size=64 --precision=mixed_bfloat16 \
         --jit_compile --peak_tflops=989 --out=bench/results/pretrain_throughput_gpu.json
     # here (CPU):
-    python -m bench.pretrain_throughput --model=small --batch_size=4 --precision=mixed_bfloat16 --jit_compile
+    python -m bench.train_throughput --mode=loop --model=small --batch_size=4 --precision=mixed_bfloat16 --jit_compile
 
-Each run appends one row to ``--out`` (JSON) and rewrites the markdown table next to it (``.md``).
+``--warmup`` untimed steps (default 3: tracing, XLA compilation), then ``--steps`` timed ones (default 10).
+Each run appends one row to ``--out`` (JSON, default ``bench/results/pretrain_throughput.json``) and rewrites the
+markdown table next to it (``.md``).
 On a shared CPU, "our share of the cores" (process CPU time ÷ wall time × cores, medians) shows how
 much of the machine the run had: other processes took the rest.
 """
@@ -31,24 +34,23 @@ import tempfile
 import time
 from pathlib import Path
 
-from absl import app, flags
+from absl import flags
 
 from bench.harness import cpu_seconds, header, machine_info, measure_peak
 
-FLAGS = flags.FLAGS
+OUT = "bench/results/pretrain_throughput.json"
 
 
 def define_flags():
-    flags.DEFINE_string("model", "small", "preset: gpt1, small, tiny or test")
-    flags.DEFINE_integer("batch_size", 4, "global batch, in sequences")
-    flags.DEFINE_integer("grad_accum_steps", 1, "micro-batches per update")
-    flags.DEFINE_enum("precision", "float32", ["float32", "mixed_bfloat16"], "the Keras dtype policy")
-    flags.DEFINE_bool("jit_compile", False, "XLA-compile the step")
-    flags.DEFINE_enum("strategy", "default", ["default", "one_device", "mirrored"], "the tf.distribute strategy")
-    flags.DEFINE_integer("warmup", 3, "untimed steps (tracing, XLA compilation)")
-    flags.DEFINE_integer("steps", 10, "timed steps")
-    flags.DEFINE_float("peak_tflops", 0.0, "peak for MFU (0: measure a matmul here)")
-    flags.DEFINE_string("out", "bench/results/pretrain_throughput.json", "the JSON rows (the .md table goes beside it)")
+    """The loop's own flags (``--warmup``, ``--steps`` and ``--out`` are ``bench.train_throughput``'s)."""
+    flags.DEFINE_string("model", "small", "--mode=loop: preset: gpt1, small, tiny or test")
+    flags.DEFINE_integer("batch_size", 4, "--mode=loop: global batch, in sequences")
+    flags.DEFINE_integer("grad_accum_steps", 1, "--mode=loop: micro-batches per update")
+    flags.DEFINE_enum("precision", "float32", ["float32", "mixed_bfloat16"], "--mode=loop: the Keras dtype policy")
+    flags.DEFINE_bool("jit_compile", False, "--mode=loop: XLA-compile the step")
+    flags.DEFINE_enum("strategy", "default", ["default", "one_device", "mirrored"],
+                      "--mode=loop: the tf.distribute strategy")
+    flags.DEFINE_float("peak_tflops", 0.0, "--mode=loop: peak for MFU (0: measure a matmul here)")
 
 
 def _write_random_records(folder: Path, vocab: int, n_ctx: int, sequences: int, seed: int = 0) -> None:
@@ -130,7 +132,7 @@ def run(args) -> dict:
     flops = model_config.flops_per_token(model_config.n_ctx)
     return {
         "when": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
-        "command": "python -m bench.pretrain_throughput " + " ".join(sys.argv[1:]),
+        "command": "python -m bench.train_throughput " + " ".join(sys.argv[1:]),
         "device": _device(), "replicas": strategy.num_replicas_in_sync, "tensorflow": tf.__version__,
         "model": args.model, "params": model_config.n_params, "batch": args.batch_size, "seq": model_config.n_ctx,
         "grad_accum_steps": args.grad_accum_steps, "precision": args.precision, "jit_compile": args.jit_compile,
@@ -161,10 +163,12 @@ def markdown(rows) -> str:
     return "\n".join(lines) + f"\n\nCommands:\n\n{commands}\n"
 
 
-def main(argv):
-    del argv  # everything is a flag
-    row = run(FLAGS)
-    out = Path(FLAGS.out)
+def main(args) -> None:
+    """One row appended to ``--out`` (JSON) and the table of every row rewritten beside it."""
+    args.warmup = 3 if args.warmup is None else args.warmup
+    args.steps = 10 if args.steps is None else args.steps
+    row = run(args)
+    out = Path(args.out or OUT)
     rows = json.loads(out.read_text()) if out.exists() else []
     rows.append(row)
     out.parent.mkdir(parents=True, exist_ok=True)
@@ -172,7 +176,3 @@ def main(argv):
     out.with_suffix(".md").write_text(markdown(rows))
     print(markdown([row]))
 
-
-if __name__ == "__main__":
-    define_flags()
-    app.run(main)

@@ -1,11 +1,11 @@
 r"""The paper's §5 analysis at a CPU scale, in one command: ablations, layer transfer, zero-shot, figures.
 
-    python -m bench.study --pretrained=runs/books_tiny --scale=cpu
-    python -m bench.study --pretrained=runs/books_tiny --tasks_dir=data/tasks_books --scale=cpu_full_data
-    python -m bench.study --pretrained=runs/books_tiny --scale=smoke --out_dir=/tmp/study_smoke \
+    python -m bench.experiments.study --pretrained=runs/books_tiny --scale=cpu
+    python -m bench.experiments.study --pretrained=runs/books_tiny --tasks_dir=data/tasks_books --scale=cpu_full_data
+    python -m bench.experiments.study --pretrained=runs/books_tiny --scale=smoke --out_dir=/tmp/study_smoke \
         --runs_root=runs/study_smoke                      # minutes: checks the pipeline end to end
-    python -m bench.study ... --part=0/2 & python -m bench.study ... --part=1/2   # two processes side by side
-    python -m bench.study --pretrained=runs/books_tiny --tasks_dir=data/tasks_books --scale=books \
+    python -m bench.experiments.study ... --part=0/2 & python -m bench.experiments.study ... --part=1/2   # two processes side by side
+    python -m bench.experiments.study --pretrained=runs/books_tiny --tasks_dir=data/tasks_books --scale=books \
         --precision=float32 --reuse_ledger=bench/results/reproduction.jsonl   # issue #13's recipes, full data
 
 Phases, each a subprocess whose command, output and wall-clock time go to ``<runs_root>/study.jsonl``
@@ -15,7 +15,7 @@ Phases, each a subprocess whose command, output and wall-clock time go to ``<run
    ``--data_root`` rebuilt with the pre-trained run's tokenizer, N train examples by guid hash;
 2. zero-shot (``python -m gpt_tf.analysis.zero_shot``) on every kept checkpoint of the transformer's pre-training
    and on its initialisation (step 0);
-3. fine-tuning (``bench/finetune_runs.py``, the paper's recipe): per task and seed the arms ``full``
+3. fine-tuning (``bench/experiments/finetune_runs.py``, the paper's recipe): per task and seed the arms ``full``
    (all blocks transferred, λ 0.5), ``scratch`` (no pre-training) and ``lm0`` (λ = 0), plus
    ``transfer<k>`` for k = 0 … n_layer − 1 blocks on the layer-transfer tasks (k = n_layer is ``full``);
 4. the LSTM baseline (Table 5): ``--lstm_run``, or pre-trained here with ``--model=lstm_<preset>`` on the
@@ -24,7 +24,7 @@ Phases, each a subprocess whose command, output and wall-clock time go to ``<run
    the start, beside phases 2–3 (its log: ``<runs_root>/lstm_<preset>.log``); then its zero-shot and its
    fine-tuning arm ``lstm``;
 5. ``<out_dir>/results.md`` and the figures ``layer_transfer.png``, ``zero_shot.png``, ``ablations.png``
-   (``bench/study_report.py``), rewritten from the ledger after every run.
+   (``bench/experiments/study_report.py``), rewritten from the ledger after every run.
 
 ``--scale`` picks defaults for the knobs that set the cost (tasks, seeds, layers, epochs, train
 subsample, zero-shot sample, LSTM steps); any knob given on the command line wins. One ``--runs_root``
@@ -43,10 +43,10 @@ from pathlib import Path
 
 from absl import app, flags
 
-from bench import study_flags
-from bench.finetune_runs import (ROOT, BackgroundCommand, append_ledger, finetune_spec, load_ledger, preset_of,
-                                 run_command, run_one, shown_command)
-from bench.study_flags import FLAGS, RECIPES, SCALES, define_flags
+from bench.experiments import study_flags
+from bench.experiments.finetune_runs import (ROOT, BackgroundCommand, append_ledger, finetune_spec, load_ledger,
+                                             preset_of, run_command, run_one, shown_command)
+from bench.experiments.study_flags import FLAGS, RECIPES, SCALES, define_flags
 
 # Where each task's official files sit under --data_root (the layout of ../shared/data).
 OFFICIAL = {"sst2": "glue/SST-2", "cola": "glue/CoLA", "mrpc": "glue/MRPC", "stsb": "glue/STS-B", "rte": "glue/RTE",
@@ -68,7 +68,7 @@ def resolve_plan(args, n_layer: int, pretrain_steps: int) -> dict:
                 for t in plan["tasks"] + plan["transfer_tasks"] if t not in OFFICIAL]
     problems += [f"--layers: {k} is not within 0..{n_layer}" for k in plan["layers"] if not 0 <= k <= n_layer]
     if problems:
-        sys.exit("bench.study: " + "; ".join(problems))
+        sys.exit("bench.experiments.study: " + "; ".join(problems))
     return plan
 
 
@@ -82,7 +82,7 @@ def parse_part(text: str) -> tuple[int, int]:
     except ValueError:
         part = parts = -1
     if not 0 <= part < parts:
-        sys.exit(f"bench.study: --part={text!r} is not i/n with 0 <= i < n")
+        sys.exit(f"bench.experiments.study: --part={text!r} is not i/n with 0 <= i < n")
     return part, parts
 
 
@@ -95,11 +95,11 @@ def task_data(plan: dict, args, tokenizer_dir: str, ledger: Path, build: bool = 
     """The folder of task TFRecords: --tasks_dir, or the official files rebuilt with a train subsample."""
     if not plan["train_subsample"]:
         if not args.tasks_dir:
-            sys.exit("bench.study: without --train_subsample the study needs --tasks_dir (task TFRecords)")
+            sys.exit("bench.experiments.study: without --train_subsample the study needs --tasks_dir (task TFRecords)")
         missing = [t for t in set(plan["tasks"] + plan["transfer_tasks"])
                    if not (Path(args.tasks_dir) / t / "manifest.json").is_file()]
         if missing:
-            sys.exit(f"bench.study: --tasks_dir={args.tasks_dir!r} lacks {sorted(missing)} "
+            sys.exit(f"bench.experiments.study: --tasks_dir={args.tasks_dir!r} lacks {sorted(missing)} "
                      "(build them with pipelines.finetune_data, or give --train_subsample)")
         return args.tasks_dir
     out = Path(args.runs_root) / f"tasks_sub{plan['train_subsample']}"
@@ -107,7 +107,7 @@ def task_data(plan: dict, args, tokenizer_dir: str, ledger: Path, build: bool = 
         if (out / task / "manifest.json").is_file():
             continue
         if not build:
-            sys.exit(f"bench.study: {out / task} is not built yet; start --part=0/n first")
+            sys.exit(f"bench.experiments.study: {out / task} is not built yet; start --part=0/n first")
         cmd = [sys.executable, "-m", "pipelines.finetune_data", f"--task={task}",
                f"--data_dir={Path(args.data_root) / OFFICIAL[task]}", f"--tokenizer_dir={tokenizer_dir}",
                f"--output_dir={out / task}", "--noprogress", f"--train_subsample={plan['train_subsample']}"]
@@ -172,7 +172,7 @@ def finetune_specs(plan: dict, args, tasks_dir: str, preset: str, lstm_run: str)
 
 def recipe_flags(task: str, recipe: str) -> dict:
     """The flags of ``configs/finetune_<task><suffix>.flags`` beyond the task flagfile it includes and the
-    run's own folder and context: the recipe, as bench/reproduction.py records it."""
+    run's own folder and context: the recipe, as bench/experiments/reproduction.py records it."""
     lines = (ROOT / "configs" / f"finetune_{task}{RECIPES[recipe]}.flags").read_text().splitlines()
     flags = dict(line[2:].partition("=")[::2] for line in lines if line.startswith("--"))
     return {k: v for k, v in flags.items() if k not in ("flagfile", "run_dir", "n_ctx")}
@@ -218,7 +218,7 @@ def _check_configuration(runs_root: Path, config: dict) -> None:
         before = _json(path)
         changed = sorted(k for k in set(before) | set(config) if before.get(k) != config.get(k))
         if changed:
-            sys.exit(f"bench.study: {runs_root} holds a study with another configuration ({', '.join(changed)} "
+            sys.exit(f"bench.experiments.study: {runs_root} holds a study with another configuration ({', '.join(changed)} "
                      "differ); use another --runs_root")
     else:
         runs_root.mkdir(parents=True, exist_ok=True)
@@ -243,7 +243,7 @@ class Study:
         _check_configuration(self.runs_root, self.config)
         self.reuse = load_ledger(Path(args.reuse_ledger)) if args.reuse_ledger else []
         self.have = {self.key(r) for r in load_ledger(self.ledger)}
-        self.command = shlex.join(["python", "-m", "bench.study",  # the runs' command: --report_only runs none
+        self.command = shlex.join(["python", "-m", "bench.experiments.study",  # the runs' command: --report_only runs none
                                    *(a for a in sys.argv[1:] if a != "--report_only")])
         tokenizer_dir = _json(Path(self.train_config["data_dir"]) / "manifest.json")["tokenizer"]["dir"]
         self.tasks_dir = task_data(self.plan, args, tokenizer_dir, self.ledger,
@@ -261,7 +261,7 @@ class Study:
         return self.key({"kind": "finetune", **spec})
 
     def report(self) -> None:
-        from bench.study_report import write_report
+        from bench.experiments.study_report import write_report
 
         write_report(self.done, self.config, Path(self.args.out_dir), self.command,
                      None if self.args.report_only else time.time() - self.started, self.tasks_dir)

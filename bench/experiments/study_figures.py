@@ -11,7 +11,7 @@ import matplotlib
 matplotlib.use("Agg")  # files only, no display
 import matplotlib.pyplot as plt  # noqa: E402
 
-from bench.finetune_runs import median_spread  # noqa: E402
+from bench.experiments.finetune_runs import median_spread  # noqa: E402
 
 
 def _style(ax, xlabel, ylabel, title):

@@ -1,6 +1,6 @@
 """Pre-trains the project's GPT on an accelerator that has PyTorch but no TensorFlow, with the reference model.
 
-    python -m bench.torch_pretrain --tokens=<export>.npz --out_dir=/tmp/run \\
+    python -m bench.torch_pretrain.train --tokens=<export>.npz --out_dir=/tmp/run \\
         --model=tiny --batch_size=128 --learning_rate=1e-3 --epochs=8
 
 Why it exists: the lent GPU machines (see README "Pre-training on a lent GPU") run a fixed image with
@@ -11,12 +11,12 @@ the preset's sizes: the reference implementation that ``tests/test_weights.py`` 
 pre-training recipe (``gpt_tf.optim``): AdamW with decoupled weight decay 0.01 on rank >= 2 weights only,
 global-norm clipping 1.0, linear warm-up then cosine decay to 0, dropout 0.1, N(0, 0.02) init, the LM
 loss over (n_ctx + 1)-token windows at stride n_ctx of the token stream, exactly the records that
-``pipelines.pretrain_data`` writes (``bench.torch_pretrain_io export`` turns those records back into the
+``pipelines.pretrain_data`` writes (``bench.torch_pretrain.convert export`` turns those records back into the
 stream). Each epoch visits every window once in a seeded order.
 
 Writes into ``--out_dir``: ``log.jsonl`` (train loss, and held-out loss / perplexity against tokens seen at
 every evaluation), and ``weights-<step>.part<k>.npz`` (an ``OpenAIGPTLMHeadModel`` state dict in files of at most 15 MiB; float16 for the
-intermediate checkpoints kept for the zero-shot curve, float32 for the last). ``bench.torch_pretrain_io
+intermediate checkpoints kept for the zero-shot curve, float32 for the last). ``bench.torch_pretrain.convert
 import`` turns them into a gpt_tf run folder.
 
 Only numpy, absl, torch and transformers are imported: no TensorFlow, no gpt_tf.
@@ -52,7 +52,7 @@ PART_BYTES = 15 * 2**20  # files of at most this size (the device tool returns f
 
 
 def define_flags():
-    flags.DEFINE_string("tokens", None, "npz of bench.torch_pretrain_io export (train / valid streams + meta).")
+    flags.DEFINE_string("tokens", None, "npz of bench.torch_pretrain.convert export (train / valid streams + meta).")
     flags.DEFINE_string("out_dir", None, "Where log.jsonl and weights-<step>.part<k>.npz go.")
     flags.DEFINE_enum("model", "tiny", sorted(PRESETS), "Preset sizes (gpt_tf/config.py).")
     flags.DEFINE_integer("batch_size", 128, "Sequences per update.")

@@ -1,4 +1,4 @@
-"""``bench/study.py``'s command line: the scales (defaults of the knobs that set the cost), the recipes and the
+"""``bench/experiments/study.py``'s command line: the scales (defaults of the knobs that set the cost), the recipes and the
 absl flags, defined on absl's FLAGS for the CLI or on a fresh ``FlagValues`` (``parse_args``) for tests."""
 
 from __future__ import annotations
@@ -21,7 +21,7 @@ SCALES = {
                       "seeds": "0,1,2", "layers": "all", "epochs": 3, "train_subsample": 0,
                       "zero_shot_tasks": "cola,sst2,story_cloze", "zero_shot_max_examples": 0, "lstm_steps": 0,
                       "recipe": "paper"},
-    # The books model with the small-model recipes bench/reproduction.py chose on dev (issue #13), on the
+    # The books model with the small-model recipes bench/experiments/reproduction.py chose on dev (issue #13), on the
     # full training sets of the three cheapest tasks, every layer count, one seed; the full and scratch arms
     # can come from the reproduction's ledger (--reuse_ledger) and a short LSTM pre-training (150 updates).
     "books": {"tasks": "cola,rte,story_cloze", "transfer_tasks": "cola,rte,story_cloze", "seeds": "0",
@@ -48,7 +48,7 @@ def define_flags(fv: flags.FlagValues = FLAGS) -> None:
     flags.DEFINE_enum("recipe", None, sorted(RECIPES), "paper: configs/finetune_<task>.flags with --epochs; tiny: the "
                       "small-model recipes of configs/finetune_<task>_tiny.flags (their own epochs) for every arm "
                       "(default: the scale's)", flag_values=fv)
-    flags.DEFINE_string("reuse_ledger", "", "a bench/reproduction.py ledger: a full or scratch run recorded there with "
+    flags.DEFINE_string("reuse_ledger", "", "a bench/experiments/reproduction.py ledger: a full or scratch run recorded there with "
                         "the same task, seed, start, data, precision and recipe is taken from it instead of being run "
                         "again", flag_values=fv)
     flags.DEFINE_bool("report_only", False, "rewrite <out_dir> from the ledger; run nothing", flag_values=fv)
@@ -68,5 +68,5 @@ def parse_args(argv: list[str]) -> flags.FlagValues:
     """``argv`` (flags only, no program name) parsed as the CLI parses it, on a fresh FlagValues (for tests)."""
     fv = flags.FlagValues()
     define_flags(fv)
-    fv(["bench.study", *argv])
+    fv(["bench.experiments.study", *argv])
     return fv

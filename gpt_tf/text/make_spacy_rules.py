@@ -25,7 +25,7 @@ result on text after ``text_standardize`` (which pads every run of ``+ - / ? ! ,
 
 and one part of ``URL_PATTERN``, its scheme ``[\\w+-.]{2,}://``, which needs a ``/``.
 
-    python -m bench.spacy_rules            # rewrites gpt_tf/text/spacy_en_rules.json (needs spaCy)
+    python -m gpt_tf.text.make_spacy_rules            # rewrites gpt_tf/text/spacy_en_rules.json (needs spaCy)
 """
 
 from __future__ import annotations
@@ -33,11 +33,9 @@ from __future__ import annotations
 import functools
 import json
 import re
-import sys
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
-OUTPUT = ROOT / "gpt_tf" / "text" / "spacy_en_rules.json"
+OUTPUT = Path(__file__).with_name("spacy_en_rules.json")
 
 
 @functools.lru_cache(maxsize=None)
@@ -198,13 +196,12 @@ def export() -> dict:
     infixes = [[to_re2(part) for part in lookarounds(p)] for p in infix_list]
     specials = {chunk: [piece[ORTH] for piece in pieces]
                 for chunk, pieces in sorted(tokenizer.rules.items()) if not any(c.isspace() for c in chunk)}
-    return {"source": f"spaCy {spacy.__version__}, spacy.lang.en.English().tokenizer; see bench/spacy_rules.py",
+    return {"source": f"spaCy {spacy.__version__}, spacy.lang.en.English().tokenizer; see gpt_tf/text/make_spacy_rules.py",
             "prefixes": prefixes, "suffixes": suffixes, "infixes": infixes,
             "url": url_patterns(tokenizer_exceptions.URL_PATTERN), "specials": specials}
 
 
 def main():
-    sys.path.insert(0, str(ROOT))
     OUTPUT.write_text(json.dumps(export(), ensure_ascii=False, indent=0) + "\n", encoding="utf-8")
     print(f"wrote {OUTPUT}")
 

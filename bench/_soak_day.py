@@ -1,6 +1,7 @@
-r"""The operator's day, on ``python -m serving.server`` (``bench/soak.py``'s server, model, clients and request kinds):
+r"""``bench.soak --mode=day``: the operator's day, on ``python -m serving.server`` (``bench/soak.py``'s server, model,
+clients and request kinds):
 
-    python -m bench.soak_day --swaps=20 --phase_seconds=120 --slow_clients=500 --concurrency=16
+    python -m bench.soak --mode=day --swaps=20 --phase_seconds=120 --slow_clients=500 --concurrency=16
 
 Three phases, one after another, with ``--concurrency`` real clients (REST and gRPC predictions) all day:
 
@@ -14,7 +15,8 @@ Three phases, one after another, with ``--concurrency`` real clients (REST and g
 
 Every ``--sample_seconds`` a row: the phase, the server's RSS / threads / open files, requests in the
 window, good requests that failed, p99 of the good ones, the version answering. The table goes to
-stdout and ``--output`` (``.md``, with ``.json`` beside it). Every request goes to 127.0.0.1.
+stdout and ``--output`` (``.md``, with ``.json`` beside it; default ``bench/results/soak_day.md``). Every request
+goes to 127.0.0.1.
 """
 
 from __future__ import annotations
@@ -28,22 +30,20 @@ import threading
 import time
 from pathlib import Path
 
-from absl import app, flags
+from absl import flags
 
-from bench.soak import EXPECTED, GOOD, HOST, KINDS, ROOT, _PREDICT, Client, percentile_ms, server_stats, soak
+from bench.soak import (EXPECTED, GOOD, HOST, KINDS, ROOT, _PREDICT, Client, percentile_ms, send_one, server_stats,
+                        soak)
 
-FLAGS = flags.FLAGS
+OUTPUT = "bench/results/soak_day.md"
 
 
 def define_flags():
-    flags.DEFINE_integer("swaps", 20, "hot swaps in the first phase")
-    flags.DEFINE_float("phase_seconds", 120, "length of each phase (the swap phase lasts at least this)")
-    flags.DEFINE_integer("slow_clients", 500, "connections holding a partial header in the second phase")
-    flags.DEFINE_integer("concurrency", 16, "real client threads")
-    flags.DEFINE_float("sample_seconds", 10, "one table row per this many seconds")
-    flags.DEFINE_string("tokenizer_dir", str(ROOT.parent / "shared" / "data" / "gpt1_bpe"), "GPT-1's BPE")
-    flags.DEFINE_string("output", "bench/results/soak_day.md", "the table (markdown; .json beside it)")
-    flags.DEFINE_multi_string("server_flag", [], "extra serving.server flag (repeatable)")
+    """The day's own flags (``--concurrency``, ``--tokenizer_dir``, ``--output``, ``--server_flag``: ``bench.soak``'s)."""
+    flags.DEFINE_integer("swaps", 20, "--mode=day: hot swaps in the first phase")
+    flags.DEFINE_float("phase_seconds", 120, "--mode=day: length of each phase (the swap phase lasts at least this)")
+    flags.DEFINE_integer("slow_clients", 500, "--mode=day: connections holding a partial header in the second phase")
+    flags.DEFINE_float("sample_seconds", 10, "--mode=day: one table row per this many seconds")
 
 
 class SlowClients:
@@ -150,15 +150,8 @@ def real_client(client: Client, kinds: list, offset: int, stop: threading.Event,
     """One real client all day: ``kinds[0]`` (the phase's request kinds) in turn until ``stop``."""
     i = offset
     while not stop.is_set():
-        kind = kinds[0][i % len(kinds[0])]
+        send_one(client, kinds[0][i % len(kinds[0])], results, lock)
         i += 1
-        start = time.perf_counter()
-        try:
-            outcome = client.send(kind)
-        except OSError as err:
-            outcome = f"client {type(err).__name__}"
-        with lock:
-            results.append((kind, outcome, time.perf_counter() - start, time.monotonic()))
 
 
 def run(args, proc, work: Path, grpc_port: int, rest_port: int) -> dict:
@@ -208,18 +201,9 @@ def run(args, proc, work: Path, grpc_port: int, rest_port: int) -> dict:
                    (work / "server.log").read_text(errors="replace").count("Traceback")}
     text = markdown(table, summary)
     print(text, flush=True)
-    if args.output:
-        Path(args.output).parent.mkdir(parents=True, exist_ok=True)
-        Path(args.output).write_text(text)
-        Path(args.output).with_suffix(".json").write_text(json.dumps({"rows": table, "summary": summary}, indent=1) + "\n")
+    output = Path(args.output or OUTPUT)
+    output.parent.mkdir(parents=True, exist_ok=True)
+    output.write_text(text)
+    output.with_suffix(".json").write_text(json.dumps({"rows": table, "summary": summary}, indent=1) + "\n")
     return {"rows": table, "summary": summary}
 
-
-def main(argv) -> None:
-    del argv
-    day(FLAGS)
-
-
-if __name__ == "__main__":
-    define_flags()
-    app.run(main)
