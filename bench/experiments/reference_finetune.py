@@ -22,7 +22,9 @@ What is shared with the project's cell ``python -m gpt_tf.train --flagfile=confi
   ``clip_grad_norm_``), which are the reference's own (``reference_model.py``).
 
 Each finished (task, seed, recipe) cell is one JSON line of ``--ledger``; a cell found there is skipped.
-Inside a cell the state is saved after every epoch under ``--state_dir`` and a rerun resumes from it.
+Inside a cell the state (weights, optimizer, dropout's random state, step, dev scores so far) is saved after
+every epoch and every ``--save_every`` updates under ``--state_dir``; a rerun resumes from it (the batches
+follow the step: ``task_dataset(start_batch=step)``).
 """
 
 from __future__ import annotations
@@ -63,6 +65,7 @@ def define_flags():
     flags.DEFINE_string("state_dir", "runs/reference_finetune", "Per-cell state saved at each epoch (resume).")
     flags.DEFINE_string("report", "docs/results.md", "--stage=report: the file whose section is (re)written.")
     flags.DEFINE_integer("threads", 2, "torch intra-op threads.")
+    flags.DEFINE_integer("save_every", 20, "Also save the cell's state every N updates (0: at each epoch's end only).")
 
 
 # ------------------------------------------------------------------ recipes
@@ -195,17 +198,19 @@ def run_cell(task_name: str, seed: int, recipe: dict, log=print) -> dict:
         optimizer.step()
         step += 1
         if step % 20 == 0:
-            log(f"{task_name} seed {seed}: update {step}/{total} task {float(losses['task']):.4f} "
-                f"lm {float(losses['lm']):.4f} ({time.time() - start:.0f} s)")
-        if step % steps_per_epoch == 0:
+            log(f"{task_name} seed {seed}: update {step}/{total} task {float(losses['task'].detach()):.4f} "
+                f"lm {float(losses['lm'].detach()):.4f} ({time.time() - start:.0f} s)")
+        end_of_epoch = step % steps_per_epoch == 0
+        if end_of_epoch:
             epochs.append(evaluate(ref, task, data_dir, "dev", batch_size, n_ctx, special_ids))
             log(f"{task_name} seed {seed}: epoch {len(epochs)} dev {epochs[-1]}")
+            ref.train()
+        if end_of_epoch or (FLAGS.save_every and step % FLAGS.save_every == 0 and step < total):
             state_path.parent.mkdir(parents=True, exist_ok=True)
             tmp = state_path.with_suffix(".tmp")
             torch.save({"model": ref.state_dict(), "optimizer": optimizer.state_dict(), "rng": torch.get_rng_state(),
                         "step": step, "epochs": epochs, "seconds": time.time() - start}, tmp)
             os.replace(tmp, state_path)
-            ref.train()
     return {"task": task_name, "seed": seed, "recipe": recipe, "key": cell_key(task_name, seed, recipe),
             "metrics": {"dev": epochs[-1]}, "epochs": epochs, "updates": total, "seconds": round(time.time() - start, 1),
             "finished": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
