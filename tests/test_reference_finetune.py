@@ -88,3 +88,20 @@ def test_the_recipe_is_the_flagfiles_and_finds_the_projects_cells(tmp_path):
             row(2, {k: v for k, v in same.items() if k != "lm_coef"}), row(1, same)]
     found = rf.ours_cells(json.loads(json.dumps(rows)), "rte", recipe)
     assert sorted(found) == [0, 1] and found[1]["recipe"]["lm_coef"] == "1"
+
+
+def test_a_cell_run_in_pieces_ends_where_a_straight_run_ends(task_dirs, tmp_path):
+    """The state saved by ``max_updates`` (weights, optimizer, dropout's random state, step) resumes exactly:
+    the same batches follow the step, the same dev scores and weights come out (dropout on)."""
+    recipe = {"n_ctx": N_CTX, "batch_size": 2, "epochs": 2, "learning_rate": 1e-3, "warmup_fraction": 0.2,
+              "lm_coef": 0.5, "clf_pdrop": 0.1, "weight_decay": 0.01, "clip_norm": 1.0}
+    common = dict(pretrained=_config(), tasks_dir=str(task_dirs), save_every=0,  # the scratch arm: a tiny model
+                  log=lambda message: None)
+    straight = rf.run_cell("rte", 1, recipe, state_dir=str(tmp_path / "a"), **common)
+    assert rf.run_cell("rte", 1, recipe, state_dir=str(tmp_path / "b"), max_updates=4, **common) is None
+    pieces = rf.run_cell("rte", 1, recipe, state_dir=str(tmp_path / "b"), **common)
+    assert straight["updates"] == pieces["updates"] == 6 and len(straight["epochs"]) == 2 and pieces["arm"] == "scratch"
+    assert pieces["epochs"] == straight["epochs"]
+    name = rf.cell_key("rte", 1, recipe, "scratch") + ".pt"
+    a, b = (torch.load(tmp_path / d / name, weights_only=False)["model"] for d in ("a", "b"))
+    assert all(torch.equal(a[k], b[k]) for k in a)

@@ -55,6 +55,7 @@ SECTION = ("<!-- reference_finetune: written by python -m bench.experiments.refe
 def define_flags():
     flags.DEFINE_enum("stage", "run", ["run", "report"], "run: the missing cells; report: the table into --report.")
     flags.DEFINE_list("tasks", list(TASKS), "Tasks, in the order they run.")
+    flags.DEFINE_enum("arm", "pretrained", ["pretrained", "scratch"], "Start from --pretrained, or from scratch in its shape.")
     flags.DEFINE_list("seeds", ["0", "1", "2"], "Seeds; every task's seed 0 runs before any seed 1.")
     flags.DEFINE_string("pretrained", "gpt_tf/presets/books_tiny", "The pre-trained model (preset or run folder).")
     flags.DEFINE_string("tasks_dir", "data/tasks_books", "Task records built with the pre-trained model's BPE.")
@@ -65,6 +66,7 @@ def define_flags():
     flags.DEFINE_string("state_dir", "runs/reference_finetune", "Per-cell state saved at each epoch (resume).")
     flags.DEFINE_string("report", "docs/results.md", "--stage=report: the file whose section is (re)written.")
     flags.DEFINE_integer("threads", 2, "torch intra-op threads.")
+    flags.DEFINE_integer("max_updates", 0, "Stop after this many updates in this process, the state saved (pieces).")
     flags.DEFINE_integer("save_every", 20, "Also save the cell's state every N updates (0: at each epoch's end only).")
 
 
@@ -94,8 +96,8 @@ def task_recipe(task: str, recipe: str = "_tiny", epochs: int = 0) -> dict:
     return out
 
 
-def cell_key(task: str, seed: int, recipe: dict) -> str:
-    return f"{task}_s{seed}_" + "_".join(f"{k}{recipe[k]}" for k in sorted(recipe) if k != "lr_decay")
+def cell_key(task: str, seed: int, recipe: dict, arm: str = "pretrained") -> str:
+    return f"{task}_{'' if arm == 'pretrained' else arm + '_'}s{seed}_" + "_".join(f"{k}{recipe[k]}" for k in sorted(recipe) if k != "lr_decay")
 
 
 def ours_cells(ledger_rows: list[dict], task: str, recipe: dict) -> dict:
@@ -115,17 +117,20 @@ def ours_cells(ledger_rows: list[dict], task: str, recipe: dict) -> dict:
 
 
 # ------------------------------------------------------------------ one cell
-def project_start(pretrained: str, task, n_ctx: int, seed: int, clf_pdrop: float):
-    """(GPTConfig, GPTTaskModel) initialised as ``Finetuner`` does for ``seed``."""
+def project_start(pretrained, task, n_ctx: int, seed: int, clf_pdrop: float):
+    """(GPTConfig, GPTTaskModel) initialised as ``Finetuner`` does for ``seed``: from the pre-trained model at
+    the path ``pretrained``, or from scratch when ``pretrained`` is a ``GPTConfig`` (the scratch arm's shape)."""
     import keras
 
     from gpt_tf.checkpoints import build_task_models, initialise_from_pretrained
     from gpt_tf.run_dir import pretrained_model_config
 
-    config = dataclasses.replace(pretrained_model_config(pretrained), n_ctx=n_ctx)
+    scratch = not isinstance(pretrained, str)
+    config = dataclasses.replace(pretrained if scratch else pretrained_model_config(pretrained), n_ctx=n_ctx)
     keras.utils.set_random_seed(seed)
     model = build_task_models(config, [task], clf_pdrop, "float32")[0]
-    initialise_from_pretrained(model, pretrained, config.n_layer, seed=seed)
+    if not scratch:
+        initialise_from_pretrained(model, pretrained, config.n_layer, seed=seed)
     return config, model
 
 
@@ -154,8 +159,11 @@ def evaluate(ref, task, data_dir: str, split: str, batch_size: int, n_ctx: int, 
     return {**compute_metrics(task, labels, task_predictions(task, outs)), "examples": int(len(labels))}
 
 
-def run_cell(task_name: str, seed: int, recipe: dict, log=print) -> dict:
-    """Fine-tunes the reference on one (task, seed); returns the ledger record (dev metrics per epoch)."""
+def run_cell(task_name: str, seed: int, recipe: dict, *, pretrained, tasks_dir: str, state_dir: str,
+             save_every: int = 20, max_updates: int = 0, log=print) -> dict | None:
+    """Fine-tunes the reference on one (task, seed); returns the ledger record (dev metrics per epoch), or None
+    when ``max_updates`` (> 0) updates ran first in this call (the state saved: the next call resumes).
+    ``pretrained``: a path (the pre-trained arm) or a ``GPTConfig`` (the scratch arm, ``project_start``)."""
     import torch
 
     from bench.experiments.reference_model import ReferenceTaskModel, learning_rate, to_torch, warmup_steps
@@ -163,9 +171,9 @@ def run_cell(task_name: str, seed: int, recipe: dict, log=print) -> dict:
     from pipelines.task_batches import bucket_lengths
     from pipelines.transforms import load_task_spec, num_examples, special_ids_from_config, task_dataset
 
-    data_dir = str(Path(FLAGS.tasks_dir) / task_name)
+    data_dir = str(Path(tasks_dir) / task_name)
     task, n_ctx, batch_size = load_task_spec(data_dir), recipe["n_ctx"], recipe["batch_size"]
-    config, model = project_start(FLAGS.pretrained, task, n_ctx, seed, recipe["clf_pdrop"])
+    config, model = project_start(pretrained, task, n_ctx, seed, recipe["clf_pdrop"])
     special_ids = special_ids_from_config(config)
     ref = ReferenceTaskModel.from_project(model, recipe["clf_pdrop"])
     del model
@@ -174,7 +182,8 @@ def run_cell(task_name: str, seed: int, recipe: dict, log=print) -> dict:
     warmup = warmup_steps(recipe["warmup_fraction"], total)
     optimizer = torch.optim.AdamW(param_groups(ref, recipe["weight_decay"]), lr=0.0, betas=(0.9, 0.999), eps=1e-8)
     torch.manual_seed(seed)
-    state_path = Path(FLAGS.state_dir) / f"{cell_key(task_name, seed, recipe)}.pt"
+    arm = "pretrained" if isinstance(pretrained, str) else "scratch"
+    state_path = Path(state_dir) / f"{cell_key(task_name, seed, recipe, arm)}.pt"
     step, epochs, seconds = 0, [], 0.0
     if state_path.exists():
         state = torch.load(state_path, weights_only=False)
@@ -183,7 +192,7 @@ def run_cell(task_name: str, seed: int, recipe: dict, log=print) -> dict:
         torch.set_rng_state(state["rng"])
         step, epochs, seconds = state["step"], state["epochs"], state["seconds"]
         log(f"{task_name} seed {seed}: resumed at update {step} of {total}")
-    start = time.time() - seconds
+    start, first = time.time() - seconds, step
     batches = iter(task_dataset(task, data_dir, "train", batch_size, n_ctx, special_ids, training=True, seed=seed,
                                 buckets=bucket_lengths(n_ctx), start_batch=step))
     ref.train()
@@ -205,17 +214,20 @@ def run_cell(task_name: str, seed: int, recipe: dict, log=print) -> dict:
             epochs.append(evaluate(ref, task, data_dir, "dev", batch_size, n_ctx, special_ids))
             log(f"{task_name} seed {seed}: epoch {len(epochs)} dev {epochs[-1]}")
             ref.train()
-        if end_of_epoch or (FLAGS.save_every and step % FLAGS.save_every == 0 and step < total):
+        stop = bool(max_updates) and step - first >= max_updates and step < total
+        if end_of_epoch or stop or (save_every and step % save_every == 0 and step < total):
             state_path.parent.mkdir(parents=True, exist_ok=True)
             tmp = state_path.with_suffix(".tmp")
             torch.save({"model": ref.state_dict(), "optimizer": optimizer.state_dict(), "rng": torch.get_rng_state(),
                         "step": step, "epochs": epochs, "seconds": time.time() - start}, tmp)
             os.replace(tmp, state_path)
-    return {"task": task_name, "seed": seed, "recipe": recipe, "key": cell_key(task_name, seed, recipe),
+        if stop:
+            log(f"{task_name} seed {seed}: stopped after {max_updates} updates at update {step} of {total} (state saved)")
+            return None
+    return {"task": task_name, "arm": arm, "seed": seed, "recipe": recipe, "key": cell_key(task_name, seed, recipe, arm),
             "metrics": {"dev": epochs[-1]}, "epochs": epochs, "updates": total, "seconds": round(time.time() - start, 1),
             "finished": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
-            "commit": _git_revision(), "cpu": _cpu_name(), "torch_threads": FLAGS.threads,
-            "cmd": "python -m bench.experiments.reference_finetune " + " ".join(sys.argv[1:])}
+            "commit": _git_revision(), "cpu": _cpu_name()}
 
 
 def _git_revision() -> str:
@@ -234,14 +246,25 @@ def run_all() -> None:
 
     torch.set_num_threads(FLAGS.threads)
     ledger = Path(FLAGS.ledger)
+    start = FLAGS.pretrained
+    if FLAGS.arm == "scratch":  # the pre-trained model's shape, fresh weights (the reproduction's scratch arm)
+        from gpt_tf.run_dir import pretrained_model_config
+
+        start = pretrained_model_config(FLAGS.pretrained)
     done = {row["key"] for row in load_ledger(ledger)}
     for seed in (int(s) for s in FLAGS.seeds):
         for task in FLAGS.tasks:
             recipe = task_recipe(task, FLAGS.recipe, FLAGS.epochs)
-            if cell_key(task, seed, recipe) in done:
+            if cell_key(task, seed, recipe, FLAGS.arm) in done:
                 print(f"{task} seed {seed}: in {ledger}, skipped", flush=True)
                 continue
-            record = run_cell(task, seed, recipe, log=lambda m: print(m, flush=True))
+            record = run_cell(task, seed, recipe, pretrained=start, tasks_dir=FLAGS.tasks_dir,
+                              state_dir=FLAGS.state_dir, save_every=FLAGS.save_every, max_updates=FLAGS.max_updates,
+                              log=lambda m: print(m, flush=True))
+            if record is None:
+                return
+            record.update(torch_threads=FLAGS.threads,
+                          cmd="python -m bench.experiments.reference_finetune " + " ".join(sys.argv[1:]))
             append_ledger(ledger, record)
             print(f"{task} seed {seed}: dev {record['metrics']['dev']} ({record['seconds']} s)", flush=True)
 

@@ -28,8 +28,13 @@ def _cell(values) -> str:
 
 def _verdict(ours, theirs) -> str:
     """Whether the two medians differ by more than the seed spread (the wider of the two ranges)."""
-    if len(ours) < 2 or len(theirs) < 2:
-        return "too few seeds to judge"
+    if not ours or not theirs:
+        return "–"
+    if len(theirs) == 1 or len(ours) == 1:
+        (one,), many = (theirs, ours) if len(theirs) == 1 else (ours, theirs)
+        low, high = min(many), max(many)
+        where = "inside" if low <= one <= high else f"{min(abs(one - low), abs(one - high)):.1f} outside"
+        return f"one seed: {one:.1f}, {where} the other's range [{low:.1f}–{high:.1f}]"
     a, b = median_spread(ours), median_spread(theirs)
     gap, spread = abs(a[0] - b[0]), max(a[2] - a[1], b[2] - b[1])
     return f"gap {gap:.1f} {'≤' if gap <= spread else '>'} spread {spread:.1f}"
@@ -74,12 +79,34 @@ def section_lines(tasks, seeds, ours_rows: list[dict], ref_rows: list[dict], rec
     lines += ["", f"Reference cells run by `{'`, `'.join(sorted(commands)) or '–'}` under `nice -n 19` on "
               f"{', '.join(sorted(cpus)) or '–'} (2 cores shared with other work), "
               f"finished {min(dates)[:16] if dates else '–'} – {max(dates)[:16] if dates else '–'} UTC."]
+    partial = _partial_cells(tasks, seeds, by_key, recipe_suffix)
+    if partial:
+        lines += ["", "Interrupted cells (state saved; the command below resumes them): " + "; ".join(partial) + "."]
     lines += ["", "Still to run: " + (", ".join(missing) if missing else "none") + ". The same command finishes them "
               "(a finished cell is skipped; an interrupted one resumes from its last epoch):", "",
               "```bash", "nice -n 19 python -m bench.experiments.reference_finetune --tasks=" + ",".join(tasks) +
               " --seeds=" + ",".join(str(s) for s in seeds),
               "python -m bench.experiments.reference_finetune --stage=report", "```"]
     return lines
+
+
+def _partial_cells(tasks, seeds, by_key, recipe_suffix) -> list[str]:
+    """'<task> seed <s>: update N, dev by epoch ...' for each unfinished cell with a saved state."""
+    import torch
+
+    out = []
+    for task in tasks:
+        recipe, metric = task_recipe(task, recipe_suffix), main_metric(task)
+        for seed in seeds:
+            key = cell_key(task, seed, recipe)
+            path = Path(FLAGS.state_dir) / f"{key}.pt"
+            if key in by_key or not path.exists():
+                continue
+            state = torch.load(path, weights_only=False)
+            scores = ", ".join(f"{100 * e[metric]:.1f}" for e in state["epochs"]) or "no epoch finished"
+            out.append(f"{task} seed {seed} at update {state['step']} ({state['seconds'] / 60:.0f} min), "
+                       f"dev {metric} by epoch: {scores}")
+    return out
 
 
 def write_section() -> None:
