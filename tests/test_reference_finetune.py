@@ -40,6 +40,15 @@ def task_dirs(shared_data, tmp_path_factory):
     return out
 
 
+@pytest.fixture(autouse=True)
+def one_torch_thread():
+    """The tiny model needs no thread pool; on a loaded 2-core machine torch's spinning workers only slow it."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
+
+
 def _config() -> GPTConfig:
     return GPTConfig(vocab_size=8000, n_ctx=N_CTX, n_embd=32, n_layer=2, n_head=4, d_ff=128)
 
