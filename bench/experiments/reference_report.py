@@ -76,14 +76,17 @@ def section_lines(tasks, seeds, ours_rows: list[dict], ref_rows: list[dict], rec
             commands.add(row["cmd"])
         lines.append(f"| {task} ({metric}) | {_recipe_text(recipe)} | {_cell(ours)} | {_cell(theirs)} | {curve} | "
                      f"{_verdict(ours, theirs)} |")
-    lines += ["", f"Reference cells run by `{'`, `'.join(sorted(commands)) or '–'}` under `nice -n 19` on "
-              f"{', '.join(sorted(cpus)) or '–'} (2 cores shared with other work), "
-              f"finished {min(dates)[:16] if dates else '–'} – {max(dates)[:16] if dates else '–'} UTC."]
+    if dates:
+        lines += ["", f"Reference cells run by `{'`, `'.join(sorted(commands))}` under `nice -n 19` on "
+                  f"{', '.join(sorted(cpus))} (2 cores shared with other work), finished {min(dates)[:16]} – "
+                  f"{max(dates)[:16]} UTC."]
+    else:
+        lines += ["", "No reference cell has finished yet."]
     partial = _partial_cells(tasks, seeds, by_key, recipe_suffix)
     if partial:
         lines += ["", "Interrupted cells (state saved; the command below resumes them): " + "; ".join(partial) + "."]
     lines += ["", "Still to run: " + (", ".join(missing) if missing else "none") + ". The same command finishes them "
-              "(a finished cell is skipped; an interrupted one resumes from its last epoch):", "",
+              "(a finished cell is skipped; an interrupted one resumes from its last saved update):", "",
               "```bash", "nice -n 19 python -m bench.experiments.reference_finetune --tasks=" + ",".join(tasks) +
               " --seeds=" + ",".join(str(s) for s in seeds),
               "python -m bench.experiments.reference_finetune --stage=report", "```"]
