@@ -203,7 +203,7 @@ def _tensorboard_runs(shell: Shell, port: str) -> list:
 # The README's "Python API" block (```python after `<!-- python-api -->`), at test scale: these edits only
 # (each must still match the README, so the block and the test cannot drift apart).
 PYTHON_BLOCK = re.compile(r"^<!-- python-api -->\n```python\n(?P<body>.*?)^```", re.M | re.S)
-PYTHON_SCALE = (("limit=20000", "limit=48"), ('sst2("dev")', 'sst2("dev", limit=16)'),
+PYTHON_SCALE = (('sst2("train")', 'sst2("train", limit=48)'), ('sst2("dev")', 'sst2("dev", limit=16)'),
                 ("max_length=24", "max_length=12"))
 
 
