@@ -41,7 +41,7 @@ from pathlib import Path
 
 from absl import app, flags
 
-from bench.finetune_runs import N_CTX, ROOT, append_ledger, load_ledger, main_metric
+from bench.experiments.finetune_runs import N_CTX, ROOT, append_ledger, load_ledger, main_metric
 
 FLAGS = flags.FLAGS
 TASKS = ("rte", "mrpc", "stsb", "story_cloze", "cola")  # smallest first
@@ -167,7 +167,7 @@ def run_cell(task_name: str, seed: int, recipe: dict, *, pretrained, tasks_dir: 
     import torch
 
     from bench.experiments.reference_model import ReferenceTaskModel, learning_rate, to_torch, warmup_steps
-    from bench.torch_pretrain import param_groups
+    from bench.torch_pretrain.train import param_groups
     from pipelines.task_batches import bucket_lengths
     from pipelines.transforms import load_task_spec, num_examples, special_ids_from_config, task_dataset
 

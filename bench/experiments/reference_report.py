@@ -13,7 +13,7 @@ from pathlib import Path
 from absl import flags
 
 from bench.experiments.reference_finetune import SECTION, cell_key, ours_cells, task_recipe
-from bench.finetune_runs import load_ledger, main_metric, median_spread
+from bench.experiments.finetune_runs import load_ledger, main_metric, median_spread
 
 FLAGS = flags.FLAGS
 
