@@ -130,6 +130,13 @@ def test_report_tables_checks_and_figures(tmp_path):
     for name in ("results.md", "ablations.png", "layer_transfer.png", "zero_shot.png"):
         assert (out / name).is_file()
     assert all((out / n).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" for n in ("ablations.png", "zero_shot.png"))
+    # A section another command wrote between its markers survives the next rewrite; the old text does not.
+    section = ("<!-- reference_finetune: written by python -m bench.experiments.reference_finetune --stage=report -->\n"
+               "| task | ours | reference |\n<!-- /reference_finetune -->")
+    (out / "results.md").write_text("stale study text\n\n" + section + "\n")
+    write_report(records, config, out, "python -m bench.experiments.study --scale=cpu", 42.0, str(tmp_path / "tasks"))
+    md = (out / "results.md").read_text()
+    assert md.count(section) == 1 and "stale study text" not in md and md.index("## Configuration") < md.index(section)
 
 
 def test_a_runs_root_keeps_one_configuration(tmp_path):

@@ -18,6 +18,7 @@ import csv
 import datetime
 import json
 import os
+import re
 import subprocess
 from pathlib import Path
 
@@ -218,6 +219,16 @@ def wall_clock(records) -> str:
             f"({(end - start).total_seconds() / 3600:.2f} h)")
 
 
+MARKED = re.compile(r"^<!-- (?P<name>[\w.-]+): written by .*? -->$.*?^<!-- /(?P=name) -->$", re.M | re.S)
+
+
+def marked_sections(text: str) -> list[str]:
+    """The sections other commands write into ``results.md`` between their markers (``<!-- NAME: written by
+    CMD -->`` ... ``<!-- /NAME -->``, e.g. ``bench.experiments.reference_finetune --stage=report``): a rewrite
+    of the study's report keeps them, after its own text."""
+    return [m.group(0) for m in MARKED.finditer(text)]
+
+
 def write_report(records, config, out_dir: Path, command: str, seconds: float, tasks_dir: str) -> None:
     """Writes ``out_dir/results.md`` and the PNG figures from the study's records."""
     from bench.experiments.study_figures import ablation_figure, layer_figure, zero_shot_figure
@@ -250,7 +261,9 @@ def write_report(records, config, out_dir: Path, command: str, seconds: float, t
               "## Runs (from the repository root)", ""]
     lines += [f"- `{r['cmd']}` — {r['seconds']:.0f} s" + (f", dev {json.dumps(r['metrics']['dev'])}" if r["kind"] == "finetune" else "")
               + (f" (run for and taken from `{r['reused_from']}`)" if r.get("reused_from") else "") for r in records]
-    (out_dir / "results.md").write_text("\n".join(lines) + "\n")
+    path = out_dir / "results.md"
+    kept = marked_sections(path.read_text(encoding="utf-8") if path.exists() else "")
+    path.write_text("\n".join(lines) + "\n" + "".join("\n" + block + "\n" for block in kept), encoding="utf-8")
     ablation_figure(scores, config["tasks"], ARM_LABELS, out_dir / "ablations.png")
     layer_figure(scores, config["transfer_tasks"], config["layers"], config["n_layer"], out_dir / "layer_transfer.png")
     if zs:
