@@ -15,8 +15,10 @@ is imported only then (the builders' flag checks stay fast).
 
 from __future__ import annotations
 
+import copy
 import hashlib
 import json
+import os
 from pathlib import Path
 from typing import Optional
 
@@ -77,21 +79,35 @@ def _exists(path: str) -> bool:
     return Path(path).is_file()
 
 
+_MANIFESTS: dict = {}  # local path -> ((mtime_ns, size), parsed): each manifest parsed once per process
+
+
 def read_manifest(folder, builder: str = "pipelines.pretrain_data or pipelines.finetune_data") -> dict:
-    """``folder/manifest.json`` (local or remote).
+    """``folder/manifest.json`` (local or remote), as a fresh dict.
 
     FileNotFoundError naming the file and the ``builder`` module if there is none; ValueError
-    naming it if it is not valid JSON.
+    naming it if it is not valid JSON. A local manifest is read and parsed once per process while it
+    stays the same file (modification time and size); later calls get copies of that parse.
     """
     path = _join(folder, MANIFEST)
     if not _exists(path):
         raise FileNotFoundError(f"{path}: no manifest; build {folder} with `python -m {builder}`")
+    stamp = None
+    if "://" not in path:
+        stat = os.stat(path)
+        stamp = (stat.st_mtime_ns, stat.st_size)
+        cached = _MANIFESTS.get(os.path.abspath(path))
+        if cached and cached[0] == stamp:
+            return copy.deepcopy(cached[1])
     with _open(path, "r") as f:
         text = f.read()
     try:
-        return json.loads(text)
+        manifest = json.loads(text)
     except ValueError as err:
         raise ValueError(f"{path}: not valid JSON ({err})") from None
+    if stamp is not None:
+        _MANIFESTS[os.path.abspath(path)] = (stamp, copy.deepcopy(manifest))
+    return manifest
 
 
 def has_manifest(folder) -> bool:

@@ -117,3 +117,27 @@ def test_a_data_manifest_missing_or_corrupt_is_named_by_every_reader(tmp_path):
     for reader in (read_manifest, find_manifest, lambda d: RunFolder.open(str(tmp_path / "run"))):
         with pytest.raises(ValueError, match=f"{path}: not valid JSON"):
             reader(path.parent)
+
+
+def test_a_data_manifest_is_parsed_once_while_it_stays_the_same_file(tmp_path, monkeypatch):
+    """The data readers (``num_examples``, ``load_task_spec``, the training readers) each ask for the manifest:
+    it is opened once, each caller gets its own copy, and a rewritten manifest is read again."""
+    import os
+
+    from pipelines import records
+    from pipelines.transforms import load_task_spec, num_examples
+
+    folder = data_folder(tmp_path / "data", tmp_path / "bpe", task="sst2",
+                         splits={"train": {"examples": 7, "files": []}})
+    opened = []
+    real_open = records._open
+    monkeypatch.setattr(records, "_open", lambda path, mode: opened.append(path) or real_open(path, mode))
+    assert num_examples(str(folder), "train") == 7 and load_task_spec(str(folder)).name == "sst2"
+    first = records.read_manifest(folder)
+    first["splits"]["train"]["examples"] = 0  # a caller's change stays its own
+    assert records.read_manifest(folder)["splits"]["train"]["examples"] == 7
+    assert len(opened) == 1
+    write(folder / "manifest.json", {"tokenizer": {"dir": "x"}, "splits": {"train": {"examples": 9, "files": []}},
+                                     "padding": "a longer file"})
+    os.utime(folder / "manifest.json", ns=(1, 1))  # even with an old timestamp: the size changed
+    assert num_examples(str(folder), "train") == 9 and len(opened) == 2
