@@ -131,12 +131,28 @@ def pretrain(ledger: Path, runs_root: str, data_dir: str, steps: int, minutes: f
     append_ledger(ledger, record)
     print(json.dumps(record), flush=True)
     if proc.returncode == 0:
+        train = json.loads((Path(data_dir) / "manifest.json").read_text())["splits"]["train"]
         append_ledger(ledger, {**record, "kind": "pretrain_done", "result": json.loads(stdout.strip().splitlines()[-1]),
-                               "tokens": steps * books_recipe()["batch_size"] * books_recipe()["n_ctx"]})
+                               "tokens": steps * books_recipe()["batch_size"] * books_recipe()["n_ctx"],
+                               "data": {"dir": data_dir, "books": train["num_books"], "tokens": train["stream_tokens"],
+                                        "windows": train["sequences"]}})
         return True
     if proc.returncode != 143:
         sys.exit(f"lstm_table5: pre-training failed ({proc.returncode}); see {runs_root}/pretrain.log")
     return False
+
+
+def held_out(ledger: Path, runs_root: str, data_dir: str, steps: int, batches: int = 4) -> None:
+    """The LSTM's held-out perplexity on ``batches`` batches of the held-out books, once (not fatal)."""
+    if any(r["kind"] == "heldout" for r in load_ledger(ledger)):
+        return
+    _, cmd = pretrain_cmd(runs_root, data_dir, steps)
+    cmd += ["--mode=eval", f"--eval_batches={batches}"]
+    proc = subprocess.run(cmd, cwd=ROOT, env=_child_env(), capture_output=True, text=True)
+    if proc.returncode != 0:
+        print(f"held-out evaluation failed ({proc.returncode}); going on:\n{proc.stderr[-1500:]}", flush=True)
+        return
+    append_ledger(ledger, {"kind": "heldout", "cmd": shown_command(cmd), "result": json.loads(proc.stdout.strip().splitlines()[-1])})
 
 
 def _cpu_name() -> str:
@@ -187,13 +203,22 @@ def row_and_note(records: list[dict], tasks=TASKS) -> tuple[str, str]:
     if done:
         d = done[-1]
         recipe = books_recipe()
+        data = d.get("data", {})
         lines[-1] += (f"`lstm_tiny` (one LSTM layer of 744 units, 3.17M parameters against `tiny`'s 3.16M outside the "
-                      f"embeddings) pre-trained on `data/books_tiny` (books_tiny's books, BPE and windows) with its "
-                      f"recipe scaled to {d['to_step']:,} updates of {recipe['batch_size']} × {recipe['n_ctx']} tokens: "
+                      f"embeddings) pre-trained on `{data.get('dir', '?')}`: {data.get('books', '?')} of books_tiny's 389 "
+                      f"train books (every 16th by id; {data.get('tokens', 0) / 1e6:.2f}M tokens in "
+                      f"{data.get('windows', 0):,} windows), cut by books_tiny's BPE into its 128-token windows, with "
+                      f"books_tiny's recipe scaled to {d['to_step']:,} updates of {recipe['batch_size']} × "
+                      f"{recipe['n_ctx']} tokens: "
                       f"**{d['tokens'] / 1e6:.1f}M tokens, {100 * d['tokens'] / 234.6e6:.1f}% of the transformer's "
                       f"234.6M**, in {len(pieces)} pieces, {sum(p['seconds'] for p in pieces) / 60:.0f} min of "
                       f"niced, contended CPU ({d['cpu']}, 2 cores shared with other jobs), finished {d['finished'][:10]}; "
                       f"`{d['cmd']}`. ")
+    heldout = [r for r in records if r["kind"] == "heldout"]
+    if heldout:
+        h = heldout[-1]["result"]
+        lines[-1] += (f"Its held-out perplexity: {h['perplexity']:.1f} over {h['tokens']:,} tokens of 2 held-out books "
+                      f"(their unigram perplexity: {h['unigram_perplexity']:.1f}). ")
     if finetunes:
         lines[-1] += (f"Fine-tuned with each task's small-model recipe (`configs/finetune_<task>_tiny.flags`), "
                       f"seeds {seeds}, dev scores (median [min–max] where several seeds); e.g. "
@@ -232,6 +257,8 @@ def main(argv):
     elif FLAGS.stage == "finetune":
         if not any(r["kind"] == "pretrain_done" for r in load_ledger(ledger)):
             sys.exit("lstm_table5: pre-training is not done yet (run --stage=pretrain until it is)")
+        done = next(r for r in load_ledger(ledger) if r["kind"] == "pretrain_done")
+        held_out(ledger, FLAGS.runs_root, FLAGS.data_dir, done["to_step"])
         finetune(ledger, cell_specs(FLAGS.runs_root, FLAGS.tasks_dir, FLAGS.tasks, FLAGS.seeds))
     else:
         write_report(Path(FLAGS.results_md), load_ledger(ledger))
