@@ -61,6 +61,8 @@ def define_flags():
     flags.DEFINE_float("minutes", 15.0, "--stage=pretrain: stop this piece after this many minutes (0: to the end).")
     flags.DEFINE_list("seeds", ["0"], "--stage=finetune: seeds.")
     flags.DEFINE_list("tasks", list(TASKS), "--stage=finetune: tasks.")
+    flags.DEFINE_bool("heldout", True, "--stage=finetune: first the LSTM's held-out perplexity, once (off in all but "
+                      "one of several processes started side by side).")
     flags.DEFINE_string("ledger", str(LEDGER), "The JSONL ledger.")
     flags.DEFINE_string("results_md", "docs/results.md", "--stage=report: the file whose LSTM row is filled.")
 
@@ -258,7 +260,8 @@ def main(argv):
         if not any(r["kind"] == "pretrain_done" for r in load_ledger(ledger)):
             sys.exit("lstm_table5: pre-training is not done yet (run --stage=pretrain until it is)")
         done = next(r for r in load_ledger(ledger) if r["kind"] == "pretrain_done")
-        held_out(ledger, FLAGS.runs_root, FLAGS.data_dir, done["to_step"])
+        if FLAGS.heldout:
+            held_out(ledger, FLAGS.runs_root, FLAGS.data_dir, done["to_step"])
         finetune(ledger, cell_specs(FLAGS.runs_root, FLAGS.tasks_dir, FLAGS.tasks, FLAGS.seeds))
     else:
         write_report(Path(FLAGS.results_md), load_ledger(ledger))
