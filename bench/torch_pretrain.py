@@ -21,8 +21,9 @@ import`` turns them into a gpt_tf run folder.
 
 In pieces (``--piece_minutes`` / ``--piece_updates``, or SIGTERM): a piece stops at an update boundary, writes
 ``state-<step>.part<k>`` + ``state.json`` (weights, Adam moments, the RNG states, the data order and position,
-the schedule: one ``torch.save`` in files of at most 15 MiB) and exits with status 75; the same command resumes from them
-bit-exactly (``tests/test_torch_pretrain.py``) and appends to ``log.jsonl``; the finished run removes them.
+the schedule: one ``torch.save`` in files of at most 15 MiB) and exits with status 75; the same command
+resumes from them bit-exactly (``tests/test_torch_pretrain.py``) and appends to ``log.jsonl``; the finished
+run removes them.
 A device call of at most 10 minutes is then one piece (``bench/torch_pretrain_piece.sh``).
 
 Only numpy, absl, torch and transformers are imported: no TensorFlow, no gpt_tf.
@@ -60,8 +61,10 @@ OWN_FLAGS = ("tokens", "out_dir", "model", "batch_size", "learning_rate", "warmu
              "probe_after")
 PART_BYTES = 15 * 2**20  # files of at most this size (the device tool returns files of up to 16 MiB)
 PIECE_EXIT = 75  # a piece stopped with its state saved: run the same command again (EX_TEMPFAIL)
-RESUMABLE = ("tokens", "model", "batch_size", "learning_rate", "warmup_fraction", "epochs", "weight_decay",
-             "clip_norm", "dropout", "evals", "eval_windows", "keep", "seed")  # what a resumed piece must share
+# What a resumed piece must share, with the data (the export's meta: its config hash and tokenizer; the npz
+# itself may sit at another path on another machine).
+RESUMABLE = ("model", "batch_size", "learning_rate", "warmup_fraction", "epochs", "weight_decay",
+             "clip_norm", "dropout", "evals", "eval_windows", "keep", "seed")
 
 
 def define_flags():
@@ -86,7 +89,8 @@ def define_flags():
                        "(runs started side by side: once all of them have compiled).")
     flags.DEFINE_float("piece_minutes", 0.0, "Stop after this many minutes of updates with the state saved "
                        f"(exit {PIECE_EXIT}); the same command resumes. 0: no limit.")
-    flags.DEFINE_integer("piece_updates", 0, f"Stop after this many updates of this piece (exit {PIECE_EXIT}). 0: no limit.")
+    flags.DEFINE_integer("piece_updates", 0, f"Stop after this many updates of this piece (exit {PIECE_EXIT}). "
+                         "0: no limit.")
 
 
 def windows(stream: np.ndarray, n_ctx: int) -> np.ndarray:
@@ -296,6 +300,8 @@ def main(argv):
     resumed = load_state(torch, FLAGS.out_dir, run.device) if FLAGS.out_dir and os.path.isdir(FLAGS.out_dir) else None
     if resumed is not None:  # a later piece: the schedule and position that the first piece fixed
         differ = {k: (resumed["setting"][k], setting[k]) for k in RESUMABLE if resumed["setting"][k] != setting[k]}
+        if resumed["meta"] != run.meta:
+            differ["tokens"] = (resumed["meta"].get("config_hash"), run.meta.get("config_hash"))
         if differ:
             sys.exit(f"bench.torch_pretrain: {FLAGS.out_dir} holds a run with other settings {differ} (saved, now); "
                      "use another --out_dir")
@@ -353,9 +359,10 @@ def main(argv):
             break
         piece_over = (FLAGS.piece_updates and step - piece_start >= FLAGS.piece_updates) or time.time() > piece_end
         if step < total and (stop or piece_over):
-            save_state(torch, FLAGS.out_dir, run.state(setting={k: setting[k] for k in OWN_FLAGS}, total=total,
-                                                        warmup=warmup, probe=probe, step=step, running=running,
-                                                        seconds=spent + time.time() - start))
+            own = {k: setting[k] for k in OWN_FLAGS}
+            state = run.state(setting=own, meta=run.meta, total=total, warmup=warmup, probe=probe, step=step,
+                              running=running, seconds=spent + time.time() - start)
+            save_state(torch, FLAGS.out_dir, state)
             log.write(json.dumps({"piece": step, "of": total, "seconds": spent + time.time() - start}) + "\n")
             log.close()
             print(f"piece stopped at update {step} of {total}, state saved; run the same command to go on", flush=True)

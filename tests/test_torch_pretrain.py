@@ -148,7 +148,8 @@ def test_pieces_resume_bit_exactly(tmp_path):
 
     first = piece("--piece_updates=6")
     assert first.returncode == PIECE_EXIT, first.stderr[-3000:]
-    assert list(pieces.glob("state-6.part*")) and (pieces / "state.json").is_file() and "run the same command" in first.stdout
+    assert list(pieces.glob("state-6.part*")) and (pieces / "state.json").is_file()
+    assert "run the same command" in first.stdout
     other = piece("--learning_rate=5e-4")
     assert other.returncode == 1 and "other settings" in other.stderr and "learning_rate" in other.stderr
     last = piece("--piece_updates=6")
