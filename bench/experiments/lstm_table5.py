@@ -225,6 +225,9 @@ def row_and_note(records: list[dict], tasks=TASKS) -> tuple[str, str]:
         lines[-1] += (f"Fine-tuned with each task's small-model recipe (`configs/finetune_<task>_tiny.flags`), "
                       f"seeds {seeds}, dev scores (median [min–max] where several seeds); e.g. "
                       f"`{finetunes[0]['cmd']}`; last run {max(r['finished'] for r in finetunes)[:10]}. ")
+    missing = [t for t in tasks if not any(r["task"] == t for r in finetunes)]
+    if missing:
+        lines[-1] += f"Not fine-tuned yet: {', '.join(missing)} (`--stage=finetune` resumes the cells). "
     lines[-1] += ("The row is not a like-for-like comparison: the LSTM saw a small fraction of the transformer's "
                   "tokens. No transformer checkpoint exists at that many tokens (its earliest kept one is update "
                   "1,790, 58.6M tokens; its held-out perplexity was 170 at 9.8M tokens, the first point of its "
