@@ -139,3 +139,50 @@ def test_the_shipped_books_preset_is_the_runs_last_checkpoint(tmp_path):
                                                   9: [str(tmp_path / f"weights-9.part{k}.npz") for k in (0, 1)]}
     with pytest.raises(FileNotFoundError, match="not a gpt_tf preset"):
         checkpoint_steps(str(tmp_path / "empty"), 9)
+
+
+def test_pieces_resume_bit_exactly(tmp_path):
+    """A run stopped midway (state saved, exit 75) and resumed by the same command ends with the weights, the
+    log and the intermediate checkpoint of the run that went through in one go; a resume with other settings
+    is refused."""
+    pytest.importorskip("torch")
+    pytest.importorskip("transformers")
+    from bench.torch_pretrain.train import PIECE_EXIT
+
+    rng = np.random.default_rng(0)
+    meta = {"data_dir": "synthetic", "n_ctx": 32, "vocab_size": 50, "tokenizer": {}, "tokens": {}}
+    tokens = tmp_path / "tokens.npz"
+    np.savez(tokens, meta=json.dumps(meta), train=rng.integers(0, 50, 32 * 20 + 1).astype(np.uint16),
+             valid=rng.integers(0, 50, 32 * 4 + 1).astype(np.uint16))
+    common = [f"--tokens={tokens}", "--model=test", "--batch_size=4", "--epochs=2", "--evals=3", "--eval_windows=0",
+              "--keep=1", "--dropout=0.1"]  # 10 updates over 2 epochs: the piece stops in the second epoch's order
+    run_module("bench.torch_pretrain.train", *common, f"--out_dir={tmp_path / 'whole'}")
+    pieces = tmp_path / "pieces"
+
+    def piece(*extra):
+        return subprocess.run([sys.executable, "-m", "bench.torch_pretrain.train", *common, f"--out_dir={pieces}", *extra],
+                              cwd=ROOT, env=ENV, capture_output=True, text=True, timeout=300)
+
+    first = piece("--piece_updates=6")
+    assert first.returncode == PIECE_EXIT, first.stderr[-3000:]
+    assert list(pieces.glob("state-6.part*")) and (pieces / "state.json").is_file()
+    assert "run the same command" in first.stdout
+    other = piece("--learning_rate=5e-4")
+    assert other.returncode == 1 and "other settings" in other.stderr and "learning_rate" in other.stderr
+    last = piece("--piece_updates=6")
+    assert last.returncode == 0 and "resuming at update 6 of 10" in last.stdout, last.stderr[-3000:]
+    assert not list(pieces.glob("state*"))  # the finished run removes its resume state
+
+    def rows(folder):
+        rows = [json.loads(line) for line in (folder / "log.jsonl").read_text().splitlines()]
+        rows[0]["setting"].pop("out_dir")
+        return [{k: v for k, v in r.items() if k not in ("seconds", "wall_seconds")} for r in rows if "piece" not in r]
+
+    assert rows(pieces) == rows(tmp_path / "whole")
+    files = sorted(p.name for p in (tmp_path / "whole").glob("weights-*.npz"))
+    assert files == sorted(p.name for p in pieces.glob("weights-*.npz")) and len(files) == 2
+    for name in files:
+        with np.load(tmp_path / "whole" / name) as a, np.load(pieces / name) as b:
+            assert a.files == b.files
+            for key in a.files:
+                np.testing.assert_array_equal(a[key], b[key], err_msg=f"{name}: {key}")

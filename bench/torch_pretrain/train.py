@@ -19,15 +19,26 @@ every evaluation), and ``weights-<step>.part<k>.npz`` (an ``OpenAIGPTLMHeadModel
 intermediate checkpoints kept for the zero-shot curve, float32 for the last). ``bench.torch_pretrain.convert
 import`` turns them into a gpt_tf run folder.
 
+In pieces (``--piece_minutes`` / ``--piece_updates``, or SIGTERM): a piece stops at an update boundary, writes
+``state-<step>.part<k>`` + ``state.json`` (weights, Adam moments, the RNG states, the data order and position,
+the schedule: one ``torch.save`` in files of at most 15 MiB) and exits with status 75; the same command
+resumes from them bit-exactly (``tests/test_torch_pretrain.py``) and appends to ``log.jsonl``; the finished
+run removes them.
+A device call of at most 10 minutes is then one piece (``bench/torch_pretrain_piece.sh``).
+
 Only numpy, absl, torch and transformers are imported: no TensorFlow, no gpt_tf.
 """
 
 from __future__ import annotations
 
+import glob
+import io
 import json
 import math
 import os
 import re
+import signal
+import sys
 import time
 
 import numpy as np
@@ -49,6 +60,11 @@ OWN_FLAGS = ("tokens", "out_dir", "model", "batch_size", "learning_rate", "warmu
              "clip_norm", "dropout", "evals", "eval_windows", "keep", "seed", "budget_minutes", "compile",
              "probe_after")
 PART_BYTES = 15 * 2**20  # files of at most this size (the device tool returns files of up to 16 MiB)
+PIECE_EXIT = 75  # a piece stopped with its state saved: run the same command again (EX_TEMPFAIL)
+# What a resumed piece must share, with the data (the export's meta: its config hash and tokenizer; the npz
+# itself may sit at another path on another machine).
+RESUMABLE = ("model", "batch_size", "learning_rate", "warmup_fraction", "epochs", "weight_decay",
+             "clip_norm", "dropout", "evals", "eval_windows", "keep", "seed")
 
 
 def define_flags():
@@ -71,6 +87,10 @@ def define_flags():
     flags.DEFINE_bool("compile", True, "torch.compile the model (CUDA only).")
     flags.DEFINE_float("probe_after", 0.0, "With --budget_minutes: start timing this many seconds after start-up "
                        "(runs started side by side: once all of them have compiled).")
+    flags.DEFINE_float("piece_minutes", 0.0, "Stop after this many minutes of updates with the state saved "
+                       f"(exit {PIECE_EXIT}); the same command resumes. 0: no limit.")
+    flags.DEFINE_integer("piece_updates", 0, f"Stop after this many updates of this piece (exit {PIECE_EXIT}). "
+                         "0: no limit.")
 
 
 def windows(stream: np.ndarray, n_ctx: int) -> np.ndarray:
@@ -123,6 +143,46 @@ def save_weights(torch, model, out_dir: str, step: int, dtype) -> list[str]:
     return paths
 
 
+def save_state(torch, out_dir: str, state: dict) -> list[str]:
+    """``state`` (one ``torch.save``) as ``state-<step>.part<k>`` files of at most PART_BYTES, then ``state.json``
+    naming them (replaced atomically): a piece killed at any moment leaves the previous state whole."""
+    buffer = io.BytesIO()
+    torch.save(state, buffer)
+    data, step = buffer.getvalue(), state["step"]
+    names = [f"state-{step}.part{k}" for k in range(max(1, math.ceil(len(data) / PART_BYTES)))]
+    for k, name in enumerate(names):
+        with open(os.path.join(out_dir, name), "wb") as f:
+            f.write(data[k * PART_BYTES:(k + 1) * PART_BYTES])
+            f.flush()
+            os.fsync(f.fileno())
+    tmp = os.path.join(out_dir, f".state.json.tmp-{os.getpid()}")
+    with open(tmp, "w") as f:
+        json.dump({"step": step, "parts": names, "bytes": len(data)}, f)
+    os.replace(tmp, os.path.join(out_dir, "state.json"))
+    for path in glob.glob(os.path.join(out_dir, "state-*.part*")):  # the previous piece's
+        if os.path.basename(path) not in names:
+            os.remove(path)
+    return [os.path.join(out_dir, name) for name in names]
+
+
+def load_state(torch, out_dir: str, device: str):
+    """The last piece's state (None when there is none)."""
+    path = os.path.join(out_dir, "state.json")
+    if not os.path.isfile(path):
+        return None
+    with open(path) as f:
+        index = json.load(f)
+    data = b"".join(open(os.path.join(out_dir, name), "rb").read() for name in index["parts"])
+    if len(data) != index["bytes"]:
+        raise ValueError(f"{out_dir}: the state files hold {len(data)} bytes, state.json says {index['bytes']}")
+    return torch.load(io.BytesIO(data), map_location=device, weights_only=False)
+
+
+def remove_state(out_dir: str) -> None:
+    for path in glob.glob(os.path.join(out_dir, "state-*.part*")) + glob.glob(os.path.join(out_dir, "state.json")):
+        os.remove(path)
+
+
 class Run:
     """Model, optimizer, data and the update step of one pre-training run."""
 
@@ -152,6 +212,24 @@ class Run:
         self.optimizer = self.torch.optim.AdamW(param_groups(self.model, FLAGS.weight_decay), lr=FLAGS.learning_rate,
                                                 betas=(0.9, 0.999), eps=1e-8, fused=self.device == "cuda")
         self.rng, self.order = np.random.default_rng(FLAGS.seed), np.zeros([0], np.int64)
+
+    def state(self, **extra) -> dict:
+        """Everything the next piece needs to go on bit-exactly: weights, moments, RNG states, data position."""
+        torch = self.torch
+        return {"model": self.model.state_dict(), "optimizer": self.optimizer.state_dict(),
+                "torch_rng": torch.get_rng_state(),
+                "cuda_rng": torch.cuda.get_rng_state_all() if self.device == "cuda" else None,
+                "numpy_rng": self.rng.bit_generator.state, "order": self.order, **extra}
+
+    def restore(self, state: dict) -> None:
+        torch = self.torch
+        self.model.load_state_dict(state["model"])
+        self.optimizer.load_state_dict(state["optimizer"])
+        torch.set_rng_state(state["torch_rng"].cpu())
+        if state["cuda_rng"] is not None and self.device == "cuda":
+            torch.cuda.set_rng_state_all([s.cpu() for s in state["cuda_rng"]])
+        self.rng.bit_generator.state = state["numpy_rng"]
+        self.order = state["order"]
 
     def loss_of(self, batch):
         x = self.torch.from_numpy(batch).to(self.device, non_blocking=True)
@@ -218,36 +296,55 @@ def main(argv):
 
     wall = time.time()
     run = Run(torch, transformers)
-    total = max(1, int(FLAGS.epochs * run.steps_per_epoch))
-    probe = None
-    if FLAGS.budget_minutes:  # fit the whole schedule (so that it anneals to 0) into the budget
-        probe = run.seconds_per_update(wall)
-        left = 60 * FLAGS.budget_minutes - (time.time() - wall)
-        total = max(1, min(total, int(0.85 * left / probe)))  # 15% for evaluations and checkpoints
-    deadline = wall + 60 * FLAGS.budget_minutes * 1.1 if FLAGS.budget_minutes else float("inf")
-    warmup = int(FLAGS.warmup_fraction * total)
-    os.makedirs(FLAGS.out_dir, exist_ok=True)
-    log = open(os.path.join(FLAGS.out_dir, "log.jsonl"), "w")
     setting = {name: getattr(FLAGS, name) for name in OWN_FLAGS}
-    setting.update(windows=len(run.train), steps=total, warmup=warmup, meta=run.meta, seconds_per_update=probe,
-                   torch=torch.__version__, transformers=transformers.__version__,
-                   device=torch.cuda.get_device_name() if run.device == "cuda" else "cpu")
-    log.write(json.dumps({"setting": setting}) + "\n")
+    resumed = load_state(torch, FLAGS.out_dir, run.device) if FLAGS.out_dir and os.path.isdir(FLAGS.out_dir) else None
+    if resumed is not None:  # a later piece: the schedule and position that the first piece fixed
+        differ = {k: (resumed["setting"][k], setting[k]) for k in RESUMABLE if resumed["setting"][k] != setting[k]}
+        if resumed["meta"] != run.meta:
+            differ["tokens"] = (resumed["meta"].get("config_hash"), run.meta.get("config_hash"))
+        if differ:
+            sys.exit(f"bench.torch_pretrain: {FLAGS.out_dir} holds a run with other settings {differ} (saved, now); "
+                     "use another --out_dir")
+        run.restore(resumed)
+        total, warmup, probe, step = resumed["total"], resumed["warmup"], resumed["probe"], resumed["step"]
+        running, spent = resumed["running"], resumed["seconds"]
+        print(f"resuming at update {step} of {total}", flush=True)
+    else:
+        total = max(1, int(FLAGS.epochs * run.steps_per_epoch))
+        probe = None
+        if FLAGS.budget_minutes:  # fit the whole schedule (so that it anneals to 0) into the budget
+            probe = run.seconds_per_update(wall)
+            left = 60 * FLAGS.budget_minutes - (time.time() - wall)
+            total = max(1, min(total, int(0.85 * left / probe)))  # 15% for evaluations and checkpoints
+        warmup = int(FLAGS.warmup_fraction * total)
+        running, step, spent = [], 0, 0.0
+    pieces = bool(FLAGS.piece_minutes or FLAGS.piece_updates)
+    deadline = wall + 60 * FLAGS.budget_minutes * 1.1 if FLAGS.budget_minutes and not pieces else float("inf")
+    os.makedirs(FLAGS.out_dir, exist_ok=True)
+    log = open(os.path.join(FLAGS.out_dir, "log.jsonl"), "a" if resumed is not None else "w")
+    if resumed is None:
+        setting.update(windows=len(run.train), steps=total, warmup=warmup, meta=run.meta, seconds_per_update=probe,
+                       torch=torch.__version__, transformers=transformers.__version__,
+                       device=torch.cuda.get_device_name() if run.device == "cuda" else "cpu")
+        log.write(json.dumps({"setting": setting}) + "\n")
 
     def record(step, train_loss, held, start):
         row = {"step": step, "tokens": step * FLAGS.batch_size * run.n_ctx, "epoch": step / run.steps_per_epoch,
                "train_loss": train_loss, "valid_loss": held, "valid_ppl": math.exp(held),
-               "lr": lr_at(step, FLAGS.learning_rate, warmup, total), "seconds": time.time() - start}
+               "lr": lr_at(step, FLAGS.learning_rate, warmup, total), "seconds": spent + time.time() - start}
         log.write(json.dumps(row) + "\n")
         log.flush()
         print(json.dumps(row), flush=True)
 
+    stop = []  # SIGTERM (a device call's time limit): stop at the next update boundary, state saved
+    signal.signal(signal.SIGTERM, lambda *_: stop.append(True))
     start = time.time()
-    first = run.evaluate()  # the untrained model: the curve's first point
-    record(0, first, first, start)
+    if resumed is None:
+        first = run.evaluate()  # the untrained model: the curve's first point
+        record(0, first, first, start)
     eval_at = {round(total * k / FLAGS.evals) for k in range(1, FLAGS.evals + 1)}
     keep_at = {round(total * k / (FLAGS.keep + 1)) for k in range(1, FLAGS.keep + 1)} - {total}
-    running, step = [], 0
+    piece_start, piece_end = step, time.time() + 60 * FLAGS.piece_minutes if FLAGS.piece_minutes else float("inf")
     while step < total:
         step += 1
         running.append(run.update(lr_at(step - 1, FLAGS.learning_rate, warmup, total)))
@@ -260,8 +357,19 @@ def main(argv):
         if late:
             print(f"stopped at update {step} of {total}: over 110% of --budget_minutes", flush=True)
             break
+        piece_over = (FLAGS.piece_updates and step - piece_start >= FLAGS.piece_updates) or time.time() > piece_end
+        if step < total and (stop or piece_over):
+            own = {k: setting[k] for k in OWN_FLAGS}
+            state = run.state(setting=own, meta=run.meta, total=total, warmup=warmup, probe=probe, step=step,
+                              running=running, seconds=spent + time.time() - start)
+            save_state(torch, FLAGS.out_dir, state)
+            log.write(json.dumps({"piece": step, "of": total, "seconds": spent + time.time() - start}) + "\n")
+            log.close()
+            print(f"piece stopped at update {step} of {total}, state saved; run the same command to go on", flush=True)
+            sys.exit(PIECE_EXIT)
     save_weights(torch, run.model, FLAGS.out_dir, step, np.float32)
-    log.write(json.dumps({"done": step, "of": total, "seconds": time.time() - start,
+    remove_state(FLAGS.out_dir)
+    log.write(json.dumps({"done": step, "of": total, "seconds": spent + time.time() - start,
                           "wall_seconds": time.time() - wall}) + "\n")
     log.close()
 
