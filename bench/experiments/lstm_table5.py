@@ -36,9 +36,9 @@ from types import SimpleNamespace
 
 from absl import app, flags
 
-from bench.finetune_runs import (ROOT, _child_env, append_ledger, dev_score, finetune_spec, load_ledger, median_spread,
+from bench.experiments.finetune_runs import (ROOT, _child_env, append_ledger, dev_score, finetune_spec, load_ledger, median_spread,
                                  run_one, shown_command)
-from bench.study import lstm_pretrain_cmd
+from bench.experiments.study import lstm_pretrain_cmd
 
 BOOKS_LOG = ROOT / "gpt_tf" / "presets" / "books_tiny" / "log.jsonl"
 LEDGER = ROOT / "bench" / "results" / "lstm_table5.jsonl"
@@ -84,7 +84,7 @@ def build_data(books_dir: str, every: int, valid: int, data_dir: str) -> None:
             if not link.exists():
                 link.symlink_to((Path(books_dir) / split / f"{book}.txt").resolve())
     cmd = [sys.executable, "-m", "pipelines.pretrain_data", f"--input_dir={src / 'train'}", f"--valid_dir={src / 'valid'}",
-           f"--output_dir={data_dir}", f"--tokenizer_dir={(BOOKS_LOG.parent / "assets" / "tokenizer").relative_to(ROOT)}", "--n_ctx=128",
+           f"--output_dir={data_dir}", f"--tokenizer_dir={(BOOKS_LOG.parent / 'assets' / 'tokenizer').relative_to(ROOT)}", "--n_ctx=128",
            "--noprogress"]
     subprocess.run(cmd, cwd=ROOT, env=_child_env(), check=True)
 
