@@ -15,7 +15,7 @@ The LSTM is ``lstm_tiny`` (one layer of 744 units, about ``tiny``'s non-embeddin
 ``gpt_tf/presets/books_tiny/assets/tokenizer``), from every ``--books_every``-th train book only: the LSTM sees a small part
 of the corpus's tokens on a 2-core CPU, and tokenizing all 140 MB here takes longer than the run. Its recipe is
 ``books_tiny``'s recipe (``gpt_tf/presets/books_tiny/log.jsonl``: batch 256, peak lr 1e-3, 2% warm-up
-then cosine, decay 0.01, clip 1, seed 0), scaled to ``--steps`` updates by ``bench.study.lstm_pretrain_cmd``,
+then cosine, decay 0.01, clip 1, seed 0), scaled to ``--steps`` updates by ``bench.experiments.study.lstm_pretrain_cmd``,
 in float32 (this CPU has no bf16).
  Fine-tuning uses each task's small-model recipe
 (``configs/finetune_<task>_tiny.flags``, chosen by ``bench/reproduction.py``) as in the reproduction table.

@@ -23,7 +23,7 @@ if [ -n "${OUT:-}" ] && [ -d "$run" ]; then
   if [ "${KEEP_STATE:-0}" = 1 ]; then cp "$run"/state.json "$run"/state-*.part* "$back"/ 2>/dev/null || true; fi
 fi
 case $status in
-  0) echo "torch_pretrain_piece: the run is finished" ;;
-  75) echo "torch_pretrain_piece: piece done; the same call resumes" ;;
-  *) echo "torch_pretrain_piece: failed ($status)"; exit $status ;;
+  0) echo "piece.sh: the run is finished" ;;
+  75) echo "piece.sh: piece done; the same call resumes" ;;
+  *) echo "piece.sh: failed ($status)"; exit $status ;;
 esac

@@ -24,7 +24,7 @@ In pieces (``--piece_minutes`` / ``--piece_updates``, or SIGTERM): a piece stops
 the schedule: one ``torch.save`` in files of at most 15 MiB) and exits with status 75; the same command
 resumes from them bit-exactly (``tests/test_torch_pretrain.py``) and appends to ``log.jsonl``; the finished
 run removes them.
-A device call of at most 10 minutes is then one piece (``bench/torch_pretrain_piece.sh``).
+A device call of at most 10 minutes is then one piece (``bench/torch_pretrain/piece.sh``).
 
 Only numpy, absl, torch and transformers are imported: no TensorFlow, no gpt_tf.
 """
@@ -303,7 +303,7 @@ def main(argv):
         if resumed["meta"] != run.meta:
             differ["tokens"] = (resumed["meta"].get("config_hash"), run.meta.get("config_hash"))
         if differ:
-            sys.exit(f"bench.torch_pretrain: {FLAGS.out_dir} holds a run with other settings {differ} (saved, now); "
+            sys.exit(f"bench.torch_pretrain.train: {FLAGS.out_dir} holds a run with other settings {differ} (saved, now); "
                      "use another --out_dir")
         run.restore(resumed)
         total, warmup, probe, step = resumed["total"], resumed["warmup"], resumed["probe"], resumed["step"]
