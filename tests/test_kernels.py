@@ -239,9 +239,10 @@ def test_a_checkout_reached_through_links_reuses_the_build_and_other_sources_do_
     tf_dir.symlink_to(real_tf)
     compile_flags, link_flags = tf.sysconfig.get_compile_flags(), tf.sysconfig.get_link_flags()
 
-    def tf_at(folder):
-        monkeypatch.setattr(tf.sysconfig, "get_compile_flags", lambda: [f.replace(real_tf, str(folder)) for f in compile_flags])
-        monkeypatch.setattr(tf.sysconfig, "get_link_flags", lambda: [f.replace(real_tf, str(folder)) for f in link_flags])
+    def tf_at(folder):  # TensorFlow's flags as if it were installed at ``folder``
+        moved = lambda flags: lambda: [f.replace(real_tf, str(folder)) for f in flags]  # noqa: E731
+        monkeypatch.setattr(tf.sysconfig, "get_compile_flags", moved(compile_flags))
+        monkeypatch.setattr(tf.sysconfig, "get_link_flags", moved(link_flags))
 
     tf_at(tf_dir)
     monkeypatch.setattr(build, "SOURCE", code / build.SOURCE.name)
