@@ -7,6 +7,7 @@ bash scripts/setup.sh dev
 # checkouts (git worktrees) whose editable install points at another one, and for the tests' own child processes.
 export PYTHONPATH=$PWD TF_CPP_MIN_LOG_LEVEL=2
 # Two workers (pytest-xdist): most tests wait on one-core work (a subprocess's start-up, a server), so two
-# of them share the 2 cores well; a file, and tests/serving_e2e/ as a whole, stay on one worker
-# (tests/conftest.py). Later arguments win: `bash scripts/test.sh -n 0` runs in one process.
-exec .venv/bin/python -m pytest -q -n 2 --dist loadgroup "$@"
+# of them share the 2 cores well; a file, and tests/serving_e2e/ as a whole, stay on one worker, the
+# longest groups handed out first (tests/conftest.py; --no-loadscope-reorder keeps that order instead of
+# xdist's by number of tests). Later arguments win: `bash scripts/test.sh -n 0` runs in one process.
+exec .venv/bin/python -m pytest -q -n 2 --dist loadgroup --no-loadscope-reorder "$@"

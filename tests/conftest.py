@@ -25,11 +25,28 @@ def shared_data() -> Path:
     return path
 
 
+# The groups that take longest, longest first (CI's `--durations`; refresh it when that list changes much).
+# Under `--dist loadgroup --no-loadscope-reorder` (scripts/test.sh) a free worker takes the next group in
+# the collection's order, so these start first and the last groups handed out are short ones. Without it
+# xdist orders the groups by their number of tests: the walk-through (2 tests, ~6 min) and the hot-swap
+# test (1) came last, both on one worker (it takes the next group while its current one has 2 tests to
+# go), while the other worker had nothing left to do.
+LONGEST_FIRST = ("serving_e2e", "test_walkthrough", "test_hot_swap_memory", "test_finetune", "test_buckets",
+                 "test_finetune_loop", "test_server_hardening", "test_tokenizer", "test_scale", "test_train")
+
+
+def xdist_group(path: Path) -> str:
+    """A test file's group: tests/serving_e2e/ as a whole, any other file on its own."""
+    return "serving_e2e" if path.parent.name == "serving_e2e" else path.stem
+
+
 @pytest.hookimpl(tryfirst=True)
 def pytest_collection_modifyitems(config, items):
     """Under pytest-xdist (`scripts/test.sh`: two workers, ``--dist loadgroup``), a test file runs whole on
     one worker (its module fixtures are built once) and tests/serving_e2e/ runs whole on one (its package
-    fixtures, the exported models and the server, cost ~110 s). Runs before xdist reads the groups."""
+    fixtures, the exported models and the server, cost minutes); the groups in LONGEST_FIRST come first, in
+    that order, the others in the order collected. Runs before xdist reads the groups."""
+    rank = {group: i for i, group in enumerate(LONGEST_FIRST)}
+    items.sort(key=lambda item: rank.get(xdist_group(item.path), len(rank)))  # stable: files stay together
     for item in items:
-        group = "serving_e2e" if item.path.parent.name == "serving_e2e" else item.path.stem
-        item.add_marker(pytest.mark.xdist_group(group))
+        item.add_marker(pytest.mark.xdist_group(xdist_group(item.path)))

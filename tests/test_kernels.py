@@ -223,6 +223,48 @@ def test_build_failure_is_a_named_reason_and_the_stock_ops_run(monkeypatch, tmp_
     assert lib is None and "GPT_TF_FUSED_KERNELS=0" in line
 
 
+def test_a_checkout_reached_through_links_reuses_the_build_and_other_sources_do_not(monkeypatch, tmp_path):
+    """The build's name holds the sources' text and TensorFlow's real folders, not the paths they were
+    reached by: the walk-through test's project (links to gpt_tf/ and .venv) and git worktrees load the
+    build setup.sh made instead of compiling their own (~36 CPU-seconds each); other sources or another
+    TensorFlow still get their own build."""
+    from pathlib import Path
+
+    from gpt_tf.kernels import build
+
+    key = build.cache_key("g++", "g++ 12")
+    code, tf_dir = tmp_path / "code", tmp_path / "tensorflow"
+    code.symlink_to(build.SOURCE.parent)
+    real_tf = os.path.dirname(tf.sysconfig.get_include())
+    tf_dir.symlink_to(real_tf)
+    compile_flags, link_flags = tf.sysconfig.get_compile_flags(), tf.sysconfig.get_link_flags()
+
+    def tf_at(folder):  # TensorFlow's flags as if it were installed at ``folder``
+        moved = lambda flags: lambda: [f.replace(real_tf, str(folder)) for f in flags]  # noqa: E731
+        monkeypatch.setattr(tf.sysconfig, "get_compile_flags", moved(compile_flags))
+        monkeypatch.setattr(tf.sysconfig, "get_link_flags", moved(link_flags))
+
+    tf_at(tf_dir)
+    monkeypatch.setattr(build, "SOURCE", code / build.SOURCE.name)
+    monkeypatch.setattr(build, "HEADERS", tuple(code / h.name for h in build.HEADERS))
+    assert any(str(tf_dir) in f for f in build._command("g++", Path("x")))  # the command names the links
+    assert build.cache_key("g++", "g++ 12") == key
+    copy = tmp_path / "copy"
+    copy.mkdir()
+    for path in (build.SOURCE, *build.HEADERS):
+        (copy / path.name).write_text(path.read_text())
+    (copy / build.SOURCE.name).write_text(build.SOURCE.read_text() + "\n// changed\n")
+    monkeypatch.setattr(build, "SOURCE", copy / build.SOURCE.name)
+    monkeypatch.setattr(build, "HEADERS", tuple(copy / h.name for h in build.HEADERS))
+    assert build.cache_key("g++", "g++ 12") != key
+    (copy / build.SOURCE.name).write_text(code.joinpath(build.SOURCE.name).read_text())
+    assert build.cache_key("g++", "g++ 12") == key  # a copy with the same text is the same build
+    other_tf = tmp_path / "other_tensorflow"
+    other_tf.mkdir()
+    tf_at(other_tf)
+    assert build.cache_key("g++", "g++ 12") != key
+
+
 @pytest.mark.parametrize("dtype", [tf.float32, tf.bfloat16])
 @pytest.mark.parametrize("shape", [(3, 5), (7, 33, 129)])
 def test_fused_dropout_is_dropout16_to_the_bit(lib, monkeypatch, dtype, shape):

@@ -3,7 +3,10 @@
 The library lands in ``$GPT_TF_KERNEL_DIR`` (default ``$XDG_CACHE_HOME/gpt_tf/kernels``, i.e.
 ``~/.cache/gpt_tf/kernels``) under a name that hashes everything the binary depends on: the source,
 the TensorFlow version and its compile flags, the compiler and the CPU's model and flags (it is
-built with ``-march=native``, so a copy taken to another CPU is never loaded). A build takes ~10 s; it is written
+built with ``-march=native``, so a copy taken to another CPU is never loaded). Paths count as the files
+they resolve to: the source's text is hashed, not its folder, and TensorFlow's include and library folders
+by their real path, so a checkout reached through another path (a git worktree or a folder whose ``.venv``
+is a link to the same environment, as tests/test_walkthrough.py lays one out) uses the same build. A build takes ~10 s; it is written
 to a temporary file and renamed into place, so processes that build at the same time do not clash.
 """
 
@@ -58,6 +61,24 @@ def _cpu_signature() -> str:
         return platform.processor() or platform.machine()
 
 
+def _key_word(word: str) -> str:
+    """A compile-command word as the cache key holds it: the source by name (its text is hashed), an
+    include or library folder (``-I``/``-L``) by its real path."""
+    if word == str(SOURCE):
+        return SOURCE.name
+    if word.startswith(("-I", "-L")) and len(word) > 2:
+        return word[:2] + os.path.realpath(word[2:])
+    return word
+
+
+def cache_key(cxx: str, version: str) -> str:
+    """What names the build: the sources' text, the compile command (paths as ``_key_word`` holds them),
+    the compiler's version line and the CPU."""
+    sources = [p.read_text() for p in (SOURCE, *HEADERS)]
+    command = " ".join(_key_word(w) for w in _command(cxx, Path("x")))
+    return hashlib.sha256("\n".join([*sources, command, version, _cpu_signature()]).encode()).hexdigest()[:16]
+
+
 def library_path() -> Path:
     """The built library (built now if this machine has none for this source and TensorFlow)."""
     cxx = _compiler()
@@ -65,10 +86,7 @@ def library_path() -> Path:
         version = subprocess.run([cxx, "--version"], capture_output=True, text=True, check=True).stdout.splitlines()[0]
     except (OSError, subprocess.CalledProcessError, IndexError) as e:
         raise KernelBuildError(f"{cxx} --version failed: {e}") from e
-    sources = [p.read_text() for p in (SOURCE, *HEADERS)]
-    key = hashlib.sha256("\n".join([*sources, " ".join(_command(cxx, Path("x"))), version, _cpu_signature()])
-                         .encode()).hexdigest()[:16]
-    path = kernel_dir() / f"fused_ops-{key}.so"
+    path = kernel_dir() / f"fused_ops-{cache_key(cxx, version)}.so"
     if path.exists():
         return path
     path.parent.mkdir(parents=True, exist_ok=True)

@@ -40,6 +40,12 @@ def tokenizer(bpe):
 
 
 @pytest.fixture(scope="package")
+def tf_tokenizer(tokenizer):
+    """The in-graph tokenizer, built once (its tables: several seconds each time)."""
+    return tokenizer.tf_tokenizer()
+
+
+@pytest.fixture(scope="package")
 def config():
     return get_preset("test", vocab_size=40478)
 
@@ -103,6 +109,20 @@ def exported(server, base, sst2_run, bpe, config):
     export_lm(lm, str(bpe), str(base), "lm", top_k=5)
     sst2_model, _, _ = load_finetuned(sst2_run)  # float32, as exported
     return {"sst2": sst2_model, "stsb": stsb, "lm": lm}
+
+
+@pytest.fixture(scope="package")
+def loaded(base, exported):
+    """``load(name)``: version 1 of an exported model, loaded in this process once (``tf.saved_model.load``
+    of a GPT export instantiates its hundreds of functions: the costly part of a load)."""
+    cache = {}
+
+    def load(name):
+        if name not in cache:
+            cache[name] = tf.saved_model.load(str(base / name / "1"))
+        return cache[name]
+
+    return load
 
 
 @pytest.fixture(scope="package")

@@ -22,10 +22,10 @@ from tests.small_runs import TF_ONLY
 
 
 # ---------------------------------------------------------------------------------------------- export
-def test_export_of_a_finetuning_run_matches_the_in_process_model(base, exported, sst2_dev):
+def test_export_of_a_finetuning_run_matches_the_in_process_model(base, loaded, sst2_dev):
     """Text -> SavedModel (in process) == offline pipeline -> Keras model; float32 out of a bf16 run."""
     texts, expected = sst2_dev
-    served = tf.saved_model.load(str(base / "sst2" / "1")).signatures["serving_default"]
+    served = loaded("sst2").signatures["serving_default"]
     out = served(sentence=tf.constant(texts))
     assert out["probabilities"].dtype == tf.float32
     np.testing.assert_allclose(out["probabilities"].numpy(), expected, atol=TOL)
@@ -35,14 +35,14 @@ def test_export_of_a_finetuning_run_matches_the_in_process_model(base, exported,
     assert sorted(os.listdir(base / "sst2" / "1" / "assets.extra")) == ["tf_serving_warmup_requests"]
 
 
-def test_bfloat16_export_answers_float32(sst2_run, shared_data, tokenizer, config, sst2_dev):
+def test_bfloat16_export_answers_float32(sst2_run, shared_data, tokenizer, tf_tokenizer, config, sst2_dev):
     """Computing in the run's mixed_bfloat16 still answers float32, close to the float32 export."""
     from serving.export import load_finetuned
 
     model, task, _ = load_finetuned(sst2_run, "mixed_bfloat16")
     examples = glue_examples(shared_data, "sst2", "glue/SST-2", "dev", 12)
     ids, extract = offline_features(task, examples, tokenizer, config)
-    module = TaskServingModule(model, task, tokenizer.tf_tokenizer())
+    module = TaskServingModule(model, task, tf_tokenizer)
     out = module.predict_tokens(tf.constant(ids), tf.constant(extract))
     assert out["probabilities"].dtype == tf.float32
     np.testing.assert_allclose(out["probabilities"].numpy(), sst2_dev[1], atol=0.05)
@@ -52,8 +52,8 @@ def test_bfloat16_export_answers_float32(sst2_run, shared_data, tokenizer, confi
     ("sst2", "glue/SST-2", "dev", 40, True), ("stsb", "glue/STS-B", "dev", 40, False),
     ("rte", "glue/RTE", "dev", 40, True), ("story_cloze", "story_cloze", "val", 20, True),
 ])
-def test_in_graph_preprocessing_equals_the_offline_pipeline(base, exported, shared_data, tokenizer, config, task_name,
-                                                            folder, split, n, truncates):
+def test_in_graph_preprocessing_equals_the_offline_pipeline(loaded, exported, shared_data, tokenizer, tf_tokenizer,
+                                                            config, task_name, folder, split, n, truncates):
     """Real rows: the served features (cleaning, BPE, §3.3 views, truncation at n_ctx) == training's.
 
     SST-2 and STS-B through the exported ``features`` signature, RTE and Story Cloze (pair and
@@ -67,11 +67,10 @@ def test_in_graph_preprocessing_equals_the_offline_pipeline(base, exported, shar
                "sentence2": "text_b", "context": "text_a", "choices": "choices"}
     texts = {name: tf.constant([getattr(e, columns[name]) for e in examples]) for name in input_specs(task)}
     if task_name in exported:
-        got = tf.saved_model.load(str(base / task_name / "1")).signatures["features"](**texts)
+        got = loaded(task_name).signatures["features"](**texts)
         got_ids, got_extract = got["input_ids"], got["extract_index"]
     else:
-        module = TaskServingModule(GPTTaskModel(GPTBackbone(config, name="backbone"), task), task,
-                                   tokenizer.tf_tokenizer())
+        module = TaskServingModule(GPTTaskModel(GPTBackbone(config, name="backbone"), task), task, tf_tokenizer)
         got_ids, got_extract = tf.function(module.features)(texts)
     np.testing.assert_array_equal(got_extract.numpy(), extract)
     pad = config.special_id("pad")

@@ -1,0 +1,62 @@
+"""The suite's own scheduling (tests/conftest.py, scripts/test.sh): under pytest-xdist's ``--dist loadgroup``
+each file (and tests/serving_e2e/ as a whole) is one group, and the longest groups are handed out first."""
+
+from __future__ import annotations
+
+import shlex
+from pathlib import Path
+from types import SimpleNamespace
+
+from tests import conftest
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def _group_mark(mark) -> str:
+    """The group an ``xdist_group`` mark names, as pytest-xdist reads it (``None`` when there is no mark)."""
+    return None if mark is None else (mark.args[0] if mark.args else mark.kwargs.get("name", "default"))
+
+
+def test_every_longest_first_group_exists():
+    """A renamed or deleted file left in LONGEST_FIRST would silently lose its place at the front."""
+    groups = {p.stem for p in (ROOT / "tests").glob("test_*.py")} | {"serving_e2e"}
+    assert (ROOT / "tests" / "serving_e2e").is_dir()
+    assert [g for g in conftest.LONGEST_FIRST if g not in groups] == []
+    assert len(set(conftest.LONGEST_FIRST)) == len(conftest.LONGEST_FIRST)
+
+
+def test_test_sh_keeps_the_collection_order_of_the_groups():
+    """Without --no-loadscope-reorder xdist reorders the groups by their number of tests, and the long
+    groups with few tests (the walk-through, the hot swaps) run last."""
+    line = next(x for x in (ROOT / "scripts" / "test.sh").read_text().splitlines() if x.startswith("exec "))
+    words = shlex.split(line)
+    assert words[words.index("--dist") + 1] == "loadgroup" and "--no-loadscope-reorder" in words, line
+
+
+def test_the_hook_puts_the_longest_groups_first_and_keeps_files_together():
+    def item(path):
+        marks = []
+        return SimpleNamespace(path=ROOT / path, marks=marks, add_marker=marks.append)
+
+    paths = ["tests/test_a.py", "tests/serving_e2e/test_x.py", "tests/test_walkthrough.py", "tests/test_a.py",
+             "tests/test_b.py", "tests/serving_e2e/test_y.py", "tests/test_walkthrough.py"]
+    items = [item(p) for p in paths]
+    conftest.pytest_collection_modifyitems(None, items)
+    assert [str(i.path.relative_to(ROOT)) for i in items] == [
+        "tests/serving_e2e/test_x.py", "tests/serving_e2e/test_y.py", "tests/test_walkthrough.py",
+        "tests/test_walkthrough.py", "tests/test_a.py", "tests/test_a.py", "tests/test_b.py"]
+    groups = [_group_mark(i.marks[0]) for i in items]
+    assert groups == ["serving_e2e"] * 2 + ["test_walkthrough"] * 2 + ["test_a"] * 2 + ["test_b"]
+    assert all(m.name == "xdist_group" for i in items for m in i.marks)
+
+
+def test_this_sessions_collection_is_in_that_order(request):
+    """The items this session collected (the whole suite under scripts/test.sh): each group in one block,
+    the LONGEST_FIRST groups first and in that order."""
+    groups = [conftest.xdist_group(item.path) for item in request.session.items]
+    blocks = [g for i, g in enumerate(groups) if i == 0 or g != groups[i - 1]]
+    assert len(blocks) == len(set(blocks)), blocks
+    first = [g for g in conftest.LONGEST_FIRST if g in blocks]
+    assert blocks[:len(first)] == first, blocks
+    assert [i.nodeid for i in request.session.items if _group_mark(i.get_closest_marker("xdist_group"))
+            != conftest.xdist_group(i.path)] == []
