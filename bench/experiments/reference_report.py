@@ -77,8 +77,8 @@ def section_lines(tasks, seeds, ours_rows: list[dict], ref_rows: list[dict], rec
         lines.append(f"| {task} ({metric}) | {_recipe_text(recipe)} | {_cell(ours)} | {_cell(theirs)} | {curve} | "
                      f"{_verdict(ours, theirs)} |")
     if dates:
-        lines += ["", f"Reference cells run by `{'`, `'.join(sorted(commands))}` under `nice -n 19` on "
-                  f"{', '.join(sorted(cpus))} (2 cores shared with other work), finished {min(dates)[:16]} – "
+        lines += ["", f"Reference cells run by `{'`, `'.join(sorted(commands))}` on "
+                  f"{', '.join(sorted(cpus))} (2 cores), finished {min(dates)[:16]} – "
                   f"{max(dates)[:16]} UTC."]
     else:
         lines += ["", "No reference cell has finished yet."]
