@@ -15,11 +15,10 @@ from __future__ import annotations
 import numpy as np
 import tensorflow as tf
 
+from gpt_tf.gpt1.preprocessor import CHOICES
 from gpt_tf.tasks import INPUT_FIELDS
 from pipelines.task_batches import bucket_lengths, epoch_plan
 from pipelines.transforms import view_lengths
-
-CHOICES = "choices"
 
 
 def plannable(x) -> bool:

@@ -175,9 +175,7 @@ class GPT1TaskMixin(FindsPresets):
         x = self._pretokenize(x)
         if self._plannable(x):
             order = batching.sorted_order(self._lengths(x), self.preprocessor.sequence_length)
-            x, y = batching.take(x, order), batching.take(y, order)
-            if kwargs.get("sample_weight") is not None:
-                kwargs = {**kwargs, "sample_weight": batching.take(kwargs["sample_weight"], order)}
+            x, y, kwargs = _in_order(x, y, kwargs, order)
         return super().evaluate(x, y, **kwargs)
 
     def predict(self, x, **kwargs):
@@ -204,9 +202,7 @@ class GPT1TaskMixin(FindsPresets):
                                    seed=int(np.random.randint(2**31 - 1)))
         if not len(order):
             return None
-        if kwargs.get("sample_weight") is not None:
-            kwargs = {**kwargs, "sample_weight": batching.take(kwargs["sample_weight"], order)}
-        return batching.take(x, order), batching.take(y, order), kwargs, steps
+        return (*_in_order(x, y, kwargs, order), steps)
 
     def export(self, filepath, format="tf_saved_model", verbose=None, input_signature=None,
                **kwargs):  # pylint: disable=redefined-builtin
@@ -240,9 +236,11 @@ class GPT1TaskMixin(FindsPresets):
 def _shuffled(x, y, kwargs):
     """``x`` (a dict of per-example tensors), ``y`` and any ``sample_weight`` in one random order
     (numpy's global generator: ``keras.utils.set_random_seed`` makes it repeatable)."""
-    y = np.asarray(y)
-    order = np.random.permutation(len(y))
-    x = {k: tf.gather(v, order) for k, v in x.items()} if isinstance(x, dict) else tf.gather(x, order)
+    return _in_order(x, np.asarray(y), kwargs, np.random.permutation(len(y)))
+
+
+def _in_order(x, y, kwargs, order):
+    """``x``, ``y`` and any ``sample_weight`` in ``kwargs`` at the example indices ``order`` (``batching.take``)."""
     if kwargs.get("sample_weight") is not None:
-        kwargs = {**kwargs, "sample_weight": np.asarray(kwargs["sample_weight"])[order]}
-    return x, y[order], kwargs
+        kwargs = {**kwargs, "sample_weight": batching.take(kwargs["sample_weight"], order)}
+    return batching.take(x, order), batching.take(y, order), kwargs
