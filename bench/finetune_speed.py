@@ -298,6 +298,13 @@ def main(argv):
     from bench._finetune_stacks import padding_summary, prepare_data
 
     log = lambda msg: print(msg, flush=True)  # noqa: E731
+    if mode in ("speed", "profile", "ab"):
+        # Before any worker starts: they inherit the settings the project picks on this machine (oneDNN
+        # rewrites, fused kernels, thread pools; gpt_tf/autotune.py), as the CLI runs with them.
+        from gpt_tf import autotune
+
+        tuned = autotune.apply() or "GPT_TF_AUTOTUNE=0: TensorFlow's defaults"
+        log(tuned)
     if mode == "zero_shot":
         from bench._zero_shot_scoring import run_zero_shot
 
@@ -314,17 +321,20 @@ def main(argv):
             if not args[name].present:
                 setattr(args, name, value)
         report, text = run_ab(args, task_dir, log)
+        report["project's"] = tuned
         return save_report(report, text, out, log)
     if mode == "profile":
         from bench._finetune_profile import markdown as profile_markdown
         from bench._finetune_profile import run_profile
 
         report = run_profile(args, task_dir, log)
+        report["settings"]["project's"] = tuned
         return save_report(report, profile_markdown(report), out, log)
     padding = padding_summary(task_dir, args.batch_size, args.n_ctx)
     if mode == "padding":
         return log(f"training tokens per example after padding (batch {args.batch_size}, one epoch): {padding}")
     report = speed_report(args, task_dir, args.stacks.split(","), log, padding)
+    report["settings"]["project's"] = tuned
     save_report(report, markdown(report), out, log)
 
 
