@@ -100,14 +100,14 @@ def cell_key(task: str, seed: int, recipe: dict, arm: str = "pretrained") -> str
     return f"{task}_{'' if arm == 'pretrained' else arm + '_'}s{seed}_" + "_".join(f"{k}{recipe[k]}" for k in sorted(recipe) if k != "lr_decay")
 
 
-def ours_cells(ledger_rows: list[dict], task: str, recipe: dict) -> dict:
-    """{seed: the project's pre-trained-arm record with this recipe} from bench/reproduction.py's ledger.
+def ours_cells(ledger_rows: list[dict], task: str, recipe: dict, arm: str = "pretrained") -> dict:
+    """{seed: the project's ``arm`` record with this recipe} from bench/reproduction.py's ledger.
 
     A ledger row names only the knobs it overrides; the rest are those of ``configs/finetune_<task>.flags``."""
     base = task_recipe(task, recipe="")
     found = {}
     for row in ledger_rows:
-        if row["task"] != task or row["arm"] != "pretrained":
+        if row["task"] != task or row["arm"] != arm:
             continue
         have = {**base, **{k: KNOBS[k](v) for k, v in row["recipe"].items()}}
         have["n_ctx"] = int(shlex.split(row["cmd"].split("--n_ctx=")[1])[0]) if "--n_ctx=" in row["cmd"] else N_CTX[task]

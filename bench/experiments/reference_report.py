@@ -13,7 +13,7 @@ from pathlib import Path
 from absl import flags
 
 from bench.experiments.reference_finetune import SECTION, cell_key, ours_cells, task_recipe
-from bench.experiments.finetune_runs import load_ledger, main_metric, median_spread
+from bench.experiments.finetune_runs import load_ledger, main_metric, median_spread, replace_section
 
 FLAGS = flags.FLAGS
 
@@ -116,13 +116,5 @@ def write_section() -> None:
     seeds = [int(s) for s in FLAGS.seeds]
     lines = section_lines(FLAGS.tasks, seeds, load_ledger(Path(FLAGS.ours)), load_ledger(Path(FLAGS.ledger)),
                           FLAGS.recipe)
-    block = "\n".join([SECTION[0], *lines, SECTION[1]])
-    path = Path(FLAGS.report)
-    text = path.read_text() if path.exists() else ""
-    if SECTION[0] in text and SECTION[1] in text:
-        head, rest = text.split(SECTION[0], 1)
-        text = head + block + rest.split(SECTION[1], 1)[1]
-    else:
-        text = text.rstrip("\n") + ("\n\n" if text else "") + block + "\n"
-    path.write_text(text)
+    replace_section(Path(FLAGS.report), SECTION, lines)
     print("\n".join(lines))

@@ -88,3 +88,25 @@ def ablation_figure(scores, tasks, arm_labels, path):
     ax.axhline(0.0, color="grey", lw=0.8)
     _style(ax, "task", "dev score (%)", "Ablations (cf. Table 5)")
     _save(fig, path)
+
+
+def stsb_figure(curves, cells, anchors, path):
+    """STS-B dev Pearson by epoch, one line per arm of the 10-epoch runs; the 3-epoch cells (ours' seeds, the
+    reference's) as points at epoch 3; the published anchors as dotted lines."""
+    fig, ax = plt.subplots(figsize=(6, 4))
+    for arm, style in (("pretrained", "-o"), ("scratch", "--s")):
+        if curves.get(arm):
+            ax.plot(range(1, len(curves[arm]) + 1), curves[arm], style, markersize=4, label=f"ours, {arm}, seed 0")
+    for name, marker, dx in (("pretrained", "bx", -0.12), ("reference", "k^", 0.12)):
+        if cells.get(name):
+            label = "ours, pre-trained, 3-epoch cells" if name == "pretrained" else "reference (PyTorch), 3-epoch cells"
+            ax.plot([3 + dx] * len(cells[name]), cells[name], marker, markersize=5, label=label)
+    for anchor, colour in zip(anchors, ("tab:green", "tab:gray", "tab:purple")):
+        ax.axhline(anchor["pearson"], color=colour, linestyle=":", linewidth=1)
+        ax.text(0.7, anchor["pearson"] + 1.2, f"{anchor['what']}: {anchor['pearson']}", fontsize=7, color=colour)
+    ax.set_xlim(0.5, 10.5)
+    ax.set_xticks(range(1, 11))
+    ax.set_ylim(0, 90)
+    _style(ax, "fine-tuning epoch", "dev Pearson × 100", "STS-B: the tiny books model and the published anchors")
+    ax.legend(fontsize=7, frameon=False, loc="center right")
+    _save(fig, path)
