@@ -168,11 +168,16 @@ class Worker:
 # ----------------------------------------------------------------------------- peak matmul
 
 
-def measure_peak(lib, sizes, reps, threads, quiet_share):
+def measure_peak(lib, sizes, reps, threads, quiet_share, precisions=PRECISIONS):
     """Matmul FLOP/s through ``lib`` (tf or torch) per precision and per square size: the best time over
     the repetitions during which other processes left the machine quiet (all of them if none was)."""
     results = {}
-    for precision in PRECISIONS:
+    if lib == "tf":  # before TensorFlow's first op: its pools sized as torch's
+        import tensorflow as tf
+
+        tf.config.threading.set_intra_op_parallelism_threads(threads)
+        tf.config.threading.set_inter_op_parallelism_threads(1)
+    for precision in precisions:
         for size in sizes:
             run = _tf_matmul(size, precision) if lib == "tf" else _torch_matmul(size, precision, threads)
             run()
@@ -182,12 +187,14 @@ def measure_peak(lib, sizes, reps, threads, quiet_share):
     return results
 
 
-def measure_peaks(module, sizes, threads, quiet_share, log):
+def measure_peaks(module, sizes, threads, quiet_share, log, precisions=PRECISIONS):
     """Best matmul FLOP/s per precision over TF, torch and ``sizes``, each library in a ``module`` worker
-    (its ``--worker`` runs ``measure_peak`` for a ``{"kind": "peak"}`` spec)."""
+    (its ``--worker`` runs ``measure_peak`` for a ``{"kind": "peak"}`` spec). Only ``precisions`` are timed (torch's
+    bf16 matmul without bf16 instructions is emulated: minutes at 2048² on an AVX2-only CPU)."""
     per_lib, best = {}, {}
     for lib in ("tf", "torch"):
-        spec = {"kind": "peak", "lib": lib, "sizes": sizes, "reps": 6, "threads": threads, "quiet_share": quiet_share}
+        spec = {"kind": "peak", "lib": lib, "sizes": sizes, "reps": 6, "threads": threads, "quiet_share": quiet_share,
+                "precisions": list(precisions)}
         worker = Worker(spec, module)
         try:
             per_lib[lib] = worker.read("RESULT")

@@ -3,6 +3,7 @@
     python -m bench.train_throughput                     # --mode=stacks: the training step, three stacks
     python -m bench.train_throughput --mode=loop --model=small --batch_size=4 [--jit_compile] [--peak_tflops=989]
     python -m bench.train_throughput --mode=optimizer    # one AdamW update alone, ours vs torch's fused AdamW
+    python -m bench.train_throughput --stacks= --threads=1 --precisions=float32   # the matmul peak only, one thread
 
 Modes: ``stacks`` (below); ``loop``: the real pre-training loop (``Pretrainer``: reader, strategy, accumulation,
 XLA) and its MFU, a row appended to ``bench/results/pretrain_throughput.{json,md}`` (``bench/_pretrain_loop.py``);
@@ -60,7 +61,8 @@ def worker_main(spec):
     from bench._train_stacks import build_step
 
     if spec["kind"] == "peak":
-        emit("RESULT", measure_peak(spec["lib"], spec["sizes"], spec["reps"], spec["threads"], spec["quiet_share"]))
+        emit("RESULT", measure_peak(spec["lib"], spec["sizes"], spec["reps"], spec["threads"], spec["quiet_share"],
+                                    spec.get("precisions", ("float32", "bfloat16"))))
         return
     if spec["stack"] != "torch":  # TensorFlow's pools as the project's settings say (gpt_tf/autotune.py)
         import tensorflow as tf
@@ -276,9 +278,9 @@ def main(argv):
     log = lambda msg: print(msg, flush=True)  # noqa: E731
     sizes = [int(n) for n in args.peak_sizes.split(",")]
     report["peak_flops"], report["peak_per_lib"] = measure_peaks("bench.train_throughput", sizes, args.threads,
-                                                                 args.quiet_share, log)
+                                                                 args.quiet_share, log, args.precisions.split(","))
     stacks = [s for s in args.stacks.split(",") if s]
-    for preset in args.presets.split(","):
+    for preset in args.presets.split(",") if stacks else ():  # --stacks= : the matmul peak only
         sizes = {k: getattr(args, k) or v for k, v in PRESET_DEFAULTS[preset].items()}
         for precision in args.precisions.split(","):
             specs = [
@@ -301,7 +303,7 @@ def main(argv):
     summarise(report["rows"], report["peak_flops"], args.quiet_share)
     from gpt_tf.config import get_preset
 
-    for preset in args.presets.split(","):
+    for preset in args.presets.split(",") if stacks else ():
         counts = {row_name(r): r["n_params"] for r in report["rows"] if r["preset"] == preset}
         log(f"{preset}: parameters {counts}; config.n_params = {get_preset(preset).n_params:,}")
     save_report(report, markdown(report), Path(args.out or "bench/results/train_throughput.json"), log)
