@@ -172,7 +172,7 @@ def measure_peak(lib, sizes, reps, threads, quiet_share, precisions=PRECISIONS):
     """Matmul FLOP/s through ``lib`` (tf or torch) per precision and per square size: the best time over
     the repetitions during which other processes left the machine quiet (all of them if none was)."""
     results = {}
-    if lib == "tf":  # before TensorFlow's first op: its pools sized as torch's
+    if lib == "tf" and threads:  # before TensorFlow's first op (a fresh worker): its pools sized as torch's
         import tensorflow as tf
 
         tf.config.threading.set_intra_op_parallelism_threads(threads)
