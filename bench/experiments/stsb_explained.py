@@ -53,7 +53,6 @@ def define_flags():
     flags.DEFINE_string("probe", "bench/results/frozen_probe_stsb.json", "bench.experiments.frozen_probe's JSON.")
     flags.DEFINE_string("reference", "bench/results/reference_finetune.jsonl", "The reference cells' ledger.")
     flags.DEFINE_string("ours", "bench/results/reproduction.jsonl", "The project's cells (both arms).")
-    flags.DEFINE_string("pretrained", "gpt_tf/presets/books_tiny", "The pre-trained model the curves started from.")
     flags.DEFINE_string("out", "bench/results/stsb_explained.json", "The numbers the section is written from.")
     flags.DEFINE_string("figure", "docs/stsb_curve.png", "The dev-curve figure.")
     flags.DEFINE_string("report", "docs/results.md", "The page whose marked section is (re)written.")
