@@ -18,7 +18,8 @@ stream). Each epoch visits every window once in a seeded order; ``--updates=N`` 
 ``--model=lstm_<preset>`` trains Table 5's LSTM baseline instead (``lstm_model.py``: the network of
 ``gpt_tf.lstm.LSTMBackbone`` with the tied head, Keras's initialisation; ``tests/test_torch_lstm.py``) by the
 same code path: the same recipe, windows, order, evaluations, pieces and files; float32 and eager (no bf16
-autocast, no ``torch.compile``), and ``transformers`` is not needed.
+autocast, no ``torch.compile``; PyTorch's default ``torch.backends.cudnn.allow_tf32`` lets cuDNN's LSTM use TF32),
+and ``transformers`` is not needed.
 
 Writes into ``--out_dir``: ``log.jsonl`` (train loss, and held-out loss / perplexity against tokens seen at
 every evaluation), and ``weights-<step>.part<k>.npz`` (the model's state dict, ``OpenAIGPTLMHeadModel``'s or the
