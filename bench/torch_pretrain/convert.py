@@ -12,7 +12,9 @@ stream[i*n_ctx : i*n_ctx + n_ctx + 1], so the stream is the first window plus ev
 first token): the accelerator then cuts exactly the same windows.
 
 Import loads every ``weights-<step>.part*.npz`` (``gpt_tf.weights.load_hf_state_dict``: shapes checked,
-tied head checked) into a ``Pretrainer`` of the run's config and saves it as that run's checkpoint
+tied head checked; for ``--model=lstm_*``, Table 5's LSTM of ``lstm_model.py``, ``load_torch_lstm``: Keras's
+LSTM kernel = ``weight_ih_l0``ᵀ, recurrent kernel = ``weight_hh_l0``ᵀ, the one bias = ``bias_ih_l0 +
+bias_hh_l0``) into a ``Pretrainer`` of the run's config and saves it as that run's checkpoint
 ``ckpt-<step>``, so the run folder looks like one ``gpt_tf.train`` wrote. The Adam moments are not
 carried over (a resumed run restarts them from zero). ``train_config.json`` states the recipe that ran;
 ``provenance.json`` says where and how, with the accelerator's log; the held-out perplexity curve goes to
