@@ -64,3 +64,71 @@ def test_finetune_skips_cells_in_the_ledger(tmp_path, monkeypatch):
     assert ran == [("cola", 0), ("rte", 1), ("cola", 1)]
     lt.finetune(ledger, lt.cell_specs("runs/x", "data/t", ["rte", "cola"], ["0", "1"]))
     assert len(ran) == 3
+
+
+def _gpu_log(tmp_path, name="lstm_tiny_run", **changes):
+    """A bench.torch_pretrain.train log of the GPU route: books_tiny's setting on lstm_tiny, finished."""
+    import json
+
+    setting = {**json.loads(lt.BOOKS_LOG.read_text().splitlines()[0])["setting"], "model": "lstm_tiny",
+               "device": "NVIDIA H100 80GB HBM3", **changes}
+    run = tmp_path / name
+    run.mkdir()
+    rows = [{"setting": setting}, {"step": setting["steps"], "tokens": 1, "epoch": 6.9, "train_loss": 4.3,
+                                    "valid_loss": 4.2, "valid_ppl": 66.7, "lr": 0.0, "seconds": 290.0},
+            {"done": setting["steps"], "of": setting["steps"], "seconds": 300.0}]
+    (run / "log.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    return run, setting
+
+
+def test_gpu_run_must_be_books_tiny_recipe_on_lstm_tiny(tmp_path):
+    run, setting = _gpu_log(tmp_path)
+    assert lt.gpu_recipe_problems(setting, {"done": 7158}) == []
+    assert lt.gpu_recipe_problems({**setting, "model": "tiny"}, {"done": 7158}) == ["model is 'tiny', not 'lstm_tiny'"]
+    assert lt.gpu_recipe_problems({**setting, "steps": 60}, {"done": 60}) == ["steps is 60, books_tiny's is 7158"]
+    problems = lt.gpu_recipe_problems({**setting, "learning_rate": 5e-4, "warmup": 0}, None)
+    assert any("not finished" in p for p in problems) and any("learning_rate" in p for p in problems)
+    assert any(p.startswith("warmup is 0") for p in problems)
+
+
+def test_import_stage_records_the_gpu_run_for_finetuning(tmp_path, monkeypatch):
+    import json
+
+    import pytest
+
+    run, _ = _gpu_log(tmp_path)
+    data = tmp_path / "books_tiny"
+    data.mkdir()
+    (data / "manifest.json").write_text(json.dumps({"splits": {"train": {"num_books": 389, "stream_tokens": 34178817,
+                                                                         "sequences": 267022}}}))
+    ran = []
+    monkeypatch.setattr(lt.subprocess, "run", lambda cmd, **kw: ran.append(cmd))
+    ledger = tmp_path / "ledger.jsonl"
+    lt.import_gpu_run(ledger, str(tmp_path / "runs"), str(data), str(run))
+    flags = dict(a[2:].partition("=")[::2] for a in ran[0] if a.startswith("--"))
+    assert ran[0][1:3] == ["-m", "bench.torch_pretrain.convert"] and flags["action"] == "import"
+    assert flags["model"] == "lstm_tiny" and flags["run_dir"] == str(tmp_path / "runs" / "lstm_tiny")
+    (done,) = lt.load_ledger(ledger)
+    assert done["kind"] == "pretrain_done" and done["route"] == "gpu" and done["to_step"] == 7158
+    assert done["tokens"] == 7158 * 256 * 128 and done["data"]["windows"] == 267022
+    # fine-tuning starts from the imported run folder
+    (spec,) = lt.cell_specs(str(tmp_path / "runs"), "t", ["rte"], ["0"])
+    assert f"--init_checkpoint={flags['run_dir']}" in spec["cmd"]
+    with pytest.raises(SystemExit, match="already holds a pre-training"):
+        lt.import_gpu_run(ledger, str(tmp_path / "runs"), str(data), str(run))
+    other, _ = _gpu_log(tmp_path, "other_run", batch_size=128)
+    with pytest.raises(SystemExit, match="batch_size is 128"):
+        lt.import_gpu_run(tmp_path / "other.jsonl", str(tmp_path / "runs2"), str(data), str(other))
+    assert len(ran) == 1
+
+
+def test_gpu_route_note_says_same_tokens(tmp_path):
+    done = {"kind": "pretrain_done", "route": "gpu", "to_step": 7158, "tokens": 7158 * 256 * 128, "seconds": 300.0,
+            "device": "NVIDIA H100 80GB HBM3", "valid_ppl": 66.7, "cmd": "python -m bench.torch_pretrain.convert",
+            "data": {"dir": "data/books_tiny", "books": 389, "tokens": 34178817, "windows": 267022},
+            "finished": "2026-11-27T01:00:00"}
+    row, note = lt.row_and_note([done, _finetune("rte", 0, 0.55)], ledger="bench/results/lstm_table5_books.jsonl")
+    assert row == "| LSTM w/ aux LM | – | – | 55.0 | – |"
+    assert "ledger `bench/results/lstm_table5_books.jsonl`" in note and "234.6M tokens, as the transformer's" in note
+    assert "7,158 updates" in note and "NVIDIA H100" in note and "66.7" in note
+    assert "not a like-for-like" not in note and "compares with the full row" in note

@@ -1,7 +1,8 @@
 """Pre-training on a GPU machine without TensorFlow (bench.torch_pretrain.train) and back into a gpt_tf run.
 
-Records -> token streams -> a few PyTorch reference updates -> weights imported as a gpt_tf run whose
-model gives the reference's logits, and whose windows are exactly the records.
+Records -> token streams -> a few PyTorch updates (the transformer reference, and the LSTM baseline) -> weights
+imported as a gpt_tf run whose model gives the PyTorch model's logits, and whose windows are exactly the records.
+The LSTM's own numerics and initialisation: tests/test_torch_lstm.py.
 """
 
 from __future__ import annotations
@@ -30,10 +31,14 @@ def test_presets_match_gpt_tf():
     from bench.torch_pretrain.train import PRESETS
     from gpt_tf.config import get_preset
 
+    assert {name for name in PRESETS if name.startswith("lstm_")} == {"lstm_small", "lstm_tiny", "lstm_test"}
     for name, sizes in PRESETS.items():
         config = get_preset(name)
         assert {k: getattr(config, k) for k in sizes} == sizes, name
-        assert config.d_ff == 4 * config.n_embd, f"{name}: transformers' OpenAIGPT hard-codes d_ff = 4 * n_embd"
+        if config.model_type == "lstm":
+            assert name.startswith("lstm_") and "d_ff" in sizes, name
+        else:
+            assert config.d_ff == 4 * config.n_embd, f"{name}: transformers' OpenAIGPT hard-codes d_ff = 4 * n_embd"
 
 
 def test_lr_schedule_matches_gpt_tf():
@@ -65,7 +70,8 @@ def records(shared_data, tmp_path_factory):
     return out
 
 
-def test_reference_run_round_trip(records, tmp_path):
+@pytest.mark.parametrize("model", ["test", "lstm_test"])
+def test_reference_run_round_trip(records, tmp_path, model):
     torch = pytest.importorskip("torch")
     transformers = pytest.importorskip("transformers")
     import tensorflow as tf
@@ -74,7 +80,7 @@ def test_reference_run_round_trip(records, tmp_path):
     from bench.torch_pretrain.convert import export, import_run
     from gpt_tf.config import GPTConfig
     from gpt_tf.model import GPTLanguageModel
-    from gpt_tf.checkpoints import restore_pretrained_lm
+    from gpt_tf.checkpoints import initialise_from_pretrained, restore_pretrained_lm
     from pipelines.records import COMPRESSION, PRETRAIN_FEATURE as FEATURE
 
     tokens = tmp_path / "tokens.npz"
@@ -88,7 +94,7 @@ def test_reference_run_round_trip(records, tmp_path):
     assert meta["tokens"]["train"] == len(streams["train"])
 
     out = tmp_path / "gpu"
-    run_module("bench.torch_pretrain.train", f"--tokens={tokens}", f"--out_dir={out}", "--model=test", "--batch_size=8",
+    run_module("bench.torch_pretrain.train", f"--tokens={tokens}", f"--out_dir={out}", f"--model={model}", "--batch_size=8",
                "--epochs=2", "--evals=2", "--eval_windows=64", "--keep=1")
     log = [json.loads(line) for line in (out / "log.jsonl").read_text().splitlines()]
     steps = log[0]["setting"]["steps"]
@@ -99,28 +105,38 @@ def test_reference_run_round_trip(records, tmp_path):
     other.mkdir()
     (other / "log.jsonl").write_text((out / "log.jsonl").read_text().replace(meta["tokenizer"]["files"][0]["sha256"], "0" * 64))
     with pytest.raises(ValueError, match="another tokenizer|tokenizer files"):
-        import_run(str(other), str(records), str(tmp_path / "refused"), "test")
+        import_run(str(other), str(records), str(tmp_path / "refused"), model)
+    wrong = "lstm_test" if model == "test" else "test"  # weights of another model are refused by name
+    with pytest.raises(ValueError, match=f"trained --model={model}"):
+        import_run(str(out), str(records), str(tmp_path / "wrong"), wrong)
 
     run_dir = tmp_path / "run"
-    summary = import_run(str(out), str(records), str(run_dir), "test")
+    summary = import_run(str(out), str(records), str(run_dir), model)
     assert summary["checkpoints"][-1] == steps and len(summary["checkpoints"]) == 2
 
     # The imported gpt_tf model computes the reference's logits from the saved weights.
-    reference = build_model(torch, transformers, "test", meta["vocab_size"], 0.0).eval()
+    reference = build_model(torch, transformers, model, meta["vocab_size"], 0.0).eval()
     state = {}
     for part in sorted(out.glob(f"weights-{steps}.part*.npz")):
         state.update({k: torch.from_numpy(v) for k, v in np.load(part).items()})
     missing, unexpected = reference.load_state_dict(state, strict=False)
     assert not unexpected and all(k == "lm_head.weight" or k.endswith("attn.bias") for k in missing), missing
-    reference.tie_weights()
+    if hasattr(reference, "tie_weights"):
+        reference.tie_weights()
     config = GPTConfig(**json.loads((run_dir / "model_config.json").read_text()))
-    assert config.n_ctx == PRESETS["test"]["n_ctx"] and config.vocab_size == meta["vocab_size"]
+    assert config.n_ctx == PRESETS[model]["n_ctx"] and config.vocab_size == meta["vocab_size"]
+    assert config.model_type == ("lstm" if model.startswith("lstm_") else "gpt")
     ours = GPTLanguageModel.from_config_preset(config)
     restore_pretrained_lm(ours, str(run_dir))
     ids = streams["valid"][:32].astype(np.int32)[None]
     with torch.no_grad():
-        theirs = reference(torch.from_numpy(ids.astype(np.int64))).logits.numpy()
+        out_ = reference(torch.from_numpy(ids.astype(np.int64)))
+    theirs = getattr(out_, "logits", out_).numpy()
     np.testing.assert_allclose(np.asarray(ours(ids))[..., : meta["vocab_size"]], theirs, atol=1e-4)
+    # Fine-tuning's start (--init_checkpoint=<the run>) reads the same weights into a fresh model.
+    fresh = GPTLanguageModel.from_config_preset(config)
+    initialise_from_pretrained(fresh, str(run_dir), config.n_layer)
+    np.testing.assert_allclose(np.asarray(fresh(ids))[..., : meta["vocab_size"]], theirs, atol=1e-4)
 
 
 def test_the_shipped_books_preset_is_the_runs_last_checkpoint(tmp_path):
@@ -141,12 +157,14 @@ def test_the_shipped_books_preset_is_the_runs_last_checkpoint(tmp_path):
         checkpoint_steps(str(tmp_path / "empty"), 9)
 
 
-def test_pieces_resume_bit_exactly(tmp_path):
+@pytest.mark.parametrize("model", ["test", "lstm_test"])
+def test_pieces_resume_bit_exactly(tmp_path, model):
     """A run stopped midway (state saved, exit 75) and resumed by the same command ends with the weights, the
     log and the intermediate checkpoint of the run that went through in one go; a resume with other settings
-    is refused."""
+    is refused. The LSTM's run is sized by --updates (the transformer's by --epochs)."""
     pytest.importorskip("torch")
-    pytest.importorskip("transformers")
+    if model == "test":
+        pytest.importorskip("transformers")
     from bench.torch_pretrain.train import PIECE_EXIT
 
     rng = np.random.default_rng(0)
@@ -154,7 +172,8 @@ def test_pieces_resume_bit_exactly(tmp_path):
     tokens = tmp_path / "tokens.npz"
     np.savez(tokens, meta=json.dumps(meta), train=rng.integers(0, 50, 32 * 20 + 1).astype(np.uint16),
              valid=rng.integers(0, 50, 32 * 4 + 1).astype(np.uint16))
-    common = [f"--tokens={tokens}", "--model=test", "--batch_size=4", "--epochs=2", "--evals=3", "--eval_windows=0",
+    length = ["--epochs=2"] if model == "test" else ["--epochs=1", "--updates=10"]
+    common = [f"--tokens={tokens}", f"--model={model}", "--batch_size=4", *length, "--evals=3", "--eval_windows=0",
               "--keep=1", "--dropout=0.1"]  # 10 updates over 2 epochs: the piece stops in the second epoch's order
     run_module("bench.torch_pretrain.train", *common, f"--out_dir={tmp_path / 'whole'}")
     pieces = tmp_path / "pieces"

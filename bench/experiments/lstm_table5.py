@@ -16,10 +16,35 @@ The LSTM is ``lstm_tiny`` (one layer of 744 units, about ``tiny``'s non-embeddin
 of the corpus's tokens on a 2-core CPU, and tokenizing all 140 MB here takes longer than the run. Its recipe is
 ``books_tiny``'s recipe (``gpt_tf/presets/books_tiny/log.jsonl``: batch 256, peak lr 1e-3, 2% warm-up
 then cosine, decay 0.01, clip 1, seed 0), scaled to ``--steps`` updates by ``bench.experiments.study.lstm_pretrain_cmd``,
-in float32 (this CPU has no bf16).
- Fine-tuning uses each task's small-model recipe
+in float32 (this CPU has no bf16). Fine-tuning uses each task's small-model recipe
 (``configs/finetune_<task>_tiny.flags``, chosen by ``bench/reproduction.py``) as in the reproduction table.
-Everything goes to one ledger, ``bench/results/lstm_table5.jsonl``.
+Everything goes to one ledger, ``bench/results/lstm_table5.jsonl`` (the GPU route below: its own, ``--ledger``).
+
+The GPU route: the same books and tokens as the transformer (issue #32 item 3). A 2-core CPU manages 16 updates
+of 256 x 128 tokens an hour; books_tiny had 7,158 (234.6M tokens), trained on a lent GPU machine with PyTorch but
+no TensorFlow. The LSTM goes the same way: ``bench.torch_pretrain.train --model=lstm_tiny`` trains
+``bench/torch_pretrain/lstm_model.py`` (this LSTM in torch, proven equal to ``gpt_tf.lstm`` by
+``tests/test_torch_lstm.py``) with books_tiny's recipe on exactly books_tiny's windows, in float32::
+
+    # here: books_tiny's records (all 389 train books, its BPE; slow on 2 cores) and their streams
+    python -m pipelines.pretrain_data --input_dir=../shared/data/books/train --valid_dir=../shared/data/books/valid \
+        --output_dir=data/books_tiny --tokenizer_dir=gpt_tf/presets/books_tiny/assets/tokenizer --n_ctx=128
+    python -m bench.torch_pretrain.convert --action=export --data_dir=data/books_tiny --tokens=.gpu/books_tiny.npz
+    # there (device calls carrying .gpu/books_tiny.npz, timeout 600 s), the same call until "the run is finished";
+    # books_tiny's recipe (gpt_tf/presets/books_tiny/log.jsonl) with its exact update count
+    bash bench/torch_pretrain/piece.sh .gpu/books_tiny.npz .gpu/lstm_tiny_run 7 --model=lstm_tiny \
+        --batch_size=256 --learning_rate=1e-3 --warmup_fraction=0.02 --updates=7158
+    # here: the run folder (runs/lstm_table5_books/lstm_tiny) and the ledger's pretrain_done, then stages 2-3
+    G="--ledger=bench/results/lstm_table5_books.jsonl --runs_root=runs/lstm_table5_books --data_dir=data/books_tiny"
+    python -m bench.experiments.lstm_table5 --stage=import --weights_dir=<files_at>/lstm_tiny_run $G
+    python -m bench.experiments.lstm_table5 --stage=finetune --seeds=0,1,2 $G
+    python -m bench.experiments.lstm_table5 --stage=report $G
+
+``--stage=import`` refuses a run whose recipe or token count is not books_tiny's (``gpu_recipe_problems``), and a
+ledger that already holds a pre-training (the CPU route's ledger is another file). A run's pieces must follow
+each other on one warm machine (docs/scaling.md: the resume state does not fit the carry limit beside the
+streams), so the run should fit one call: the transformer took 0.042 s an update with four runs sharing an
+H100 (5 min for 7,158); the LSTM's speed there is not measured yet (its log's ``seconds``).
 """
 
 from __future__ import annotations
@@ -50,7 +75,8 @@ FLAGS = flags.FLAGS
 
 
 def define_flags():
-    flags.DEFINE_enum("stage", None, ["data", "pretrain", "finetune", "report"], "What to do (see the module doc).")
+    flags.DEFINE_enum("stage", None, ["data", "pretrain", "import", "finetune", "report"],
+                      "What to do (see the module doc; import: the GPU route's weights).")
     flags.DEFINE_string("books_dir", "../shared/data/books", "--stage=data: the books (index.tsv, train/, valid/).")
     flags.DEFINE_integer("books_every", 16, "--stage=data: every n-th train book (by id), for a corpus a CPU can tokenize.")
     flags.DEFINE_integer("valid_books", 2, "--stage=data: the first n held-out books.")
@@ -59,6 +85,8 @@ def define_flags():
     flags.DEFINE_string("runs_root", "runs/lstm_table5", "Where the LSTM run and the fine-tuning runs go.")
     flags.DEFINE_integer("steps", 60, "Pre-training updates (books_tiny had 7,158 of 256 x 128 tokens).")
     flags.DEFINE_float("minutes", 15.0, "--stage=pretrain: stop this piece after this many minutes (0: to the end).")
+    flags.DEFINE_string("weights_dir", "", "--stage=import: the GPU run's folder (bench.torch_pretrain.train's --out_dir "
+                        "as it came back: log.jsonl, weights-*.npz).")
     flags.DEFINE_list("seeds", ["0"], "--stage=finetune: seeds.")
     flags.DEFINE_list("tasks", list(TASKS), "--stage=finetune: tasks.")
     flags.DEFINE_bool("heldout", True, "--stage=finetune: first the LSTM's held-out perplexity, once (off in all but "
@@ -144,6 +172,53 @@ def pretrain(ledger: Path, runs_root: str, data_dir: str, steps: int, minutes: f
     return False
 
 
+# What the GPU run shares with books_tiny's (its log's setting): the recipe, the update count, the held-out windows.
+GPU_RECIPE = ("batch_size", "learning_rate", "warmup", "steps", "weight_decay", "clip_norm", "dropout", "seed",
+              "eval_windows")
+
+
+def gpu_recipe_problems(setting: dict, done: dict | None, books_log: Path = BOOKS_LOG) -> list[str]:
+    """What keeps a bench.torch_pretrain.train run (its log's setting and ``done`` row) from being the LSTM row's
+    pre-training: another model, an unfinished run, or a recipe / token count other than books_tiny's."""
+    books = json.loads(Path(books_log).read_text().splitlines()[0])["setting"]
+    problems = [] if setting.get("model") == "lstm_tiny" else [f"model is {setting.get('model')!r}, not 'lstm_tiny'"]
+    if done is None or done.get("done") != setting.get("steps"):
+        problems.append("the run is not finished (no 'done' row at its last update): run its pieces to the end")
+    problems += [f"{k} is {setting.get(k)!r}, books_tiny's is {books[k]!r}" for k in GPU_RECIPE if setting.get(k) != books[k]]
+    if setting.get("meta", {}).get("n_ctx") != books["meta"]["n_ctx"]:
+        problems.append(f"n_ctx is {setting.get('meta', {}).get('n_ctx')}, books_tiny's is {books['meta']['n_ctx']}")
+    return problems
+
+
+def import_gpu_run(ledger: Path, runs_root: str, data_dir: str, weights_dir: str) -> None:
+    """The GPU route's LSTM (see the module doc) as ``<runs_root>/lstm_tiny`` (``bench.torch_pretrain.convert
+    import``) and the ledger's ``pretrain_done`` record, so that ``--stage=finetune`` starts from it."""
+    from bench.torch_pretrain.convert import read_log
+
+    if any(r["kind"] == "pretrain_done" for r in load_ledger(ledger)):
+        sys.exit(f"lstm_table5: {ledger} already holds a pre-training; the GPU route takes its own --ledger and --runs_root")
+    setting, rows = read_log(weights_dir)
+    lines = [json.loads(line) for line in (Path(weights_dir) / "log.jsonl").read_text().splitlines() if line.strip()]
+    done = next((r for r in reversed(lines) if "done" in r), None)
+    problems = gpu_recipe_problems(setting, done)
+    if problems:
+        sys.exit(f"lstm_table5: {weights_dir} is not books_tiny's recipe on lstm_tiny: " + "; ".join(problems))
+    run_dir = str(Path(runs_root) / "lstm_tiny")
+    cmd = [sys.executable, "-m", "bench.torch_pretrain.convert", "--action=import", f"--weights_dir={weights_dir}",
+           f"--data_dir={data_dir}", f"--run_dir={run_dir}", "--model=lstm_tiny"]
+    subprocess.run(cmd, cwd=ROOT, env=_child_env(), check=True)
+    train = json.loads((Path(data_dir) / "manifest.json").read_text())["splits"]["train"]
+    steps, n_ctx = setting["steps"], setting["meta"]["n_ctx"]
+    append_ledger(ledger, {
+        "kind": "pretrain_done", "route": "gpu", "run_dir": run_dir, "cmd": shown_command(cmd), "to_step": steps,
+        "tokens": steps * setting["batch_size"] * n_ctx, "seconds": round(done["seconds"], 1),
+        "device": setting.get("device"), "torch": setting.get("torch"), "valid_ppl": rows[-1]["valid_ppl"] if rows else None,
+        "recipe": {k: setting[k] for k in GPU_RECIPE},
+        "data": {"dir": data_dir, "books": train["num_books"], "tokens": train["stream_tokens"], "windows": train["sequences"]},
+        "finished": datetime.datetime.now().isoformat(timespec="seconds")})
+    print(f"imported into {run_dir}; {ledger} has its pretrain_done", flush=True)
+
+
 def held_out(ledger: Path, runs_root: str, data_dir: str, steps: int, batches: int = 4) -> None:
     """The LSTM's held-out perplexity on ``batches`` batches of the held-out books, once (not fatal)."""
     if any(r["kind"] == "heldout" for r in load_ledger(ledger)):
@@ -182,7 +257,7 @@ def finetune(ledger: Path, specs: list[dict]) -> None:
         print(json.dumps({k: record[k] for k in ("task", "seed", "seconds")} | {"score": dev_score(record)}), flush=True)
 
 
-def row_and_note(records: list[dict], tasks=TASKS) -> tuple[str, str]:
+def row_and_note(records: list[dict], tasks=TASKS, ledger: str = "bench/results/lstm_table5.jsonl") -> tuple[str, str]:
     """The table row (median [min-max] over seeds, avg of the medians) and the note under the table."""
     cells, medians = [], []
     for task in tasks:
@@ -200,9 +275,22 @@ def row_and_note(records: list[dict], tasks=TASKS) -> tuple[str, str]:
     pieces = [r for r in records if r["kind"] == "pretrain_piece"]
     finetunes = [r for r in records if r["kind"] == "finetune"]
     seeds = sorted({r["seed"] for r in finetunes})
-    lines = [NOTE_START, "**The LSTM row** (`python -m bench.experiments.lstm_table5`, ledger "
-             "`bench/results/lstm_table5.jsonl`): "]
-    if done:
+    lines = [NOTE_START, f"**The LSTM row** (`python -m bench.experiments.lstm_table5`, ledger `{ledger}`): "]
+    gpu = bool(done) and done[-1].get("route") == "gpu"
+    if gpu:
+        d, data = done[-1], done[-1].get("data", {})
+        ppl = (f"; held-out perplexity {d['valid_ppl']:.1f} on the 4,096 held-out windows where books_tiny's is 55.1"
+               if d.get("valid_ppl") else "")
+        lines[-1] += (f"`lstm_tiny` (one LSTM layer of 744 units, 3.17M parameters against `tiny`'s 3.16M outside the "
+                      f"embeddings) pre-trained on a lent GPU ({d.get('device')}) by `bench.torch_pretrain.train "
+                      f"--model=lstm_tiny` (`bench/torch_pretrain/lstm_model.py`: this LSTM in PyTorch, equal to "
+                      f"gpt_tf's in its logits, `tests/test_torch_lstm.py`) on books_tiny's own windows "
+                      f"(`{data.get('dir', '?')}`: {data.get('books', '?')} train books, {data.get('tokens', 0) / 1e6:.1f}M "
+                      f"tokens in {data.get('windows', 0):,} windows) with books_tiny's recipe and update count: "
+                      f"**{d['to_step']:,} updates, {d['tokens'] / 1e6:.1f}M tokens, as the transformer's 234.6M**, "
+                      f"float32, {d['seconds'] / 60:.1f} min of updates{ppl}; imported by `{d['cmd']}`, "
+                      f"{d['finished'][:10]}. ")
+    elif done:
         d = done[-1]
         recipe = books_recipe()
         data = d.get("data", {})
@@ -219,7 +307,8 @@ def row_and_note(records: list[dict], tasks=TASKS) -> tuple[str, str]:
     heldout = [r for r in records if r["kind"] == "heldout"]
     if heldout:
         h = heldout[-1]["result"]
-        lines[-1] += (f"Its held-out perplexity: {h['perplexity']:.1f} over {h['tokens']:,} tokens of 2 held-out books "
+        books = "the held-out books" if gpu else "2 held-out books"
+        lines[-1] += (f"Its held-out perplexity: {h['perplexity']:.1f} over {h['tokens']:,} tokens of {books} "
                       f"(their unigram perplexity: {h['unigram_perplexity']:.1f}). ")
     if finetunes:
         lines[-1] += (f"Fine-tuned with each task's small-model recipe (`configs/finetune_<task>_tiny.flags`), "
@@ -228,19 +317,23 @@ def row_and_note(records: list[dict], tasks=TASKS) -> tuple[str, str]:
     missing = [t for t in tasks if not any(r["task"] == t for r in finetunes)]
     if missing:
         lines[-1] += f"Not fine-tuned yet: {', '.join(missing)} (`--stage=finetune` resumes the cells). "
-    lines[-1] += ("The row is not a like-for-like comparison: the LSTM saw a small fraction of the transformer's "
-                  "tokens. No transformer checkpoint exists at that many tokens (its earliest kept one is update "
-                  "1,790, 58.6M tokens; its held-out perplexity was 170 at 9.8M tokens, the first point of its "
-                  "curve), so the transformer's fine-tuned score at equal tokens is not known; the comparison "
-                  "that holds is the LSTM row against the from-scratch row.")
+    if gpu:
+        lines[-1] += ("The LSTM saw the transformer's books, tokens and recipe, so the row compares with the full "
+                      "row as the paper's does.")
+    else:
+        lines[-1] += ("The row is not a like-for-like comparison: the LSTM saw a small fraction of the transformer's "
+                      "tokens. No transformer checkpoint exists at that many tokens (its earliest kept one is update "
+                      "1,790, 58.6M tokens; its held-out perplexity was 170 at 9.8M tokens, the first point of its "
+                      "curve), so the transformer's fine-tuned score at equal tokens is not known; the comparison "
+                      "that holds is the LSTM row against the from-scratch row.")
     lines.append(NOTE_END)
     return row, "\n".join(lines)
 
 
-def write_report(path: Path, records: list[dict]) -> None:
+def write_report(path: Path, records: list[dict], ledger: str = "bench/results/lstm_table5.jsonl") -> None:
     """Replaces the LSTM row of Table 5 and the note right after the table (or after its old note)."""
     text = Path(path).read_text()
-    row, note = row_and_note(records)
+    row, note = row_and_note(records, ledger=ledger)
     lines = text.splitlines()
     at = next(i for i, line in enumerate(lines) if line.startswith(ROW))
     lines[at] = row
@@ -259,6 +352,10 @@ def main(argv):
         build_data(FLAGS.books_dir, FLAGS.books_every, FLAGS.valid_books, FLAGS.data_dir)
     elif FLAGS.stage == "pretrain":
         pretrain(ledger, FLAGS.runs_root, FLAGS.data_dir, FLAGS.steps, FLAGS.minutes)
+    elif FLAGS.stage == "import":
+        if not FLAGS.weights_dir:
+            raise app.UsageError("--stage=import needs --weights_dir (the GPU run's folder)")
+        import_gpu_run(ledger, FLAGS.runs_root, FLAGS.data_dir, FLAGS.weights_dir)
     elif FLAGS.stage == "finetune":
         if not any(r["kind"] == "pretrain_done" for r in load_ledger(ledger)):
             sys.exit("lstm_table5: pre-training is not done yet (run --stage=pretrain until it is)")
@@ -267,7 +364,9 @@ def main(argv):
             held_out(ledger, FLAGS.runs_root, FLAGS.data_dir, done["to_step"])
         finetune(ledger, cell_specs(FLAGS.runs_root, FLAGS.tasks_dir, FLAGS.tasks, FLAGS.seeds))
     else:
-        write_report(Path(FLAGS.results_md), load_ledger(ledger))
+        shown = Path(FLAGS.ledger).resolve()
+        shown = shown.relative_to(ROOT) if shown.is_relative_to(ROOT) else shown
+        write_report(Path(FLAGS.results_md), load_ledger(ledger), ledger=str(shown))
 
 
 if __name__ == "__main__":

@@ -12,7 +12,9 @@ stream[i*n_ctx : i*n_ctx + n_ctx + 1], so the stream is the first window plus ev
 first token): the accelerator then cuts exactly the same windows.
 
 Import loads every ``weights-<step>.part*.npz`` (``gpt_tf.weights.load_hf_state_dict``: shapes checked,
-tied head checked) into a ``Pretrainer`` of the run's config and saves it as that run's checkpoint
+tied head checked; for ``--model=lstm_*``, Table 5's LSTM of ``lstm_model.py``, ``load_torch_lstm``: Keras's
+LSTM kernel = ``weight_ih_l0``ᵀ, recurrent kernel = ``weight_hh_l0``ᵀ, the one bias = ``bias_ih_l0 +
+bias_hh_l0``) into a ``Pretrainer`` of the run's config and saves it as that run's checkpoint
 ``ckpt-<step>``, so the run folder looks like one ``gpt_tf.train`` wrote. The Adam moments are not
 carried over (a resumed run restarts them from zero). ``train_config.json`` states the recipe that ran;
 ``provenance.json`` says where and how, with the accelerator's log; the held-out perplexity curve goes to
@@ -112,6 +114,46 @@ def tokenizer_digests(tokenizer: dict) -> dict:
     return {f["name"]: f["sha256"] for f in tokenizer.get("files", [])}
 
 
+def load_torch_lstm(model, state: dict) -> None:
+    """``bench.torch_pretrain.lstm_model``'s state dict into a gpt_tf LSTM model (``GPTLanguageModel`` or
+    ``LSTMBackbone``): the embeddings as ``gpt_tf.weights`` loads them (``vocab_size`` rows: the special tokens
+    keep their init); per block, Keras's LSTM ``kernel`` = ``weight_ih_l0.T`` and ``recurrent_kernel`` =
+    ``weight_hh_l0.T`` (torch's gate rows (i, f, g, o) are Keras's columns [i, f, c, o], the same order), its one
+    ``bias`` = ``bias_ih_l0 + bias_hh_l0``, ``c_proj`` = the ``proj`` Linear transposed. Every key and shape is
+    checked before anything is assigned."""
+    from gpt_tf.weights import _assign_all, _backbone, _embedding_arrays, _to_numpy, _with_rows
+
+    backbone = _backbone(model)
+    if backbone.config.model_type != "lstm":
+        raise ValueError(f"load_torch_lstm needs an LSTM model, got model_type={backbone.config.model_type!r}")
+    state = {k: _to_numpy(v) for k, v in state.items()}
+    tokens, positions = _embedding_arrays(backbone.config, state)
+    assignments = [(backbone.embed.tokens_embed, _with_rows(backbone.embed.tokens_embed, tokens)),
+                   (backbone.embed.positions_embed, positions)]
+    expected = {"tokens_embed.weight", "positions_embed.weight"}
+    for i, block in enumerate(backbone.blocks):
+        cell, key = block.lstm.cell, f"h.{i}."
+        names = [key + "lstm.weight_ih_l0", key + "lstm.weight_hh_l0", key + "lstm.bias_ih_l0", key + "lstm.bias_hh_l0"]
+        if block.proj is not None:
+            names += [key + "proj.weight", key + "proj.bias"]
+        missing = [n for n in names if n not in state]
+        if missing:
+            raise ValueError(f"the LSTM state dict lacks {missing}")
+        expected.update(names)
+        pairs = [(cell.kernel, state[names[0]].T, names[0]), (cell.recurrent_kernel, state[names[1]].T, names[1]),
+                 (cell.bias, state[names[2]] + state[names[3]], names[2])]
+        if block.proj is not None:
+            pairs += [(block.proj.w, state[names[4]].T, names[4]), (block.proj.b, state[names[5]], names[5])]
+        for variable, array, name in pairs:
+            if tuple(array.shape) != tuple(variable.shape):
+                raise ValueError(f"{name} gives shape {list(array.shape)}; expected {list(variable.shape)} (transposed)")
+            assignments.append((variable, array))
+    unexpected = sorted(set(state) - expected - {"lm_head.weight"})
+    if unexpected:
+        raise ValueError(f"the LSTM state dict has keys this model does not: {unexpected}")
+    _assign_all(assignments)
+
+
 def import_run(weights_dir: str, data_dir: str, run_dir: str, model: str) -> dict:
     import tensorflow as tf
 
@@ -122,17 +164,22 @@ def import_run(weights_dir: str, data_dir: str, run_dir: str, model: str) -> dic
     from pipelines.records import read_manifest
 
     setting, rows = read_log(weights_dir)
+    if setting.get("model", model) != model:
+        raise ValueError(f"{weights_dir} trained --model={setting['model']}; import it with --model={setting['model']}, "
+                         f"not {model}")
     manifest = read_manifest(data_dir)
     trained_on = tokenizer_digests(setting.get("meta", {}).get("tokenizer", {}))
     if trained_on != tokenizer_digests(manifest["tokenizer"]):
         raise ValueError(f"{weights_dir} was trained on tokenizer files {trained_on}, but {data_dir} was built with "
                          f"{tokenizer_digests(manifest['tokenizer'])}: rebuild it with the run's BPE files")
     config = get_preset(model, vocab_size=manifest["tokenizer"]["vocab_size"], n_ctx=manifest["config"]["n_ctx"])
+    lstm = config.model_type == "lstm"  # trained in float32 (bench.torch_pretrain.train), loaded by load_torch_lstm
     steps = checkpoint_steps(weights_dir, setting["steps"])
     train_config = TrainConfig(
         data_dir=data_dir, run_dir=run_dir, batch_size=setting["batch_size"], train_steps=setting["steps"],
         learning_rate=setting["learning_rate"], warmup_steps=setting["warmup"], lr_decay="cosine",
-        weight_decay=setting["weight_decay"], clip_norm=setting["clip_norm"], precision="mixed_bfloat16",
+        weight_decay=setting["weight_decay"], clip_norm=setting["clip_norm"],
+        precision="float32" if lstm else "mixed_bfloat16",
         seed=setting["seed"], keep_checkpoints=len(steps))
     trainer = Pretrainer(config, train_config, tf.distribute.get_strategy(), log=lambda *_: None)
     for step, parts in steps.items():
@@ -143,7 +190,7 @@ def import_run(weights_dir: str, data_dir: str, run_dir: str, model: str) -> dic
             for path in parts:
                 with np.load(path) as part:
                     state.update({k: part[k].astype(np.float32) for k in part.files})
-            load_hf_state_dict(trainer.model, state)
+            (load_torch_lstm if lstm else load_hf_state_dict)(trainer.model, state)
         trainer.step.assign(step)
         trainer.manager.save(checkpoint_number=step)
     trainer.save_model_config()
@@ -153,8 +200,11 @@ def import_run(weights_dir: str, data_dir: str, run_dir: str, model: str) -> dic
             tf.summary.scalar("perplexity", row["valid_ppl"], step=row["step"])
             tf.summary.scalar("loss", row["valid_loss"], step=row["step"])
     writer.flush()
-    provenance = {"trained_by": "bench.torch_pretrain.train (transformers OpenAIGPTLMHeadModel, the reference that "
-                                "tests/test_weights.py proves equal to gpt_tf's model)",
+    trained_by = ("bench.torch_pretrain.train (bench/torch_pretrain/lstm_model.py, the LSTM baseline that "
+                  "tests/test_torch_lstm.py proves equal to gpt_tf's LSTMBackbone)" if lstm else
+                  "bench.torch_pretrain.train (transformers OpenAIGPTLMHeadModel, the reference that "
+                  "tests/test_weights.py proves equal to gpt_tf's model)")
+    provenance = {"trained_by": trained_by,
                   "setting": setting, "curve": rows, "checkpoints": list(steps)}
     with open(os.path.join(run_dir, "provenance.json"), "w") as f:
         json.dump(provenance, f, indent=2)

@@ -12,10 +12,18 @@ pre-training recipe (``gpt_tf.optim``): AdamW with decoupled weight decay 0.01 o
 global-norm clipping 1.0, linear warm-up then cosine decay to 0, dropout 0.1, N(0, 0.02) init, the LM
 loss over (n_ctx + 1)-token windows at stride n_ctx of the token stream, exactly the records that
 ``pipelines.pretrain_data`` writes (``bench.torch_pretrain.convert export`` turns those records back into the
-stream). Each epoch visits every window once in a seeded order.
+stream). Each epoch visits every window once in a seeded order; ``--updates=N`` runs exactly N updates
+(another run's token count) instead of ``--epochs``' worth.
+
+``--model=lstm_<preset>`` trains Table 5's LSTM baseline instead (``lstm_model.py``: the network of
+``gpt_tf.lstm.LSTMBackbone`` with the tied head, Keras's initialisation; ``tests/test_torch_lstm.py``) by the
+same code path: the same recipe, windows, order, evaluations, pieces and files; float32 and eager (no bf16
+autocast, no ``torch.compile``; PyTorch's default ``torch.backends.cudnn.allow_tf32`` lets cuDNN's LSTM use TF32),
+and ``transformers`` is not needed.
 
 Writes into ``--out_dir``: ``log.jsonl`` (train loss, and held-out loss / perplexity against tokens seen at
-every evaluation), and ``weights-<step>.part<k>.npz`` (an ``OpenAIGPTLMHeadModel`` state dict in files of at most 15 MiB; float16 for the
+every evaluation), and ``weights-<step>.part<k>.npz`` (the model's state dict, ``OpenAIGPTLMHeadModel``'s or the
+LSTM's, in files of at most 15 MiB, ``pieces.py``; float16 for the
 intermediate checkpoints kept for the zero-shot curve, float32 for the last). ``bench.torch_pretrain.convert
 import`` turns them into a gpt_tf run folder.
 
@@ -26,23 +34,23 @@ resumes from them bit-exactly (``tests/test_torch_pretrain.py``) and appends to 
 run removes them.
 A device call of at most 10 minutes is then one piece (``bench/torch_pretrain/piece.sh``).
 
-Only numpy, absl, torch and transformers are imported: no TensorFlow, no gpt_tf.
+Only numpy, absl, torch and transformers (and this package's ``pieces`` and ``lstm_model``) are imported: no
+TensorFlow, no gpt_tf.
 """
 
 from __future__ import annotations
 
-import glob
-import io
 import json
 import math
 import os
-import re
 import signal
 import sys
 import time
 
 import numpy as np
 from absl import app, flags
+
+from bench.torch_pretrain.pieces import PIECE_EXIT, load_state, remove_state, save_state, save_weights
 
 # The presets of gpt_tf/config.py that this script can build (GPT-1's d_ff is always 4 * n_embd,
 # which is also what transformers' OpenAIGPT hard-codes). Kept equal by tests/test_torch_pretrain.py.
@@ -51,6 +59,10 @@ PRESETS = {
     "small": dict(n_ctx=256, n_embd=384, n_layer=6, n_head=6),
     "tiny": dict(n_ctx=128, n_embd=256, n_layer=4, n_head=4),
     "test": dict(n_ctx=32, n_embd=32, n_layer=2, n_head=4),
+    # Table 5's LSTM baseline (bench/torch_pretrain/lstm_model.py): d_ff is the LSTM's units.
+    "lstm_small": dict(n_ctx=256, n_embd=384, n_layer=1, d_ff=1408),
+    "lstm_tiny": dict(n_ctx=128, n_embd=256, n_layer=1, d_ff=744),
+    "lstm_test": dict(n_ctx=32, n_embd=32, n_layer=1, d_ff=64),
 }
 
 FLAGS = flags.FLAGS
@@ -58,13 +70,11 @@ FLAGS = flags.FLAGS
 
 OWN_FLAGS = ("tokens", "out_dir", "model", "batch_size", "learning_rate", "warmup_fraction", "epochs", "weight_decay",
              "clip_norm", "dropout", "evals", "eval_windows", "keep", "seed", "budget_minutes", "compile",
-             "probe_after")
-PART_BYTES = 15 * 2**20  # files of at most this size (the device tool returns files of up to 16 MiB)
-PIECE_EXIT = 75  # a piece stopped with its state saved: run the same command again (EX_TEMPFAIL)
+             "probe_after", "updates")
 # What a resumed piece must share, with the data (the export's meta: its config hash and tokenizer; the npz
 # itself may sit at another path on another machine).
 RESUMABLE = ("model", "batch_size", "learning_rate", "warmup_fraction", "epochs", "weight_decay",
-             "clip_norm", "dropout", "evals", "eval_windows", "keep", "seed")
+             "clip_norm", "dropout", "evals", "eval_windows", "keep", "seed", "updates")
 
 
 def define_flags():
@@ -75,6 +85,8 @@ def define_flags():
     flags.DEFINE_float("learning_rate", 1e-3, "Peak learning rate.")
     flags.DEFINE_float("warmup_fraction", 0.02, "Warm-up updates as a fraction of all updates.")
     flags.DEFINE_float("epochs", 1.0, "Passes over the training windows (fractions allowed).")
+    flags.DEFINE_integer("updates", 0, "Exactly this many updates (another run's token count, e.g. books_tiny's 7,158 "
+                         "of 256 x 128), instead of --epochs' worth; 0: --epochs.")
     flags.DEFINE_float("weight_decay", 0.01, "Decoupled weight decay on rank >= 2 weights.")
     flags.DEFINE_float("clip_norm", 1.0, "Global gradient-norm clip.")
     flags.DEFINE_float("dropout", 0.1, "Residual, attention and embedding dropout.")
@@ -108,8 +120,18 @@ def lr_at(step: int, peak: float, warmup: int, total: int) -> float:
     return peak * 0.5 * (1.0 + math.cos(math.pi * frac))
 
 
+def is_lstm(preset: str) -> bool:
+    return preset.startswith("lstm_")
+
+
 def build_model(torch, transformers, preset: str, vocab_size: int, dropout: float):
+    """The preset's model: ``transformers``' ``OpenAIGPTLMHeadModel``, or for ``lstm_*`` the LSTM baseline
+    (``lstm_model.LSTMLanguageModel``; ``transformers`` may then be None)."""
     sizes = PRESETS[preset]
+    if is_lstm(preset):
+        from bench.torch_pretrain.lstm_model import LSTMLanguageModel
+
+        return LSTMLanguageModel(vocab_size, dropout=dropout, **sizes)
     config = transformers.OpenAIGPTConfig(
         vocab_size=vocab_size, n_positions=sizes["n_ctx"], n_embd=sizes["n_embd"], n_layer=sizes["n_layer"],
         n_head=sizes["n_head"], afn="gelu", resid_pdrop=dropout, embd_pdrop=dropout, attn_pdrop=dropout,
@@ -118,69 +140,12 @@ def build_model(torch, transformers, preset: str, vocab_size: int, dropout: floa
 
 
 def param_groups(model, weight_decay: float):
-    """Decay on rank >= 2 weights only (the release's rule; gpt_tf.optim.make_optimizer)."""
-    decay = [p for p in model.parameters() if p.ndim >= 2]
-    rest = [p for p in model.parameters() if p.ndim < 2]
+    """Decay on rank >= 2 weights only (the release's rule; gpt_tf.optim.make_optimizer); frozen ones left out
+    (the LSTM's second bias, ``lstm_model``)."""
+    trained = [p for p in model.parameters() if p.requires_grad]
+    decay = [p for p in trained if p.ndim >= 2]
+    rest = [p for p in trained if p.ndim < 2]
     return [{"params": decay, "weight_decay": weight_decay}, {"params": rest, "weight_decay": 0.0}]
-
-
-def save_weights(torch, model, out_dir: str, step: int, dtype) -> list[str]:
-    """The state dict as ``weights-<step>.part<k>.npz`` files of at most PART_BYTES each; returns their paths.
-
-    ``lm_head.weight`` (tied to ``tokens_embed.weight``) and the causal-mask buffers are left out.
-    """
-    state = {k: v.detach().float().cpu().numpy().astype(dtype) for k, v in model.state_dict().items()
-             if not re.search(r"\.attn\.(bias|masked_bias)$", k) and k != "lm_head.weight"}
-    parts, size = [{}], 0
-    for key, value in state.items():
-        if parts[-1] and size + value.nbytes > PART_BYTES:
-            parts.append({})
-            size = 0
-        parts[-1][key], size = value, size + value.nbytes
-    paths = [os.path.join(out_dir, f"weights-{step}.part{k}.npz") for k in range(len(parts))]
-    for path, part in zip(paths, parts):
-        np.savez(path, **part)
-    return paths
-
-
-def save_state(torch, out_dir: str, state: dict) -> list[str]:
-    """``state`` (one ``torch.save``) as ``state-<step>.part<k>`` files of at most PART_BYTES, then ``state.json``
-    naming them (replaced atomically): a piece killed at any moment leaves the previous state whole."""
-    buffer = io.BytesIO()
-    torch.save(state, buffer)
-    data, step = buffer.getvalue(), state["step"]
-    names = [f"state-{step}.part{k}" for k in range(max(1, math.ceil(len(data) / PART_BYTES)))]
-    for k, name in enumerate(names):
-        with open(os.path.join(out_dir, name), "wb") as f:
-            f.write(data[k * PART_BYTES:(k + 1) * PART_BYTES])
-            f.flush()
-            os.fsync(f.fileno())
-    tmp = os.path.join(out_dir, f".state.json.tmp-{os.getpid()}")
-    with open(tmp, "w") as f:
-        json.dump({"step": step, "parts": names, "bytes": len(data)}, f)
-    os.replace(tmp, os.path.join(out_dir, "state.json"))
-    for path in glob.glob(os.path.join(out_dir, "state-*.part*")):  # the previous piece's
-        if os.path.basename(path) not in names:
-            os.remove(path)
-    return [os.path.join(out_dir, name) for name in names]
-
-
-def load_state(torch, out_dir: str, device: str):
-    """The last piece's state (None when there is none)."""
-    path = os.path.join(out_dir, "state.json")
-    if not os.path.isfile(path):
-        return None
-    with open(path) as f:
-        index = json.load(f)
-    data = b"".join(open(os.path.join(out_dir, name), "rb").read() for name in index["parts"])
-    if len(data) != index["bytes"]:
-        raise ValueError(f"{out_dir}: the state files hold {len(data)} bytes, state.json says {index['bytes']}")
-    return torch.load(io.BytesIO(data), map_location=device, weights_only=False)
-
-
-def remove_state(out_dir: str) -> None:
-    for path in glob.glob(os.path.join(out_dir, "state-*.part*")) + glob.glob(os.path.join(out_dir, "state.json")):
-        os.remove(path)
 
 
 class Run:
@@ -201,8 +166,11 @@ class Run:
         self.steps_per_epoch = len(self.train) // FLAGS.batch_size
         self.model = build_model(torch, transformers, FLAGS.model, self.meta["vocab_size"], FLAGS.dropout).to(self.device)
         self.initial_state = {k: v.clone() for k, v in self.model.state_dict().items()}
-        self.forward = torch.compile(self.model) if FLAGS.compile and self.device == "cuda" else self.model
-        self.autocast = torch.autocast(self.device, dtype=torch.bfloat16, enabled=self.device == "cuda")
+        # The transformer: compiled, bf16 autocast on CUDA. The LSTM: eager float32 (cuDNN's fused LSTM; the
+        # Keras recipe it stands for runs in float32), so nothing there for the compiler or bf16 to win.
+        fast = self.device == "cuda" and not is_lstm(FLAGS.model)
+        self.forward = torch.compile(self.model) if FLAGS.compile and fast else self.model
+        self.autocast = torch.autocast(self.device, dtype=torch.bfloat16, enabled=fast)
         self.reset()
 
     def reset(self):
@@ -235,13 +203,14 @@ class Run:
         x = self.torch.from_numpy(batch).to(self.device, non_blocking=True)
         with self.autocast:
             try:
-                logits = self.forward(x[:, :-1]).logits
+                out = self.forward(x[:, :-1])
             except Exception as error:  # noqa: BLE001 - torch.compile fails lazily, at the first call
                 if self.forward is self.model:
                     raise
                 print(f"torch.compile failed ({type(error).__name__}: {error}); running eagerly", flush=True)
                 self.forward = self.model
-                logits = self.forward(x[:, :-1]).logits
+                out = self.forward(x[:, :-1])
+        logits = getattr(out, "logits", out)  # transformers' output object, or the LSTM's logits
         return self.torch.nn.functional.cross_entropy(logits.float().reshape(-1, logits.shape[-1]), x[:, 1:].reshape(-1))
 
     def next_batch(self):
@@ -292,14 +261,17 @@ class Run:
 def main(argv):
     del argv
     import torch
-    import transformers
 
+    transformers = None
+    if not is_lstm(FLAGS.model):  # the LSTM needs torch alone
+        import transformers
     wall = time.time()
     run = Run(torch, transformers)
     setting = {name: getattr(FLAGS, name) for name in OWN_FLAGS}
     resumed = load_state(torch, FLAGS.out_dir, run.device) if FLAGS.out_dir and os.path.isdir(FLAGS.out_dir) else None
     if resumed is not None:  # a later piece: the schedule and position that the first piece fixed
-        differ = {k: (resumed["setting"][k], setting[k]) for k in RESUMABLE if resumed["setting"][k] != setting[k]}
+        saved = {k: resumed["setting"].get(k, FLAGS[k].default) for k in RESUMABLE}  # a flag newer than the state
+        differ = {k: (saved[k], setting[k]) for k in RESUMABLE if saved[k] != setting[k]}
         if resumed["meta"] != run.meta:
             differ["tokens"] = (resumed["meta"].get("config_hash"), run.meta.get("config_hash"))
         if differ:
@@ -310,7 +282,7 @@ def main(argv):
         running, spent = resumed["running"], resumed["seconds"]
         print(f"resuming at update {step} of {total}", flush=True)
     else:
-        total = max(1, int(FLAGS.epochs * run.steps_per_epoch))
+        total = FLAGS.updates or max(1, int(FLAGS.epochs * run.steps_per_epoch))
         probe = None
         if FLAGS.budget_minutes:  # fit the whole schedule (so that it anneals to 0) into the budget
             probe = run.seconds_per_update(wall)
@@ -324,7 +296,7 @@ def main(argv):
     log = open(os.path.join(FLAGS.out_dir, "log.jsonl"), "a" if resumed is not None else "w")
     if resumed is None:
         setting.update(windows=len(run.train), steps=total, warmup=warmup, meta=run.meta, seconds_per_update=probe,
-                       torch=torch.__version__, transformers=transformers.__version__,
+                       torch=torch.__version__, transformers=transformers and transformers.__version__,
                        device=torch.cuda.get_device_name() if run.device == "cuda" else "cpu")
         log.write(json.dumps({"setting": setting}) + "\n")
 
