@@ -33,7 +33,8 @@ def shared_data() -> Path:
 # go), while the other worker had nothing left to do.
 LONGEST_FIRST = ("serving_e2e", "test_walkthrough", "test_hot_swap_memory", "test_gpt1_family", "test_finetune",
                  "test_gpt1_presets_cli", "test_buckets",
-                 "test_finetune_loop", "test_server_hardening", "test_tokenizer", "test_scale", "test_train")
+                 "test_finetune_loop", "test_server_hardening", "test_tokenizer", "test_scale", "test_train",
+                 "test_torch_pretrain")
 
 
 def xdist_group(path: Path) -> str:
