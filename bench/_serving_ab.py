@@ -9,6 +9,7 @@ back: off then on in odd rounds, on then off in even ones (``schedule``), the gR
 client with the same threads, so that a load change on a shared machine hits both values alike. Warm-up
 requests (untimed) go to each process before its first timed slot. Each measurement records the share of
 the CPU that processes other than ours (the parent, both workers, the four servers) used meanwhile.
+The gRPC client is this process, with the serving default: it only builds requests, it runs no model.
 
 The report (``bench/results/serving_latency_onednn_ab.{json,md}`` by default): per configuration and
 concurrency, p50 / p99 ms and req/s off and on, the on / off ratio of p50, and the verdict: which value is

@@ -129,10 +129,15 @@ def start_server(base: Path, name: str, batching: bool, port: int):
     return proc, server_port(proc)
 
 
-def stop_server(proc) -> None:
+def stop_server(proc, timeout: float = 60) -> None:
+    """SIGTERM (the server's graceful stop), SIGKILL after ``timeout`` s, so that no server outlives the run."""
     if proc.poll() is None:
         proc.terminate()
-    proc.wait(timeout=60)
+    try:
+        proc.wait(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.wait()
     proc.stderr_file.close()
 
 

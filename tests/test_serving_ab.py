@@ -29,6 +29,24 @@ def test_schedule_alternates_the_values_slot_by_slot_and_swaps_the_first_each_ro
         assert [(name, c) for r, name, c, _ in order[::2] if r == rnd] == slots
 
 
+def test_stop_server_kills_a_server_that_ignores_sigterm():
+    """A hung server must not outlive the benchmark (nor keep the next server's stop from running)."""
+    import subprocess
+    import sys
+    import tempfile
+
+    from bench.serving_latency import stop_server
+
+    proc = subprocess.Popen([sys.executable, "-c", "import signal, time; signal.signal(signal.SIGTERM, "
+                             "signal.SIG_IGN); print('ready', flush=True); time.sleep(120)"],
+                            stdout=subprocess.PIPE, text=True)
+    proc.stderr_file = tempfile.TemporaryFile(mode="w+")
+    assert proc.stdout.readline().strip() == "ready"
+    stop_server(proc, timeout=0.5)
+    assert proc.returncode == -9 and proc.stderr_file.closed
+    proc.stdout.close()
+
+
 def _alive(pid: int) -> bool:
     """Whether ``pid`` is still one of the run's processes (a reused pid running something else is not)."""
     try:
