@@ -19,6 +19,14 @@ sentences joined to 120-128 BPE tokens, so a request's view is ~128 tokens plus 
 
     python -m bench.serving_latency                      # writes bench/results/serving_latency.{json,md}
     python -m bench.serving_latency --preset=tiny --requests=200 --rounds=2
+
+oneDNN's rewrites: ``--onednn=0`` / ``--onednn=1`` set ``TF_ENABLE_ONEDNN_OPTS`` for this process and its
+servers (one value per run; two sequential runs see different loads). ``--onednn=ab`` measures both values
+in one run, interleaved slot by slot, each value in its own processes (an in-process worker and two servers
+per value, ``bench/_serving_ab.py``), and reports them side by side with the on / off ratio of p50 and
+whether the faster value on served p50 agrees with ``gpt_tf.autotune.serving_default()`` on this CPU:
+
+    python -m bench.serving_latency --onednn=ab --rounds=3   # bench/results/serving_latency_onednn_ab.{json,md}
 """
 
 from __future__ import annotations
@@ -32,6 +40,7 @@ import tempfile
 import threading
 import time
 from pathlib import Path
+from types import SimpleNamespace
 
 import numpy as np
 from absl import app, flags
@@ -93,17 +102,43 @@ def run_load(call, requests: int, concurrency: int) -> tuple:
     return latencies, wall
 
 
-def start_server(base: Path, name: str, batching: bool, port: int):
+def spawn_server(base: Path, name: str, batching: bool, port: int, env: dict | None = None):
+    """``python -m serving.server`` for ``base/name`` (``env``: extra variables); its stderr kept in a temp file."""
     args = [sys.executable, "-m", "serving.server", f"--model_base_path={base / name}", f"--model_name={name}",
             f"--port={port}", "--rest_api_port=0", "--file_system_poll_wait_seconds=0"]
     if batching:
         args += ["--enable_batching", f"--batching_parameters_file={ROOT / 'serving' / 'batching_parameters.txt'}"]
-    env = {**os.environ, "PYTHONPATH": str(ROOT), "TF_CPP_MIN_LOG_LEVEL": "2"}
-    proc = subprocess.Popen(args, cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "TF_CPP_MIN_LOG_LEVEL": "2", **(env or {})}
+    stderr = tempfile.TemporaryFile(mode="w+")
+    proc = subprocess.Popen(args, cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=stderr, text=True)
+    proc.stderr_file = stderr
+    return proc
+
+
+def server_port(proc) -> int:
+    """The gRPC port a ``spawn_server`` process prints once its model is loaded (its stderr's tail if it fails)."""
     line = proc.stdout.readline()
     if "gRPC on" not in line:
-        raise RuntimeError(f"serving.server did not start: {line!r}")
-    return proc, int(line.split("gRPC on ")[1].split(",")[0].rsplit(":", 1)[1])
+        proc.stderr_file.seek(0)
+        raise RuntimeError(f"serving.server did not start: {line!r}\n{proc.stderr_file.read()[-2000:]}")
+    return int(line.split("gRPC on ")[1].split(",")[0].rsplit(":", 1)[1])
+
+
+def start_server(base: Path, name: str, batching: bool, port: int):
+    proc = spawn_server(base, name, batching, port)
+    return proc, server_port(proc)
+
+
+def stop_server(proc, timeout: float = 60) -> None:
+    """SIGTERM (the server's graceful stop), SIGKILL after ``timeout`` s, so that no server outlives the run."""
+    if proc.poll() is None:
+        proc.terminate()
+    try:
+        proc.wait(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.wait()
+    proc.stderr_file.close()
 
 
 def grpc_caller(port: int, name: str, concurrency: int, texts: list):
@@ -163,20 +198,22 @@ def define_flags():
     flags.DEFINE_integer("warmup", 16, "untimed requests per configuration first")
     flags.DEFINE_string("tokens", "120,128", "text length range in BPE tokens")
     flags.DEFINE_string("out", str(ROOT / "bench" / "results" / "serving_latency.json"), "the JSON report (.md beside it)")
-    flags.DEFINE_enum("onednn", None, ["0", "1"], "TF_ENABLE_ONEDNN_OPTS for this process and its servers (default: "
-                      "the serving default, gpt_tf/autotune.py); run once per value, alternating, to compare")
+    flags.DEFINE_enum("onednn", None, ["0", "1", "ab"], "TF_ENABLE_ONEDNN_OPTS for this process and its servers "
+                      "(default: the serving default, gpt_tf/autotune.py); ab: both values in one run, interleaved, "
+                      "each in its own processes (bench/_serving_ab.py; default --out serving_latency_onednn_ab.json)")
+    flags.DEFINE_string("worker", None, "internal: run as an in-process worker of --onednn=ab with this JSON spec")
 
 
-def main(argv):
-    del argv  # everything is a flag
-    args = FLAGS
-    if args.onednn is not None:
-        os.environ["TF_ENABLE_ONEDNN_OPTS"] = args.onednn  # before TensorFlow starts, here and in the servers
+def local_caller(tf, signature, texts: list, size: int):
+    """``call(k, i)``: the SavedModel's signature on ``size`` texts (call ``i``'s, in the order of ``texts``)."""
+    return lambda k, i: signature(sentence=tf.constant([texts[(i * size + j) % len(texts)] for j in range(size)]))
+
+
+def prepare(args):
+    """TensorFlow (the process's settings), the texts, the model config and its export in a temp folder."""
     from gpt_tf.console import import_tensorflow
 
     tf = import_tensorflow(serving=True)
-    from tensorflow.python.util import _pywrap_util_port
-
     from gpt_tf.config import get_preset
     from gpt_tf.model import GPTBackbone
     from gpt_tf.task_model import GPTTaskModel
@@ -184,7 +221,6 @@ def main(argv):
     from gpt_tf.text.tokenizer import GPTTokenizer
     from serving.export import export_task_model
 
-    concurrency = [int(c) for c in args.concurrency.split(",")]
     low, high = (int(x) for x in args.tokens.split(","))
     tokenizer = GPTTokenizer.from_dir(DATA / "gpt1_bpe")
     texts = sst2_texts(tokenizer, 64, low, high)
@@ -193,13 +229,34 @@ def main(argv):
     task = get_task("sst2")
     export_task_model(GPTTaskModel(GPTBackbone(config, name="backbone"), task), task, str(DATA / "gpt1_bpe"),
                       str(base), "sst2")
+    return SimpleNamespace(tf=tf, texts=texts, config=config, base=base, low=low, high=high,
+                           concurrency=[int(c) for c in args.concurrency.split(",")])
+
+
+def main(argv):
+    del argv  # everything is a flag
+    args = FLAGS
+    if args.worker:
+        from bench._serving_ab import worker_main
+
+        return worker_main(json.loads(args.worker))
+    if args.onednn in ("0", "1"):
+        os.environ["TF_ENABLE_ONEDNN_OPTS"] = args.onednn  # before TensorFlow starts, here and in the servers
+    setup = prepare(args)
+    if args.onednn == "ab":
+        from bench._serving_ab import DEFAULT_OUT, run_ab
+
+        run_ab(args, setup, Path(args.out) if FLAGS["out"].present else DEFAULT_OUT)
+        return None  # absl exits 0
+    from tensorflow.python.util import _pywrap_util_port
+
+    tf, texts, config, base, concurrency = setup.tf, setup.texts, setup.config, setup.base, setup.concurrency
+    low, high = setup.low, setup.high
     signature = tf.saved_model.load(str(base / "sst2" / "1")).signatures["serving_default"]
     servers = {"grpc-batched": start_server(base, "sst2", True, 0), "grpc-unbatched": start_server(base, "sst2", False, 0)}
     try:
         many = max(concurrency)
-        callers = {"in-process": lambda k, i: signature(sentence=tf.constant([texts[i % len(texts)]])),
-                   BATCH: lambda k, i: signature(sentence=tf.constant([texts[(i * many + j) % len(texts)]
-                                                                       for j in range(many)]))}
+        callers = {"in-process": local_caller(tf, signature, texts, 1), BATCH: local_caller(tf, signature, texts, many)}
         meter_pids = [os.getpid()] + [proc.pid for proc, _ in servers.values()]
         samples = {f"{n}@{c}": ([], 0.0, []) for n in CONFIGS for c in concurrency}
         samples[f"{BATCH}@{many}"] = ([], 0.0, [])
@@ -223,8 +280,7 @@ def main(argv):
                           f"{len(latencies) / wall:.1f} calls/s, others' CPU {others:.0%}", flush=True)
     finally:
         for proc, _ in servers.values():
-            proc.terminate()
-            proc.wait(timeout=60)
+            stop_server(proc)
     results = {k: summary(lat, wall, float(np.mean(o))) for k, (lat, wall, o) in samples.items()}
     results[f"{BATCH}@{many}"]["throughput_rps"] *= many  # examples/s: each call carries `many` texts
     one, many = min(concurrency), max(concurrency)
