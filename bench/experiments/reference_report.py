@@ -85,8 +85,9 @@ def section_lines(tasks, seeds, ours_rows: list[dict], ref_rows: list[dict], rec
     partial = _partial_cells(tasks, seeds, by_key, recipe_suffix)
     if partial:
         lines += ["", "Interrupted cells (state saved; the command below resumes them): " + "; ".join(partial) + "."]
-    lines += ["", "Still to run: " + (", ".join(missing) if missing else "none") + ". The same command finishes them "
-              "(a finished cell is skipped; an interrupted one resumes from its last saved update):", "",
+    lines += ["", ("Still to run: " + ", ".join(missing) + ". The same command finishes them (a finished cell is "
+                   "skipped; an interrupted one resumes from its last saved update):") if missing else
+              "Every cell has run. To run them again (a finished cell is skipped, so start from an empty ledger):", "",
               "```bash", "nice -n 19 python -m bench.experiments.reference_finetune --tasks=" + ",".join(tasks) +
               " --seeds=" + ",".join(str(s) for s in seeds),
               "python -m bench.experiments.reference_finetune --stage=report", "```"]
