@@ -57,7 +57,7 @@ def test_the_section_holds_the_curves_the_probe_and_the_matching_cells(tmp_path)
     assert text.startswith("# Results\n\nkept above\n") and text.endswith("\n\nkept below\n")
     assert "old text" not in text and text.count(se.SECTION[0]) == 1
     assert "| ours, pre-trained (`books_tiny`) | 22.0 [19.0–25.0] (2) | 100.0 (10) | 100.0 | 21.0 (ridge 100) |" in text
-    assert "| ours, from scratch | 15.0 [15.0–15.0] (1) | 20.0 (2) | – | 12.0 (ridge 1) |" in text
+    assert "| ours, from scratch | 15.0 [15.0–15.0] (1) | 20.0 (2), 3 of 10 run | – | 12.0 (ridge 1) |" in text
     assert "29.2 [27.5–31.0] (2)" in text
     assert (tmp_path / "stsb.png").stat().st_size > 10_000
 

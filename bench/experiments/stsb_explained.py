@@ -107,6 +107,8 @@ def section_lines(data: dict, figure: str) -> list[str]:
     for arm, label in (("pretrained", "ours, pre-trained (`books_tiny`)"), ("scratch", "ours, from scratch")):
         curve = curves.get(arm, {}).get("dev_pearson_by_epoch", [])
         best = f"{max(curve):.1f} ({curve.index(max(curve)) + 1})" if curve else "–"
+        if 0 < len(curve) < 10:
+            best += f", {len(curve)} of 10 run"
         last = f"{curve[-1]:.1f}" if len(curve) >= 10 else "–"
         probe_arm = "pretrained" if arm == "pretrained" else "random"
         probed = "–"
