@@ -143,6 +143,12 @@ def median_spread(values) -> tuple[float, float, float] | None:
     return (statistics.median(values), min(values), max(values)) if values else None
 
 
+def spread_text(values) -> str:
+    """``median [min–max] (n)`` to one decimal, or ``–`` when there are no values (the results tables' cell)."""
+    spread = median_spread(values)
+    return "–" if spread is None else f"{spread[0]:.1f} [{spread[1]:.1f}–{spread[2]:.1f}] ({len(values)})"
+
+
 def preset_of(run_dir: str) -> str:
     """The preset name whose config the pre-training run used (for the scratch arm's --model)."""
     from gpt_tf.config import PRESETS, GPTConfig

@@ -13,17 +13,9 @@ from pathlib import Path
 from absl import flags
 
 from bench.experiments.reference_finetune import SECTION, cell_key, ours_cells, task_recipe
-from bench.experiments.finetune_runs import load_ledger, main_metric, median_spread, replace_section
+from bench.experiments.finetune_runs import load_ledger, main_metric, median_spread, replace_section, spread_text
 
 FLAGS = flags.FLAGS
-
-
-def _cell(values) -> str:
-    spread = median_spread(values)
-    if spread is None:
-        return "–"
-    median, low, high = spread
-    return f"{median:.1f} [{low:.1f}–{high:.1f}] ({len(values)})"
 
 
 def _verdict(ours, theirs) -> str:
@@ -74,7 +66,7 @@ def section_lines(tasks, seeds, ours_rows: list[dict], ref_rows: list[dict], rec
             cpus.add(row["cpu"])
             dates.append(row["finished"])
             commands.add(row["cmd"])
-        lines.append(f"| {task} ({metric}) | {_recipe_text(recipe)} | {_cell(ours)} | {_cell(theirs)} | {curve} | "
+        lines.append(f"| {task} ({metric}) | {_recipe_text(recipe)} | {spread_text(ours)} | {spread_text(theirs)} | {curve} | "
                      f"{_verdict(ours, theirs)} |")
     if dates:
         lines += ["", f"Reference cells run by `{'`, `'.join(sorted(commands))}` on "

@@ -31,7 +31,7 @@ from pathlib import Path
 
 from absl import app, flags
 
-from bench.experiments.finetune_runs import load_ledger, median_spread, replace_section
+from bench.experiments.finetune_runs import load_ledger, replace_section, spread_text
 from bench.experiments.reference_finetune import ours_cells, task_recipe
 
 FLAGS = flags.FLAGS
@@ -91,11 +91,6 @@ def collect(args, previous: dict) -> dict:
             "anchors": [{"what": w, "pearson": v, "setup": s} for w, v, s in ANCHORS]}
 
 
-def _spread(values) -> str:
-    stats = median_spread(values)
-    return "–" if stats is None else f"{stats[0]:.1f} [{stats[1]:.1f}–{stats[2]:.1f}] ({len(values)})"
-
-
 def section_lines(data: dict, figure: str) -> list[str]:
     cells, curves, probe = data["cells_3_epochs"], data["curves"], data["probe"]
     lines = ["## STS-B explained", "",
@@ -116,8 +111,8 @@ def section_lines(data: dict, figure: str) -> list[str]:
             by_penalty = probe["dev_pearson"][probe_arm]
             penalty = max(by_penalty, key=by_penalty.get)
             probed = f"{100 * by_penalty[penalty]:.1f} (ridge {penalty})"
-        lines.append(f"| {label} | {_spread(cells[arm])} | {best} | {last} | {probed} |")
-    lines.append(f"| reference (`transformers`' OpenAIGPT, pre-trained) | {_spread(cells['reference'])} | | | |")
+        lines.append(f"| {label} | {spread_text(cells[arm])} | {best} | {last} | {probed} |")
+    lines.append(f"| reference (`transformers`' OpenAIGPT, pre-trained) | {spread_text(cells['reference'])} | | | |")
     lines += ["", f"![STS-B dev Pearson by epoch]({Path(figure).name})", "",
               "Anchors (published, not measured here):", ""]
     lines += [f"- {a['what']}: **{a['pearson']}**; {a['setup']}." for a in data["anchors"]]
