@@ -9,16 +9,8 @@ Op time by kind, side by side (this module is the mode's implementation; ``finet
 in its own process, on the same data, shape and settings as finetune_speed (the `tiny` shape, SST-2
 training texts, n_ctx 64, batch 32, one thread, λ = 0 for ours: HF's objective), warms up, then
 records ``--steps`` training steps and one evaluation pass with the framework's own profiler
-(`tf.profiler` for ours, `torch.profiler` for HF). Every op's own (self) time goes to one kind:
-
-    matmul      dense and batched matrix products (oneDNN / MKL in both stacks), forward and backward
-    optimizer   gradient clipping and the AdamW update (ours: the optimizer's name scope, which holds
-                both; HF: under ``Optimizer.step``, plus clip_grad_norm_'s foreach / vector-norm ops)
-    dropout     random masks and their application, forward and backward
-    other ops   everything else the graph / autograd runs: GELU, layer norm, softmax, adds, copies
-    outside ops wall time minus all ops' time: Python, dispatch, input pipeline waits, and on a
-                shared machine the time the thread waited for a core ("others' CPU": the share of
-                the machine's CPU other processes used meanwhile)
+(`tf.profiler` for ours, `torch.profiler` for HF). Every op's own (self) time goes to one kind
+(matmul, optimizer, dropout, other ops, outside ops: ``bench/_op_profile.py``).
 
 A stack whose time is mostly ``matmul`` is compute-bound: the same oneDNN kernels run the same
 products in both stacks, so it cannot get much faster than the other without doing fewer products.
@@ -26,58 +18,20 @@ products in both stacks, so it cannot get much faster than the other without doi
 
 from __future__ import annotations
 
-import collections
 import datetime
 import json
 import subprocess
 import sys
 from pathlib import Path
 
+from bench._op_profile import KINDS, per_unit_ms, tf_op_seconds, torch_op_seconds
 from bench.harness import ROOT, Clock, machine_info, timed
 
-KINDS = ("matmul", "optimizer", "dropout", "other ops", "outside ops")
 TAG = "@@finetune_profile "
 OTHERS = "others' CPU"
 
 
 # ----------------------------------------------------------------------------- ours (TensorFlow)
-
-
-def tf_kind(name: str, optimizer_scope: str) -> str | None:
-    """The kind of a TF executor event ``scope/op:OpType``; None for events that are not ops."""
-    if ":" not in name or "::" in name:  # op events are scope:OpType; ExecutorState::Process etc. wrap them
-        return None
-    scope, op_type = name.rsplit(":", 1)
-    if optimizer_scope in scope:
-        return "optimizer"
-    if "dropout" in scope.lower():
-        return "dropout"
-    return "matmul" if "MatMul" in op_type else "other ops"
-
-
-def tf_compute_events(logdir: str):
-    """``(name, picoseconds)`` of every event on TF's executor threads in the newest trace under
-    ``logdir`` (``tf.profiler.experimental.start(logdir)`` ... ``stop()``); op events are named ``scope:OpType``."""
-    from tensorflow.tsl.profiler.protobuf import xplane_pb2
-
-    path = sorted(Path(logdir).glob("plugins/profile/*/*.xplane.pb"))[-1]
-    space = xplane_pb2.XSpace()
-    space.ParseFromString(path.read_bytes())
-    for plane in space.planes:
-        for line in plane.lines:
-            if line.name.startswith("tf_Compute"):
-                for event in line.events:
-                    yield plane.event_metadata[event.metadata_id].name, event.duration_ps
-
-
-def tf_op_seconds(logdir: str, optimizer_scope: str) -> dict:
-    """Self seconds per kind of the ops in the newest trace under ``logdir`` (TF's executor threads)."""
-    seconds = collections.Counter()
-    for name, picoseconds in tf_compute_events(logdir):
-        kind = tf_kind(name, optimizer_scope)
-        if kind:
-            seconds[kind] += picoseconds / 1e12
-    return dict(seconds)
 
 
 def profile_ours(spec: dict, warmup_steps: int, steps: int) -> dict:
@@ -102,34 +56,6 @@ def profile_ours(spec: dict, warmup_steps: int, steps: int) -> dict:
 
 
 # ----------------------------------------------------------------------------- HF Trainer (PyTorch)
-
-TORCH_MATMULS = {"aten::mm", "aten::addmm", "aten::bmm", "aten::baddbmm", "aten::_addmm_activation"}
-# torch.nn.utils.clip_grad_norm_ (the model itself uses none of these).
-TORCH_CLIP_OPS = {"aten::_foreach_norm", "aten::linalg_vector_norm", "aten::_foreach_mul_", "aten::stack",
-                  "aten::clamp"}
-
-
-def torch_kind(event) -> str:
-    """The kind of a torch profiler event, from its name and its ancestors' names."""
-    names, parent = [event.name], event.cpu_parent
-    while parent is not None:
-        names.append(parent.name)
-        parent = parent.cpu_parent
-    if any(n.startswith("Optimizer.step") for n in names) or event.name in TORCH_CLIP_OPS:
-        return "optimizer"
-    if any("dropout" in n.lower() for n in names) or event.name == "aten::bernoulli_":
-        return "dropout"
-    return "matmul" if event.name in TORCH_MATMULS else "other ops"
-
-
-def torch_op_seconds(prof) -> dict:
-    """Self seconds per kind of the aten ops recorded (the ``aten::`` events: what the kernels ran)."""
-    seconds = collections.Counter()
-    for event in prof.events():
-        if event.name.startswith("aten::"):
-            seconds[torch_kind(event)] += event.self_cpu_time_total / 1e6
-    return dict(seconds)
-
 
 def profile_hf(spec: dict, warmup_steps: int, steps: int) -> dict:
     from torch.profiler import ProfilerActivity, profile
@@ -168,13 +94,8 @@ def profile_hf(spec: dict, warmup_steps: int, steps: int) -> dict:
 
 
 def per_example_ms(result: dict) -> dict:
-    """ms per example of each kind; ``outside ops`` is the wall time no op accounts for."""
-    n, ops = result["examples"], result["op_s"]
-    row = {kind: 1000 * ops.get(kind, 0.0) / n for kind in KINDS[:-1]}
-    row["outside ops"] = max(0.0, 1000 * (result["s"] - sum(ops.values())) / n)
-    row["total"] = 1000 * result["s"] / n
-    row[OTHERS] = result["others_cpu_share"]
-    return {k: round(v, 3) for k, v in row.items()}
+    """ms per example of each kind (``bench._op_profile.per_unit_ms``)."""
+    return per_unit_ms(result["s"], result["op_s"], result["examples"], result["others_cpu_share"])
 
 
 def markdown(report: dict) -> str:

@@ -102,7 +102,8 @@ def _tf_step(spec, config):
 
     inputs, targets = (tf.constant(a) for a in random_batch(config.total_vocab, spec["batch"], spec["seq"]))
     n_params = int(sum(np.prod(v.shape) for v in variables))
-    return (lambda: float(train_step(inputs, targets))), {"n_params": n_params}
+    # The optimizer's name scope holds its ops (clipping and update): the profile's "optimizer" kind.
+    return (lambda: float(train_step(inputs, targets))), {"n_params": n_params, "optimizer_scope": optimizer.name}
 
 
 def _torch_step(spec, config):

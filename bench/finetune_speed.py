@@ -59,17 +59,14 @@ from __future__ import annotations
 import datetime
 import json
 import os
-import shutil
 import statistics
-import subprocess
 import sys
-import tempfile
 from pathlib import Path
 
 from absl import app, flags
 
 from bench._finetune_stacks import define_data_flags
-from bench.harness import ROOT, Worker, busy_seconds, header, machine_info, median, save_report, wait_until_quiet
+from bench.harness import Worker, base_checkout, busy_seconds, header, machine_info, median, save_report, wait_until_quiet
 
 FLAGS = flags.FLAGS
 STACKS = {
@@ -220,26 +217,15 @@ def markdown(report: dict) -> str:
     return "\n".join(lines) + "\n"
 
 
-def git(*args) -> str:
-    return subprocess.run(["git", *args], cwd=ROOT, check=True, capture_output=True, text=True).stdout.strip()
-
-
 def run_ab(args, task_dir: Path, log) -> tuple[dict, str]:
     """``--mode=ab``: this checkout against ``--base``, the same stack from the same seed, alternating."""
     if not args.base:
         raise app.UsageError("--mode=ab needs --base=REV")
     spec = {"task_dir": str(task_dir), "batch_size": args.batch_size, "n_ctx": args.n_ctx, "threads": args.threads,
             "train_steps": args.train_steps, "precision": "float32", **STACKS[args.stack]}
-    base_rev, this_rev = git("rev-parse", "--short", args.base), git("rev-parse", "--short", "HEAD")
-    if git("status", "--porcelain", "--untracked-files=no"):
-        this_rev += " + uncommitted changes"
-    tree = Path(tempfile.mkdtemp(prefix="finetune_ab_")) / "base"
-    git("worktree", "add", "--detach", str(tree), base_rev)
-    try:
+    with base_checkout(args.base, "finetune_ab_") as (tree, revs):
         logs = run(args, {"base": spec, "this": spec}, log, code_roots={"base": tree})
-    finally:
-        git("worktree", "remove", "--force", str(tree))
-        shutil.rmtree(tree.parent, ignore_errors=True)
+    base_rev, this_rev = revs["base"], revs["this"]
     rates = {name: [m["examples_per_s"] for m in logs[name]["train"]] for name in ("base", "this")}
     means = {name: statistics.mean(v) for name, v in rates.items()}
     report = {"command": " ".join(["python -m bench.finetune_speed", *sys.argv[1:]]),

@@ -13,10 +13,12 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import platform
 import resource
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -163,6 +165,28 @@ class Worker:
             self.proc.stdin.close()
             self.proc.wait()
         self.stderr.close()
+
+
+def git(*args) -> str:
+    """``git *args`` in this checkout; its stdout, stripped."""
+    return subprocess.run(["git", *args], cwd=ROOT, check=True, capture_output=True, text=True).stdout.strip()
+
+
+@contextlib.contextmanager
+def base_checkout(rev: str, prefix: str = "bench_ab_"):
+    """A temporary detached `git worktree` of ``rev`` for A/B workers (``Worker``'s ``code_root``), removed
+    afterwards. Yields ``(path, labels)``: the short hashes of ``rev`` and of this checkout (marked where
+    it has uncommitted changes)."""
+    labels = {"base": git("rev-parse", "--short", rev), "this": git("rev-parse", "--short", "HEAD")}
+    if git("status", "--porcelain", "--untracked-files=no"):
+        labels["this"] += " + uncommitted changes"
+    tree = Path(tempfile.mkdtemp(prefix=prefix)) / "base"
+    git("worktree", "add", "--detach", str(tree), labels["base"])
+    try:
+        yield tree, labels
+    finally:
+        git("worktree", "remove", "--force", str(tree))
+        shutil.rmtree(tree.parent, ignore_errors=True)
 
 
 # ----------------------------------------------------------------------------- peak matmul

@@ -4,10 +4,13 @@
     python -m bench.train_throughput --mode=loop --model=small --batch_size=4 [--jit_compile] [--peak_tflops=989]
     python -m bench.train_throughput --mode=optimizer    # one AdamW update alone, ours vs torch's fused AdamW
     python -m bench.train_throughput --stacks= --threads=1 --precisions=float32   # the matmul peak only, one thread
+    python -m bench.train_throughput --mode=profile --presets=tiny,small --precisions=float32   # where the time goes
 
 Modes: ``stacks`` (below); ``loop``: the real pre-training loop (``Pretrainer``: reader, strategy, accumulation,
 XLA) and its MFU, a row appended to ``bench/results/pretrain_throughput.{json,md}`` (``bench/_pretrain_loop.py``);
-``optimizer``: the optimizer update alone (``bench/_optimizer_step.py``).
+``optimizer``: the optimizer update alone (``bench/_optimizer_step.py``); ``profile``: each stack's step under its
+framework's profiler, op time by kind against the peers (``bench/_pretrain_profile.py``). The stacks and profile
+modes apply the project's picked settings (``gpt_tf/autotune.py``) before their workers start, as the CLI runs.
 
 For each preset × precision it times full training steps (forward, backward, global-norm clipping,
 AdamW update; dropout on) on one identical random batch with three stacks (see
@@ -29,6 +32,7 @@ Writes the JSON report, a markdown snippet next to it (``.md``) and prints the t
 
 from __future__ import annotations
 
+import contextlib
 import datetime
 import json
 import os
@@ -38,9 +42,9 @@ from pathlib import Path
 
 from absl import app, flags
 
-from bench import _optimizer_step, _pretrain_loop
-from bench.harness import Worker, emit, header, machine_info, measure_peak, measure_peaks, median, save_report, timed
-from bench.harness import wait_until_quiet
+from bench import _optimizer_step, _pretrain_loop, _pretrain_profile
+from bench.harness import Worker, base_checkout, emit, header, machine_info, measure_peak, measure_peaks, median
+from bench.harness import save_report, timed, wait_until_quiet
 
 STACKS = ("ours", "keras_hub", "torch")
 # Per-preset defaults for a 2-core CPU, sized so the default run (gpt1 + small) takes ~15 minutes.
@@ -64,6 +68,8 @@ def worker_main(spec):
         emit("RESULT", measure_peak(spec["lib"], spec["sizes"], spec["reps"], spec["threads"], spec["quiet_share"],
                                     spec.get("precisions", ("float32", "bfloat16"))))
         return
+    if spec["kind"] == "profile":
+        return _pretrain_profile.profile_worker(spec)
     if spec["stack"] != "torch":  # TensorFlow's pools as the project's settings say (gpt_tf/autotune.py)
         import tensorflow as tf
 
@@ -83,7 +89,7 @@ def worker_main(spec):
 
 
 def row_name(row):
-    return row["stack"]
+    return f"{row['stack']}@{row['rev']}" if row.get("rev") else row["stack"]
 
 
 def summarise(rows, peaks, quiet_share):
@@ -112,7 +118,7 @@ def summarise(rows, peaks, quiet_share):
             row["final_loss"] = row["steps_log"][-1]["loss"]
         for row in group:
             for ref in ("keras_hub", "torch"):
-                other = [r for r in group if r["stack"] == ref]
+                other = [r for r in group if r["stack"] == ref and not r.get("rev")]
                 if other:
                     row[f"vs_{ref}"] = row["tokens_per_s"] / other[0]["tokens_per_s"]
                     row[f"cpu_vs_{ref}"] = other[0]["cpu_s_per_step"] / row["cpu_s_per_step"]
@@ -149,7 +155,7 @@ def markdown(report):
                 "```",
                 "",
                 f"Measured {report['date']} on {m['cpu']} ({m['cores']} cores, {m['memory_gib']} GiB, "
-                f"{' '.join(m['isa'])}); {versions}.",
+                f"{' '.join(m['isa'])}); {versions}. Settings: {report.get('settings', 'not recorded')}.",
                 f"MFU = tokens/s × `flops_per_token` (6N + 12·L·d·T) / peak, where peak is the matmul FLOP/s "
                 f"measured in the same run (best of TF and torch over square matmuls of sizes "
                 f"{report['peak_matmul_sizes']}): "
@@ -164,10 +170,27 @@ def markdown(report):
                 f'steps quiet, otherwise over all steps ("steps used").',
                 "",
                 *table_lines(report["rows"]),
+                *ab_lines(report),
             ]
         )
         + "\n"
     )
+
+
+def ab_lines(report):
+    """With ``--base``: this checkout's ours against the base's, per preset × precision (same run, interleaved)."""
+    revs = report.get("revs")
+    if not revs:
+        return []
+    lines = [""]
+    for row in report["rows"]:
+        if row["stack"] == "ours" and row.get("rev"):
+            this = next(r for r in report["rows"] if r["stack"] == "ours" and not r.get("rev")
+                        and (r["preset"], r["precision"]) == (row["preset"], row["precision"]))
+            lines.append(f"- {row['preset']} {row['precision']}: ours at {revs['this']} / ours at {revs['base']}: "
+                         f"**{this['tokens_per_s'] / row['tokens_per_s']:.3f}×** "
+                         f"({this['tokens_per_s']:,.0f} / {row['tokens_per_s']:,.0f} tokens/s)")
+    return lines
 
 
 # ----------------------------------------------------------------------------- driver side
@@ -183,7 +206,7 @@ def run_group(specs, quiet_share, max_rounds, log, wait_quiet_s=0.0):
     try:
         for spec in specs:
             start = time.time()
-            workers.append(Worker(spec, "bench.train_throughput"))
+            workers.append(Worker(spec, "bench.train_throughput", code_root=spec.get("code_root")))
             rows.append({**spec, **workers[-1].read("READY"), "warmup_s": [], "steps_log": []})
             rows[-1]["build_s"] = round(time.time() - start, 1)
         warmup, steps = specs[0]["warmup"], specs[0]["steps"]
@@ -222,7 +245,7 @@ def _quiet_count(row, quiet_share):
 
 
 def define_flags():
-    flags.DEFINE_enum("mode", "stacks", ["stacks", "loop", "optimizer"], "what to measure (see the module doc)")
+    flags.DEFINE_enum("mode", "stacks", ["stacks", "loop", "optimizer", "profile"], "what to measure (see the module doc)")
     flags.DEFINE_string("presets", "gpt1,small", "comma-separated model presets")
     flags.DEFINE_string("precisions", "float32,bfloat16", "float32 and/or bfloat16")
     flags.DEFINE_string("stacks", ",".join(STACKS), "comma-separated subset of " + ",".join(STACKS))
@@ -239,8 +262,11 @@ def define_flags():
                       "torch.optim.AdamW implementation (fused: the fastest on CPU)")
     flags.DEFINE_integer("threads", os.cpu_count(), "torch intra-op threads")
     flags.DEFINE_string("peak_sizes", "512,1024,2048,4096", "square matmul sizes for the peak FLOP/s")
+    flags.DEFINE_string("base", None, "--mode=stacks: also time ours as of this commit (a temporary git worktree), "
+                        "interleaved with this checkout's")
     flags.DEFINE_string("out", None, "the JSON report (the .md goes beside it; default bench/results/"
-                        "train_throughput.json, --mode=loop: pretrain_throughput.json)")
+                        "train_throughput.json, --mode=loop: pretrain_throughput.json, --mode=profile: "
+                        "pretrain_profile_<cpu>.json)")
     flags.DEFINE_string("worker", None, "internal: run as a worker with this JSON spec")
     _pretrain_loop.define_flags()
     _optimizer_step.define_flags()
@@ -260,13 +286,19 @@ def main(argv):
     args = FLAGS
     if args.worker:
         return worker_main(json.loads(args.worker))
-    if args.mode != "stacks":
+    if args.mode in ("loop", "optimizer"):
         return {"loop": _pretrain_loop, "optimizer": _optimizer_step}[args.mode].main(args)
     check_flags(args)
+    if args.mode == "profile":
+        return _pretrain_profile.main(args)
+    from gpt_tf import autotune
+
+    settings = autotune.apply() or "GPT_TF_AUTOTUNE=0: TensorFlow's defaults"  # before any worker starts
     report = {
         "command": " ".join(["python -m bench.train_throughput", *sys.argv[1:]]),
         "date": datetime.datetime.now().astimezone().isoformat(timespec="seconds"),
         "machine": machine_info(),
+        "settings": settings,
         "schedule": args.schedule,
         "quiet_share": args.quiet_share,
         "torch_adamw": args.torch_adamw,
@@ -279,27 +311,22 @@ def main(argv):
     sizes = [int(n) for n in args.peak_sizes.split(",")]
     report["peak_flops"], report["peak_per_lib"] = measure_peaks("bench.train_throughput", sizes, args.threads,
                                                                  args.quiet_share, log, args.precisions.split(","))
-    stacks = [s for s in args.stacks.split(",") if s]
-    for preset in args.presets.split(",") if stacks else ():  # --stacks= : the matmul peak only
-        sizes = {k: getattr(args, k) or v for k, v in PRESET_DEFAULTS[preset].items()}
-        for precision in args.precisions.split(","):
-            specs = [
-                {
-                    "kind": "train",
-                    "stack": s,
-                    "preset": preset,
-                    "precision": precision,
-                    "threads": args.threads,
-                    "torch_adamw": args.torch_adamw,
-                    **sizes,
-                }
-                for s in stacks
-            ]
-            log(f"{preset} {precision}, batch {sizes['batch']} × {sizes['seq']}: " + ", ".join(map(row_name, specs)))
-            groups = [specs] if args.schedule == "interleaved" else [[s] for s in specs]
-            for group in groups:
-                max_rounds = max(args.max_rounds or 0, sizes["steps"])
-                report["rows"] += run_group(group, args.quiet_share, max_rounds, log, args.wait_quiet)
+    stacks = [{"stack": s} for s in args.stacks.split(",") if s]
+    with base_checkout(args.base) if args.base else contextlib.nullcontext((None, None)) as (tree, revs):
+        if tree:  # ours as of --base, from its own checkout, beside this one's
+            stacks.append({"stack": "ours", "rev": revs["base"], "code_root": str(tree)})
+            report["revs"] = revs
+        for preset in args.presets.split(",") if stacks else ():  # --stacks= : the matmul peak only
+            sizes = {k: getattr(args, k) or v for k, v in PRESET_DEFAULTS[preset].items()}
+            for precision in args.precisions.split(","):
+                specs = [{"kind": "train", **stack, "preset": preset, "precision": precision, "threads": args.threads,
+                          "torch_adamw": args.torch_adamw, **sizes} for stack in stacks]
+                log(f"{preset} {precision}, batch {sizes['batch']} × {sizes['seq']}: "
+                    + ", ".join(map(row_name, specs)))
+                groups = [specs] if args.schedule == "interleaved" else [[s] for s in specs]
+                for group in groups:
+                    max_rounds = max(args.max_rounds or 0, sizes["steps"])
+                    report["rows"] += run_group(group, args.quiet_share, max_rounds, log, args.wait_quiet)
     summarise(report["rows"], report["peak_flops"], args.quiet_share)
     from gpt_tf.config import get_preset
 
