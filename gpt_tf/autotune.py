@@ -26,7 +26,6 @@ other sessions; not yet timed on a quiet machine); later starts read it (delete 
 from __future__ import annotations
 
 import datetime
-import hashlib
 import json
 import os
 import statistics
@@ -34,9 +33,9 @@ import subprocess
 import sys
 import time
 
-from gpt_tf.precision import read_cache, write_cache  # the same cache files' format (no TensorFlow)
+from gpt_tf import machine_cache
+from gpt_tf.machine_cache import ENV, cache_key, cpu_info, disabled, read_cache, write_cache
 
-ENV = "GPT_TF_AUTOTUNE"
 ONEDNN, FUSED = "TF_ENABLE_ONEDNN_OPTS", "GPT_TF_FUSED_KERNELS"
 INTRA, INTER = "TF_NUM_INTRAOP_THREADS", "TF_NUM_INTEROP_THREADS"
 SETTINGS = (ONEDNN, FUSED, INTRA, INTER)
@@ -49,59 +48,8 @@ PROCESS_CANDIDATES = ({ONEDNN: "0", INTRA: "0", INTER: "0"}, {ONEDNN: "1", INTRA
                       {ONEDNN: "1", INTRA: str(os.cpu_count() or 1), INTER: "1"})
 
 
-def disabled(environ=os.environ) -> bool:
-    return environ.get(ENV, "1").strip().lower() in ("0", "false", "off", "no")
-
-
 def cache_path(environ=os.environ) -> str:
-    base = environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
-    return os.path.join(base, "gpt_tf", CACHE_FILE)
-
-
-def cpu_info() -> dict:
-    """``{"model": ..., "flags": [...]}`` from ``/proc/cpuinfo`` (the platform's names elsewhere)."""
-    import platform
-
-    model, cpu_flags = "", []
-    try:
-        with open("/proc/cpuinfo") as f:
-            for line in f:
-                key, _, value = line.partition(":")
-                if key.strip() == "model name" and not model:
-                    model = value.strip()
-                elif key.strip() == "flags" and not cpu_flags:
-                    cpu_flags = value.split()
-    except OSError:
-        pass
-    return {"model": model or platform.processor() or platform.machine(), "flags": sorted(cpu_flags)}
-
-
-def usable_cores() -> int:
-    try:
-        return len(os.sched_getaffinity(0))
-    except AttributeError:
-        return os.cpu_count() or 1
-
-
-def tf_version() -> str:
-    """TensorFlow's version without importing it (the decision must come before the import)."""
-    from importlib import metadata
-
-    for name in ("tensorflow", "tensorflow-cpu", "tensorflow-intel"):
-        try:
-            return metadata.version(name)
-        except metadata.PackageNotFoundError:
-            continue
-    return "unknown"
-
-
-def cache_key(info: dict | None = None, cores: int | None = None, version: str | None = None) -> str:
-    """The machine (CPU model, a hash of all its flags, usable cores) and TensorFlow's version."""
-    info = info or cpu_info()
-    flags_hash = hashlib.sha1(" ".join(info["flags"]).encode()).hexdigest()[:10]
-    notable = [f for f in ("avx2", "fma", "avx512f", "avx512_bf16", "amx_bf16") if f in info["flags"]]
-    return (f"{info['model']} x{cores or usable_cores()} | {'+'.join(notable) or 'no avx2'} flags#{flags_hash} "
-            f"| tf {version or tf_version()}")
+    return machine_cache.cache_path(CACHE_FILE, environ)
 
 
 def candidate_name(settings: dict) -> str:

@@ -9,8 +9,10 @@ Speed notes (measured in ``bench/train_throughput.py``, ``bench/finetune_speed.p
 come out of one matmul and are split with one ``split`` (whose gradient is one concat, not three
 full-size slice gradients); the causal mask is an additive constant bias; ``Conv1D`` is a 2-D
 MatMul + BiasAdd, which oneDNN fuses (with the GELU after it too, where no gradient needs the
-pre-activation: evaluation, serving); dropout masks come from 16 random bits per element, for static
-and dynamic (length-bucketed) shapes alike; the attention softmax runs in float32 even under
+pre-activation: evaluation, serving), and in training its weight gradient runs on a padded copy of
+an operand whose rows are a multiple of 4 KiB apart where that is measured faster
+(``gpt_tf.aliased_grads``); dropout masks come from 16 random bits per element, for static and
+dynamic (length-bucketed) shapes alike; the attention softmax runs in float32 even under
 ``mixed_bfloat16`` so masked logits (-1e9) stay exact; layer norm has a hand-written gradient
 (``LayerNorm``: Keras's arithmetic in half the graph ops). In training, the GELU, the layer norm and
 the dropout run as fused C++ kernels where they can (``gpt_tf.kernels``: the same values, one pass
@@ -27,7 +29,7 @@ import numpy as np
 import tensorflow as tf
 from keras import ops
 
-from gpt_tf import kernels
+from gpt_tf import aliased_grads, kernels
 
 PACKAGE = "gpt_tf"
 
@@ -68,7 +70,13 @@ class Conv1D(keras.layers.Layer):
 
     def call(self, x, training=False):
         # As the release's conv1d: a 2-D MatMul + BiasAdd (fused by oneDNN), not tensordot + add.
-        y = tf.nn.bias_add(tf.matmul(tf.reshape(x, (-1, x.shape[-1])), self.w), self.b)
+        x2 = tf.reshape(x, (-1, x.shape[-1]))
+        if training and aliased_grads.pads(x.shape[-1], self.units, x2.dtype):
+            # Rows 4 KiB apart: the weight gradient on a padded copy, where measured faster (gpt_tf/aliased_grads.py)
+            w, b = (tf.convert_to_tensor(v, x2.dtype) for v in (self.w, self.b))
+            y = aliased_grads.dense_padded_grad(x2, w, b)
+        else:
+            y = tf.nn.bias_add(tf.matmul(x2, self.w), self.b)
         if self.activation:
             activation = self.ACTIVATIONS[self.activation]
             if training and self.activation == "gelu" and kernels.can_fuse(y):

@@ -15,11 +15,13 @@ rule (their matrix units run bfloat16 at several times the float32 rate).
 from __future__ import annotations
 
 import datetime
-import json
 import os
 import platform
 import statistics
 import time
+
+from gpt_tf import machine_cache
+from gpt_tf.machine_cache import read_cache, write_cache
 
 PRECISIONS = ("float32", "mixed_bfloat16")
 CACHE_FILE = "precision.json"
@@ -27,8 +29,7 @@ _STEPS, _WARMUP = 4, 2
 
 
 def cache_path() -> str:
-    base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
-    return os.path.join(base, "gpt_tf", CACHE_FILE)
+    return machine_cache.cache_path(CACHE_FILE)
 
 
 def cpu_name() -> str:
@@ -89,24 +90,6 @@ def measure(config, batch: int, seq: int) -> dict:
             if i >= _WARMUP:
                 times[p].append(time.perf_counter() - start)
     return {p: statistics.median(t) for p, t in times.items()}
-
-
-def read_cache(path: str) -> dict:
-    """A JSON cache file of ~/.cache/gpt_tf ({} when absent or unreadable)."""
-    try:
-        with open(path) as f:
-            return json.load(f)
-    except (OSError, ValueError):
-        return {}
-
-
-def write_cache(path: str, cache: dict) -> None:
-    """Atomic replace, so concurrent runs never read a half-written file (the last writer wins)."""
-    os.makedirs(os.path.dirname(path), exist_ok=True)
-    tmp = f"{path}.tmp-{os.getpid()}"
-    with open(tmp, "w") as f:
-        json.dump(cache, f, indent=1, sort_keys=True)
-    os.replace(tmp, path)
 
 
 def resolve_precision(requested: str, config, batch: int, seq: int, path: str | None = None) -> tuple[str, str]:

@@ -1,0 +1,119 @@
+"""Weight gradients whose operand rows alias in the L1 cache, padded where that is measured faster.
+
+A dense layer's weight gradient is ``xᵀ·dy`` over the batch's tokens. When the rows of ``x`` (``n_embd``
+wide) or of ``dy`` (``units`` wide) are a whole number of 4 KiB apart, every row maps to the same L1 cache
+sets (their period on x86), and oneDNN's CPU sgemm can slow to about half speed. Measured on an AVX2-only
+AMD EPYC Zen 3, one thread, 1,024 tokens (``bench.train_throughput --mode=profile`` found it):
+
+| weight (n_embd × units) | plain | one operand zero-padded by 64 bytes |
+|---|---:|---:|
+| 256 × 1024 (`tiny`'s c_fc) | 38 GFLOP/s | 65 GFLOP/s |
+| 1024 × 256 (`tiny`'s c_proj) | 36 | 65 |
+| 768 × 3072 (GPT-1's c_fc) | 80 | 78 |
+| 512 × 2048 | 80 | 75 |
+
+So it depends on the shape and on the CPU, and is measured, not assumed: the first time a training graph
+meets an aliased weight shape, ``pads`` times both ways (a few dozen milliseconds) and keeps the padded one
+only where it is at least 5% faster; the answer is cached per machine (``machine_cache.cache_key``) and shape in
+``$XDG_CACHE_HOME/gpt_tf/weight_grads.json``. ``GPT_TF_PAD_WEIGHT_GRADS=1`` / ``0`` decides by hand;
+``GPT_TF_AUTOTUNE=0`` (the test suite) leaves TensorFlow's own gradient everywhere. Training graphs only:
+evaluation, serving and exports run the plain ``MatMul + BiasAdd``. The padding adds zero rows or columns
+to the product, sliced off: each weight's gradient sums the same products over the same tokens.
+"""
+
+from __future__ import annotations
+
+import datetime
+import functools
+import os
+import statistics
+import time
+
+import tensorflow as tf
+
+from gpt_tf import machine_cache
+
+ENV = "GPT_TF_PAD_WEIGHT_GRADS"
+CACHE_FILE = "weight_grads.json"
+PERIOD = 4096  # bytes: the L1 data cache's set period (line size × sets) on current x86 cores
+PAD = 64  # bytes of zero columns: one cache line
+PROBE_TOKENS, PROBE_REPS, MIN_GAIN = 1024, 5, 1.05
+_decided: dict = {}
+_machine = functools.cache(machine_cache.cache_key)  # reads /proc/cpuinfo: once per process
+
+
+def aliased(n: int, dtype) -> bool:
+    """Whether rows of ``n`` elements of ``dtype`` are a whole number of ``PERIOD`` bytes long."""
+    return n * tf.as_dtype(dtype).size % PERIOD == 0
+
+
+def _pad_columns(t):
+    return tf.pad(t, [[0, 0], [0, PAD // t.dtype.size]])
+
+
+def weight_grad(x, dy, pad: bool):
+    """``xᵀ·dy`` ([n_embd, units]); with ``pad``, the aliased operand zero-padded and the result sliced."""
+    nx, units = x.shape[-1], dy.shape[-1]
+    if pad and aliased(nx, x.dtype):
+        return tf.matmul(_pad_columns(x), dy, transpose_a=True)[:nx]
+    if pad and aliased(units, dy.dtype):
+        return tf.matmul(x, _pad_columns(dy), transpose_a=True)[:, :units]
+    return tf.matmul(x, dy, transpose_a=True)
+
+
+@tf.custom_gradient
+def dense_padded_grad(x, w, b):
+    """``x @ w + b`` (2-D; the MatMul + BiasAdd oneDNN fuses) whose weight gradient is ``weight_grad(pad=True)``."""
+    y = tf.nn.bias_add(tf.matmul(x, w), b)
+
+    def grad(dy):
+        return tf.matmul(dy, w, transpose_b=True), weight_grad(x, dy, pad=True), tf.raw_ops.BiasAddGrad(out_backprop=dy)
+
+    return y, grad
+
+
+def cache_path() -> str:
+    return machine_cache.cache_path(CACHE_FILE)
+
+
+def measure(nx: int, units: int, dtype) -> dict:
+    """Median seconds of ``weight_grad`` plain and padded on ``PROBE_TOKENS`` tokens, taking turns, in this
+    process's thread pools (eagerly, also when called while a graph is traced)."""
+    with tf.init_scope():
+        x = tf.random.normal((PROBE_TOKENS, nx), dtype=tf.float32)
+        dy = tf.random.normal((PROBE_TOKENS, units), dtype=tf.float32)
+        x, dy = tf.cast(x, dtype), tf.cast(dy, dtype)
+        runs = {name: tf.function(lambda a, b, pad=pad: weight_grad(a, b, pad)) for name, pad in
+                (("plain", False), ("padded", True))}
+        times = {name: [] for name in runs}
+        for i in range(PROBE_REPS + 1):
+            for name, run in runs.items():
+                start = time.perf_counter()
+                run(x, dy).numpy()
+                if i:  # the first call traces
+                    times[name].append(time.perf_counter() - start)
+    return {name: statistics.median(t) for name, t in times.items()}
+
+
+def pads(nx: int, units: int, dtype, measure_fn=measure) -> bool:
+    """Whether a training graph's dense layer ``[nx, units]`` in ``dtype`` takes the padded weight gradient."""
+    dtype = tf.as_dtype(dtype)
+    if machine_cache.disabled() or not (aliased(nx, dtype) or aliased(units, dtype)):
+        return False
+    by_hand = os.environ.get(ENV, "").strip().lower()
+    if by_hand:
+        return by_hand not in ("0", "false", "off", "no")
+    if tf.config.list_logical_devices("GPU") or tf.config.list_logical_devices("TPU"):
+        return False  # the cache effect is a CPU one
+    key = f"{_machine()} | {nx}x{units} {dtype.name}"
+    if key not in _decided:
+        path = cache_path()
+        cache = machine_cache.read_cache(path)
+        if key not in cache:
+            seconds = measure_fn(nx, units, dtype)
+            cache[key] = {"pad": seconds["padded"] * MIN_GAIN <= seconds["plain"],
+                          "s": {k: round(v, 6) for k, v in seconds.items()},
+                          "measured": datetime.datetime.now().astimezone().isoformat(timespec="seconds")}
+            machine_cache.write_cache(path, {**machine_cache.read_cache(path), key: cache[key]})
+        _decided[key] = bool(cache[key]["pad"])
+    return _decided[key]

@@ -1,0 +1,90 @@
+"""This machine's identity and the per-machine cache files of ``~/.cache/gpt_tf`` (no TensorFlow, no gpt_tf).
+
+What the measured choices share (``autotune.py``: the CPU settings; ``precision.py``: the precision per model;
+``aliased_grads.py``: the padded weight gradients per shape): the machine's key (CPU model, a hash of its
+flags, usable cores, TensorFlow's version), where their JSON files live (``$XDG_CACHE_HOME/gpt_tf``), how
+they are read and replaced, and ``GPT_TF_AUTOTUNE=0``, which turns every measured choice off.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+
+ENV = "GPT_TF_AUTOTUNE"
+
+
+def disabled(environ=os.environ) -> bool:
+    """``GPT_TF_AUTOTUNE=0``: TensorFlow's defaults, nothing measured (the test suite sets it)."""
+    return environ.get(ENV, "1").strip().lower() in ("0", "false", "off", "no")
+
+
+def cache_path(name: str, environ=os.environ) -> str:
+    """``$XDG_CACHE_HOME/gpt_tf/<name>`` (``~/.cache`` without it)."""
+    base = environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
+    return os.path.join(base, "gpt_tf", name)
+
+
+def read_cache(path: str) -> dict:
+    """A JSON cache file of ~/.cache/gpt_tf ({} when absent or unreadable)."""
+    try:
+        with open(path) as f:
+            return json.load(f)
+    except (OSError, ValueError):
+        return {}
+
+
+def write_cache(path: str, cache: dict) -> None:
+    """Atomic replace, so concurrent runs never read a half-written file (the last writer wins)."""
+    os.makedirs(os.path.dirname(path), exist_ok=True)
+    tmp = f"{path}.tmp-{os.getpid()}"
+    with open(tmp, "w") as f:
+        json.dump(cache, f, indent=1, sort_keys=True)
+    os.replace(tmp, path)
+
+
+def cpu_info() -> dict:
+    """``{"model": ..., "flags": [...]}`` from ``/proc/cpuinfo`` (the platform's names elsewhere)."""
+    import platform
+
+    model, cpu_flags = "", []
+    try:
+        with open("/proc/cpuinfo") as f:
+            for line in f:
+                key, _, value = line.partition(":")
+                if key.strip() == "model name" and not model:
+                    model = value.strip()
+                elif key.strip() == "flags" and not cpu_flags:
+                    cpu_flags = value.split()
+    except OSError:
+        pass
+    return {"model": model or platform.processor() or platform.machine(), "flags": sorted(cpu_flags)}
+
+
+def usable_cores() -> int:
+    try:
+        return len(os.sched_getaffinity(0))
+    except AttributeError:
+        return os.cpu_count() or 1
+
+
+def tf_version() -> str:
+    """TensorFlow's version without importing it (the CPU settings are decided before the import)."""
+    from importlib import metadata
+
+    for name in ("tensorflow", "tensorflow-cpu", "tensorflow-intel"):
+        try:
+            return metadata.version(name)
+        except metadata.PackageNotFoundError:
+            continue
+    return "unknown"
+
+
+def cache_key(info: dict | None = None, cores: int | None = None, version: str | None = None) -> str:
+    """The machine (CPU model, a hash of all its flags, usable cores) and TensorFlow's version."""
+    info = info or cpu_info()
+    flags_hash = hashlib.sha1(" ".join(info["flags"]).encode()).hexdigest()[:10]
+    notable = [f for f in ("avx2", "fma", "avx512f", "avx512_bf16", "amx_bf16") if f in info["flags"]]
+    return (f"{info['model']} x{cores or usable_cores()} | {'+'.join(notable) or 'no avx2'} flags#{flags_hash} "
+            f"| tf {version or tf_version()}")
