@@ -249,8 +249,8 @@ def apply(environ=os.environ, path: str | None = None, measure_fn=measure) -> st
 # Serving (``serving.server``, ``serving.export``): a fixed default per CPU, no probe (a server must start fast
 # and behave alike on every start): the oneDNN rewrites where TensorFlow turns them on by itself (CPUs with these
 # neural-network instructions; nothing changes there), off elsewhere. On the AVX2-only Zen 3, with the rewrites
-# off, the gRPC p50s were lower in 3 of the 4 served configurations and ~11% lower at the median
-# (``bench/serving_latency.py --onednn=0`` vs ``--onednn=1``, docs/benchmarks.md), unlike the training step.
+# off, the gRPC p50 was lower in 3 of the 4 served configurations and the p99 in all 4, both values interleaved
+# in one quiet run (``bench.serving_latency --onednn=ab``, docs/benchmarks.md), unlike the training step.
 SERVING_ONEDNN_FLAGS = ("avx512_vnni", "avx512_bf16", "avx_vnni", "amx_tile", "amx_int8", "amx_bf16")
 
 
