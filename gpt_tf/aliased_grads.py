@@ -95,7 +95,7 @@ def measure(nx: int, units: int, dtype) -> dict:
     return {name: statistics.median(t) for name, t in times.items()}
 
 
-def pads(nx: int, units: int, dtype, measure_fn=measure) -> bool:
+def pads(nx: int, units: int, dtype, measure_fn=None) -> bool:
     """Whether a training graph's dense layer ``[nx, units]`` in ``dtype`` takes the padded weight gradient."""
     dtype = tf.as_dtype(dtype)
     if machine_cache.disabled() or not (aliased(nx, dtype) or aliased(units, dtype)):
@@ -110,10 +110,34 @@ def pads(nx: int, units: int, dtype, measure_fn=measure) -> bool:
         path = cache_path()
         cache = machine_cache.read_cache(path)
         if key not in cache:
-            seconds = measure_fn(nx, units, dtype)
+            seconds = (measure_fn or measure)(nx, units, dtype)
             cache[key] = {"pad": seconds["padded"] * MIN_GAIN <= seconds["plain"],
                           "s": {k: round(v, 6) for k, v in seconds.items()},
                           "measured": datetime.datetime.now().astimezone().isoformat(timespec="seconds")}
             machine_cache.write_cache(path, {**machine_cache.read_cache(path), key: cache[key]})
         _decided[key] = bool(cache[key]["pad"])
     return _decided[key]
+
+
+def dense_shapes(config) -> list:
+    """The ``(n_embd, units)`` of the model's ``Conv1D`` weights: a block's c_attn, attention c_proj, c_fc and
+    MLP c_proj; the LSTM's projection back to ``n_embd`` (``gpt_tf/lstm.py``)."""
+    d, f = config.n_embd, config.d_ff
+    if config.model_type == "lstm":
+        return [(f, d)] if f != d else []
+    return list(dict.fromkeys([(d, 3 * d), (d, d), (d, f), (f, d)]))
+
+
+def status(config, dtype="float32") -> str:
+    """One line for the CLI: which of the model's weight gradients run padded here, decided now (measured on a
+    machine's first run of the shape, ~50 ms each, then cached)."""
+    if machine_cache.disabled():
+        return "padded weight gradients: off (GPT_TF_AUTOTUNE=0)"
+    aliased_shapes = [(nx, units) for nx, units in dense_shapes(config) if aliased(nx, dtype) or aliased(units, dtype)]
+    if not aliased_shapes:
+        return "padded weight gradients: none (no weight rows a multiple of 4 KiB apart)"
+    padded = [f"{nx}x{units}" for nx, units in aliased_shapes if pads(nx, units, dtype)]
+    how = f"{ENV}={os.environ[ENV]}" if os.environ.get(ENV, "").strip() else f"timed per machine and shape, {cache_path()}"
+    plain = len(aliased_shapes) - len(padded)
+    return (f"padded weight gradients: {', '.join(padded) or 'none'}"
+            + (f" ({plain} aliased shape{'s' * (plain > 1)} faster plain)" if plain else "") + f" ({how})")

@@ -115,3 +115,20 @@ def test_conv1d_trains_through_the_padded_gradient_where_chosen_and_evaluates_pl
     # Evaluation never takes it (serving and exports run plain MatMul + BiasAdd)
     inference = tf.function(lambda x: layer(x, training=False)).get_concrete_function(x).graph
     assert "IdentityN" not in {op.type for op in inference.get_operations()}
+
+
+def test_the_cli_line_names_the_padded_shapes(tuned, monkeypatch):
+    from gpt_tf.config import get_preset
+
+    tiny, small = get_preset("tiny"), get_preset("small")
+    assert aliased_grads.dense_shapes(tiny) == [(256, 768), (256, 256), (256, 1024), (1024, 256)]
+    monkeypatch.setattr(aliased_grads, "measure", lambda nx, units, dtype: {"plain": 1.0, "padded": 0.6})
+    line = aliased_grads.status(tiny)
+    assert line.startswith("padded weight gradients: 256x1024, 1024x256 (timed per machine and shape, ")
+    assert "none (no weight rows" in aliased_grads.status(small)  # 384, 1152, 1536: no 4 KiB rows
+    assert "none (no weight rows" in aliased_grads.status(tiny, "bfloat16")  # 2 KiB rows in bfloat16
+    monkeypatch.setenv(aliased_grads.ENV, "0")
+    assert aliased_grads.status(tiny) == ("padded weight gradients: none (2 aliased shapes faster plain) "
+                                          "(GPT_TF_PAD_WEIGHT_GRADS=0)")
+    monkeypatch.setenv("GPT_TF_AUTOTUNE", "0")
+    assert aliased_grads.status(tiny) == "padded weight gradients: off (GPT_TF_AUTOTUNE=0)"
