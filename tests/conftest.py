@@ -32,9 +32,8 @@ def shared_data() -> Path:
 # test (1) came last, both on one worker (it takes the next group while its current one has 2 tests to
 # go), while the other worker had nothing left to do.
 LONGEST_FIRST = ("serving_e2e", "test_walkthrough", "test_hot_swap_memory", "test_gpt1_family", "test_finetune",
-                 "test_gpt1_presets_cli", "test_buckets",
-                 "test_finetune_loop", "test_server_hardening", "test_tokenizer", "test_scale", "test_train",
-                 "test_serving_ab", "test_torch_pretrain")
+                 "test_gpt1_presets_cli", "test_finetune_loop", "test_server_hardening", "test_tokenizer", "test_scale",
+                 "test_train", "test_serving_ab", "test_torch_pretrain")
 
 
 def xdist_group(path: Path) -> str:

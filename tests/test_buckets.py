@@ -1,16 +1,11 @@
 """Length-bucketed fine-tuning batches (pipelines/task_batches.py): same losses, every record once, seeded,
-resumable, the same global batches on any number of replicas; kill -9 + resume and mirrored runs end to end.
+resumable, the same global batches on any number of replicas. Their CLI runs end to end (kill -9 at an epoch's
+end + resume, two mirrored replicas = one device) are in tests/test_finetune_loop.py, sharing its runs.
 
 Task data are slices of the real SST-2, RTE, STS-B and Story Cloze files with GPT-1's BPE.
 """
 
 from __future__ import annotations
-
-import json
-import os
-import signal
-import subprocess
-import sys
 
 import keras
 import numpy as np
@@ -22,7 +17,6 @@ from gpt_tf.tasks import get_task
 from pipelines import finetune_data as fd
 from pipelines import transforms
 from pipelines.task_batches import bucket_lengths, epoch_plan
-from tests.small_runs import ENV, ROOT, max_abs_diff, model_weights, run_cli, wait_for_checkpoint
 
 SPECIAL = {"start": 40478, "delimiter": 40479, "extract": 40480, "pad": 40481}
 TASKS = {"sst2": ("glue/SST-2", {"max_examples": 64}), "rte": ("glue/RTE", {"max_examples": 40}),
@@ -168,35 +162,3 @@ def test_predictions_come_back_in_file_order(built, tmp_path):
     labels = [int(transforms.parse_record(s)["label"]) for s in serialized(built, "story_cloze", "dev")]
     assert outs[True][1].tolist() == outs[False][1].tolist() == labels
     np.testing.assert_allclose(outs[True][0], outs[False][0], rtol=1e-5, atol=1e-5)
-
-
-# ---------------------------------------------------------------- the CLI: resume and replicas
-
-FLAGS = ["--model=test", "--n_ctx=64", "--batch_size=8", "--epochs=3", "--seed=2", "--log_every=1",
-         "--progress=false", "--json", "--deterministic", "--learning_rate=1e-3"]
-
-
-def test_kill_9_then_resume_gives_bit_identical_weights(built, tmp_path):
-    flags = [*FLAGS, "--task=sst2", f"--data_dir={built / 'sst2'}"]
-    run_cli("gpt_tf.train", *flags, f"--run_dir={tmp_path / 'straight'}")
-    killed = tmp_path / "killed"
-    proc = subprocess.Popen([sys.executable, "-m", "gpt_tf.train", *flags, f"--run_dir={killed}"], cwd=ROOT, env=ENV,
-                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    wait_for_checkpoint(killed, "ckpt-8", proc)  # listed once epoch 1 (64 records / 8) is saved
-    os.kill(proc.pid, signal.SIGKILL)
-    proc.wait()
-    assert not (killed / "checkpoints" / "ckpt-24.index").exists()
-    assert "resumed from" in run_cli("gpt_tf.train", *flags, f"--run_dir={killed}").stderr
-    assert max_abs_diff(model_weights(tmp_path / "straight", 24), model_weights(killed, 24)) == 0.0
-
-
-def test_two_mirrored_replicas_equal_one_device(built, tmp_path):
-    # Dropout off: replicas draw their own masks, so only the deterministic computation can match.
-    flags = [*FLAGS, "--task=stsb", f"--data_dir={built / 'stsb'}", "--dropout=0", "--clf_pdrop=0", "--epochs=2"]
-    one = run_cli("gpt_tf.train", *flags, f"--run_dir={tmp_path / 'one'}", timeout=240)
-    two = run_cli("gpt_tf.train", *flags, f"--run_dir={tmp_path / 'two'}", "--strategy=mirrored", "--num_cpu_devices=2",
-                  timeout=240)
-    assert max_abs_diff(model_weights(tmp_path / "one", 10), model_weights(tmp_path / "two", 10)) < 1e-5
-    metrics = [json.loads(p.stdout.strip().splitlines()[-1])["dev"] for p in (one, two)]
-    assert metrics[0]["examples"] == metrics[1]["examples"] == 40
-    assert metrics[0]["pearson"] == pytest.approx(metrics[1]["pearson"], abs=1e-4)

@@ -34,14 +34,19 @@ def pretrained(shared_data, tmp_path_factory):
     return root / "lm_run", bpe
 
 
-def build_task_args(task, data_dir, bpe, out, *extra):
-    return ("pipelines.finetune_data", f"--task={task}", f"--data_dir={data_dir}", f"--tokenizer_dir={bpe}",
-            f"--output_dir={out}", "--noprogress", *extra)
-
-
 def build_task(task, data_dir, bpe, out, *extra):
-    run_cli(*build_task_args(task, data_dir, bpe, out, *extra))
+    run_cli("pipelines.finetune_data", f"--task={task}", f"--data_dir={data_dir}", f"--tokenizer_dir={bpe}",
+            f"--output_dir={out}", "--noprogress", *extra)
     return out
+
+
+@pytest.fixture(scope="module")
+def rte16(pretrained, shared_data, tmp_path_factory):
+    """16 RTE rows (train and dev) with GPT-1's BPE, built once by the CLI for the three tests that fine-tune on
+    them (they only read it)."""
+    _, bpe = pretrained
+    return build_task("rte", shared_data / "glue" / "RTE", bpe, tmp_path_factory.mktemp("rte16") / "rte",
+                      "--max_examples=16")
 
 
 def test_rte_from_pretrained_then_eval_and_predict(pretrained, shared_data, tmp_path):
@@ -73,10 +78,9 @@ def test_submission_keys():
     assert submission_key("dev_matched-3", "dev_matched") == "3"
 
 
-def test_pretrained_layers_are_transferred(pretrained, shared_data, tmp_path):
-    lm_run, bpe = pretrained
-    data = build_task("rte", shared_data / "glue" / "RTE", bpe, tmp_path / "rte", "--max_examples=16")
-    flags = ["--task=rte", f"--data_dir={data}", *FT_FLAGS[:-1], "--epochs=1", "--learning_rate=0", "--lm_coef=0"]
+def test_pretrained_layers_are_transferred(pretrained, rte16, tmp_path):
+    lm_run, _ = pretrained
+    flags = ["--task=rte", f"--data_dir={rte16}", *FT_FLAGS[:-1], "--epochs=1", "--learning_rate=0", "--lm_coef=0"]
     run_cli("gpt_tf.train", *flags, f"--run_dir={tmp_path / 'ft'}", f"--init_checkpoint={lm_run}")
     lm, ft = model_weights(lm_run, 10), model_weights(tmp_path / "ft", 2)
     # With lr 0 the fine-tuned backbone equals the pre-trained one (keys differ only by the model prefix).
@@ -102,12 +106,10 @@ def test_from_scratch_other_task_types(pretrained, shared_data, tmp_path, task, 
     assert metric in split and -1.0 <= split[metric] <= 1.0
 
 
-def test_multitask_heads_share_one_backbone(pretrained, shared_data, tmp_path):
+def test_multitask_heads_share_one_backbone(pretrained, rte16, shared_data, tmp_path):
     _, bpe = pretrained
-    rte, stsb = tmp_path / "rte", tmp_path / "stsb"
-    run_clis(build_task_args("rte", shared_data / "glue" / "RTE", bpe, rte, "--max_examples=16"),
-             build_task_args("stsb", shared_data / "glue" / "STS-B", bpe, stsb, "--max_examples=16"))
-    flags = ["--task=rte", f"--data_dir={rte}", *FT_FLAGS, "--model=test", "--n_ctx=64", "--epochs=1"]
+    stsb = build_task("stsb", shared_data / "glue" / "STS-B", bpe, tmp_path / "stsb", "--max_examples=16")
+    flags = ["--task=rte", f"--data_dir={rte16}", *FT_FLAGS, "--model=test", "--n_ctx=64", "--epochs=1"]
     last_json = lambda proc: json.loads(proc.stdout.strip().splitlines()[-1])
     # With STS-B's weight at 0 the multi-task run must be exactly the single-task run, plus an idle head.
     # Proportional mixture of 16 + 16 examples: one RTE epoch (2 batches) is 4 updates in expectation.
@@ -131,13 +133,11 @@ def test_multitask_heads_share_one_backbone(pretrained, shared_data, tmp_path):
     assert evaluated["stsb/dev"] == both["stsb/dev"] and evaluated["dev"] == both["dev"]
 
 
-def test_two_workers_fine_tune_together_and_only_the_chief_writes(pretrained, shared_data, tmp_path):
-    _, bpe = pretrained
-    rte = build_task("rte", shared_data / "glue" / "RTE", bpe, tmp_path / "rte", "--max_examples=16")
+def test_two_workers_fine_tune_together_and_only_the_chief_writes(rte16, tmp_path):
     run_dir, scratch = tmp_path / "run", tmp_path / "scratch"
     scratch.mkdir()
     workers = ",".join(f"127.0.0.1:{p}" for p in free_ports(2))
-    args = ["--task=rte", f"--data_dir={rte}", f"--run_dir={run_dir}", *FT_FLAGS, "--model=test", "--n_ctx=64",
+    args = ["--task=rte", f"--data_dir={rte16}", f"--run_dir={run_dir}", *FT_FLAGS, "--model=test", "--n_ctx=64",
             "--epochs=1", "--strategy=multi_worker", f"--workers={workers}"]
     results = finish([start([*args, f"--worker_index={i}"], {**ENV, "TMPDIR": str(scratch)}) for i in range(2)])
     for code, _, err in results:

@@ -1,5 +1,6 @@
-"""Fine-tuning on the one training loop: SIGTERM and kill -9 mid-epoch resume exactly, accumulation equals
-the full batch, and a flag of the other kind of run is rejected by name.
+"""Fine-tuning on the one training loop: SIGTERM and kill -9 mid-epoch, and kill -9 at an epoch's end (the
+length-bucketed batches resumed at the next epoch), resume exactly; accumulation and two mirrored replicas
+equal the full batch on one device; a flag of the other kind of run is rejected by name.
 
 Each run is a subprocess of ``python -m gpt_tf.train --task=...`` on the ``test`` preset over small
 slices of the real SST-2 and STS-B files (GPT-1's BPE).
@@ -7,6 +8,7 @@ slices of the real SST-2 and STS-B files (GPT-1's BPE).
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import subprocess
@@ -72,13 +74,51 @@ def test_kill_9_mid_epoch_then_resume_gives_bit_identical_weights(straight, tmp_
     assert max_abs_diff(model_weights(run_dir, 24), model_weights(killed, 24)) == 0.0
 
 
-def test_grad_accum_2_gives_the_full_batch_update(built, tmp_path):
-    # Dropout off (micro-batches draw other masks); λ = 0.5, so both losses' global counts matter.
-    flags = [*FLAGS, "--task=stsb", f"--data_dir={built / 'stsb'}", "--dropout=0", "--clf_pdrop=0", "--epochs=1"]
-    run_cli("gpt_tf.train", *flags, f"--run_dir={tmp_path / 'full'}")
+def test_kill_9_then_resume_gives_bit_identical_weights(straight, tmp_path):
+    """At an epoch's end: the run checkpoints at epochs' ends only (no --checkpoint_every), is killed once epoch
+    1's checkpoint (64 records / 8 = ckpt-8) is listed, and resumes at epoch 2's first bucketed batch. The straight
+    run it must equal also checkpointed every 3 updates, which changes no weight (a field that may change on a
+    resume, gpt_tf/run_dir.py)."""
+    run_dir, flags = straight
+    flags = [f for f in flags if not f.startswith("--checkpoint_every=")]
+    killed = tmp_path / "killed"
+    proc = subprocess.Popen([sys.executable, "-m", "gpt_tf.train", *flags, f"--run_dir={killed}"], cwd=ROOT, env=ENV,
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    wait_for_checkpoint(killed, "ckpt-8", proc)
+    os.kill(proc.pid, signal.SIGKILL)
+    proc.wait()
+    assert not (killed / "checkpoints" / "ckpt-24.index").exists()
+    assert "resumed from" in run_cli("gpt_tf.train", *flags, f"--run_dir={killed}").stderr
+    assert max_abs_diff(model_weights(run_dir, 24), model_weights(killed, 24)) == 0.0
+
+
+@pytest.fixture(scope="module")
+def one_device(built, tmp_path_factory):
+    """STS-B (40 records), 2 epochs of 5 full batches on the default strategy, dropout off (micro-batches and
+    replicas draw other masks, so only the deterministic computation can match): its flags, final weights and
+    final JSON line, the reference of both tests below."""
+    flags = [*FLAGS, "--task=stsb", f"--data_dir={built / 'stsb'}", "--dropout=0", "--clf_pdrop=0", "--epochs=2"]
+    run_dir = tmp_path_factory.mktemp("one_device")
+    proc = run_cli("gpt_tf.train", *flags, f"--run_dir={run_dir}", timeout=240)
+    return flags, model_weights(run_dir, 10), json.loads(proc.stdout.strip().splitlines()[-1])
+
+
+def test_grad_accum_2_gives_the_full_batch_update(one_device, tmp_path):
+    # λ = 0.5, so both losses' global counts matter.
+    flags, full, _ = one_device
     run_cli("gpt_tf.train", *flags, "--grad_accum_steps=2", f"--run_dir={tmp_path / 'accum'}")
-    full, accum = model_weights(tmp_path / "full", 5), model_weights(tmp_path / "accum", 5)
-    assert max_abs_diff(full, accum) < 1e-5
+    assert max_abs_diff(full, model_weights(tmp_path / "accum", 10)) < 1e-5
+
+
+def test_two_mirrored_replicas_equal_one_device(one_device, tmp_path):
+    """The length-bucketed global batches split between 2 replicas (pipelines/task_batches.py)."""
+    flags, one, one_result = one_device
+    two = run_cli("gpt_tf.train", *flags, f"--run_dir={tmp_path / 'two'}", "--strategy=mirrored", "--num_cpu_devices=2",
+                  timeout=240)
+    assert max_abs_diff(one, model_weights(tmp_path / "two", 10)) < 1e-5
+    metrics = [result["dev"] for result in (one_result, json.loads(two.stdout.strip().splitlines()[-1]))]
+    assert metrics[0]["examples"] == metrics[1]["examples"] == 40
+    assert metrics[0]["pearson"] == pytest.approx(metrics[1]["pearson"], abs=1e-4)
 
 
 def test_train_steps_caps_fine_tuning_and_evaluates_there(built, tmp_path):

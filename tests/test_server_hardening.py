@@ -26,9 +26,9 @@ from serving.errors import ServingError
 from serving.model_registry import ModelRegistry, State
 from serving.rest_json import MAX_JSON_DEPTH, json_depth, parse_body
 from serving.server_config import ModelConfig
+from tests.small_runs import ENV
 
 ROOT = Path(__file__).resolve().parents[1]
-ENV = {**os.environ, "PYTHONPATH": str(ROOT), "TF_CPP_MIN_LOG_LEVEL": "2"}
 HOST = "127.0.0.1"
 THREADS, TIMEOUT_MS = 4, 1500
 

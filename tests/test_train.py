@@ -74,15 +74,22 @@ def test_kill_9_then_same_command_resumes_to_identical_weights(straight_run):
     assert max_abs_diff(model_weights(run_dir, 60), model_weights(killed_dir, 60)) == 0.0
 
 
+@pytest.fixture(scope="module")
+def full_batch(data_dir, tmp_path_factory):
+    """The default strategy's 6 full-batch updates (dropout off: replicas draw their own masks, so only the
+    deterministic computation can match): its flags and final weights, one run for both comparisons below."""
+    flags = [*BASE_FLAGS, f"--data_dir={data_dir}", "--train_steps=6", "--checkpoint_every=6", "--dropout=0"]
+    run_dir = tmp_path_factory.mktemp("full_batch")
+    run_cli("gpt_tf.train", *flags, f"--run_dir={run_dir}")
+    return flags, model_weights(run_dir, 6)
+
+
 @pytest.mark.parametrize("extra", [["--strategy=mirrored", "--num_cpu_devices=2"], ["--grad_accum_steps=4"]],
                          ids=["mirrored_2_cpus", "grad_accum_4"])
-def test_same_update_as_default_strategy_full_batch(data_dir, tmp_path, extra):
-    # Dropout off: replicas draw their own masks, so only the deterministic computation can match.
-    flags = [*BASE_FLAGS, f"--data_dir={data_dir}", "--train_steps=6", "--checkpoint_every=6", "--dropout=0"]
-    run_cli("gpt_tf.train", *flags, f"--run_dir={tmp_path / 'ref'}")
+def test_same_update_as_default_strategy_full_batch(full_batch, tmp_path, extra):
+    flags, ref = full_batch
     run_cli("gpt_tf.train", *flags, *extra, f"--run_dir={tmp_path / 'other'}")
-    ref, other = model_weights(tmp_path / "ref", 6), model_weights(tmp_path / "other", 6)
-    assert max_abs_diff(ref, other) < 1e-5
+    assert max_abs_diff(ref, model_weights(tmp_path / "other", 6)) < 1e-5
 
 
 def test_eval_and_generate_modes(straight_run, data_dir):
