@@ -61,17 +61,22 @@ def test_sigterm_saves_exits_143_and_the_same_command_resumes_to_the_same_weight
     assert max_abs_diff(model_weights(run_dir, 24), model_weights(stopped, 24)) == 0.0
 
 
-def test_kill_9_mid_epoch_then_resume_gives_bit_identical_weights(straight, tmp_path):
-    run_dir, flags = straight
-    killed = tmp_path / "killed"
+def _kill_9_at_then_resume(run_dir, flags, killed, checkpoint):
+    """Trains into ``killed``, kills it (SIGKILL) once ``checkpoint`` is listed, resumes it: its final weights
+    must equal the straight run's in ``run_dir`` bit for bit."""
     proc = subprocess.Popen([sys.executable, "-m", "gpt_tf.train", *flags, f"--run_dir={killed}"], cwd=ROOT, env=ENV,
                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    wait_for_checkpoint(killed, "ckpt-3", proc)
+    wait_for_checkpoint(killed, checkpoint, proc)
     os.kill(proc.pid, signal.SIGKILL)
     proc.wait()
     assert not (killed / "checkpoints" / "ckpt-24.index").exists()
     assert "resumed from" in run_cli("gpt_tf.train", *flags, f"--run_dir={killed}").stderr
     assert max_abs_diff(model_weights(run_dir, 24), model_weights(killed, 24)) == 0.0
+
+
+def test_kill_9_mid_epoch_then_resume_gives_bit_identical_weights(straight, tmp_path):
+    run_dir, flags = straight
+    _kill_9_at_then_resume(run_dir, flags, tmp_path / "killed", "ckpt-3")
 
 
 def test_kill_9_then_resume_gives_bit_identical_weights(straight, tmp_path):
@@ -81,15 +86,7 @@ def test_kill_9_then_resume_gives_bit_identical_weights(straight, tmp_path):
     resume, gpt_tf/run_dir.py)."""
     run_dir, flags = straight
     flags = [f for f in flags if not f.startswith("--checkpoint_every=")]
-    killed = tmp_path / "killed"
-    proc = subprocess.Popen([sys.executable, "-m", "gpt_tf.train", *flags, f"--run_dir={killed}"], cwd=ROOT, env=ENV,
-                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    wait_for_checkpoint(killed, "ckpt-8", proc)
-    os.kill(proc.pid, signal.SIGKILL)
-    proc.wait()
-    assert not (killed / "checkpoints" / "ckpt-24.index").exists()
-    assert "resumed from" in run_cli("gpt_tf.train", *flags, f"--run_dir={killed}").stderr
-    assert max_abs_diff(model_weights(run_dir, 24), model_weights(killed, 24)) == 0.0
+    _kill_9_at_then_resume(run_dir, flags, tmp_path / "killed", "ckpt-8")
 
 
 @pytest.fixture(scope="module")
