@@ -27,7 +27,7 @@ import time
 from pathlib import Path
 
 from bench._op_profile import KINDS, per_unit_ms, tf_op_seconds, torch_op_seconds
-from bench.harness import Clock, Worker, emit, machine_info, save_report
+from bench.harness import Worker, apply_settings, emit, machine_info, save_report, timed
 
 STACK_NAMES = {"ours": "ours", "keras_hub": "keras-hub stack", "torch": "PyTorch HF"}
 TOP_OPS = 6
@@ -60,18 +60,14 @@ def profile_worker(spec: dict) -> None:
             from torch.profiler import ProfilerActivity, profile
 
             with profile(activities=[ProfilerActivity.CPU]) as prof:
-                clock = Clock()
-                run()
-                times = clock.read()
+                _, times = timed(run)
             op_s, op_types = torch_op_seconds(prof, by_type=True)
         else:
             import tensorflow as tf
 
             logdir = tempfile.mkdtemp(prefix="pretrain_profile_")
             tf.profiler.experimental.start(logdir)
-            clock = Clock()
-            run()
-            times = clock.read()
+            _, times = timed(run)
             tf.profiler.experimental.stop()
             op_s, op_types = tf_op_seconds(logdir, info["optimizer_scope"], by_type=True)
         emit("RESULT", {**times, "op_s": op_s, "op_types_s": op_types})
@@ -153,10 +149,8 @@ def main(args) -> None:
     """Profiles each preset × precision's three stacks, interleaved; writes the report."""
     from bench.speed_table import cpu_slug
     from bench.train_throughput import PRESET_DEFAULTS
-    from gpt_tf import autotune
-
     log = lambda msg: print(msg, flush=True)  # noqa: E731
-    settings = autotune.apply() or "GPT_TF_AUTOTUNE=0: TensorFlow's defaults"  # before any worker starts
+    settings = apply_settings()  # before any worker starts
     info = machine_info()
     report = {"command": " ".join(["python -m bench.train_throughput", *sys.argv[1:]]),
               "date": datetime.datetime.now().astimezone().isoformat(timespec="minutes"), "machine": info,

@@ -66,7 +66,7 @@ from pathlib import Path
 from absl import app, flags
 
 from bench._finetune_stacks import define_data_flags
-from bench.harness import Worker, base_checkout, busy_seconds, header, machine_info, median, save_report, wait_until_quiet
+from bench.harness import Worker, apply_settings, base_checkout, busy_seconds, header, machine_info, median, save_report, wait_until_quiet
 
 FLAGS = flags.FLAGS
 STACKS = {
@@ -287,9 +287,7 @@ def main(argv):
     if mode in ("speed", "profile", "ab"):
         # Before any worker starts: they inherit the settings the project picks on this machine (oneDNN
         # rewrites, fused kernels, thread pools; gpt_tf/autotune.py), as the CLI runs with them.
-        from gpt_tf import autotune
-
-        tuned = autotune.apply() or "GPT_TF_AUTOTUNE=0: TensorFlow's defaults"
+        tuned = apply_settings()
         log(tuned)
     if mode == "zero_shot":
         from bench._zero_shot_scoring import run_zero_shot

@@ -167,6 +167,14 @@ class Worker:
         self.stderr.close()
 
 
+def apply_settings() -> str:
+    """Applies the project's picked CPU settings (``gpt_tf.autotune.apply``) to this process's environment, for the
+    workers it starts next (call before they start); the line saying what runs."""
+    from gpt_tf import autotune
+
+    return autotune.apply() or "GPT_TF_AUTOTUNE=0: TensorFlow's defaults"
+
+
 def git(*args) -> str:
     """``git *args`` in this checkout; its stdout, stripped."""
     return subprocess.run(["git", *args], cwd=ROOT, check=True, capture_output=True, text=True).stdout.strip()

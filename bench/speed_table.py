@@ -33,7 +33,7 @@ from pathlib import Path
 
 from absl import app, flags
 
-from bench.harness import ROOT, header, machine_info, median, save_report
+from bench.harness import ROOT, apply_settings, header, machine_info, median, save_report
 
 FLAGS = flags.FLAGS
 SIZES = {"tiny": {"batch": 8, "seq": 128}, "small": {"batch": 4, "seq": 256}, "gpt1": {"batch": 2, "seq": 512},
@@ -146,8 +146,6 @@ def markdown(report: dict) -> str:
 
 def main(argv):
     del argv  # everything is a flag
-    from gpt_tf import autotune
-
     for preset in FLAGS.presets.split(","):
         if preset not in SIZES:
             raise app.UsageError(f"--presets: unknown {preset!r}; choose from {sorted(SIZES)}")
@@ -158,7 +156,7 @@ def main(argv):
               "header": header(info)}
     log(report["header"])
     # Before any worker starts: they inherit the settings (the keras-hub stack runs the same TensorFlow as ours).
-    report["settings"] = autotune.apply() or "GPT_TF_AUTOTUNE=0: TensorFlow's defaults"
+    report["settings"] = apply_settings()
     log(report["settings"])
     out = Path(FLAGS.out or f"bench/results/speed_table_{cpu_slug(info)}.json")
     report["pretraining"], report["finetuning"] = [], None

@@ -43,7 +43,7 @@ from pathlib import Path
 from absl import app, flags
 
 from bench import _optimizer_step, _pretrain_loop, _pretrain_profile
-from bench.harness import Worker, base_checkout, emit, header, machine_info, measure_peak, measure_peaks, median
+from bench.harness import Worker, apply_settings, base_checkout, emit, header, machine_info, measure_peak, measure_peaks, median
 from bench.harness import save_report, timed, wait_until_quiet
 
 STACKS = ("ours", "keras_hub", "torch")
@@ -291,9 +291,7 @@ def main(argv):
     check_flags(args)
     if args.mode == "profile":
         return _pretrain_profile.main(args)
-    from gpt_tf import autotune
-
-    settings = autotune.apply() or "GPT_TF_AUTOTUNE=0: TensorFlow's defaults"  # before any worker starts
+    settings = apply_settings()  # before any worker starts
     report = {
         "command": " ".join(["python -m bench.train_throughput", *sys.argv[1:]]),
         "date": datetime.datetime.now().astimezone().isoformat(timespec="seconds"),
