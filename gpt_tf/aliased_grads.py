@@ -47,6 +47,11 @@ def aliased(n: int, dtype) -> bool:
     return n * tf.as_dtype(dtype).size % PERIOD == 0
 
 
+def aliased_shape(nx: int, units: int, dtype) -> bool:
+    """Whether either operand of a ``[nx, units]`` weight's gradient has rows a whole number of ``PERIOD`` apart."""
+    return aliased(nx, dtype) or aliased(units, dtype)
+
+
 def _pad_columns(t):
     return tf.pad(t, [[0, 0], [0, PAD // t.dtype.size]])
 
@@ -98,15 +103,17 @@ def measure(nx: int, units: int, dtype) -> dict:
 def pads(nx: int, units: int, dtype, measure_fn=None) -> bool:
     """Whether a training graph's dense layer ``[nx, units]`` in ``dtype`` takes the padded weight gradient."""
     dtype = tf.as_dtype(dtype)
-    if machine_cache.disabled() or not (aliased(nx, dtype) or aliased(units, dtype)):
+    if machine_cache.disabled() or not aliased_shape(nx, units, dtype):
         return False
     by_hand = os.environ.get(ENV, "").strip().lower()
     if by_hand:
         return by_hand not in ("0", "false", "off", "no")
-    if tf.config.list_logical_devices("GPU") or tf.config.list_logical_devices("TPU"):
-        return False  # the cache effect is a CPU one
     key = f"{_machine()} | {nx}x{units} {dtype.name}"
-    if key not in _decided:
+    if key in _decided:  # every Conv1D of the shape, at every trace: decided once per process
+        return _decided[key]
+    if tf.config.list_logical_devices("GPU") or tf.config.list_logical_devices("TPU"):
+        _decided[key] = False  # the cache effect is a CPU one
+    else:
         path = cache_path()
         cache = machine_cache.read_cache(path)
         if key not in cache:
@@ -133,7 +140,7 @@ def status(config, dtype="float32") -> str:
     machine's first run of the shape, ~50 ms each, then cached)."""
     if machine_cache.disabled():
         return "padded weight gradients: off (GPT_TF_AUTOTUNE=0)"
-    aliased_shapes = [(nx, units) for nx, units in dense_shapes(config) if aliased(nx, dtype) or aliased(units, dtype)]
+    aliased_shapes = [(nx, units) for nx, units in dense_shapes(config) if aliased_shape(nx, units, dtype)]
     if not aliased_shapes:
         return "padded weight gradients: none (no weight rows a multiple of 4 KiB apart)"
     padded = [f"{nx}x{units}" for nx, units in aliased_shapes if pads(nx, units, dtype)]

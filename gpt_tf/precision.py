@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import datetime
 import os
-import platform
 import statistics
 import time
 
@@ -34,14 +33,7 @@ def cache_path() -> str:
 
 def cpu_name() -> str:
     """The CPU model string (``/proc/cpuinfo``'s ``model name``; ``platform.processor()`` elsewhere)."""
-    try:
-        with open("/proc/cpuinfo") as f:
-            for line in f:
-                if line.startswith("model name"):
-                    return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or platform.machine()
+    return machine_cache.cpu_info()["model"]
 
 
 def cache_key(config, batch: int, seq: int) -> str:
