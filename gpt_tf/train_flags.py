@@ -74,7 +74,8 @@ def define_flags() -> None:
                          "it always saves at each epoch's end).")
     flags.DEFINE_integer("keep_checkpoints", 3, "Checkpoints kept.")
     flags.DEFINE_integer("eval_every", 0, "Held-out evaluation period in steps (0: at the end only).")
-    flags.DEFINE_integer("eval_batches", 0, "Batches per periodic evaluation (0: the whole split).")
+    flags.DEFINE_integer("eval_batches", 0, "Batches per periodic evaluation while training (0: the whole split); --mode=eval reads the "
+                         "whole split.")
     flags.DEFINE_integer("sample_every", 0, "Text sample period in steps (0: at the end only).")
     flags.DEFINE_string("sample_prompt", "", "Prompt for samples during training.")
     flags.DEFINE_integer("sample_length", 64, "Tokens per sample.")

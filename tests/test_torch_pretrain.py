@@ -70,6 +70,22 @@ def records(shared_data, tmp_path_factory):
     return out
 
 
+@pytest.mark.parametrize("name", ["tokens.npz", "tokens.npz.xz"])
+def test_token_streams_round_trip_in_both_forms(tmp_path, name):
+    from bench.torch_pretrain.streams import load_streams, save_streams
+
+    rng = np.random.default_rng(0)
+    streams = {"train": rng.integers(0, 8000, 5000).astype(np.uint16), "valid": rng.integers(0, 8000, 700).astype(np.uint16)}
+    meta = {"n_ctx": 32, "vocab_size": 8000, "tokens": {k: len(v) for k, v in streams.items()}}
+    save_streams(str(tmp_path / "sub" / name), meta, streams)
+    got_meta, got = load_streams(str(tmp_path / "sub" / name))
+    assert got_meta == meta and set(got) == set(streams)
+    for split, stream in streams.items():
+        assert got[split].dtype == np.uint16
+        np.testing.assert_array_equal(got[split], stream)
+    assert [p.name for p in (tmp_path / "sub").iterdir()] == [name]  # no temporary file left behind
+
+
 @pytest.mark.parametrize("model", ["test", "lstm_test"])
 def test_reference_run_round_trip(records, tmp_path, model):
     torch = pytest.importorskip("torch")
@@ -78,14 +94,15 @@ def test_reference_run_round_trip(records, tmp_path, model):
 
     from bench.torch_pretrain.train import PRESETS, build_model, windows
     from bench.torch_pretrain.convert import export, import_run
+    from bench.torch_pretrain.streams import load_streams
     from gpt_tf.config import GPTConfig
     from gpt_tf.model import GPTLanguageModel
     from gpt_tf.checkpoints import initialise_from_pretrained, restore_pretrained_lm
     from pipelines.records import COMPRESSION, PRETRAIN_FEATURE as FEATURE
 
-    tokens = tmp_path / "tokens.npz"
+    tokens = tmp_path / "tokens.npz.xz"  # the form that travels to the GPU machine (streams.py)
     meta = export(str(records), str(tokens))
-    streams = np.load(tokens)
+    _, streams = load_streams(str(tokens))
     # The streams' stride-n_ctx windows are exactly the records, in order.
     spec = {FEATURE: tf.io.FixedLenFeature([33], tf.int64)}
     files = sorted(str(p) for p in records.glob("train-*.tfrecord.gz"))

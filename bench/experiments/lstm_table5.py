@@ -29,10 +29,10 @@ no TensorFlow. The LSTM goes the same way: ``bench.torch_pretrain.train --model=
     # here: books_tiny's records (all 389 train books, its BPE; slow on 2 cores) and their streams
     python -m pipelines.pretrain_data --input_dir=../shared/data/books/train --valid_dir=../shared/data/books/valid \
         --output_dir=data/books_tiny --tokenizer_dir=gpt_tf/presets/books_tiny/assets/tokenizer --n_ctx=128
-    python -m bench.torch_pretrain.convert --action=export --data_dir=data/books_tiny --tokens=.gpu/books_tiny.npz
-    # there (device calls carrying .gpu/books_tiny.npz, timeout 600 s), the same call until "the run is finished";
+    python -m bench.torch_pretrain.convert --action=export --data_dir=data/books_tiny --tokens=.gpu/books_tiny.npz.xz
+    # there (device calls carrying .gpu/books_tiny.npz.xz, timeout 600 s), the same call until "the run is finished";
     # books_tiny's recipe (gpt_tf/presets/books_tiny/log.jsonl) with its exact update count
-    bash bench/torch_pretrain/piece.sh .gpu/books_tiny.npz .gpu/lstm_tiny_run 7 --model=lstm_tiny \
+    bash bench/torch_pretrain/piece.sh .gpu/books_tiny.npz.xz .gpu/lstm_tiny_run 7 --model=lstm_tiny \
         --batch_size=256 --learning_rate=1e-3 --warmup_fraction=0.02 --updates=7158
     # here: the run folder (runs/lstm_table5_books/lstm_tiny) and the ledger's pretrain_done, then stages 2-3
     G="--ledger=bench/results/lstm_table5_books.jsonl --runs_root=runs/lstm_table5_books --data_dir=data/books_tiny"
@@ -44,7 +44,8 @@ no TensorFlow. The LSTM goes the same way: ``bench.torch_pretrain.train --model=
 ledger that already holds a pre-training (the CPU route's ledger is another file). A run's pieces must follow
 each other on one warm machine (docs/scaling.md: the resume state does not fit the carry limit beside the
 streams), so the run should fit one call: the transformer took 0.042 s an update with four runs sharing an
-H100 (5 min for 7,158); the LSTM's speed there is not measured yet (its log's ``seconds``).
+H100 (5 min for 7,158); the LSTM took 151 s of updates for its 7,158 on one H100 (2026-11-26, one call of
+169 s, ``bench/results/lstm_table5_books.jsonl``).
 """
 
 from __future__ import annotations
@@ -219,12 +220,12 @@ def import_gpu_run(ledger: Path, runs_root: str, data_dir: str, weights_dir: str
     print(f"imported into {run_dir}; {ledger} has its pretrain_done", flush=True)
 
 
-def held_out(ledger: Path, runs_root: str, data_dir: str, steps: int, batches: int = 4) -> None:
-    """The LSTM's held-out perplexity on ``batches`` batches of the held-out books, once (not fatal)."""
+def held_out(ledger: Path, runs_root: str, data_dir: str, steps: int) -> None:
+    """The LSTM's held-out perplexity on the whole held-out split (``--mode=eval``), once (not fatal)."""
     if any(r["kind"] == "heldout" for r in load_ledger(ledger)):
         return
     _, cmd = pretrain_cmd(runs_root, data_dir, steps)
-    cmd += ["--mode=eval", f"--eval_batches={batches}"]
+    cmd += ["--mode=eval"]
     proc = subprocess.run(cmd, cwd=ROOT, env=_child_env(), capture_output=True, text=True)
     if proc.returncode != 0:
         print(f"held-out evaluation failed ({proc.returncode}); going on:\n{proc.stderr[-1500:]}", flush=True)

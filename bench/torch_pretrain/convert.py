@@ -1,8 +1,8 @@
 """The TensorFlow side of `bench.torch_pretrain.train`: token streams out, a gpt_tf run folder back in.
 
     # 1. here: the pre-training records as two token streams (uint16) for the accelerator
-    python -m bench.torch_pretrain.convert --action=export --data_dir=data/books_tiny --tokens=.gpu/books_tiny.npz
-    # 2. there: python -m bench.torch_pretrain.train --tokens=.gpu/books_tiny.npz --out_dir=$OUT/run ...
+    python -m bench.torch_pretrain.convert --action=export --data_dir=data/books_tiny --tokens=.gpu/books_tiny.npz.xz
+    # 2. there: python -m bench.torch_pretrain.train --tokens=.gpu/books_tiny.npz.xz --out_dir=$OUT/run ...
     # 3. here: its weights as a gpt_tf pre-training run, usable by --init_checkpoint, zero-shot, eval, export
     python -m bench.torch_pretrain.convert --action=import --weights_dir=<out_dir> --data_dir=data/books_tiny \\
         --run_dir=runs/books_tiny --model=tiny --plot=docs/books_pretraining.png
@@ -30,6 +30,7 @@ import re
 
 import numpy as np
 from absl import app, flags, logging
+from bench.torch_pretrain.streams import save_streams
 
 FLAGS = flags.FLAGS
 
@@ -37,7 +38,7 @@ FLAGS = flags.FLAGS
 def define_flags():
     flags.DEFINE_enum("action", None, ["export", "import"], "export: records -> streams; import: weights -> run.")
     flags.DEFINE_string("data_dir", None, "A pipelines.pretrain_data output folder.")
-    flags.DEFINE_string("tokens", "", "export: the npz to write.")
+    flags.DEFINE_string("tokens", "", "export: the file to write: .npz, or .npz.xz (smaller; bench/torch_pretrain/streams.py).")
     flags.DEFINE_string("weights_dir", "", "import: bench.torch_pretrain.train's --out_dir (log.jsonl, weights-*.npz), "
                         "or a gpt_tf preset with its log.jsonl (gpt_tf/presets/books_tiny: one checkpoint, the last step).")
     flags.DEFINE_string("run_dir", "", "import: the gpt_tf run folder to create.")
@@ -76,8 +77,7 @@ def export(data_dir: str, out: str) -> dict:
     meta = {"data_dir": data_dir, "n_ctx": manifest["config"]["n_ctx"], "vocab_size": manifest["tokenizer"]["vocab_size"],
             "config_hash": manifest.get("config_hash"), "tokenizer": manifest["tokenizer"],
             "tokens": {k: int(len(v)) for k, v in streams.items()}}
-    os.makedirs(os.path.dirname(out) or ".", exist_ok=True)
-    np.savez_compressed(out, meta=json.dumps(meta), **streams)
+    save_streams(out, meta, streams)
     return meta
 
 

@@ -6,7 +6,7 @@
 # that fits the carry limit).
 #
 #   bash bench/torch_pretrain/piece.sh TOKENS.npz RUN_DIR PIECE_MINUTES [bench.torch_pretrain.train flags ...]
-#   e.g. bash bench/torch_pretrain/piece.sh .gpu/books_small.npz .gpu/books_small_run 7 \
+#   e.g. bash bench/torch_pretrain/piece.sh .gpu/books_small.npz.xz .gpu/books_small_run 7 \
 #            --model=small --batch_size=128 --learning_rate=5e-4 --epochs=7
 #
 # PIECE_MINUTES counts updates only: leave 2-3 minutes of the call for start-up, compilation and evaluation.

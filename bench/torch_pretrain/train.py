@@ -1,6 +1,6 @@
 """Pre-trains the project's GPT on an accelerator that has PyTorch but no TensorFlow, with the reference model.
 
-    python -m bench.torch_pretrain.train --tokens=<export>.npz --out_dir=/tmp/run \\
+    python -m bench.torch_pretrain.train --tokens=<export>.npz.xz --out_dir=/tmp/run \\
         --model=tiny --batch_size=128 --learning_rate=1e-3 --epochs=8
 
 Why it exists: the lent GPU machines (see README "Pre-training on a lent GPU") run a fixed image with
@@ -51,6 +51,7 @@ import numpy as np
 from absl import app, flags
 
 from bench.torch_pretrain.pieces import PIECE_EXIT, load_state, remove_state, save_state, save_weights
+from bench.torch_pretrain.streams import load_streams
 
 # The presets of gpt_tf/config.py that this script can build (GPT-1's d_ff is always 4 * n_embd,
 # which is also what transformers' OpenAIGPT hard-codes). Kept equal by tests/test_torch_pretrain.py.
@@ -155,8 +156,7 @@ class Run:
         self.torch = torch
         torch.manual_seed(FLAGS.seed)
         self.device = "cuda" if torch.cuda.is_available() else "cpu"
-        data = np.load(FLAGS.tokens)
-        self.meta = json.loads(str(data["meta"]))
+        self.meta, data = load_streams(FLAGS.tokens)
         self.n_ctx = PRESETS[FLAGS.model]["n_ctx"]
         self.train = windows(data["train"].astype(np.int64), self.n_ctx)
         valid = windows(data["valid"].astype(np.int64), self.n_ctx)
