@@ -132,3 +132,14 @@ def test_gpu_route_note_says_same_tokens(tmp_path):
     assert "ledger `bench/results/lstm_table5_books.jsonl`" in note and "234.6M tokens, as the transformer's" in note
     assert "7,158 updates" in note and "NVIDIA H100" in note and "66.7" in note
     assert "not a like-for-like" not in note and "compares with the full row" in note
+    assert "Seed 0 alone" not in note  # one seed: the row is seed 0 already
+
+
+def test_note_gives_seed_0_beside_the_median_of_seeds():
+    records = [_finetune("cola", 0, 0.10), _finetune("cola", 1, 0.20), _finetune("cola", 2, 0.05),
+               _finetune("rte", 0, 0.50), _finetune("rte", 1, 0.60), _finetune("story_cloze", 1, 0.70)]
+    row, note = lt.row_and_note(records)
+    assert row == "| LSTM w/ aux LM | 45.0 | 10.0 [5.0–20.0] | 55.0 [50.0–60.0] | 70.0 |"
+    assert "Seed 0 alone, the seed of the rows above: cola 10.0, rte 50.0. " in note  # no avg: story_cloze lacks seed 0
+    records.append(_finetune("story_cloze", 0, 0.80))
+    assert "cola 10.0, rte 50.0, story_cloze 80.0 (avg 46.7). " in lt.row_and_note(records)[1]

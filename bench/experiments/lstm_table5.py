@@ -315,6 +315,11 @@ def row_and_note(records: list[dict], tasks=TASKS, ledger: str = "bench/results/
         lines[-1] += (f"Fine-tuned with each task's small-model recipe (`configs/finetune_<task>_tiny.flags`), "
                       f"seeds {seeds}, dev scores (median [min–max] where several seeds); e.g. "
                       f"`{finetunes[0]['cmd']}`; last run {max(r['finished'] for r in finetunes)[:10]}. ")
+    if len(seeds) > 1 and 0 in seeds:
+        zero = {r["task"]: dev_score(r) for r in finetunes if r["seed"] == 0}
+        shown = ", ".join(f"{t} {zero[t]:.1f}" for t in tasks if t in zero)
+        avg0 = f" (avg {sum(zero[t] for t in tasks) / len(tasks):.1f})" if all(t in zero for t in tasks) else ""
+        lines[-1] += f"Seed 0 alone, the seed of the rows above: {shown}{avg0}. "
     missing = [t for t in tasks if not any(r["task"] == t for r in finetunes)]
     if missing:
         lines[-1] += f"Not fine-tuned yet: {', '.join(missing)} (`--stage=finetune` resumes the cells). "
