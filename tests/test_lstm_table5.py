@@ -110,6 +110,8 @@ def test_import_stage_records_the_gpu_run_for_finetuning(tmp_path, monkeypatch):
     assert flags["model"] == "lstm_tiny" and flags["run_dir"] == str(tmp_path / "runs" / "lstm_tiny")
     (done,) = lt.load_ledger(ledger)
     assert done["kind"] == "pretrain_done" and done["route"] == "gpu" and done["to_step"] == 7158
+    assert lt.pretrain_log(ledger) == tmp_path / "ledger_pretrain_log.jsonl"  # the curve is kept beside the ledger
+    assert lt.pretrain_log(ledger).read_text() == (run / "log.jsonl").read_text()
     assert done["tokens"] == 7158 * 256 * 128 and done["data"]["windows"] == 267022
     # fine-tuning starts from the imported run folder
     (spec,) = lt.cell_specs(str(tmp_path / "runs"), "t", ["rte"], ["0"])
@@ -143,3 +145,22 @@ def test_note_gives_seed_0_beside_the_median_of_seeds():
     assert "Seed 0 alone, the seed of the rows above: cola 10.0, rte 50.0. " in note  # no avg: story_cloze lacks seed 0
     records.append(_finetune("story_cloze", 0, 0.80))
     assert "cola 10.0, rte 50.0, story_cloze 80.0 (avg 46.7). " in lt.row_and_note(records)[1]
+
+
+def test_gpu_report_draws_both_curves_and_links_them(tmp_path):
+    run, _ = _gpu_log(tmp_path)
+    ledger = tmp_path / "books.jsonl"
+    md = tmp_path / "docs" / "results.md"
+    md.parent.mkdir()
+    md.write_text("| method | avg |\n|---|---:|\n| LSTM w/ aux LM | – |\n\nafter\n")
+    done = {"kind": "pretrain_done", "route": "gpu", "to_step": 7158, "tokens": 7158 * 256 * 128, "seconds": 151.0,
+            "device": "NVIDIA H100 80GB HBM3", "cmd": "python -m x", "finished": "2026-11-26T13:38:00"}
+    lt.write_report(md, [done], ledger=str(ledger), figure="curves.png")
+    assert not (md.parent / "curves.png").exists() and "curves.png" not in md.read_text()  # no log kept: no figure
+    lt.pretrain_log(ledger).write_text((run / "log.jsonl").read_text())
+    lt.write_report(md, [done], ledger=str(ledger), figure="curves.png")
+    assert (md.parent / "curves.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    text = md.read_text()
+    assert text.count("](curves.png)") == 1 and text.index("](curves.png)") < text.index(lt.NOTE_END) < text.index("after")
+    lt.write_report(md, [done], ledger=str(ledger), figure="curves.png")  # again: replaced, not repeated
+    assert md.read_text() == text

@@ -53,6 +53,7 @@ from __future__ import annotations
 import datetime
 import json
 import platform
+import shutil
 import signal
 import subprocess
 import sys
@@ -94,6 +95,8 @@ def define_flags():
                       "one of several processes started side by side).")
     flags.DEFINE_string("ledger", str(LEDGER), "The JSONL ledger.")
     flags.DEFINE_string("results_md", "docs/results.md", "--stage=report: the file whose LSTM row is filled.")
+    flags.DEFINE_string("figure", "lstm_vs_transformer_books.png", "--stage=report, GPU route: both models' held-out "
+                        "curves, a PNG beside --results_md ('': none).")
 
 
 def pick_books(index_tsv: Path, every: int, valid: int) -> dict[str, list[str]]:
@@ -191,6 +194,11 @@ def gpu_recipe_problems(setting: dict, done: dict | None, books_log: Path = BOOK
     return problems
 
 
+def pretrain_log(ledger: Path) -> Path:
+    """Where ``--stage=import`` keeps the GPU run's ``log.jsonl`` (its held-out curve): beside the ledger."""
+    return Path(ledger).with_name(Path(ledger).stem + "_pretrain_log.jsonl")
+
+
 def import_gpu_run(ledger: Path, runs_root: str, data_dir: str, weights_dir: str) -> None:
     """The GPU route's LSTM (see the module doc) as ``<runs_root>/lstm_tiny`` (``bench.torch_pretrain.convert
     import``) and the ledger's ``pretrain_done`` record, so that ``--stage=finetune`` starts from it."""
@@ -208,6 +216,7 @@ def import_gpu_run(ledger: Path, runs_root: str, data_dir: str, weights_dir: str
     cmd = [sys.executable, "-m", "bench.torch_pretrain.convert", "--action=import", f"--weights_dir={weights_dir}",
            f"--data_dir={data_dir}", f"--run_dir={run_dir}", "--model=lstm_tiny"]
     subprocess.run(cmd, cwd=ROOT, env=_child_env(), check=True)
+    shutil.copyfile(Path(weights_dir) / "log.jsonl", pretrain_log(ledger))  # the curve, kept beside the ledger
     train = json.loads((Path(data_dir) / "manifest.json").read_text())["splits"]["train"]
     steps, n_ctx = setting["steps"], setting["meta"]["n_ctx"]
     append_ledger(ledger, {
@@ -336,10 +345,19 @@ def row_and_note(records: list[dict], tasks=TASKS, ledger: str = "bench/results/
     return row, "\n".join(lines)
 
 
-def write_report(path: Path, records: list[dict], ledger: str = "bench/results/lstm_table5.jsonl") -> None:
-    """Replaces the LSTM row of Table 5 and the note right after the table (or after its old note)."""
+def write_report(path: Path, records: list[dict], ledger: str = "bench/results/lstm_table5.jsonl",
+                 figure: str = "") -> None:
+    """Replaces the LSTM row of Table 5 and the note right after the table (or after its old note); with the GPU
+    route's log beside the ledger, ``figure`` (a PNG beside ``path``) gets both models' held-out curves."""
     text = Path(path).read_text()
     row, note = row_and_note(records, ledger=ledger)
+    log = pretrain_log(Path(ledger) if Path(ledger).is_absolute() else ROOT / ledger)
+    if figure and log.is_file():
+        from bench.experiments.pretrain_curves import plot_heldout_curves
+
+        plot_heldout_curves({"transformer (tiny, books_tiny)": str(BOOKS_LOG), "LSTM (lstm_tiny)": str(log)},
+                            str(Path(path).parent / figure), "the same books, tokens and recipe: held-out perplexity")
+        note = note.replace(NOTE_END, f"\n![held-out perplexity of both models during pre-training]({figure})\n{NOTE_END}")
     lines = text.splitlines()
     at = next(i for i, line in enumerate(lines) if line.startswith(ROW))
     lines[at] = row
@@ -372,7 +390,7 @@ def main(argv):
     else:
         shown = Path(FLAGS.ledger).resolve()
         shown = shown.relative_to(ROOT) if shown.is_relative_to(ROOT) else shown
-        write_report(Path(FLAGS.results_md), load_ledger(ledger), ledger=str(shown))
+        write_report(Path(FLAGS.results_md), load_ledger(ledger), ledger=str(shown), figure=FLAGS.figure)
 
 
 if __name__ == "__main__":

@@ -82,9 +82,14 @@ def export(data_dir: str, out: str) -> dict:
 
 
 def read_log(weights_dir: str) -> tuple[dict, list[dict]]:
-    """(the run's setting, its evaluation rows) from log.jsonl."""
+    """(the run's setting, its evaluation rows) from its log.jsonl."""
+    return read_log_file(os.path.join(weights_dir, "log.jsonl"))
+
+
+def read_log_file(path: str) -> tuple[dict, list[dict]]:
+    """(the run's setting, its evaluation rows) from a ``bench.torch_pretrain.train`` log file."""
     setting, rows = {}, []
-    with open(os.path.join(weights_dir, "log.jsonl")) as f:
+    with open(path) as f:
         for line in f:
             row = json.loads(line)
             setting = row["setting"] if "setting" in row else setting
