@@ -86,6 +86,30 @@ def test_token_streams_round_trip_in_both_forms(tmp_path, name):
     assert [p.name for p in (tmp_path / "sub").iterdir()] == [name]  # no temporary file left behind
 
 
+def test_weight_parts_stay_within_the_part_size_and_join_back(tmp_path, monkeypatch):
+    torch = pytest.importorskip("torch")
+    from bench.torch_pretrain import pieces
+
+    monkeypatch.setattr(pieces, "PART_BYTES", 4096)
+    model = torch.nn.Module()
+    model.tokens_embed = torch.nn.Embedding(50, 16)  # 3,200 bytes: whole
+    model.big = torch.nn.Linear(40, 70)  # its 70 x 40 weight (11,200 bytes) goes in row blocks of 25 rows
+    paths = pieces.save_weights(torch, model, str(tmp_path), 7, np.float32)
+    state = {}
+    for path in paths:
+        with np.load(path) as part:
+            assert sum(part[k].nbytes for k in part.files) <= 4096, path
+            state.update({k: part[k] for k in part.files})
+    assert sorted(k for k in state if k.startswith("big.weight")) == [f"big.weight{pieces.ROWS}{i}" for i in range(3)]
+    joined = pieces.join_rows(state)
+    assert set(joined) == set(model.state_dict())
+    for key, value in model.state_dict().items():
+        np.testing.assert_array_equal(joined[key], value.numpy())
+    del state[f"big.weight{pieces.ROWS}1"]
+    with pytest.raises(ValueError, match="big.weight: row blocks"):
+        pieces.join_rows(state)
+
+
 @pytest.mark.parametrize("model", ["test", "lstm_test"])
 def test_reference_run_round_trip(records, tmp_path, model):
     torch = pytest.importorskip("torch")

@@ -30,6 +30,7 @@ import re
 
 import numpy as np
 from absl import app, flags, logging
+from bench.torch_pretrain.pieces import join_rows
 from bench.torch_pretrain.streams import save_streams
 
 FLAGS = flags.FLAGS
@@ -195,6 +196,7 @@ def import_run(weights_dir: str, data_dir: str, run_dir: str, model: str) -> dic
             for path in parts:
                 with np.load(path) as part:
                     state.update({k: part[k].astype(np.float32) for k in part.files})
+            state = join_rows(state)
             (load_torch_lstm if lstm else load_hf_state_dict)(trainer.model, state)
         trainer.step.assign(step)
         trainer.manager.save(checkpoint_number=step)

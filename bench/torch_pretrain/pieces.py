@@ -1,7 +1,8 @@
 """What `bench.torch_pretrain.train` writes to disk: the weights it hands back, and a piece's resume state.
 
 ``weights-<step>.part<k>.npz``: the model's state dict in files of at most ``PART_BYTES`` (the device tool
-returns files of up to 16 MiB). ``state-<step>.part<k>`` + ``state.json``: one ``torch.save`` of everything a
+returns files of up to 16 MiB); a tensor larger than that (``small``'s 16k × 384 token table: 24.6 MB) is
+stored as row blocks ``<name>#rows<i>``, which ``join_rows`` puts back together. ``state-<step>.part<k>`` + ``state.json``: one ``torch.save`` of everything a
 later piece needs, behind an atomically replaced index. Imports numpy only (torch is passed in), like
 ``train``: no TensorFlow, no gpt_tf.
 """
@@ -19,6 +20,33 @@ import numpy as np
 
 PART_BYTES = 15 * 2**20  # files of at most this size (the device tool returns files of up to 16 MiB)
 PIECE_EXIT = 75  # a piece stopped with its state saved: run the same command again (EX_TEMPFAIL)
+ROWS = "#rows"  # <name>#rows<i>: row block i of a tensor larger than PART_BYTES
+
+
+def _row_blocks(key: str, value: np.ndarray):
+    """``(key, value)``, or the row blocks of a tensor larger than ``PART_BYTES``, each within it."""
+    if value.nbytes <= PART_BYTES or value.ndim == 0 or value.shape[0] < 2:
+        yield key, value
+        return
+    rows = max(1, PART_BYTES // (value.nbytes // value.shape[0]))
+    for i, start in enumerate(range(0, value.shape[0], rows)):
+        yield f"{key}{ROWS}{i}", value[start:start + rows]
+
+
+def join_rows(state: dict) -> dict:
+    """A state dict read back from weight parts with its row-block tensors (``_row_blocks``) whole again."""
+    whole, blocks = {}, {}
+    for key, value in state.items():
+        name, split, i = key.partition(ROWS)
+        if split:
+            blocks.setdefault(name, {})[int(i)] = value
+        else:
+            whole[key] = value
+    for name, parts in blocks.items():
+        if sorted(parts) != list(range(len(parts))):
+            raise ValueError(f"{name}: row blocks {sorted(parts)} of the weight parts are not 0..{len(parts) - 1}")
+        whole[name] = np.concatenate([parts[i] for i in range(len(parts))])
+    return whole
 
 
 def save_weights(torch, model, out_dir: str, step: int, dtype) -> list[str]:
@@ -29,7 +57,7 @@ def save_weights(torch, model, out_dir: str, step: int, dtype) -> list[str]:
     state = {k: v.detach().float().cpu().numpy().astype(dtype) for k, v in model.state_dict().items()
              if not re.search(r"\.attn\.(bias|masked_bias)$", k) and k != "lm_head.weight"}
     parts, size = [{}], 0
-    for key, value in state.items():
+    for key, value in ((k, block) for name, tensor in state.items() for k, block in _row_blocks(name, tensor)):
         if parts[-1] and size + value.nbytes > PART_BYTES:
             parts.append({})
             size = 0
