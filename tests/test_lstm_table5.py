@@ -133,7 +133,7 @@ def test_gpu_route_note_says_same_tokens(tmp_path):
     assert row == "| LSTM w/ aux LM | – | – | 55.0 | – |"
     assert "ledger `bench/results/lstm_table5_books.jsonl`" in note and "234.6M tokens, as the transformer's" in note
     assert "7,158 updates" in note and "NVIDIA H100" in note and "66.7" in note
-    assert "not a like-for-like" not in note and "compares with the full row" in note
+    assert "not a like-for-like" not in note and "compares with the transformer's" in note
     assert "Seed 0 alone" not in note  # one seed: the row is seed 0 already
 
 
@@ -164,3 +164,26 @@ def test_gpu_report_draws_both_curves_and_links_them(tmp_path):
     assert text.count("](curves.png)") == 1 and text.index("](curves.png)") < text.index(lt.NOTE_END) < text.index("after")
     lt.write_report(md, [done], ledger=str(ledger), figure="curves.png")  # again: replaced, not repeated
     assert md.read_text() == text
+
+
+def test_note_names_the_transformer_with_the_same_recipes():
+    records = [_finetune("cola", 0, 0.05), _finetune("rte", 0, 0.57), _finetune("story_cloze", 0, 0.65)]
+    reference = {"cola": {0: 13.7, 1: 15.2, 2: 14.9}, "rte": {0: 58.1}, "story_cloze": {}}
+    _, note = lt.row_and_note(records, reference=reference)
+    assert "same recipes and seeds" in note and "medians: cola 14.9, rte 58.1;" in note  # no runs: no story_cloze
+    assert "same recipes" not in lt.row_and_note(records)[1]
+
+
+def test_reference_cells_are_the_reproduction_reports_chosen_recipe():
+    import pytest
+
+    from bench.experiments.reproduction import chosen_scores
+
+    def run(task, arm, seed, lr, score):
+        return {"stage": "sweep" if seed == 0 else "table", "task": task, "arm": arm, "seed": seed,
+                "recipe": {"learning_rate": lr}, "metrics": {"dev": {"accuracy": score}}}
+
+    records = [run("rte", "pretrained", 0, "1e-3", 0.50), run("rte", "pretrained", 0, "5e-4", 0.60),
+               run("rte", "pretrained", 1, "5e-4", 0.58), run("rte", "pretrained", 1, "1e-3", 0.99),
+               run("rte", "scratch", 0, "1e-3", 0.70)]
+    assert chosen_scores(records, "pretrained", ["rte", "cola"]) == {"rte": {0: pytest.approx(60.0), 1: pytest.approx(58.0)}}

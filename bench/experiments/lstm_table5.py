@@ -52,9 +52,9 @@ from __future__ import annotations
 
 import datetime
 import json
-import platform
 import shutil
 import signal
+import statistics
 import subprocess
 import sys
 import time
@@ -66,9 +66,11 @@ from absl import app, flags
 from bench.experiments.finetune_runs import (ROOT, _child_env, append_ledger, dev_score, finetune_spec, load_ledger, median_spread,
                                  run_one, shown_command)
 from bench.experiments.study import lstm_pretrain_cmd
+from gpt_tf.precision import cpu_name
 
 BOOKS_LOG = ROOT / "gpt_tf" / "presets" / "books_tiny" / "log.jsonl"
 LEDGER = ROOT / "bench" / "results" / "lstm_table5.jsonl"
+REPRODUCTION = ROOT / "bench" / "results" / "reproduction.jsonl"  # the transformer's cells with the same recipes
 TASKS = ("cola", "rte", "story_cloze")
 ROW = "| LSTM w/ aux LM |"
 NOTE_START, NOTE_END = "<!-- lstm_table5 -->", "<!-- /lstm_table5 -->"
@@ -160,7 +162,7 @@ def pretrain(ledger: Path, runs_root: str, data_dir: str, steps: int, minutes: f
             stdout, _ = proc.communicate()
     seconds, reached = time.time() - start, last_step(run_dir)
     record = {"kind": "pretrain_piece", "run_dir": run_dir, "cmd": shown_command(cmd), "from_step": start_step,
-              "to_step": reached, "seconds": round(seconds, 1), "returncode": proc.returncode, "cpu": _cpu_name(),
+              "to_step": reached, "seconds": round(seconds, 1), "returncode": proc.returncode, "cpu": cpu_name(),
               "finished": datetime.datetime.now().isoformat(timespec="seconds")}
     append_ledger(ledger, record)
     print(json.dumps(record), flush=True)
@@ -242,13 +244,6 @@ def held_out(ledger: Path, runs_root: str, data_dir: str, steps: int) -> None:
     append_ledger(ledger, {"kind": "heldout", "cmd": shown_command(cmd), "result": json.loads(proc.stdout.strip().splitlines()[-1])})
 
 
-def _cpu_name() -> str:
-    for line in Path("/proc/cpuinfo").read_text().splitlines():
-        if line.startswith("model name"):
-            return line.split(":", 1)[1].strip()
-    return platform.machine()
-
-
 def cell_specs(runs_root: str, tasks_dir: str, tasks, seeds) -> list[dict]:
     run_dir = str(Path(runs_root) / "lstm_tiny")
     return [finetune_spec(task, "lstm", int(seed), runs_root=Path(runs_root) / "finetune", tasks_dir=tasks_dir,
@@ -262,13 +257,15 @@ def finetune(ledger: Path, specs: list[dict]) -> None:
         if (spec["task"], spec["seed"]) in done:
             print(f"skip {spec['task']} seed {spec['seed']}: in the ledger")
             continue
-        record = {"kind": "finetune", **run_one(spec), "cpu": _cpu_name()}
+        record = {"kind": "finetune", **run_one(spec), "cpu": cpu_name()}
         append_ledger(ledger, record)
         print(json.dumps({k: record[k] for k in ("task", "seed", "seconds")} | {"score": dev_score(record)}), flush=True)
 
 
-def row_and_note(records: list[dict], tasks=TASKS, ledger: str = "bench/results/lstm_table5.jsonl") -> tuple[str, str]:
-    """The table row (median [min-max] over seeds, avg of the medians) and the note under the table."""
+def row_and_note(records: list[dict], tasks=TASKS, ledger: str = "bench/results/lstm_table5.jsonl",
+                 reference: dict | None = None) -> tuple[str, str]:
+    """The table row (median [min-max] over seeds, avg of the medians) and the note under the table;
+    ``reference``: task -> {seed: dev score} of the transformer with the same recipes."""
     cells, medians = [], []
     for task in tasks:
         spread = median_spread(dev_score(r) for r in records if r["kind"] == "finetune" and r["task"] == task)
@@ -333,14 +330,19 @@ def row_and_note(records: list[dict], tasks=TASKS, ledger: str = "bench/results/
     if missing:
         lines[-1] += f"Not fine-tuned yet: {', '.join(missing)} (`--stage=finetune` resumes the cells). "
     if gpu:
-        lines[-1] += ("The LSTM saw the transformer's books, tokens and recipe, so the row compares with the full "
-                      "row as the paper's does.")
+        lines[-1] += ("The LSTM saw the transformer's books, tokens and pre-training recipe, so the row compares "
+                      "with the transformer's as the paper's does.")
     else:
         lines[-1] += ("The row is not a like-for-like comparison: the LSTM saw a small fraction of the transformer's "
                       "tokens. No transformer checkpoint exists at that many tokens (its earliest kept one is update "
                       "1,790, 58.6M tokens; its held-out perplexity was 170 at 9.8M tokens, the first point of its "
                       "curve), so the transformer's fine-tuned score at equal tokens is not known; the comparison "
                       "that holds is the LSTM row against the from-scratch row.")
+    if reference:
+        cells = [f"{t} {statistics.median(reference[t].values()):.1f}" for t in tasks if reference.get(t)]
+        lines[-1] += (f" The transformer fine-tuned with the same recipes and seeds (the reproduction table's "
+                      f"pre-trained cells, `bench/results/reproduction.jsonl`), medians: {', '.join(cells)}; the "
+                      f"transformer rows above are the study's seed-0 runs, CoLA's with its earlier 3-epoch recipe.")
     lines.append(NOTE_END)
     return row, "\n".join(lines)
 
@@ -349,8 +351,11 @@ def write_report(path: Path, records: list[dict], ledger: str = "bench/results/l
                  figure: str = "") -> None:
     """Replaces the LSTM row of Table 5 and the note right after the table (or after its old note); with the GPU
     route's log beside the ledger, ``figure`` (a PNG beside ``path``) gets both models' held-out curves."""
+    from bench.experiments.reproduction import chosen_scores
+
     text = Path(path).read_text()
-    row, note = row_and_note(records, ledger=ledger)
+    repro = load_ledger(REPRODUCTION)
+    row, note = row_and_note(records, ledger=ledger, reference=chosen_scores(repro, "pretrained", TASKS) if repro else None)
     log = pretrain_log(Path(ledger) if Path(ledger).is_absolute() else ROOT / ledger)
     if figure and log.is_file():
         from bench.experiments.pretrain_curves import plot_heldout_curves

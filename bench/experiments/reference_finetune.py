@@ -224,21 +224,17 @@ def run_cell(task_name: str, seed: int, recipe: dict, *, pretrained, tasks_dir: 
         if stop:
             log(f"{task_name} seed {seed}: stopped after {max_updates} updates at update {step} of {total} (state saved)")
             return None
+    from gpt_tf.precision import cpu_name
+
     return {"task": task_name, "arm": arm, "seed": seed, "recipe": recipe, "key": cell_key(task_name, seed, recipe, arm),
             "metrics": {"dev": epochs[-1]}, "epochs": epochs, "updates": total, "seconds": round(time.time() - start, 1),
             "finished": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
-            "commit": _git_revision(), "cpu": _cpu_name()}
+            "commit": _git_revision(), "cpu": cpu_name()}
 
 
 def _git_revision() -> str:
     out = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, capture_output=True, text=True)
     return out.stdout.strip()
-
-
-def _cpu_name() -> str:
-    from gpt_tf.precision import cpu_name
-
-    return cpu_name()
 
 
 def run_all() -> None:
