@@ -172,6 +172,8 @@ def test_note_names_the_transformer_with_the_same_recipes():
     _, note = lt.row_and_note(records, reference=reference)
     assert "same recipes and seeds" in note and "medians: cola 14.9, rte 58.1;" in note  # no runs: no story_cloze
     assert "same recipes" not in lt.row_and_note(records)[1]
+    reference["story_cloze"] = {0: 68.5}
+    assert "story_cloze 68.5 (avg 47.2, the LSTM's 42.3);" in lt.row_and_note(records, reference=reference)[1]
 
 
 def test_reference_cells_are_the_reproduction_reports_chosen_recipe():

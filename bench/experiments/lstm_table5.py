@@ -339,9 +339,12 @@ def row_and_note(records: list[dict], tasks=TASKS, ledger: str = "bench/results/
                       "curve), so the transformer's fine-tuned score at equal tokens is not known; the comparison "
                       "that holds is the LSTM row against the from-scratch row.")
     if reference:
-        cells = [f"{t} {statistics.median(reference[t].values()):.1f}" for t in tasks if reference.get(t)]
+        ref = {t: statistics.median(reference[t].values()) for t in tasks if reference.get(t)}
+        cells = ", ".join(f"{t} {m:.1f}" for t, m in ref.items())
+        if len(ref) == len(tasks) == len(medians):
+            cells += f" (avg {sum(ref.values()) / len(ref):.1f}, the LSTM's {avg})"
         lines[-1] += (f" The transformer fine-tuned with the same recipes and seeds (the reproduction table's "
-                      f"pre-trained cells, `bench/results/reproduction.jsonl`), medians: {', '.join(cells)}; the "
+                      f"pre-trained cells, `bench/results/reproduction.jsonl`), medians: {cells}; the "
                       f"transformer rows above are the study's seed-0 runs, CoLA's with its earlier 3-epoch recipe.")
     lines.append(NOTE_END)
     return row, "\n".join(lines)
