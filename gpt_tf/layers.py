@@ -29,7 +29,7 @@ import numpy as np
 import tensorflow as tf
 from keras import ops
 
-from gpt_tf import aliased_grads, kernels
+from gpt_tf import aliased_grads, inference_gelu, kernels
 
 PACKAGE = "gpt_tf"
 
@@ -79,8 +79,10 @@ class Conv1D(keras.layers.Layer):
             y = tf.nn.bias_add(tf.matmul(x2, self.w), self.b)
         if self.activation:
             activation = self.ACTIVATIONS[self.activation]
-            if training and self.activation == "gelu" and kernels.can_fuse(y):
-                y = kernels.fused_gelu(y)  # forward and gradient in one pass each (gpt_tf/kernels)
+            if self.activation == "gelu" and (kernels.can_fuse(y) if training else inference_gelu.uses_kernel(y, x2.shape[-1])):
+                # forward and gradient in one pass each (gpt_tf/kernels); in the project's own evaluation passes,
+                # where measured faster than oneDNN's fused GELU (gpt_tf/inference_gelu.py)
+                y = kernels.fused_gelu(y)
             elif training and y.dtype != tf.float32:
                 # Training keeps the pre-activation for the gradient, so nothing fuses the activation;
                 # run it (and its gradient) in float32: CPU element-wise kernels take ~2x as long in

@@ -1,7 +1,7 @@
 """This machine's identity and the per-machine cache files of ``~/.cache/gpt_tf`` (no TensorFlow, no gpt_tf).
 
 What the measured choices share (``autotune.py``: the CPU settings; ``precision.py``: the precision per model;
-``aliased_grads.py``: the padded weight gradients per shape): the machine's key (CPU model, a hash of its
+``aliased_grads.py``: the padded weight gradients per shape; ``inference_gelu.py``: the GELU of evaluation passes): the machine's key (CPU model, a hash of its
 flags, usable cores, TensorFlow's version), where their JSON files live (``$XDG_CACHE_HOME/gpt_tf``), how
 they are read and replaced, and ``GPT_TF_AUTOTUNE=0``, which turns every measured choice off.
 """

@@ -89,7 +89,7 @@ def _zero_shot_config():
 def _strategy_and_precision(keras, model_config, seq):
     """The --strategy and the precision (--precision, ``auto`` resolved for ``model_config`` at batch x
     ``seq``); the global Keras dtype policy is set to that precision."""
-    from gpt_tf import aliased_grads  # imports TensorFlow: after the settings are applied
+    from gpt_tf import aliased_grads, inference_gelu  # import TensorFlow: after the settings are applied
     from gpt_tf.precision import resolve_precision
     from gpt_tf.strategy import make_strategy, tf_config
 
@@ -100,7 +100,9 @@ def _strategy_and_precision(keras, model_config, seq):
     if FLAGS.precision == "auto":
         _say(reason)
     _say(kernels.status())  # builds the fused CPU kernels on a machine's first run (~10 s)
-    _say(aliased_grads.status(model_config, "float32" if precision == "float32" else "bfloat16"))
+    compute = "float32" if precision == "float32" else "bfloat16"
+    _say(aliased_grads.status(model_config, compute))
+    _say(inference_gelu.status(model_config, compute))
     if precision != "float32":
         keras.mixed_precision.set_dtype_policy(precision)
     return strategy, precision

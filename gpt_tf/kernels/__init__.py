@@ -10,7 +10,8 @@ project trains on a CPU those passes, not the matrix products, are what it can s
 * **The tanh GELU in training** (``fused_gelu``): forward and gradient in one pass each, computed in float32
   from the bfloat16 or float32 pre-activation (the stock path: ~8 element-wise kernels forward, ~12
   backward, and four casts under mixed_bfloat16). Inference keeps ``tf.nn.gelu``, which oneDNN fuses
-  into the matrix product, and exported SavedModels hold no custom op (stock TF Serving loads them).
+  into the matrix product, and exported SavedModels hold no custom op (stock TF Serving loads them); only
+  the project's own evaluation passes run the kernel, where it is measured faster (``gpt_tf/inference_gelu.py``).
 * **Layer norm in training** (``fused_layer_norm``): forward and gradient in one pass over each row,
   vectorised across it (the graph's ``layers.layer_norm``: ~15 ops forward, ~30 backward); inference
   keeps the graph, for the same reason.

@@ -16,6 +16,7 @@ import time
 import keras
 import tensorflow as tf
 
+from gpt_tf import inference_gelu
 from gpt_tf.checkpoints import continue_from_pretrained
 from gpt_tf.config import GPTConfig
 from gpt_tf.model import GPTLanguageModel, lm_loss
@@ -139,7 +140,8 @@ class Pretrainer:
         return tape.gradient(scaled, variables), [loss_sum]
 
     def _replica_eval_step(self, inputs, targets):
-        return lm_loss(self.model(inputs, training=False), targets)
+        with inference_gelu.passes():  # never an export: the GELU kernel where faster (gpt_tf/inference_gelu.py)
+            return lm_loss(self.model(inputs, training=False), targets)
 
     @tf.function
     def _run_eval_step(self, batch):
