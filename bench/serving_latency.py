@@ -108,7 +108,8 @@ def spawn_server(base: Path, name: str, batching: bool, port: int, env: dict | N
             f"--port={port}", "--rest_api_port=0", "--file_system_poll_wait_seconds=0"]
     if batching:
         args += ["--enable_batching", f"--batching_parameters_file={ROOT / 'serving' / 'batching_parameters.txt'}"]
-    env = {**os.environ, "PYTHONPATH": str(ROOT), "TF_CPP_MIN_LOG_LEVEL": "2", **(env or {})}
+    path = os.pathsep.join([str(ROOT)] + [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p])
+    env = {**os.environ, "PYTHONPATH": path, "TF_CPP_MIN_LOG_LEVEL": "2", **(env or {})}  # this checkout first
     stderr = tempfile.TemporaryFile(mode="w+")
     proc = subprocess.Popen(args, cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=stderr, text=True)
     proc.stderr_file = stderr

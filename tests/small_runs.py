@@ -21,8 +21,9 @@ ROOT = Path(__file__).resolve().parents[1]
 # The environment of the processes the tests start: this checkout first on the path, TensorFlow's INFO lines off,
 # and child_site/ (its sitecustomize.py: scikit-learn and matplotlib absent, as in a runtime install; keras
 # imports both at start-up when the test extras installed them: 1.9 of the 6.8 CPU-s of `import tensorflow` here).
-ENV = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT), str(ROOT / "tests" / "child_site")]),
-       "TF_CPP_MIN_LOG_LEVEL": "2"}
+# A process that must not see the project (TF_ONLY below) gets CHILD_SITE alone as its PYTHONPATH.
+CHILD_SITE = str(ROOT / "tests" / "child_site")
+ENV = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT), CHILD_SITE]), "TF_CPP_MIN_LOG_LEVEL": "2"}
 N_CTX = 32
 # The end-to-end pre-training tests' flags (tests/test_train.py, test_scale.py, test_finetune.py).
 BASE_FLAGS = [

@@ -17,6 +17,7 @@ import pytest
 
 from gpt_tf import autotune
 from gpt_tf.autotune import FUSED, INTER, INTRA, ONEDNN
+from tests.small_runs import ENV
 
 ROOT = Path(__file__).resolve().parents[1]
 ON = autotune.candidate_name({ONEDNN: "1", FUSED: "1", INTRA: "0", INTER: "0"})
@@ -124,7 +125,7 @@ def _run_cli_import(tmp_path, pick: dict, **hand) -> subprocess.CompletedProcess
     cache.write_text(json.dumps({autotune.cache_key(): {"pick": name, "settings": pick, "s_per_step": {name: 0.1},
                                                       "measured": "2026-11-26T00:00:00+00:00"}}))
     env = {k: v for k, v in os.environ.items() if k not in (*autotune.SETTINGS, "TF_CPP_MIN_LOG_LEVEL")}
-    env.update({"GPT_TF_AUTOTUNE": "1", "XDG_CACHE_HOME": str(tmp_path), "PYTHONPATH": str(ROOT),
+    env.update({"GPT_TF_AUTOTUNE": "1", "XDG_CACHE_HOME": str(tmp_path), "PYTHONPATH": ENV["PYTHONPATH"],
                 "GPT_TF_KERNEL_DIR": str(Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache")
                                          / "gpt_tf" / "kernels"), **hand})
     return subprocess.run([sys.executable, "-c", PROBE], cwd=ROOT, env=env, capture_output=True, text=True,

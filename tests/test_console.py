@@ -11,6 +11,7 @@ import sys
 from pathlib import Path
 
 from gpt_tf.console import PlainProgress, format_metrics, line_every, progress
+from tests.small_runs import ENV
 
 ROOT = Path(__file__).resolve().parents[1]
 TF_START_UP = ("oneDNN custom operations", "cuInit", "absl::InitializeLog")
@@ -22,7 +23,7 @@ SCRIPT = ("from gpt_tf.console import import_tensorflow\n"
 
 def _run(extra_env: dict) -> subprocess.CompletedProcess:
     env = {k: v for k, v in os.environ.items() if k not in ("TF_CPP_MIN_LOG_LEVEL", "GPT_TF_VERBOSE")}
-    return subprocess.run([sys.executable, "-c", SCRIPT], cwd=ROOT, env={**env, "PYTHONPATH": str(ROOT), **extra_env},
+    return subprocess.run([sys.executable, "-c", SCRIPT], cwd=ROOT, env={**env, "PYTHONPATH": ENV["PYTHONPATH"], **extra_env},
                           capture_output=True, text=True, timeout=180, check=True)
 
 

@@ -1,7 +1,10 @@
 """Fine-tuning CLI end to end on real task data: from a pre-trained run, from scratch, eval/predict modes.
 
 A `test`-preset LM is pre-trained for a few steps on two real books with GPT-1's BPE; tasks are
-small slices of the real RTE, STS-B and Story Cloze files in ../shared/data.
+small slices of the real RTE, STS-B and Story Cloze files in ../shared/data. The data are built in this
+process by the functions behind `pipelines.pretrain_data` and `pipelines.finetune_data` (their command
+lines run in test_pipelines.py, test_task_data.py and the walk-through): a process each would only add
+its start-up; the fine-tuning itself runs as the CLI.
 """
 
 from __future__ import annotations
@@ -11,6 +14,8 @@ import json
 
 import pytest
 
+from pipelines.finetune_data import build_task_data
+from pipelines.pretrain_data import PretrainConfig, build_pretraining_data
 from tests.small_runs import BASE_FLAGS, ENV, finish, free_ports, model_weights, run_cli, run_clis, start
 
 FT_FLAGS = ["--batch_size=8", "--epochs=2", "--log_every=1", "--seed=1", "--progress=false", "--json", "--deterministic"]
@@ -27,16 +32,17 @@ def pretrained(shared_data, tmp_path_factory):
     valid = sorted((shared_data / "books" / "valid").glob("*.txt"))[0]
     (root / "books" / "valid" / valid.name).write_bytes(valid.read_bytes())
     bpe = shared_data / "gpt1_bpe"
-    run_cli("pipelines.pretrain_data", f"--input_dir={root / 'books' / 'train'}", f"--valid_dir={root / 'books' / 'valid'}",
-            f"--output_dir={root / 'lm_data'}", f"--tokenizer_dir={bpe}", "--n_ctx=64")
+    build_pretraining_data(PretrainConfig(input_dir=str(root / "books" / "train"), valid_dir=str(root / "books" / "valid"),
+                                          output_dir=str(root / "lm_data"), tokenizer_dir=str(bpe), n_ctx=64,
+                                          show_progress=False))
     flags = [*BASE_FLAGS, f"--data_dir={root / 'lm_data'}", "--train_steps=10", "--checkpoint_every=10", "--n_ctx=64"]
     run_cli("gpt_tf.train", *flags, f"--run_dir={root / 'lm_run'}")
     return root / "lm_run", bpe
 
 
-def build_task(task, data_dir, bpe, out, *extra):
-    run_cli("pipelines.finetune_data", f"--task={task}", f"--data_dir={data_dir}", f"--tokenizer_dir={bpe}",
-            f"--output_dir={out}", "--noprogress", *extra)
+def build_task(task, data_dir, bpe, out, **options):
+    """``pipelines.finetune_data --task=task ...`` in this process; ``options``: ``build_task_data``'s."""
+    build_task_data(task, data_dir, bpe, out, show_progress=False, **options)
     return out
 
 
@@ -46,12 +52,12 @@ def rte16(pretrained, shared_data, tmp_path_factory):
     them (they only read it)."""
     _, bpe = pretrained
     return build_task("rte", shared_data / "glue" / "RTE", bpe, tmp_path_factory.mktemp("rte16") / "rte",
-                      "--max_examples=16")
+                      max_examples=16)
 
 
 def test_rte_from_pretrained_then_eval_and_predict(pretrained, shared_data, tmp_path):
     lm_run, bpe = pretrained
-    data = build_task("rte", shared_data / "glue" / "RTE", bpe, tmp_path / "rte", "--max_examples=48")
+    data = build_task("rte", shared_data / "glue" / "RTE", bpe, tmp_path / "rte", max_examples=48)
     run_dir = tmp_path / "run"
     flags = ["--task=rte", f"--data_dir={data}", f"--run_dir={run_dir}", *FT_FLAGS]
     proc = run_cli("gpt_tf.train", *flags, f"--init_checkpoint={lm_run}", "--transfer_layers=1", "--n_ctx=48")
@@ -93,12 +99,12 @@ def test_pretrained_layers_are_transferred(pretrained, rte16, tmp_path):
 
 
 @pytest.mark.parametrize("task, folder, metric, extra", [
-    ("stsb", "glue/STS-B", "pearson", ["--max_examples=40"]),
-    ("story_cloze", "story_cloze", "accuracy", ["--max_examples=60", "--holdout_fraction=0.3"]),
+    ("stsb", "glue/STS-B", "pearson", {"max_examples": 40}),
+    ("story_cloze", "story_cloze", "accuracy", {"max_examples": 60, "holdout_fraction": 0.3}),
 ])
 def test_from_scratch_other_task_types(pretrained, shared_data, tmp_path, task, folder, metric, extra):
     _, bpe = pretrained
-    data = build_task(task, shared_data / folder, bpe, tmp_path / task, *extra)
+    data = build_task(task, shared_data / folder, bpe, tmp_path / task, **extra)
     flags = [f"--task={task}", f"--data_dir={data}", f"--run_dir={tmp_path / 'run'}", *FT_FLAGS, "--model=test",
              "--n_ctx=64", "--epochs=1"]
     result = json.loads(run_cli("gpt_tf.train", *flags).stdout.strip().splitlines()[-1])
@@ -108,7 +114,7 @@ def test_from_scratch_other_task_types(pretrained, shared_data, tmp_path, task, 
 
 def test_multitask_heads_share_one_backbone(pretrained, rte16, shared_data, tmp_path):
     _, bpe = pretrained
-    stsb = build_task("stsb", shared_data / "glue" / "STS-B", bpe, tmp_path / "stsb", "--max_examples=16")
+    stsb = build_task("stsb", shared_data / "glue" / "STS-B", bpe, tmp_path / "stsb", max_examples=16)
     flags = ["--task=rte", f"--data_dir={rte16}", *FT_FLAGS, "--model=test", "--n_ctx=64", "--epochs=1"]
     last_json = lambda proc: json.loads(proc.stdout.strip().splitlines()[-1])
     # With STS-B's weight at 0 the multi-task run must be exactly the single-task run, plus an idle head.

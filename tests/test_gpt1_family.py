@@ -15,7 +15,7 @@ import textwrap
 import numpy as np
 import pytest
 
-from tests.small_runs import ENV, ROOT, TF_ONLY
+from tests.small_runs import CHILD_SITE, ENV, ROOT, TF_ONLY
 
 BOOKS = ROOT / "gpt_tf" / "presets" / "books_tiny"
 BPE = BOOKS / "assets" / "tokenizer"
@@ -233,7 +233,7 @@ def test_a_python_api_classifier_serves_raw_strings_in_a_tensorflow_only_process
                           "modules": sorted({{m.split(".")[0] for m in sys.modules}} & set(BLOCKED))}}))
     """)
     proc = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=300, check=False,
-                          env={**ENV, "PYTHONPATH": "", "TF_CPP_MIN_LOG_LEVEL": "3"}, cwd=str(tmp_path))
+                          env={**ENV, "PYTHONPATH": CHILD_SITE, "TF_CPP_MIN_LOG_LEVEL": "3"}, cwd=str(tmp_path))
     assert proc.returncode == 0, proc.stderr[-3000:]
     got = json.loads(proc.stdout.strip().splitlines()[-1])
     assert got["modules"] == []

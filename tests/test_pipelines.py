@@ -15,6 +15,7 @@ import pytest
 from pipelines import books as books_lib
 from pipelines import pretrain_data as pd
 from pipelines import records
+from tests.small_runs import ENV
 
 ROOT = Path(__file__).resolve().parents[1]
 N_CTX = 64
@@ -161,7 +162,7 @@ def test_bad_input_errors_name_the_flag(tmp_path):
 def test_cli_reports_error_and_exit_code(tmp_path):
     proc = subprocess.run([sys.executable, "-m", "pipelines.pretrain_data", f"--input_dir={tmp_path}/missing",
                            f"--output_dir={tmp_path}/out", f"--tokenizer_dir={tmp_path}/tok"],
-                          cwd=ROOT, capture_output=True, text=True, timeout=60)
+                          cwd=ROOT, env=ENV, capture_output=True, text=True, timeout=60)
     assert proc.returncode == 2
     assert "--input_dir" in proc.stderr and "missing" in proc.stderr
 

@@ -1,22 +1,18 @@
 """`python -m bench.train_throughput --mode=profile`: the pre-training step's time by kind, three stacks."""
 
 import json
-import os
 import subprocess
 import sys
-from pathlib import Path
 
 from bench._op_profile import KINDS
-
-ROOT = Path(__file__).resolve().parents[1]
+from tests.small_runs import ENV, ROOT
 
 
 def test_the_profile_puts_each_stacks_step_time_in_kinds_and_names_the_costliest_ops(tmp_path):
     out = tmp_path / "profile.json"
     cmd = [sys.executable, "-m", "bench.train_throughput", "--mode=profile", "--presets=test", "--precisions=float32",
            "--warmup=1", "--steps=2", f"--out={out}"]
-    done = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=600,
-                          env={**os.environ, "TF_CPP_MIN_LOG_LEVEL": "2"})
+    done = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=600, env=ENV)
     assert done.returncode == 0, done.stderr[-3000:]
     report = json.loads(out.read_text())
     assert report["settings"].startswith("GPT_TF_AUTOTUNE=0")  # the suite's setting, recorded as such

@@ -10,11 +10,12 @@ minutes); a module without a command line (``gpt_tf.kernels``) is only imported.
 from __future__ import annotations
 
 import json
-import os
 import re
 import subprocess
 import sys
 from pathlib import Path
+
+from tests.small_runs import ENV
 
 ROOT = Path(__file__).resolve().parents[1]
 DOCS = ("README.md", "WORKSPACE.md", "bench/README.md", *sorted(p.relative_to(ROOT).as_posix()
@@ -114,7 +115,7 @@ def test_the_docs_quote_the_project_commands_this_test_reads():
 def test_every_quoted_module_exists_and_defines_the_flags_quoted_for_it():
     modules = quoted_modules()
     done = subprocess.run([sys.executable, "-c", PROBE, *sorted(modules)], cwd=ROOT, capture_output=True, text=True,
-                          env={**os.environ, "PYTHONPATH": str(ROOT), "TF_CPP_MIN_LOG_LEVEL": "2"}, timeout=300)
+                          env=ENV, timeout=300)
     assert done.returncode == 0 and "@@" in done.stdout, done.stderr[-3000:]
     defined = json.loads(done.stdout.rsplit("@@", 1)[1])
     problems = []

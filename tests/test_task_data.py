@@ -14,6 +14,7 @@ from gpt_tf.tasks import TASKS, TaskSpec, csv_task, get_task
 from pipelines import finetune_data as fd
 from pipelines import transforms
 from pipelines.task_readers import CsvOptions, read_examples
+from tests.small_runs import ENV
 
 
 def test_task_registry():
@@ -325,13 +326,14 @@ def test_cli_builds_a_generic_csv_task(tmp_path, tokenizer_dir):
     cmd = [sys.executable, "-m", "pipelines.finetune_data", "--task=csv", f"--data_dir={tmp_path / 'in'}",
            f"--tokenizer_dir={tokenizer_dir}", f"--output_dir={tmp_path / 'out'}", "--text_a_column=text",
            "--holdout_fraction=0.3", "--noprogress"]
-    done = subprocess.run(cmd, cwd=root, capture_output=True, text=True, timeout=120)
+    done = subprocess.run(cmd, cwd=root, env=ENV, capture_output=True, text=True, timeout=120)
     assert done.returncode == 0, done.stderr
     spec = transforms.load_task_spec(str(tmp_path / "out"))
     assert spec.label_names == ("no", "yes") and spec.input_type == "single"
     assert transforms.num_examples(str(tmp_path / "out"), "train") + transforms.num_examples(
         str(tmp_path / "out"), "dev") == 30
-    bad = subprocess.run(cmd[:-2] + ["--text_a_column=nope"], cwd=root, capture_output=True, text=True, timeout=120)
+    bad = subprocess.run(cmd[:-2] + ["--text_a_column=nope"], cwd=root, env=ENV, capture_output=True, text=True,
+                         timeout=120)
     assert bad.returncode == 2 and "missing column(s) ['nope']" in bad.stderr
 
 

@@ -18,6 +18,7 @@ from bench.tokenizer_fidelity import fidelity_sets, score
 from gpt_tf.text import make_spacy_rules as spacy_rules
 from gpt_tf.text import text_clean
 from gpt_tf.text.tokenizer import GPTTokenizer
+from tests.small_runs import CHILD_SITE
 
 BOOKS = ("b0000", "b0012", "b0049", "b0053", "b0098")  # curly quotes, accents, ʼ ʻ –, HTML entities
 EDGE_CASES = [
@@ -286,7 +287,7 @@ def test_saved_model_runs_with_tensorflow_only(gpt1, gpt1_tf, tmp_path):
         ours = sorted(m for m in sys.modules if m.split(".")[0] in ("gpt_tf", "tensorflow_text", "keras_hub"))
         print(json.dumps({"ragged": ragged, "dense": dense, "modules": ours}))
     """)
-    env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="3", PYTHONPATH="")
+    env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="3", PYTHONPATH=CHILD_SITE)  # no project code on the path
     result = subprocess.run([sys.executable, "-c", script, str(tmp_path / "model"), json.dumps(texts)],
                             capture_output=True, text=True, env=env, cwd=str(tmp_path), timeout=120, check=False)
     assert result.returncode == 0, result.stderr[-3000:]

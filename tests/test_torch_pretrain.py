@@ -8,16 +8,13 @@ The LSTM's own numerics and initialisation: tests/test_torch_lstm.py.
 from __future__ import annotations
 
 import json
-import os
 import subprocess
 import sys
-from pathlib import Path
 
 import numpy as np
 import pytest
 
-ROOT = Path(__file__).resolve().parents[1]
-ENV = {**os.environ, "PYTHONPATH": str(ROOT), "TF_CPP_MIN_LOG_LEVEL": "2"}
+from tests.small_runs import ENV, ROOT
 
 
 def run_module(module, *args):

@@ -1,7 +1,9 @@
 """The pre-training CLI end to end, on real books: resume after kill -9, strategies, accumulation, eval, bad flags.
 
 Each run is a subprocess of ``python -m gpt_tf.train`` (as a user runs it), on the ``test`` preset
-over TFRecords built from three real Gutenberg books with a small BPE trained on them.
+over TFRecords built from three real Gutenberg books with a small BPE trained on them (in this process, by
+the function behind ``python -m pipelines.pretrain_data``, whose command line test_torch_pretrain.py and
+the walk-through run).
 """
 
 from __future__ import annotations
@@ -17,6 +19,7 @@ import time
 import numpy as np
 import pytest
 
+from pipelines.pretrain_data import PretrainConfig, build_pretraining_data
 from tests.small_runs import BASE_FLAGS, ENV, ROOT, max_abs_diff, model_weights, run_cli, wait_for_checkpoint
 
 
@@ -31,8 +34,9 @@ def data_dir(shared_data, tmp_path_factory):
             src = shared_data / "books" / book_split / f"{book_id}.txt"
             (books / split / src.name).write_bytes(src.read_bytes())
     out = tmp_path_factory.mktemp("data") / "tfrecords"
-    run_cli("pipelines.pretrain_data", f"--input_dir={books / 'train'}", f"--valid_dir={books / 'valid'}",
-            f"--output_dir={out}", f"--tokenizer_dir={out.parent / 'bpe'}", "--train_tokenizer_vocab=500", "--n_ctx=32")
+    build_pretraining_data(PretrainConfig(input_dir=str(books / "train"), valid_dir=str(books / "valid"),
+                                          output_dir=str(out), tokenizer_dir=str(out.parent / "bpe"),
+                                          train_tokenizer_vocab=500, n_ctx=32, show_progress=False))
     return out
 
 

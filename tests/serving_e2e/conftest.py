@@ -9,6 +9,7 @@ appear.
 
 from __future__ import annotations
 
+import copy
 import select
 import subprocess
 import sys
@@ -98,15 +99,22 @@ def sst2_run(shared_data, bpe, config, tmp_path_factory):
 
 
 @pytest.fixture(scope="package")
-def exported(server, base, sst2_run, bpe, config):
-    """Exports the three models into the served base path; returns the in-process references."""
+def exported(server, base, sst2_run, tokenizer, tf_tokenizer, config):
+    """Exports the three models into the served base path; returns the in-process references.
+
+    sst2 goes through ``export_run`` as the CLI does (its in-graph tokenizer built from the run's BPE files);
+    stsb and lm through ``export_task_model`` / ``export_lm`` with a ``GPTTokenizer`` whose in-graph twin is
+    the package's ``tf_tokenizer``: its graph (the text cleanup, most of an export's tracing) is traced once
+    in this process instead of once an export, and the SavedModels hold the same functions."""
     from serving.export import export_lm, export_run, export_task_model, load_finetuned
 
     export_run(sst2_run, str(base), "sst2")
+    shared = copy.copy(tokenizer)
+    shared.tf_tokenizer = lambda: tf_tokenizer
     stsb = GPTTaskModel(GPTBackbone(config, name="backbone"), get_task("stsb"))
-    export_task_model(stsb, get_task("stsb"), str(bpe), str(base), "stsb")
+    export_task_model(stsb, get_task("stsb"), shared, str(base), "stsb")
     lm = GPTLanguageModel.from_config_preset(config)
-    export_lm(lm, str(bpe), str(base), "lm", top_k=5)
+    export_lm(lm, shared, str(base), "lm", top_k=5)
     sst2_model, _, _ = load_finetuned(sst2_run)  # float32, as exported
     return {"sst2": sst2_model, "stsb": stsb, "lm": lm}
 

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-import os
 import socket
 from pathlib import Path
 
@@ -16,9 +15,9 @@ from gpt_tf.tasks import get_task
 from pipelines.finetune_data import tokenize_examples
 from pipelines.task_readers import read_examples
 from pipelines.transforms import special_ids_from_config, transform_record
+from tests.small_runs import ENV  # noqa: F401 -- the servers' and CLIs' environment (tests/child_site on the path)
 
 ROOT = Path(__file__).resolve().parents[2]
-ENV = {**os.environ, "PYTHONPATH": str(ROOT), "TF_CPP_MIN_LOG_LEVEL": "2"}
 MAX_REQUEST_BYTES = 200_000
 TOL = 1e-5
 

@@ -18,7 +18,7 @@ from gpt_tf.task_model import GPTTaskModel
 from gpt_tf.tasks import get_task
 from serving.task_module import TaskServingModule, input_specs
 from tests.serving_e2e.helpers import ENV, ROOT, TOL, glue_examples, offline_features
-from tests.small_runs import TF_ONLY
+from tests.small_runs import CHILD_SITE, TF_ONLY
 
 
 # ---------------------------------------------------------------------------------------------- export
@@ -97,7 +97,7 @@ def test_saved_models_run_in_a_process_that_imports_only_tensorflow(base, export
         }
         print(json.dumps(out))
     """)
-    env = {**os.environ, "TF_CPP_MIN_LOG_LEVEL": "3", "PYTHONPATH": ""}
+    env = {**os.environ, "TF_CPP_MIN_LOG_LEVEL": "3", "PYTHONPATH": CHILD_SITE}  # no project code on the path
     proc = subprocess.run([sys.executable, "-c", script, str(base), json.dumps(texts)], capture_output=True,
                           text=True, env=env, cwd=str(base), timeout=900, check=False)  # a hang, not a timing
     assert proc.returncode == 0, proc.stderr[-3000:]
