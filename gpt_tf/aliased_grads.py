@@ -23,7 +23,6 @@ to the product, sliced off: each weight's gradient sums the same products over t
 
 from __future__ import annotations
 
-import datetime
 import functools
 import os
 import statistics
@@ -114,15 +113,9 @@ def pads(nx: int, units: int, dtype, measure_fn=None) -> bool:
     if tf.config.list_logical_devices("GPU") or tf.config.list_logical_devices("TPU"):
         _decided[key] = False  # the cache effect is a CPU one
     else:
-        path = cache_path()
-        cache = machine_cache.read_cache(path)
-        if key not in cache:
-            seconds = (measure_fn or measure)(nx, units, dtype)
-            cache[key] = {"pad": seconds["padded"] * MIN_GAIN <= seconds["plain"],
-                          "s": {k: round(v, 6) for k, v in seconds.items()},
-                          "measured": datetime.datetime.now().astimezone().isoformat(timespec="seconds")}
-            machine_cache.write_cache(path, {**machine_cache.read_cache(path), key: cache[key]})
-        _decided[key] = bool(cache[key]["pad"])
+        entry = machine_cache.measured_choice(CACHE_FILE, key, lambda: (measure_fn or measure)(nx, units, dtype),
+                                              lambda s: {"pad": s["padded"] * MIN_GAIN <= s["plain"]})
+        _decided[key] = bool(entry["pad"])
     return _decided[key]
 
 

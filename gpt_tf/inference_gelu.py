@@ -18,7 +18,6 @@ keeps the stock ops: a SavedModel must hold core TensorFlow ops only.
 from __future__ import annotations
 
 import contextlib
-import datetime
 import functools
 import os
 import statistics
@@ -86,15 +85,9 @@ def uses_kernel(y, nx: int, measure_fn=None) -> bool:
     onednn = os.environ.get("TF_ENABLE_ONEDNN_OPTS", "default")
     key = f"{_machine()} | oneDNN {onednn} | {nx}x{y.shape[-1]} {y.dtype.name}"
     if key not in _decided:
-        path = machine_cache.cache_path(CACHE_FILE)
-        cache = machine_cache.read_cache(path)
-        if key not in cache:
-            seconds = (measure_fn or measure)(nx, int(y.shape[-1]), y.dtype)
-            cache[key] = {"kernel": seconds["kernel"] * MIN_GAIN <= seconds["stock"],
-                          "s": {k: round(v, 6) for k, v in seconds.items()},
-                          "measured": datetime.datetime.now().astimezone().isoformat(timespec="seconds")}
-            machine_cache.write_cache(path, {**machine_cache.read_cache(path), key: cache[key]})
-        _decided[key] = bool(cache[key]["kernel"])
+        entry = machine_cache.measured_choice(CACHE_FILE, key, lambda: (measure_fn or measure)(nx, int(y.shape[-1]), y.dtype),
+                                              lambda s: {"kernel": s["kernel"] * MIN_GAIN <= s["stock"]})
+        _decided[key] = bool(entry["kernel"])
     return _decided[key]
 
 

@@ -62,6 +62,21 @@ def cpu_info() -> dict:
     return {"model": model or platform.processor() or platform.machine(), "flags": sorted(cpu_flags)}
 
 
+def measured_choice(name: str, key: str, measure, choose) -> dict:
+    """The entry ``key`` of the cache file ``name``; absent, it is made now: ``measure()`` gives seconds per way,
+    ``choose(seconds)`` the decision's fields, stored with the seconds and the time of measuring."""
+    import datetime
+
+    path = cache_path(name)
+    cache = read_cache(path)
+    if key not in cache:
+        seconds = measure()
+        cache[key] = {**choose(seconds), "s": {k: round(v, 6) for k, v in seconds.items()},
+                      "measured": datetime.datetime.now().astimezone().isoformat(timespec="seconds")}
+        write_cache(path, {**read_cache(path), key: cache[key]})  # another run may have written meanwhile
+    return cache[key]
+
+
 def usable_cores() -> int:
     try:
         return len(os.sched_getaffinity(0))

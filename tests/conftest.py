@@ -36,6 +36,22 @@ LONGEST_FIRST = ("serving_e2e", "test_walkthrough", "test_hot_swap_memory", "tes
                  "test_train", "test_serving_ab", "test_torch_pretrain")
 
 
+@pytest.fixture
+def fresh_choices(monkeypatch, tmp_path):
+    """``fresh_choices(module)``: autotuning on (the suite turns it off), a fresh cache folder, the module's
+    by-hand variable unset and no decision remembered (``gpt_tf.aliased_grads``, ``gpt_tf.inference_gelu``);
+    returns the cache folder."""
+
+    def fresh(module):
+        monkeypatch.setenv("GPT_TF_AUTOTUNE", "1")
+        monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
+        monkeypatch.delenv(module.ENV, raising=False)
+        monkeypatch.setattr(module, "_decided", {})
+        return tmp_path
+
+    return fresh
+
+
 def xdist_group(path: Path) -> str:
     """A test file's group: tests/serving_e2e/ as a whole, any other file on its own."""
     return "serving_e2e" if path.parent.name == "serving_e2e" else path.stem

@@ -11,13 +11,9 @@ from gpt_tf.layers import Conv1D
 
 
 @pytest.fixture
-def tuned(monkeypatch, tmp_path):
-    """Autotuning on (the suite turns it off), a fresh cache folder and no decision remembered."""
-    monkeypatch.setenv("GPT_TF_AUTOTUNE", "1")
-    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
-    monkeypatch.delenv(aliased_grads.ENV, raising=False)
-    monkeypatch.setattr(aliased_grads, "_decided", {})
-    return tmp_path
+def tuned(fresh_choices):
+    """Autotuning on, a fresh cache folder and no decision remembered (conftest.fresh_choices)."""
+    return fresh_choices(aliased_grads)
 
 
 @pytest.mark.parametrize("nx, units", [(256, 1024), (1024, 256), (96, 2048)])

@@ -13,13 +13,9 @@ needs_kernels = pytest.mark.skipif(kernels.ops() is None, reason="the fused kern
 
 
 @pytest.fixture
-def tuned(monkeypatch, tmp_path):
-    """Autotuning on (the suite turns it off), a fresh cache folder and no decision remembered."""
-    monkeypatch.setenv("GPT_TF_AUTOTUNE", "1")
-    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
-    monkeypatch.delenv(inference_gelu.ENV, raising=False)
-    monkeypatch.setattr(inference_gelu, "_decided", {})
-    return tmp_path
+def tuned(fresh_choices):
+    """Autotuning on, a fresh cache folder and no decision remembered (conftest.fresh_choices)."""
+    return fresh_choices(inference_gelu)
 
 
 def _traced_ops(layer, x, in_passes: bool) -> set:
