@@ -95,7 +95,7 @@ def status(config, dtype="float32") -> str:
     """One line for the CLI: which GELU the evaluation passes run here, decided now (timed on a machine's first run
     of the shape, ~0.1 s, then cached)."""
     if machine_cache.disabled():
-        return "GELU in evaluation: oneDNN's fused one (GPT_TF_AUTOTUNE=0)"
+        return "GELU in evaluation: the stock ops (GPT_TF_AUTOTUNE=0)"
     if config.model_type == "lstm" or not kernels.can_fuse(tf.zeros((1, 1), dtype)):
         return "GELU in evaluation: the stock ops (" + ("no GELU layer)" if config.model_type == "lstm" else
                                                       "the fused kernels do not run here)")
@@ -103,5 +103,5 @@ def status(config, dtype="float32") -> str:
         kernel = uses_kernel(tf.zeros((PROBE_TOKENS, config.d_ff), dtype), config.n_embd)
     how = (f"{ENV}={os.environ[ENV]}" if os.environ.get(ENV, "").strip()
            else f"timed per machine and shape, {machine_cache.cache_path(CACHE_FILE)}")
-    which = "the fused GELU kernel after MatMul + BiasAdd" if kernel else "oneDNN's fused MatMul + BiasAdd + GELU"
+    which = "the fused GELU kernel after MatMul + BiasAdd" if kernel else "the stock ops (oneDNN fuses them where its rewrites are on)"
     return f"GELU in evaluation: {which} ({how}; exports keep the stock ops)"
