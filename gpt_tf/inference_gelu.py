@@ -48,11 +48,10 @@ def passes():
 
 
 def dense_gelu(x2, w, b, kernel: bool):
-    """``gelu(x2 @ w + b)`` for 2-D ``x2``: stock ops, or the MatMul + BiasAdd then the GELU kernel."""
-    from gpt_tf.layers import gelu
-
+    """``gelu(x2 @ w + b)`` for 2-D ``x2``: stock ops (``layers.gelu``'s tanh GELU, which imports this module), or
+    the MatMul + BiasAdd then the GELU kernel."""
     y = tf.nn.bias_add(tf.matmul(x2, w), b)
-    return kernels.fused_gelu(y) if kernel else gelu(y)
+    return kernels.fused_gelu(y) if kernel else tf.nn.gelu(y, approximate=True)
 
 
 def measure(nx: int, units: int, dtype) -> dict:

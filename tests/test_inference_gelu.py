@@ -90,3 +90,11 @@ def test_status_says_what_evaluation_runs(tuned, monkeypatch):
     assert "no GELU layer" in inference_gelu.status(get_preset("lstm_test"))
     monkeypatch.setenv("GPT_TF_AUTOTUNE", "0")
     assert "GPT_TF_AUTOTUNE=0" in inference_gelu.status(get_preset("test"))
+
+
+def test_the_timed_stock_way_is_the_layers_gelu():
+    from gpt_tf.layers import gelu
+
+    x = tf.constant(np.random.default_rng(2).normal(size=(6, 8)), tf.float32)
+    w, b = tf.eye(8), tf.zeros((8,))
+    np.testing.assert_array_equal(inference_gelu.dense_gelu(x, w, b, kernel=False), gelu(x))
