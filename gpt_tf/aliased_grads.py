@@ -25,8 +25,6 @@ from __future__ import annotations
 
 import functools
 import os
-import statistics
-import time
 
 import tensorflow as tf
 
@@ -89,14 +87,8 @@ def measure(nx: int, units: int, dtype) -> dict:
         x, dy = tf.cast(x, dtype), tf.cast(dy, dtype)
         runs = {name: tf.function(lambda a, b, pad=pad: weight_grad(a, b, pad)) for name, pad in
                 (("plain", False), ("padded", True))}
-        times = {name: [] for name in runs}
-        for i in range(PROBE_REPS + 1):
-            for name, run in runs.items():
-                start = time.perf_counter()
-                run(x, dy).numpy()
-                if i:  # the first call traces
-                    times[name].append(time.perf_counter() - start)
-    return {name: statistics.median(t) for name, t in times.items()}
+        return machine_cache.median_seconds({name: lambda run=run: run(x, dy).numpy() for name, run in runs.items()},
+                                            PROBE_REPS)
 
 
 def pads(nx: int, units: int, dtype, measure_fn=None) -> bool:

@@ -20,9 +20,7 @@ from __future__ import annotations
 import contextlib
 import functools
 import os
-import statistics
 import threading
-import time
 
 import tensorflow as tf
 
@@ -63,14 +61,8 @@ def measure(nx: int, units: int, dtype) -> dict:
         b = tf.zeros((units,), dtype)
         runs = {name: tf.function(lambda a, kernel=kernel: dense_gelu(a, w, b, kernel)) for name, kernel in
                 (("stock", False), ("kernel", True))}
-        times = {name: [] for name in runs}
-        for i in range(PROBE_REPS + 1):
-            for name, run in runs.items():
-                start = time.perf_counter()
-                run(x).numpy()
-                if i:  # the first call traces
-                    times[name].append(time.perf_counter() - start)
-    return {name: statistics.median(t) for name, t in times.items()}
+        return machine_cache.median_seconds({name: lambda run=run: run(x).numpy() for name, run in runs.items()},
+                                            PROBE_REPS)
 
 
 def uses_kernel(y, nx: int, measure_fn=None) -> bool:

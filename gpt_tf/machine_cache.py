@@ -62,6 +62,22 @@ def cpu_info() -> dict:
     return {"model": model or platform.processor() or platform.machine(), "flags": sorted(cpu_flags)}
 
 
+def median_seconds(runs: dict, reps: int) -> dict:
+    """``{name: median seconds}`` of the callables ``runs``, called in turns ``reps`` times after one untimed turn
+    (the first call traces); a call must return once its work is done (``.numpy()``)."""
+    import statistics
+    import time
+
+    times = {name: [] for name in runs}
+    for i in range(reps + 1):
+        for name, run in runs.items():
+            start = time.perf_counter()
+            run()
+            if i:
+                times[name].append(time.perf_counter() - start)
+    return {name: statistics.median(t) for name, t in times.items()}
+
+
 def measured_choice(name: str, key: str, measure, choose) -> dict:
     """The entry ``key`` of the cache file ``name``; absent, it is made now: ``measure()`` gives seconds per way,
     ``choose(seconds)`` the decision's fields, stored with the seconds and the time of measuring."""
