@@ -22,7 +22,7 @@ def plot_heldout_curves(logs: dict[str, str], out: str, title: str = "") -> dict
     fig, ax = plt.subplots(figsize=(7.0, 4.2), dpi=120)
     finals = {}
     for label, path in logs.items():
-        setting, rows = read_log_file(path)
+        _, rows = read_log_file(path)
         if not rows:
             raise ValueError(f"{path}: no held-out evaluation rows (valid_ppl)")
         finals[label] = rows[-1]["valid_ppl"]
