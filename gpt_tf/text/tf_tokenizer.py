@@ -67,7 +67,7 @@ class TFGPTTokenizer(tf.Module):
         self._lower_fixups = StringMap(fixups)
         self._lower_pattern = "(?s).*" + regex_char_class(fixups) + ".*"
 
-    @tf.function(input_signature=[tf.TensorSpec([None], tf.string)])
+    @tf.function(input_signature=[tf.TensorSpec([None], tf.string)], autograph=False)
     def __call__(self, texts):
         """Token ids of each text: ``int32`` ragged ``[batch, None]``."""
         words = self.words(texts)
