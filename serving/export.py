@@ -86,11 +86,11 @@ def _offline_tokenizer(tokenizer):
 def export_task_model(model, task, tokenizer, base_path: str, model_name: str, version: int = 0) -> str:
     """Writes a ``GPTTaskModel`` as a servable version; returns its folder. ``tokenizer``: a ``GPTTokenizer``
     or its folder."""
-    from serving.saved_model_io import save_version
+    from serving.saved_model_io import save_version, traced_signatures
     from serving.task_module import TaskServingModule
 
     module = TaskServingModule(model, task, _offline_tokenizer(tokenizer).tf_tokenizer())
-    return save_version(module, module.signatures(), base_path, model_name, version, task_warmup(model_name, task))
+    return save_version(module, traced_signatures(module), base_path, model_name, version, task_warmup(model_name, task))
 
 
 def export_task(task, base_path: str, model_name: str = "", version: int = 0) -> str:
@@ -98,21 +98,21 @@ def export_task(task, base_path: str, model_name: str = "", version: int = 0) ->
     ``GPT1MultipleChoice``: anything with ``task_model``, ``task_spec`` and a ``GPT1Tokenizer`` in its
     ``preprocessor``) as a servable version: the same core-TF signatures as a fine-tuning run's (raw
     strings in; no TF-Text op, no custom op). Returns its folder."""
-    from serving.saved_model_io import save_version
+    from serving.saved_model_io import save_version, traced_signatures
 
     name = model_name or task.name
     module = _task_module(task)
-    return save_version(module, module.signatures(), base_path, name, version, task_warmup(name, task.task_spec))
+    return save_version(module, traced_signatures(module), base_path, name, version, task_warmup(name, task.task_spec))
 
 
 def export_task_at(task, path: str) -> str:
     """``export_task``'s SavedModel written at ``path`` itself (no version folder; absent or empty), as Keras's
     ``Model.export(path)`` writes one: the tasks' ``export`` (``gpt_tf/gpt1/task.py``). Returns ``path``."""
-    from serving.saved_model_io import free_target, save_at
+    from serving.saved_model_io import free_target, save_at, traced_signatures
 
     path = free_target(path)  # before the (slow) tracing of the signatures
     module = _task_module(task)
-    return save_at(module, module.signatures(), path, task_warmup(task.name, task.task_spec))
+    return save_at(module, traced_signatures(module), path, task_warmup(task.name, task.task_spec))
 
 
 def _task_module(task):
@@ -128,12 +128,12 @@ def export_lm(lm, tokenizer, base_path: str, model_name: str, version: int = 0, 
     """Writes a ``GPTLanguageModel`` as a servable version; returns its folder. ``tokenizer``: a ``GPTTokenizer``
     or its folder."""
     from serving.lm_module import LMServingModule
-    from serving.saved_model_io import predict_log, save_version
+    from serving.saved_model_io import predict_log, save_version, traced_signatures
 
     tokenizer = _offline_tokenizer(tokenizer)
     module = LMServingModule(lm, tokenizer.tf_tokenizer(), tokenizer, top_k=top_k)
     warmup = [predict_log(model_name, "serving_default", {"text": [WARMUP_TEXT] * n}) for n in (1, 8)]
-    return save_version(module, module.signatures(), base_path, model_name, version, warmup)
+    return save_version(module, traced_signatures(module), base_path, model_name, version, warmup)
 
 
 def export_run(run_dir: str, base_path: str, model_name: str = "", version: int = 0, precision: str = "float32",

@@ -82,6 +82,16 @@ def text_example(fields: dict) -> "tf.train.Example":
     return tf.train.Example(features=tf.train.Features(feature={k: feature(v) for k, v in fields.items()}))
 
 
+def traced_signatures(module: tf.Module) -> dict:
+    """``module.signatures()`` traced in the context ``tf.saved_model.save`` traces in, so that saving reuses
+    these traces. TensorFlow keys its traces on that context: outside it, saving would trace every
+    ``tf.function`` that ``module`` holds a second time (the in-graph tokenizer's takes seconds)."""
+    from tensorflow.python.saved_model import save_context  # pylint: disable=import-outside-toplevel
+
+    with save_context.save_context(tf.saved_model.SaveOptions()):
+        return module.signatures()
+
+
 def save_version(module: tf.Module, signatures: dict, base_path: str, model_name: str, version: int = 0,
                  warmup=()) -> str:
     """Writes ``module`` as ``<base_path>/<model_name>/<version>`` (0: one above the newest); returns it."""
