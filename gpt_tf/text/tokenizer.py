@@ -19,6 +19,7 @@ learns new vocabularies on the same words, so they get ``n't</w>`` and ``'s</w>`
 
 import json
 import os
+import re
 from pathlib import Path
 
 import tokenizers
@@ -30,6 +31,7 @@ from gpt_tf.text import text_clean
 from gpt_tf.text.word_split import END_OF_WORD, WordSplitter
 
 UNK = "<unk>"
+_WORD_END = re.compile(r"[^ ](?= |\Z)")  # the last character of each word of a prepared text
 MERGES_HEADER = "#version: 0.2"
 ENCODER_FILE = "encoder.json"
 MERGES_FILE = "vocab.bpe"
@@ -137,12 +139,17 @@ class GPTTokenizer:
         ``<unk>`` is id 0; every character of the corpus is in the vocabulary
         (also as a word end, ``x</w>``), merges follow in rank order.
         """
+        split = WordSplitter()
+        prepared = [split(text_clean.clean_text(t)) for t in texts]
+        # HF's trainer gives a word-end token (``x</w>``) its id where it first meets it, in a hash map's order
+        # (another each run: huggingface/tokenizers#1794), and ids break the ties between pairs of equal
+        # counts, so the merges changed from run to run. Registered first, in sorted order, they have fixed ids.
+        ends = sorted({end for words in prepared for end in _WORD_END.findall(words)})
         hf = tokenizers.Tokenizer(BPE(unk_token=UNK, end_of_word_suffix=END_OF_WORD))
         hf.pre_tokenizer = pre_tokenizer()
-        trainer = BpeTrainer(vocab_size=vocab_size, special_tokens=[UNK],
+        trainer = BpeTrainer(vocab_size=vocab_size, special_tokens=[UNK] + [end + END_OF_WORD for end in ends],
                              end_of_word_suffix=END_OF_WORD, show_progress=show_progress)
-        split = WordSplitter()
-        hf.train_from_iterator((split(text_clean.clean_text(t)) for t in texts), trainer)
+        hf.train_from_iterator(prepared, trainer)
         model = json.loads(hf.to_str())["model"]
         merges = [tuple(m.split(" ")) if isinstance(m, str) else tuple(m) for m in model["merges"]]
         cls(model["vocab"], merges).save(out_dir)
