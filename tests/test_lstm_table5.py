@@ -8,6 +8,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from bench.experiments import lstm_table5 as lt
+from bench.experiments import lstm_table5_report as report
 
 
 def test_books_are_every_nth_train_book_and_the_first_held_out(tmp_path):
@@ -44,13 +45,13 @@ def test_row_and_note_in_results_md(tmp_path):
     md = tmp_path / "results.md"
     md.write_text("| method | avg | cola | rte | story_cloze |\n|---|---:|---:|---:|---:|\n| full | 1 | 2 | 3 | 4 |\n"
                   "| LSTM w/ aux LM | – | – | – | – |\n\n**Pre-training vs none:** ...\n")
-    lt.write_report(md, records[:3] + records[3:4])  # one cell so far
+    report.write_report(md, records[:3] + records[3:4])  # one cell so far
     first = md.read_text()
     assert "| LSTM w/ aux LM | – | 10.0 | – | – |" in first and "2.0M tokens, 0.8% of" in first
-    lt.write_report(md, records)  # written again: the row and the note replaced, not repeated
+    report.write_report(md, records)  # written again: the row and the note replaced, not repeated
     text = md.read_text()
     assert "| LSTM w/ aux LM | 40.0 | 10.0 [5.0–20.0] | 50.0 | 60.0 |" in text
-    assert text.count(lt.NOTE_START) == 1 and text.count("| LSTM w/ aux LM |") == 1
+    assert text.count(report.NOTE_START) == 1 and text.count("| LSTM w/ aux LM |") == 1
     assert "2 pieces, 15 min" in text and text.endswith("**Pre-training vs none:** ...\n")
 
 
@@ -129,7 +130,7 @@ def test_gpu_route_note_says_same_tokens(tmp_path):
             "device": "NVIDIA H100 80GB HBM3", "valid_ppl": 66.7, "cmd": "python -m bench.torch_pretrain.convert",
             "data": {"dir": "data/books_tiny", "books": 389, "tokens": 34178817, "windows": 267022},
             "finished": "2026-11-27T01:00:00"}
-    row, note = lt.row_and_note([done, _finetune("rte", 0, 0.55)], ledger="bench/results/lstm_table5_books.jsonl")
+    row, note = report.row_and_note([done, _finetune("rte", 0, 0.55)], ledger="bench/results/lstm_table5_books.jsonl")
     assert row == "| LSTM w/ aux LM | – | – | 55.0 | – |"
     assert "ledger `bench/results/lstm_table5_books.jsonl`" in note and "234.6M tokens, as the transformer's" in note
     assert "7,158 updates" in note and "NVIDIA H100" in note and "66.7" in note
@@ -140,11 +141,11 @@ def test_gpu_route_note_says_same_tokens(tmp_path):
 def test_note_gives_seed_0_beside_the_median_of_seeds():
     records = [_finetune("cola", 0, 0.10), _finetune("cola", 1, 0.20), _finetune("cola", 2, 0.05),
                _finetune("rte", 0, 0.50), _finetune("rte", 1, 0.60), _finetune("story_cloze", 1, 0.70)]
-    row, note = lt.row_and_note(records)
+    row, note = report.row_and_note(records)
     assert row == "| LSTM w/ aux LM | 45.0 | 10.0 [5.0–20.0] | 55.0 [50.0–60.0] | 70.0 |"
     assert "Seed 0 alone, the seed of the rows above: cola 10.0, rte 50.0. " in note  # no avg: story_cloze lacks seed 0
     records.append(_finetune("story_cloze", 0, 0.80))
-    assert "cola 10.0, rte 50.0, story_cloze 80.0 (avg 46.7). " in lt.row_and_note(records)[1]
+    assert "cola 10.0, rte 50.0, story_cloze 80.0 (avg 46.7). " in report.row_and_note(records)[1]
 
 
 def test_gpu_report_draws_both_curves_and_links_them(tmp_path):
@@ -155,25 +156,25 @@ def test_gpu_report_draws_both_curves_and_links_them(tmp_path):
     md.write_text("| method | avg |\n|---|---:|\n| LSTM w/ aux LM | – |\n\nafter\n")
     done = {"kind": "pretrain_done", "route": "gpu", "to_step": 7158, "tokens": 7158 * 256 * 128, "seconds": 151.0,
             "device": "NVIDIA H100 80GB HBM3", "cmd": "python -m x", "finished": "2026-11-26T13:38:00"}
-    lt.write_report(md, [done], ledger=str(ledger), figure="curves.png")
+    report.write_report(md, [done], ledger=str(ledger), figure="curves.png")
     assert not (md.parent / "curves.png").exists() and "curves.png" not in md.read_text()  # no log kept: no figure
     lt.pretrain_log(ledger).write_text((run / "log.jsonl").read_text())
-    lt.write_report(md, [done], ledger=str(ledger), figure="curves.png")
+    report.write_report(md, [done], ledger=str(ledger), figure="curves.png")
     assert (md.parent / "curves.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     text = md.read_text()
-    assert text.count("](curves.png)") == 1 and text.index("](curves.png)") < text.index(lt.NOTE_END) < text.index("after")
-    lt.write_report(md, [done], ledger=str(ledger), figure="curves.png")  # again: replaced, not repeated
+    assert text.count("](curves.png)") == 1 and text.index("](curves.png)") < text.index(report.NOTE_END) < text.index("after")
+    report.write_report(md, [done], ledger=str(ledger), figure="curves.png")  # again: replaced, not repeated
     assert md.read_text() == text
 
 
 def test_note_names_the_transformer_with_the_same_recipes():
     records = [_finetune("cola", 0, 0.05), _finetune("rte", 0, 0.57), _finetune("story_cloze", 0, 0.65)]
     reference = {"cola": {0: 13.7, 1: 15.2, 2: 14.9}, "rte": {0: 58.1}, "story_cloze": {}}
-    _, note = lt.row_and_note(records, reference=reference)
+    _, note = report.row_and_note(records, reference=reference)
     assert "same recipes and seeds" in note and "medians: cola 14.9, rte 58.1;" in note  # no runs: no story_cloze
-    assert "same recipes" not in lt.row_and_note(records)[1]
+    assert "same recipes" not in report.row_and_note(records)[1]
     reference["story_cloze"] = {0: 68.5}
-    assert "story_cloze 68.5 (avg 47.2, the LSTM's 42.3);" in lt.row_and_note(records, reference=reference)[1]
+    assert "story_cloze 68.5 (avg 47.2, the LSTM's 42.3);" in report.row_and_note(records, reference=reference)[1]
 
 
 def test_reference_cells_are_the_reproduction_reports_chosen_recipe():
