@@ -295,3 +295,37 @@ def test_an_export_removes_the_temporary_folders_of_killed_exports(tmp_path):
     module = Plus(1.0)
     save_version(module, {"serving_default": module.serve}, str(tmp_path), "m")
     assert sorted(os.listdir(model_dir)) == [f".4.tmp-{os.getpid()}", "1"]
+
+
+class Doubler(tf.Module):
+    """A child with a ``tf.function`` of its own, as the in-graph tokenizer is inside the serving modules."""
+
+    @tf.function(input_signature=[tf.TensorSpec([None], tf.float32)])
+    def __call__(self, x):
+        return 2.0 * x
+
+
+class Served(tf.Module):
+    def __init__(self):
+        super().__init__()
+        self.double = Doubler()
+
+    def signatures(self):
+        return {"serving_default": tf.function(lambda x: {"y": self.double(x) + 1.0}).get_concrete_function(
+            tf.TensorSpec([None], tf.float32, name="x"))}
+
+
+@pytest.mark.parametrize("traced_for_the_save, traces", [(True, 1), (False, 2)])
+def test_signatures_traced_for_the_save_are_not_traced_again(tmp_path, traced_for_the_save, traces):
+    """``traced_signatures``: the child's function is traced once for the signatures and the save together
+    (the tokenizer's graph is most of an export's tracing); traced outside the save's context, the save traces
+    it again. The SavedModel answers the same either way."""
+    from serving.saved_model_io import save_at, traced_signatures
+
+    module = Served()
+    signatures = traced_signatures(module) if traced_for_the_save else module.signatures()
+    save_at(module, signatures, str(tmp_path / "m"))
+    assert module.double.__call__.experimental_get_tracing_count() == traces
+    loaded = tf.saved_model.load(str(tmp_path / "m"))
+    assert loaded.signatures["serving_default"](x=tf.constant([1.0, 2.0]))["y"].numpy().tolist() == [3.0, 5.0]
+    assert loaded.double(tf.constant([3.0])).numpy().tolist() == [6.0]
