@@ -297,7 +297,7 @@ def test_an_export_removes_the_temporary_folders_of_killed_exports(tmp_path):
     assert sorted(os.listdir(model_dir)) == [f".4.tmp-{os.getpid()}", "1"]
 
 
-class Doubler(tf.Module):
+class Twice(tf.Module):
     """A child with a ``tf.function`` of its own, as the in-graph tokenizer is inside the serving modules."""
 
     @tf.function(input_signature=[tf.TensorSpec([None], tf.float32)])
@@ -308,7 +308,7 @@ class Doubler(tf.Module):
 class Served(tf.Module):
     def __init__(self):
         super().__init__()
-        self.double = Doubler()
+        self.double = Twice()
 
     def signatures(self):
         return {"serving_default": tf.function(lambda x: {"y": self.double(x) + 1.0}).get_concrete_function(
