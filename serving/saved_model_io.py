@@ -28,6 +28,8 @@ from pipelines.common import remove_stale_temps
 
 METHOD_NAMES = {"classify": "tensorflow/serving/classify", "regress": "tensorflow/serving/regress"}
 WARMUP_FILE = os.path.join("assets.extra", "tf_serving_warmup_requests")
+# The options of every save; ``traced_signatures`` traces under the same ones, so the save finds its traces.
+SAVE_OPTIONS = tf.saved_model.SaveOptions()
 _VERSION = re.compile(r"^\d+$")
 
 
@@ -88,7 +90,7 @@ def traced_signatures(module: tf.Module) -> dict:
     ``tf.function`` that ``module`` holds a second time (the in-graph tokenizer's takes seconds)."""
     from tensorflow.python.saved_model import save_context  # pylint: disable=import-outside-toplevel
 
-    with save_context.save_context(tf.saved_model.SaveOptions()):
+    with save_context.save_context(SAVE_OPTIONS):
         return module.signatures()
 
 
@@ -125,7 +127,7 @@ def save_at(module: tf.Module, signatures: dict, target: str, warmup=()) -> str:
     tmp = os.path.join(folder, f".{os.path.basename(target)}.tmp-{os.getpid()}")
     shutil.rmtree(tmp, ignore_errors=True)
     try:
-        tf.saved_model.save(module, tmp, signatures=signatures)
+        tf.saved_model.save(module, tmp, signatures=signatures, options=SAVE_OPTIONS)
         set_method_names(tmp, {k: v for k, v in METHOD_NAMES.items() if k in signatures})
         if warmup:
             os.makedirs(os.path.join(tmp, "assets.extra"), exist_ok=True)
