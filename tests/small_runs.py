@@ -105,6 +105,28 @@ def wait_for_checkpoint(run_dir: Path, name: str, proc: subprocess.Popen, timeou
     assert proc.poll() is None, f"the run ended before it could be stopped at {name}"
 
 
+def wait_for(condition, seconds: float, what: str) -> None:
+    """Polls ``condition()`` until it is true; fails naming ``what`` after ``seconds``."""
+    deadline = time.monotonic() + seconds
+    while not condition():
+        assert time.monotonic() < deadline, f"{what}: not within {seconds} s"
+        time.sleep(0.05)
+
+
+def save_length_model(folder: Path) -> None:
+    """A SavedModel of a tiny string model (``sentence`` -> its ``length``) in ``folder``: the stand-in for a
+    GPT export where a test is about the server, not the model."""
+    import tensorflow as tf
+
+    class Length(tf.Module):
+        @tf.function(input_signature=[tf.TensorSpec([None], tf.string, name="sentence")])
+        def serve(self, sentence):
+            return {"length": tf.strings.length(sentence)}
+
+    module = Length()
+    tf.saved_model.save(module, str(folder), signatures={"serving_default": module.serve})
+
+
 def books_folder(shared_data: Path, root: Path, chars: int = 60_000) -> tuple[Path, Path]:
     """(train, valid) folders: the first ``chars`` characters of two real books and of one held-out book."""
     train, valid = root / "train", root / "valid"
