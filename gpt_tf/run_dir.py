@@ -153,6 +153,20 @@ class RunDirLocked(RuntimeError):
     """Another process holds the run folder's lock; the message names the folder and the holder."""
 
 
+def chief_task(workers: list, worker_index: int, environ=os.environ) -> bool:
+    """Whether this process is the chief worker (from ``--workers`` / ``--worker_index`` or TF_CONFIG; no
+    TensorFlow needed): the one that locks and writes the run folder."""
+    if workers:
+        return worker_index == 0
+    try:
+        cluster = json.loads(environ.get("TF_CONFIG") or "{}")
+    except ValueError:
+        return True  # TensorFlow reports a bad TF_CONFIG itself
+    task = cluster.get("task", {})
+    kind, index = task.get("type"), int(task.get("index", 0))
+    return kind in (None, "chief") or (kind == "worker" and index == 0 and "chief" not in cluster.get("cluster", {}))
+
+
 def lock_run_dir(run_dir: str):
     """Takes ``run_dir``'s lock (exclusive, non-blocking) and returns its open file: keep it for the run.
 

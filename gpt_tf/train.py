@@ -30,8 +30,8 @@ from absl import app, flags, logging
 from gpt_tf import flag_checks, kernels, train_flags
 from gpt_tf.config import GPTConfig
 from gpt_tf.recipes import PAPER_FINETUNE
-from gpt_tf.run_dir import (DATA_FILE, MODEL_CONFIG, RUN_CONFIGS, RunDirLocked, data_identity, lock_run_dir,
-                            resume_problems, write_json_atomic)
+from gpt_tf.run_dir import (DATA_FILE, MODEL_CONFIG, RUN_CONFIGS, RunDirLocked, chief_task, data_identity,
+                            lock_run_dir, resume_problems, write_json_atomic)
 from gpt_tf.train_flags import define_flags
 from pipelines.records import has_manifest
 
@@ -122,23 +122,10 @@ def _budget_steps(model_config, precision: str) -> int:
     return steps
 
 
-def _chief_task() -> bool:
-    """Whether this process is the chief worker (from --workers or TF_CONFIG; no TensorFlow needed)."""
-    if FLAGS.workers:
-        return FLAGS.worker_index == 0
-    try:
-        cluster = json.loads(os.environ.get("TF_CONFIG") or "{}")
-    except ValueError:
-        return True  # TensorFlow reports a bad TF_CONFIG itself
-    task = cluster.get("task", {})
-    kind, index = task.get("type"), int(task.get("index", 0))
-    return kind in (None, "chief") or (kind == "worker" and index == 0 and "chief" not in cluster.get("cluster", {}))
-
-
 def _lock_run_dir() -> None:
     """The chief takes the run folder's lock for the run (``gpt_tf.run_dir.lock_run_dir``); a second trainer
     on the folder stops here, exit status 2, before it writes anything."""
-    if not _chief_task():
+    if not chief_task(FLAGS.workers, FLAGS.worker_index):
         return
     try:
         _RUN_LOCK.append(lock_run_dir(FLAGS.run_dir))

@@ -9,7 +9,7 @@ import shutil
 
 import pytest
 
-from gpt_tf.run_dir import RESUMABLE, resume_problems, write_json_atomic
+from gpt_tf.run_dir import RESUMABLE, chief_task, resume_problems, write_json_atomic
 from tests.small_runs import ROOT, TRAIN_FLAGS, build_data, run_cli
 
 
@@ -206,3 +206,20 @@ def test_a_second_trainer_on_a_locked_run_folder_stops_with_status_2(trained):
         holder.send_signal(signal.SIGKILL)
         holder.wait()
     lock_run_dir(str(run_dir)).close()  # released by the kernel with the killed process
+
+
+def test_the_chief_is_found_from_the_flags_or_tf_config():
+    """The process that locks and writes the run folder: worker 0 of --workers, else TF_CONFIG's chief (or
+    worker 0 of a cluster without one); a single process without TF_CONFIG, or with one TensorFlow will reject."""
+    assert chief_task(["a:1", "b:2"], 0, {}) and not chief_task(["a:1", "b:2"], 1, {})
+    assert chief_task([], 0, {})
+    assert chief_task([], 0, {"TF_CONFIG": "not json"})
+    cluster = {"worker": ["a:1", "b:2"]}
+
+    def tf_config(kind, index, **more):
+        return {"TF_CONFIG": json.dumps({"cluster": {**cluster, **more}, "task": {"type": kind, "index": index}})}
+
+    assert chief_task([], 0, tf_config("worker", 0)) and not chief_task([], 0, tf_config("worker", 1))
+    assert chief_task([], 0, tf_config("chief", 0, chief=["c:3"]))
+    assert not chief_task([], 0, tf_config("worker", 0, chief=["c:3"]))  # a cluster with a chief: worker 0 is not it
+    assert not chief_task([], 0, tf_config("evaluator", 0))
