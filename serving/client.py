@@ -20,16 +20,11 @@ import json
 import sys
 import threading
 
-from gpt_tf.console import import_tensorflow
+import grpc
+import numpy as np
+from absl import app, flags
 
-tf = import_tensorflow(serving=True)  # first, so that its start-up lines stay off the console (GPT_TF_VERBOSE=1 keeps them)
-
-import grpc  # noqa: E402 -- tensorflow_serving.apis imports TensorFlow: after the quiet import above
-import numpy as np  # noqa: E402
-from absl import app, flags  # noqa: E402
-from tensorflow_serving.apis import predict_pb2, prediction_service_pb2_grpc  # noqa: E402
-
-from serving.errors import ServingError  # noqa: E402
+from serving.errors import ServingError
 
 FLAGS = flags.FLAGS
 
@@ -37,6 +32,17 @@ FLAGS = flags.FLAGS
 _FROM_HTTP = {400: "INVALID_ARGUMENT", 404: "NOT_FOUND", 409: "ABORTED", 411: "INVALID_ARGUMENT",
               413: "RESOURCE_EXHAUSTED", 429: "RESOURCE_EXHAUSTED", 501: "UNIMPLEMENTED", 503: "UNAVAILABLE",
               504: "DEADLINE_EXCEEDED"}
+
+
+def _grpc_api():
+    """TensorFlow and TF Serving's gRPC messages and stub, imported by the first gRPC client: REST needs neither,
+    and TensorFlow's start-up is most of a command's time (7.0 -> ~1 s for ``--protocol=rest``)."""
+    from gpt_tf.console import import_tensorflow
+
+    tf = import_tensorflow(serving=True)  # first, so that its start-up lines stay off the console
+    from tensorflow_serving.apis import predict_pb2, prediction_service_pb2_grpc  # imports TensorFlow
+
+    return tf, predict_pb2, prediction_service_pb2_grpc
 
 
 class ServingClient:
@@ -47,8 +53,9 @@ class ServingClient:
             raise ValueError(f"protocol must be 'grpc' or 'rest', got {protocol!r}")
         self.host, self.port, self.protocol, self.timeout = host, port, protocol, timeout
         if protocol == "grpc":
+            self._tf, self._predict_pb2, stubs = _grpc_api()
             self._channel = grpc.insecure_channel(f"{host}:{port}")
-            self._stub = prediction_service_pb2_grpc.PredictionServiceStub(self._channel)
+            self._stub = stubs.PredictionServiceStub(self._channel)
         self._local = threading.local()
 
     def close(self) -> None:
@@ -60,7 +67,7 @@ class ServingClient:
                 version: int | None = None) -> dict:
         """``{input: list or array}`` -> ``{output: np.ndarray}`` (strings as ``str``)."""
         if self.protocol == "grpc":
-            request = predict_pb2.PredictRequest()
+            tf, request = self._tf, self._predict_pb2.PredictRequest()
             request.model_spec.name, request.model_spec.signature_name = model_name, signature
             if version:
                 request.model_spec.version.value = version
