@@ -42,11 +42,13 @@ def test_the_hook_puts_the_longest_groups_first_and_keeps_files_together():
              "tests/test_b.py", "tests/serving_e2e/test_y.py", "tests/test_walkthrough.py"]
     items = [item(p) for p in paths]
     conftest.pytest_collection_modifyitems(None, items)
+    longest = sorted(["serving_e2e", "test_walkthrough"], key=conftest.LONGEST_FIRST.index)  # both listed there
+    place = {"serving_e2e": ["tests/serving_e2e/test_x.py", "tests/serving_e2e/test_y.py"],
+             "test_walkthrough": ["tests/test_walkthrough.py"] * 2}
     assert [str(i.path.relative_to(ROOT)) for i in items] == [
-        "tests/serving_e2e/test_x.py", "tests/serving_e2e/test_y.py", "tests/test_walkthrough.py",
-        "tests/test_walkthrough.py", "tests/test_a.py", "tests/test_a.py", "tests/test_b.py"]
+        *place[longest[0]], *place[longest[1]], "tests/test_a.py", "tests/test_a.py", "tests/test_b.py"]
     groups = [_group_mark(i.marks[0]) for i in items]
-    assert groups == ["serving_e2e"] * 2 + ["test_walkthrough"] * 2 + ["test_a"] * 2 + ["test_b"]
+    assert groups == [longest[0]] * 2 + [longest[1]] * 2 + ["test_a"] * 2 + ["test_b"]
     assert all(m.name == "xdist_group" for i in items for m in i.marks)
 
 
