@@ -132,6 +132,9 @@ def run_ab(args, setup, out: Path) -> dict:
             print(f"round {rnd + 1} {name} x{c} oneDNN {LABEL[value]}: p50 {p50:.1f} ms, "
                   f"{len(latencies) / wall:.1f} calls/s, others' CPU {others:.0%}", flush=True)
     finally:
+        for proc in servers.values():  # every server told at once, so that their graceful stops overlap
+            if proc.poll() is None:
+                proc.terminate()
         for worker in workers.values():
             worker.close()
         for proc in servers.values():
