@@ -43,7 +43,7 @@ from pathlib import Path
 from types import SimpleNamespace
 
 import numpy as np
-from absl import app, flags
+from absl import app, flags, logging
 
 from bench.harness import ROOT, CpuMeter, header, machine_info
 
@@ -237,6 +237,8 @@ def prepare(args):
 def main(argv):
     del argv  # everything is a flag
     args = FLAGS
+    if not FLAGS["verbosity"].present:
+        logging.set_verbosity(logging.WARNING)  # the export's INFO lines off, as in the project's commands
     if args.worker:
         from bench._serving_ab import worker_main
 
