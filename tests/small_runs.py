@@ -155,6 +155,38 @@ def build_data(shared_data: Path, root: Path, tokenizer_copy: bool = False, toke
     return out
 
 
+# The keras-hub family's tests (tests/test_gpt1_family.py, test_gpt1_batching.py): the `test` shape on books_tiny's
+# 8k BPE (fast), a few SST-2-like texts.
+BOOKS_TINY = ROOT / "gpt_tf" / "presets" / "books_tiny"
+GPT1_TEXTS = ["a gripping , beautifully acted film .", "a dull mess", "it is what it is , no more and no less ."]
+
+
+def gpt1_tokenizer():
+    """``GPT1Tokenizer`` on books_tiny's BPE."""
+    import gpt_tf
+
+    return gpt_tf.GPT1Tokenizer(str(BOOKS_TINY / "assets" / "tokenizer"))
+
+
+def gpt1_backbone(seed=0, **overrides):
+    """A ``GPT1Backbone`` of the ``test`` preset for the 8k BPE, its weights from ``seed``."""
+    import keras
+
+    import gpt_tf
+    from gpt_tf.config import get_preset
+
+    keras.utils.set_random_seed(seed)
+    return gpt_tf.GPT1Backbone.from_gpt_config(get_preset("test", vocab_size=8000, **overrides))
+
+
+def gpt1_classifier(tokenizer, input_type="single", num_classes=2):
+    """A ``GPT1TextClassifier`` on ``gpt1_backbone()`` with a preprocessor of ``input_type``."""
+    import gpt_tf
+
+    preprocessor = gpt_tf.GPT1TaskPreprocessor(tokenizer, input_type=input_type)
+    return gpt_tf.GPT1TextClassifier(gpt1_backbone(), num_classes=num_classes, preprocessor=preprocessor)
+
+
 # The preamble of a script that must run with TensorFlow alone (stock TF Serving's situation): `import
 # tensorflow` imports keras when it is installed, so it is unloaded, and any import of it, of the project,
 # TF Text or keras-hub is blocked before the SavedModels are loaded and run. `BLOCKED` names them.

@@ -6,7 +6,14 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from tests.test_gpt1_family import TEXTS, _classifier, tokenizer  # noqa: F401  (the fixture)
+from tests.small_runs import GPT1_TEXTS as TEXTS
+from tests.small_runs import gpt1_classifier as _classifier
+from tests.small_runs import gpt1_tokenizer
+
+
+@pytest.fixture(scope="module")
+def tokenizer():
+    return gpt1_tokenizer()
 
 
 def _padded_tokens(lengths, order, batch_size, buckets):
@@ -36,7 +43,7 @@ def test_fit_order_is_the_clis_epoch_plan_and_pays_little_padding():
     assert batching.fit_order(lengths[:5], 64, batch, 3, seed=0).size == 0  # no full batch: nothing planned
 
 
-def test_lengths_are_the_longest_view_the_preprocessor_builds(tokenizer):  # noqa: F811
+def test_lengths_are_the_longest_view_the_preprocessor_builds(tokenizer):
     import gpt_tf
     from gpt_tf.gpt1 import batching
     from gpt_tf.gpt1.preprocessor import pretokenize
@@ -52,7 +59,7 @@ def test_lengths_are_the_longest_view_the_preprocessor_builds(tokenizer):  # noq
     assert max(batching.lengths(pretokenize(cases[1][1], tokenizer, "pair"), "pair", 12).numpy()) == 12
 
 
-def test_fit_runs_the_planned_batches_and_predict_keeps_the_callers_order(tokenizer):  # noqa: F811
+def test_fit_runs_the_planned_batches_and_predict_keeps_the_callers_order(tokenizer):
     texts = [" ".join(["word"] * n) + " ." for n in (1, 30, 3, 12, 2, 25, 5, 40, 1, 8)]
     labels = [n % 2 for n in range(10)]
     classifier = _classifier(tokenizer)

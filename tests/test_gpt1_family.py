@@ -15,35 +15,19 @@ import textwrap
 import numpy as np
 import pytest
 
-from tests.small_runs import CHILD_SITE, ENV, ROOT, TF_ONLY
+from tests.small_runs import BOOKS_TINY as BOOKS
+from tests.small_runs import CHILD_SITE, ENV, TF_ONLY
+from tests.small_runs import GPT1_TEXTS as TEXTS
+from tests.small_runs import gpt1_backbone as _backbone
+from tests.small_runs import gpt1_classifier as _classifier
+from tests.small_runs import gpt1_tokenizer
 
-BOOKS = ROOT / "gpt_tf" / "presets" / "books_tiny"
 BPE = BOOKS / "assets" / "tokenizer"
-TEXTS = ["a gripping , beautifully acted film .", "a dull mess", "it is what it is , no more and no less ."]
 
 
 @pytest.fixture(scope="module")
 def tokenizer():
-    import gpt_tf
-
-    return gpt_tf.GPT1Tokenizer(str(BPE))
-
-
-def _backbone(seed=0, **overrides):
-    import keras
-
-    import gpt_tf
-    from gpt_tf.config import get_preset
-
-    keras.utils.set_random_seed(seed)
-    return gpt_tf.GPT1Backbone.from_gpt_config(get_preset("test", vocab_size=8000, **overrides))
-
-
-def _classifier(tokenizer, input_type="single", num_classes=2):
-    import gpt_tf
-
-    preprocessor = gpt_tf.GPT1TaskPreprocessor(tokenizer, input_type=input_type)
-    return gpt_tf.GPT1TextClassifier(_backbone(), num_classes=num_classes, preprocessor=preprocessor)
+    return gpt1_tokenizer()
 
 
 def test_import_is_light_and_keras_hub_resolves_gpt1_presets():

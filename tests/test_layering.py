@@ -87,3 +87,16 @@ def test_no_circle_of_files():
     # a package's __init__ importing its own modules is not a circle between files
     circles = [c for c in circles if not any(len(set(c)) == 2 and c[0] == m.rsplit(".", 1)[0] for m in c)]
     assert not circles, "\n".join(" -> ".join(c) for c in circles)
+
+
+def test_no_test_file_imports_another():
+    """A test file's helpers live in ``tests/small_runs.py`` (or a conftest): importing another test file couples
+    the two (its fixtures run under the importer's name, its module-level set-up runs again)."""
+    importers = {}
+    for path in sorted((ROOT / "tests").rglob("*.py")):
+        for node in ast.walk(ast.parse(path.read_text(), str(path))):
+            modules = ([node.module] if isinstance(node, ast.ImportFrom) and node.module else
+                       [a.name for a in node.names] if isinstance(node, ast.Import) else [])
+            if any(m.split(".")[-1].startswith("test_") for m in modules if m.startswith("tests")):
+                importers.setdefault(str(path.relative_to(ROOT)), []).extend(modules)
+    assert importers == {}
