@@ -24,8 +24,8 @@ def _module(path: Path) -> str:
     return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
 
 
-def _imports(path: Path) -> set[str]:
-    """The project modules ``path`` imports (``from a.b import c`` counts c when it is a module)."""
+def _imports(path: Path, packages: tuple = PACKAGES) -> set[str]:
+    """The modules of ``packages`` that ``path`` imports (``from a.b import c`` counts c when it is a module)."""
     found = set()
     for node in ast.walk(ast.parse(path.read_text(), str(path))):
         names = []
@@ -33,7 +33,7 @@ def _imports(path: Path) -> set[str]:
             names = [node.module] + [f"{node.module}.{a.name}" for a in node.names]
         elif isinstance(node, ast.Import):
             names = [a.name for a in node.names]
-        found.update(n for n in names if n.split(".")[0] in PACKAGES)
+        found.update(n for n in names if n.split(".")[0] in packages)
     return found
 
 
@@ -92,11 +92,6 @@ def test_no_circle_of_files():
 def test_no_test_file_imports_another():
     """A test file's helpers live in ``tests/small_runs.py`` (or a conftest): importing another test file couples
     the two (its fixtures run under the importer's name, its module-level set-up runs again)."""
-    importers = {}
-    for path in sorted((ROOT / "tests").rglob("*.py")):
-        for node in ast.walk(ast.parse(path.read_text(), str(path))):
-            modules = ([node.module] if isinstance(node, ast.ImportFrom) and node.module else
-                       [a.name for a in node.names] if isinstance(node, ast.Import) else [])
-            if any(m.split(".")[-1].startswith("test_") for m in modules if m.startswith("tests")):
-                importers.setdefault(str(path.relative_to(ROOT)), []).extend(modules)
+    importers = {str(path.relative_to(ROOT)): sorted(found) for path in sorted((ROOT / "tests").rglob("*.py"))
+                 if (found := {m for m in _imports(path, ("tests",)) if m.split(".")[-1].startswith("test_")})}
     assert importers == {}
