@@ -16,13 +16,12 @@ import numpy as np
 import pytest
 
 from tests.small_runs import BOOKS_TINY as BOOKS
+from tests.small_runs import BOOKS_TINY_BPE as BPE
 from tests.small_runs import CHILD_SITE, ENV, TF_ONLY
 from tests.small_runs import GPT1_TEXTS as TEXTS
 from tests.small_runs import gpt1_backbone as _backbone
 from tests.small_runs import gpt1_classifier as _classifier
 from tests.small_runs import gpt1_tokenizer
-
-BPE = BOOKS / "assets" / "tokenizer"
 
 
 @pytest.fixture(scope="module")
