@@ -22,6 +22,7 @@ from serving.client import ServingClient
 from serving.errors import ServingError
 from serving.saved_model_io import text_example
 from tests.serving_e2e.helpers import ENV, MAX_REQUEST_BYTES, ROOT, TOL, predict_request, rest, stubs
+from tests.small_runs import wait_for
 
 
 # ---------------------------------------------------------------------------------------------- server
@@ -234,10 +235,8 @@ def test_new_version_under_concurrent_load_drops_no_request(served, base, sst2_d
             assert state.get("state") != "END", f"version 2 failed to load: {state}"
             assert time.time() < deadline, f"version 2 not AVAILABLE in 900 s: {state}"
             time.sleep(0.5)
-        deadline = time.time() + 300
-        while not (seen and seen[-1] == 2 and seen.count(2) > 20):
-            assert time.time() < deadline, "version 2 is AVAILABLE but never answered 20 requests"
-            time.sleep(0.2)
+        wait_for(lambda: seen and seen[-1] == 2 and seen.count(2) > 20, 300,
+                 "version 2 is AVAILABLE but never answered 20 requests")
     finally:
         stop.set()
         for t in threads:
