@@ -9,5 +9,6 @@ Server (imports only tensorflow, grpcio and tensorflow-serving-api):
     (version polling and swaps) -> ``servable`` (one version; TF Serving's request checks) ->
     ``batcher``; front ends ``grpc_service`` and ``rest`` (+ ``rest_json``); ``requests`` and
     ``errors`` convert protos and status codes.
-Client: ``client`` (library and CLI), for this server or stock TF Serving.
+Client: ``client`` (library and CLI), for this server or stock TF Serving; ``protos`` (TF Serving's messages
+without TensorFlow's start-up, numpy <-> TensorProto).
 """

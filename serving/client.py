@@ -24,6 +24,7 @@ import grpc
 import numpy as np
 from absl import app, flags
 
+from serving import protos
 from serving.errors import ServingError
 
 FLAGS = flags.FLAGS
@@ -34,17 +35,6 @@ _FROM_HTTP = {400: "INVALID_ARGUMENT", 404: "NOT_FOUND", 409: "ABORTED", 411: "I
               504: "DEADLINE_EXCEEDED"}
 
 
-def _grpc_api():
-    """TensorFlow and TF Serving's gRPC messages and stub, imported by the first gRPC client: REST needs neither,
-    and TensorFlow's start-up is most of a command's time (a REST command: 0.4 s, a gRPC one 8-9 s here)."""
-    from gpt_tf.console import import_tensorflow
-
-    tf = import_tensorflow(serving=True)  # first, so that its start-up lines stay off the console
-    from tensorflow_serving.apis import predict_pb2, prediction_service_pb2_grpc  # imports TensorFlow
-
-    return tf, predict_pb2, prediction_service_pb2_grpc
-
-
 class ServingClient:
     """Predict requests to one server; thread-safe (one HTTP connection per thread for REST)."""
 
@@ -53,7 +43,9 @@ class ServingClient:
             raise ValueError(f"protocol must be 'grpc' or 'rest', got {protocol!r}")
         self.host, self.port, self.protocol, self.timeout = host, port, protocol, timeout
         if protocol == "grpc":
-            self._tf, self._predict_pb2, stubs = _grpc_api()
+            # TF Serving's messages without TensorFlow's start-up (serving/protos.py): a gRPC command takes
+            # about as long as a REST one.
+            self._predict_pb2, stubs, self._tensor_pb2 = protos.serving_apis()
             self._channel = grpc.insecure_channel(f"{host}:{port}")
             self._stub = stubs.PredictionServiceStub(self._channel)
         self._local = threading.local()
@@ -67,17 +59,17 @@ class ServingClient:
                 version: int | None = None) -> dict:
         """``{input: list or array}`` -> ``{output: np.ndarray}`` (strings as ``str``)."""
         if self.protocol == "grpc":
-            tf, request = self._tf, self._predict_pb2.PredictRequest()
+            request = self._predict_pb2.PredictRequest()
             request.model_spec.name, request.model_spec.signature_name = model_name, signature
             if version:
                 request.model_spec.version.value = version
             for name, value in inputs.items():
-                request.inputs[name].CopyFrom(tf.make_tensor_proto(value))
+                request.inputs[name].CopyFrom(protos.to_proto(value, self._tensor_pb2))
             try:
                 response = self._stub.Predict(request, timeout=self.timeout)
             except grpc.RpcError as err:
                 raise ServingError(err.code(), err.details()) from None
-            outputs = {k: tf.make_ndarray(v) for k, v in response.outputs.items()}
+            outputs = {k: protos.to_ndarray(v, k) for k, v in response.outputs.items()}
         else:
             path = f"/v1/models/{model_name}" + (f"/versions/{version}" if version else "")
             body = {"signature_name": signature, "inputs": {k: np.asarray(v).tolist() for k, v in inputs.items()}}
