@@ -45,7 +45,7 @@ class ServingClient:
         if protocol == "grpc":
             # TF Serving's messages without TensorFlow's start-up (serving/protos.py): a gRPC command takes
             # about as long as a REST one.
-            self._predict_pb2, stubs, self._tensor_pb2 = protos.serving_apis()
+            self._predict_pb2, stubs = protos.serving_apis()
             self._channel = grpc.insecure_channel(f"{host}:{port}")
             self._stub = stubs.PredictionServiceStub(self._channel)
         self._local = threading.local()
@@ -64,7 +64,7 @@ class ServingClient:
             if version:
                 request.model_spec.version.value = version
             for name, value in inputs.items():
-                request.inputs[name].CopyFrom(protos.to_proto(value, self._tensor_pb2))
+                protos.fill_proto(request.inputs[name], value)
             try:
                 response = self._stub.Predict(request, timeout=self.timeout)
             except grpc.RpcError as err:

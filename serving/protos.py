@@ -10,7 +10,7 @@ its ``__init__``), then takes the stand-in away: a later ``import tensorflow`` i
 and reuses these message modules, so the process has one ``TensorProto`` class. Where TensorFlow is
 already imported, the usual imports run.
 
-``to_proto`` / ``to_ndarray`` are the client's side of ``tf.make_tensor_proto`` / ``tf.make_ndarray`` for
+``fill_proto`` / ``to_ndarray`` are the client's side of ``tf.make_tensor_proto`` / ``tf.make_ndarray`` for
 the types a served model takes and gives (strings, floats, integers, booleans); tests/test_protos.py checks
 them against TensorFlow's.
 """
@@ -28,7 +28,7 @@ _LOCK = threading.Lock()
 
 
 def serving_apis():
-    """``(predict_pb2, prediction_service_pb2_grpc, tensor_pb2)``, without TensorFlow's start-up."""
+    """``(predict_pb2, prediction_service_pb2_grpc)``, without TensorFlow's start-up."""
     with _LOCK:
         stand_in = None
         if "tensorflow" not in sys.modules:
@@ -40,12 +40,11 @@ def serving_apis():
             stand_in.__path__ = list(spec.submodule_search_locations)
             sys.modules["tensorflow"] = stand_in
         try:
-            from tensorflow.core.framework import tensor_pb2
             from tensorflow_serving.apis import predict_pb2, prediction_service_pb2_grpc
         finally:
             if stand_in is not None and sys.modules.get("tensorflow") is stand_in:
                 del sys.modules["tensorflow"]
-    return predict_pb2, prediction_service_pb2_grpc, tensor_pb2
+    return predict_pb2, prediction_service_pb2_grpc
 
 
 # DataType number -> (numpy dtype, the TensorProto field its values sit in when not in tensor_content).
@@ -58,13 +57,13 @@ _NUMBERS = {np.dtype(dtype): number for number, (dtype, _) in _TYPES.items() if 
 _INT32 = np.iinfo(np.int32)
 
 
-def to_proto(value, tensor_pb2):
-    """``value`` (a list, scalar or array) as a ``TensorProto``, typed as ``tf.make_tensor_proto`` types it:
-    strings (``str`` as UTF-8) are DT_STRING; Python floats float32 and Python ints int32 (int64 where one
-    does not fit), a numpy array or scalar keeps its dtype."""
+def fill_proto(proto, value) -> None:
+    """Writes ``value`` (a list, scalar or array) into the empty ``TensorProto`` ``proto`` (e.g. a request's
+    ``inputs[name]``), typed as ``tf.make_tensor_proto`` types it: strings (``str`` as UTF-8) are DT_STRING;
+    Python floats float32 and Python ints int32 (int64 where one does not fit), a numpy array or scalar keeps
+    its dtype."""
     typed = isinstance(value, (np.ndarray, np.generic))
     array = np.asarray(value)
-    proto = tensor_pb2.TensorProto()
     for size in array.shape:
         proto.tensor_shape.dim.add(size=size)
     if array.dtype.kind in "USO":
@@ -72,7 +71,7 @@ def to_proto(value, tensor_pb2):
             array = np.asarray(value, dtype=object)
         proto.dtype = 7
         proto.string_val.extend(v.encode("utf-8") if isinstance(v, str) else bytes(v) for v in array.ravel())
-        return proto
+        return
     if not typed and array.dtype == np.float64:
         array = array.astype(np.float32)
     elif not typed and array.dtype.kind == "i" and (array.size == 0 or _INT32.min <= array.min() <= array.max()
@@ -82,7 +81,6 @@ def to_proto(value, tensor_pb2):
         raise ValueError(f"serving.client cannot send a tensor of {array.dtype}")
     proto.dtype = _NUMBERS[array.dtype]
     proto.tensor_content = np.ascontiguousarray(array, array.dtype.newbyteorder("<")).tobytes()
-    return proto
 
 
 def to_ndarray(proto, name: str = "tensor") -> np.ndarray:
@@ -100,7 +98,7 @@ def to_ndarray(proto, name: str = "tensor") -> np.ndarray:
     if field == "half_val":
         values = np.asarray(values, np.uint16).view(np.float16)
     array = np.empty(len(values), dtype)
-    array[:] = values
+    array[:] = values  # not np.asarray(values): for bytes it would drop trailing NULs
     if not len(array):
         return np.zeros(shape, dtype) if dtype is not object else np.full(shape, b"", object)
     if len(array) < size:  # a shorter list is padded with its last value, as TensorFlow reads it

@@ -21,10 +21,11 @@ VALUES = [["a b", "ünï"], [b"\xff\x00"], "x", [[["a"]]], np.array(["x", "yy"],
 
 
 @pytest.mark.parametrize("value", VALUES, ids=lambda v: f"{type(v).__name__}:{np.asarray(v).dtype}{np.shape(v)}")
-def test_to_proto_types_and_holds_what_tensorflow_makes(value):
+def test_fill_proto_types_and_holds_what_tensorflow_makes(value):
     """Same DataType as tf.make_tensor_proto (Python floats float32, ints int32 where they fit) and, read by
     TensorFlow (as a server reads a request), the same array."""
-    ours, theirs = protos.to_proto(value, tensor_pb2), tf.make_tensor_proto(value)
+    ours, theirs = tensor_pb2.TensorProto(), tf.make_tensor_proto(value)
+    protos.fill_proto(ours, value)
     assert ours.dtype == theirs.dtype
     read, expected = tf.make_ndarray(ours), tf.make_ndarray(theirs)
     assert read.dtype == expected.dtype and read.shape == expected.shape and np.array_equal(read, expected)
@@ -56,7 +57,7 @@ def test_types_the_client_does_not_handle_are_named():
     with pytest.raises(ValueError, match=r"probabilities: .* DataType 8 "):
         protos.to_ndarray(tf.make_tensor_proto(np.array([1j], np.complex64)), "probabilities")
     with pytest.raises(ValueError, match="cannot send a tensor of complex64"):
-        protos.to_proto(np.array([1j], np.complex64), tensor_pb2)
+        protos.fill_proto(tensor_pb2.TensorProto(), np.array([1j], np.complex64))
 
 
 CLIENT_WITHOUT_TENSORFLOW = """
