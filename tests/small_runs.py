@@ -25,6 +25,12 @@ ROOT = Path(__file__).resolve().parents[1]
 CHILD_SITE = str(ROOT / "tests" / "child_site")
 ENV = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT), CHILD_SITE]), "TF_CPP_MIN_LOG_LEVEL": "2"}
 N_CTX = 32
+# Two computation paths of the same float32 math (eager calls against a traced graph, a batch against its rows, one
+# model class against another built on the same layers) round differently in the last bits where TensorFlow's oneDNN
+# rewrites are on (its default on AVX-512 CPUs; off on AVX2-only ones): fused kernels and other blockings change the
+# order of the sums. They are compared within this tolerance: ~100x float32's rounding at the logits' magnitudes,
+# far below what any real difference in the math gives. The same path run twice is compared bit for bit instead.
+TWO_PATHS = {"rtol": 1e-5, "atol": 1e-6}
 # The end-to-end pre-training tests' flags (tests/test_train.py, test_scale.py, test_finetune.py).
 BASE_FLAGS = [
     "--model=test", "--batch_size=8", "--warmup_steps=2", "--learning_rate=1e-3", "--log_every=1",
