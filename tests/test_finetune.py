@@ -94,7 +94,7 @@ def test_pretrained_layers_are_transferred(pretrained, rte16, tmp_path):
     ft_vals = {k.split(".", 1)[1].lstrip("."): v for k, v in ft.items()}
     shared = [k for k in lm_vals if k in ft_vals and ("positions_embed" in k or k.startswith(("h0.", "h1.")))]
     assert len(shared) == 1 + 2 * 12, (list(lm_vals)[:5], list(ft_vals)[:5])
-    for key in shared:
+    for key in shared:  # copied, then updates of learning rate 0 (they subtract exactly 0): bit for bit on every CPU
         assert (lm_vals[key] == ft_vals[key]).all(), key
 
 
@@ -127,7 +127,7 @@ def test_multitask_heads_share_one_backbone(pretrained, rte16, shared_data, tmp_
     assert idle["dev"] == single["dev"] and "stsb/dev" in idle
     w_single, w_idle = model_weights(tmp_path / "single", 2), model_weights(tmp_path / "idle", 2)
     assert len(w_idle) == len(w_single) + 2  # W_y and its bias for STS-B
-    for key, value in w_single.items():
+    for key, value in w_single.items():  # the same updates, op for op (STS-B is never drawn): bit for bit on every CPU
         assert (w_idle[key] == value).all(), key
     assert "multi-task: 4 updates drawn from rte 0.500, stsb 0.500" in proc.stderr
     both = last_json(proc)

@@ -58,6 +58,7 @@ def loop_run(data, tmp_path_factory):
                          init_checkpoint=str(preset))
     finetuner = Finetuner(task, config, run, tf.distribute.get_strategy(), log=lambda *_: None)
     start = [v.numpy() for v in finetuner.model.weights]
+    # copies of the preset's float32 values, no arithmetic: bit for bit on every CPU
     np.testing.assert_array_equal(start[1], pretrained.weights[1].numpy())  # the preset's weights, read by the loop
     np.testing.assert_array_equal(start[0][:8000], pretrained.weights[0].numpy()[:8000])  # (special rows re-drawn)
     batches = list(task_dataset(task, str(data), "train", BATCH, N_CTX, special_ids_from_config(config), training=True,
@@ -152,4 +153,6 @@ def test_a_finetuning_run_converts_to_a_task_preset_with_the_runs_logits(loop_ru
     for variable, value in zip(reference.weights, end):
         variable.assign(value)
     features = {k: batches[0][0][k] for k in ("input_ids", "extract_index", "lm_weights")}
+    # bit for bit on every CPU: the preset holds the run's weights exactly, and the task's call runs the reference's
+    # eager ops on the same shapes
     np.testing.assert_array_equal(task(features).numpy(), reference(features, with_lm=False)["task"].numpy())

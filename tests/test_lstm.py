@@ -74,7 +74,7 @@ def test_task_heads_run_on_the_lstm(task, views):
 
 def test_layer_transfer_between_lstms_and_only_embeddings_from_a_transformer():
     src, dst = _lm(seed=1), make_backbone(CONFIG.replace(n_ctx=16))
-    transfer_layers(src, dst, 1)
+    transfer_layers(src, dst, 1)  # copies: bit for bit on every CPU
     for a, b in zip(src.backbone.blocks[0].weights, dst.blocks[0].weights):
         np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
     gpt = _lm(get_preset("test"))
@@ -99,6 +99,7 @@ def test_finetuner_fine_tunes_an_lstm_checkpoint(shared_data, tmp_path):
     tuner = Finetuner(load_task_spec(data), config, FinetuneConfig(data_dir=str(data), run_dir=str(tmp_path / "ft"),
                       init_checkpoint=str(run), batch_size=8, epochs=1), tf.distribute.get_strategy(), log=messages.append)
     assert "embeddings + 1 of 1 blocks" in messages[0]
+    # a copy: bit for bit on every CPU
     np.testing.assert_array_equal(np.asarray(tuner.model.backbone.blocks[0].lstm.weights[0]),
                                   np.asarray(lm.backbone.blocks[0].lstm.weights[0]))
     results = tuner.train(progress=False)

@@ -42,6 +42,7 @@ def test_parameter_count_matches_config_with_one_tied_table(model):
 
 
 def test_eval_mode_is_deterministic_and_training_mode_uses_dropout(model, ids):
+    # the same eager call twice (training=False is the default): the same ops round alike, bit for bit on every CPU
     np.testing.assert_array_equal(_np(model(ids)), _np(model(ids, training=False)))
     assert not np.allclose(_np(model(ids, training=True)), _np(model(ids)))
 
@@ -81,7 +82,7 @@ def test_get_config_round_trip(model, ids):
     assert [tuple(v.shape) for v in clone.weights] == [tuple(v.shape) for v in model.weights]
     assert [v.path for v in clone.weights] == [v.path for v in model.weights]
     assert not np.allclose(_np(clone(ids)), _np(model(ids)))  # fresh init differs …
-    clone.set_weights(model.get_weights())
+    clone.set_weights(model.get_weights())  # exact copies, the same eager ops: bit for bit on every CPU
     np.testing.assert_array_equal(_np(clone(ids)), _np(model(ids)))  # … copied weights agree
 
 
@@ -91,6 +92,7 @@ def test_keras_file_round_trip(model, ids, tmp_path):
     loaded = keras.saving.load_model(path)
     assert isinstance(loaded, GPTLanguageModel)
     assert loaded.config == model.config
+    # the .keras file stores the float32 weights exactly and the same eager ops run: bit for bit on every CPU
     np.testing.assert_array_equal(_np(loaded(ids)), _np(model(ids)))
 
 
@@ -118,6 +120,7 @@ def test_dropout16_takes_its_16_bit_path_when_the_length_is_dynamic():
     16-bit draws (not Keras's float draws): the same seed gives the same mask as with a static shape,
     an odd size the first draws of the next even one, and the drop rate and 1/(1 - rate) scale are exact."""
     static = _dropout16_mask([3, 334, 5], [3, 334, 5])
+    # masks of integer draws times one constant scale: bit for bit on every CPU
     np.testing.assert_array_equal(_dropout16_mask([3, 334, 5], [None, None, 5]), static)
     np.testing.assert_array_equal(_dropout16_mask([5009], [None]), static[:5009])
     assert set(np.unique(static).tolist()) == {0.0, np.float32(1 / 0.9)}
@@ -175,6 +178,7 @@ def test_mixed_precision_embedding_casts_the_gathered_rows_not_the_table():
     table, positions = _np(layer.tokens_embed), _np(layer.positions_embed)  # float32, read outside any autocast
     assert table.dtype == np.float32
     expected = tf.cast(table[[1, 7, 299, 3]] + positions[:4], tf.bfloat16)
+    # one float32 addition and one rounding to bfloat16 per element, the same on both sides: bit for bit on every CPU
     np.testing.assert_array_equal(_np(out[0]).astype(np.float32), _np(expected).astype(np.float32))
 
 

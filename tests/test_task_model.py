@@ -149,6 +149,7 @@ def test_lambda_zero_gives_no_gradient_from_the_lm_term(rng):
     feats = _features([[[S, *_text(rng), E]] for _ in range(3)])
     label = np.array([1, 0, 1], "int32")
     task_only = _grads(model, feats, label, 0.5, "task")
+    # bit for bit on every CPU: with λ = 0 the total is L2 plus a constant 0, so its gradient runs L2's ops alone
     for got, want in zip(_grads(model, feats, label, 0.0, "total"), task_only):
         np.testing.assert_array_equal(got, want)
     differ = [np.abs(g - w).max() for g, w in zip(_grads(model, feats, label, 0.5, "total"), task_only)]
@@ -156,7 +157,7 @@ def test_lambda_zero_gives_no_gradient_from_the_lm_term(rng):
     # λ = 0 also runs without LM logits at all.
     outputs = model(feats, with_lm=False)
     assert "lm" not in outputs
-    assert float(task_loss(model.task, outputs, feats, label, 0.0)["lm"]) == 0.0
+    assert float(task_loss(model.task, outputs, feats, label, 0.0)["lm"]) == 0.0  # a constant 0, not a computed one
     with pytest.raises(ValueError, match="with_lm"):
         task_loss(model.task, outputs, feats, label, 0.5)
 
@@ -241,16 +242,18 @@ def test_get_config_round_trip_and_keras_file(race, rng, tmp_path):
     clone = GPTTaskModel.from_config(race.get_config())
     assert clone.task == race.task and clone.clf_pdrop == race.clf_pdrop and clone.config == race.config
     assert [v.path for v in clone.weights] == [v.path for v in race.weights]
-    clone.set_weights(race.get_weights())
+    clone.set_weights(race.get_weights())  # exact copies, the same eager ops: bit for bit on every CPU
     np.testing.assert_array_equal(_np(clone(feats)["task"]), _np(race(feats)["task"]))
     race.save(tmp_path / "race.keras")
     loaded = keras.saving.load_model(tmp_path / "race.keras")
     assert isinstance(loaded, GPTTaskModel) and loaded.task == race.task
+    # the .keras file stores the weights exactly: bit for bit on every CPU, as above
     np.testing.assert_array_equal(_np(loaded(feats)["task"]), _np(race(feats)["task"]))
 
 
 def test_dropout_only_in_training(race, rng):
     feats = _features([[_pair_view(_text(rng), _text(rng)) for _ in range(4)]])
+    # the same eager call twice (training=False is the default): bit for bit on every CPU
     np.testing.assert_array_equal(_np(race(feats)["task"]), _np(race(feats, training=False)["task"]))
     assert not np.allclose(_np(race(feats, training=True)["task"]), _np(race(feats)["task"]))
 
@@ -269,7 +272,7 @@ def test_classifier_dropout_mask_is_shared_by_the_candidates(rng):
 def test_transfer_layers_copies_embeddings_and_first_blocks():
     keras.utils.set_random_seed(1)
     source = GPTLanguageModel.from_config_preset(CONFIG)
-    equal = lambda a, b: np.array_equal(_np(a), _np(b))  # noqa: E731
+    equal = lambda a, b: np.array_equal(_np(a), _np(b))  # noqa: E731  (copies: bit for bit on every CPU)
     for n in (0, 1, CONFIG.n_layer):
         target = _model("sst2", seed=2 + n)
         paths = transfer_layers(source, target, n)
@@ -288,6 +291,7 @@ def test_reset_special_embeddings_redraws_only_special_rows():
     before = _np(model.backbone.embed.tokens_embed).copy()
     reset_special_embeddings(model.backbone, seed=3)
     after = _np(model.backbone.embed.tokens_embed)
+    # untouched rows, and numpy's seeded draws: bit for bit on every CPU
     np.testing.assert_array_equal(after[: CONFIG.vocab_size], before[: CONFIG.vocab_size])
     assert not np.any(after[CONFIG.vocab_size :] == before[CONFIG.vocab_size :])
     assert 0.01 < after[CONFIG.vocab_size :].std() < 0.03
@@ -320,7 +324,7 @@ def test_metrics_match_sklearn_and_scipy(seed):
     y3, p3 = rng.integers(0, 3, 200), rng.integers(0, 3, 200)
     p3[:80] = y3[:80]
     assert metrics.matthews(y3, p3) == pytest.approx(sk.matthews_corrcoef(y3, p3))
-    for constant in (np.zeros(200, int), np.ones(200, int)):
+    for constant in (np.zeros(200, int), np.ones(200, int)):  # undefined cases, returned as the literal 0.0
         assert metrics.matthews(y, constant) == sk.matthews_corrcoef(y, constant) == 0.0
         assert metrics.f1(y, constant) == pytest.approx(sk.f1_score(y, constant, zero_division=0.0))
     assert metrics.f1(np.zeros(5), np.zeros(5)) == 0.0

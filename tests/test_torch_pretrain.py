@@ -100,7 +100,7 @@ def test_weight_parts_stay_within_the_part_size_and_join_back(tmp_path, monkeypa
     assert sorted(k for k in state if k.startswith("big.weight")) == [f"big.weight{pieces.ROWS}{i}" for i in range(3)]
     joined = pieces.join_rows(state)
     assert set(joined) == set(model.state_dict())
-    for key, value in model.state_dict().items():
+    for key, value in model.state_dict().items():  # rows split and joined again, no arithmetic: exact
         np.testing.assert_array_equal(joined[key], value.numpy())
     del state[f"big.weight{pieces.ROWS}1"]
     with pytest.raises(ValueError, match="big.weight: row blocks"):
@@ -241,5 +241,5 @@ def test_pieces_resume_bit_exactly(tmp_path, model):
     for name in files:
         with np.load(tmp_path / "whole" / name) as a, np.load(pieces / name) as b:
             assert a.files == b.files
-            for key in a.files:
+            for key in a.files:  # resuming is the point: the same torch ops on the same CPU, bit for bit
                 np.testing.assert_array_equal(a[key], b[key], err_msg=f"{name}: {key}")

@@ -106,6 +106,7 @@ def test_best_threshold_maximises_matthews():
 
 
 def test_normalised_is_zero_at_chance_and_one_at_reference():
+    # (0.5 - 0.5) / 0.4 is exactly 0 in floating point, on every CPU
     assert normalised(0.5, 0.5, 0.9) == 0.0 and normalised(0.9, 0.5, 0.9) == pytest.approx(1.0)
     assert normalised(0.7, 0.5, None) is None
 
@@ -151,7 +152,7 @@ def test_dprd_substitutes_each_referent_and_scores_the_rest(tmp_path, bpe):
     assert reqs[1] == (bpe.encode("The dog chased the cat because cat"), bpe.encode("barked loudly."))
     # A bigram LM for which "barked" follows "dog" (and nothing else stands out): the dog is chosen every time.
     lm = PlantedLM(bpe.vocab_size, bpe.encode("barked")[:1], trigger=bpe.encode("dog")[-1])
-    assert suite.evaluate(lm)[0]["score"] == 1.0
+    assert suite.evaluate(lm)[0]["score"] == 1.0  # accuracies: counts over counts, exact at 0 and 1
     lm = PlantedLM(bpe.vocab_size, bpe.encode("barked")[:1], trigger=bpe.encode("cat")[-1])
     assert suite.evaluate(lm)[0]["score"] == 0.0
 
