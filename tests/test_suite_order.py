@@ -28,15 +28,15 @@ def test_every_longest_first_group_exists():
 def test_test_sh_keeps_the_collection_order_of_the_groups():
     """Without --no-loadscope-reorder xdist reorders the groups by their number of tests, and the long
     groups with few tests (the walk-through, the hot swaps) run last."""
-    line = next(x for x in (ROOT / "scripts" / "test.sh").read_text().splitlines() if x.startswith("exec "))
-    words = shlex.split(line)
+    line = next(x for x in (ROOT / "scripts" / "test.sh").read_text().splitlines() if x.startswith("PYTEST=("))
+    words = shlex.split(line.removeprefix("PYTEST=(").removesuffix(")"))
     assert words[words.index("--dist") + 1] == "loadgroup" and "--no-loadscope-reorder" in words, line
 
 
 def test_the_hook_puts_the_longest_groups_first_and_keeps_files_together():
     def item(path):
         marks = []
-        return SimpleNamespace(path=ROOT / path, marks=marks, add_marker=marks.append)
+        return SimpleNamespace(path=ROOT / path, originalname="test_it", marks=marks, add_marker=marks.append)
 
     paths = ["tests/test_a.py", "tests/serving_e2e/test_x.py", "tests/test_walkthrough.py", "tests/test_a.py",
              "tests/test_b.py", "tests/serving_e2e/test_y.py", "tests/test_walkthrough.py"]
@@ -62,3 +62,40 @@ def test_this_sessions_collection_is_in_that_order(request):
     assert blocks[:len(first)] == first, blocks
     assert [i.nodeid for i in request.session.items if _group_mark(i.get_closest_marker("xdist_group"))
             != conftest.xdist_group(i.path)] == []
+
+
+def test_every_numerics_entry_names_a_test_and_test_sh_runs_them_again_with_onednn_flipped():
+    """A renamed file or test left in NUMERICS would silently drop out of the second, flipped run."""
+    import ast
+
+    for entry in conftest.NUMERICS:
+        stem, _, name = entry.partition("::")
+        path = ROOT / "tests" / f"{stem}.py"
+        assert path.is_file(), entry
+        if name:
+            tests = {n.name for n in ast.walk(ast.parse(path.read_text())) if isinstance(n, ast.FunctionDef)}
+            assert name in tests, entry
+    assert len(set(conftest.NUMERICS)) == len(conftest.NUMERICS)
+    script = (ROOT / "scripts" / "test.sh").read_text()
+    assert 'TF_ENABLE_ONEDNN_OPTS=$flip "${PYTEST[@]}" -m numerics "$@"' in script
+    assert "flip=$((1 - onednn))" in script and "IsMklEnabled()" in script
+
+
+def test_the_hook_marks_the_numerics_tests():
+    def item(path, name):
+        marks = []
+        return SimpleNamespace(path=ROOT / path, originalname=name, marks=marks, add_marker=marks.append)
+
+    whole, one = next(e for e in conftest.NUMERICS if "::" not in e), next(e for e in conftest.NUMERICS if "::" in e)
+    stem, name = one.split("::")
+    items = [item(f"tests/{whole}.py", "test_anything"), item(f"tests/{stem}.py", name),
+             item(f"tests/{stem}.py", "test_not_listed")]
+    expected = {id(items[0]): True, id(items[1]): True, id(items[2]): False}
+    conftest.pytest_collection_modifyitems(None, items)  # (it also reorders them)
+    assert {id(i): any(m.name == "numerics" for m in i.marks) for i in items} == expected
+
+
+def test_this_sessions_numerics_marks_are_the_list(request):
+    """In this session, the marker sits on exactly the tests NUMERICS names."""
+    for item in request.session.items:
+        assert (item.get_closest_marker("numerics") is not None) == conftest.is_numerics(item), item.nodeid
