@@ -30,6 +30,7 @@ PROBE = "gpt_tf/presets/zz_packaging_probe/assets/tokenizer/probe.txt"  # a pres
 # Generators of package data, run by hand with the dev extra (``python -m gpt_tf.text.make_spacy_rules`` needs
 # spaCy); they sit beside the data they write, and no runtime module imports them.
 DATA_GENERATORS = {"gpt_tf/text/make_spacy_rules.py": "gpt_tf.text.make_spacy_rules"}
+LICENSE_FILES = ("LICENSE", "NOTICE")
 
 
 def _pyproject() -> dict:
@@ -55,7 +56,7 @@ def installed(tmp_path_factory):
     top = tmp_path_factory.mktemp("packaging")
     src = top / "src"
     src.mkdir()
-    for name in ("pyproject.toml", "README.md"):
+    for name in ("pyproject.toml", "README.md", *LICENSE_FILES):
         shutil.copy(ROOT / name, src / name)
     for pkg in PACKAGES:
         shutil.copytree(ROOT / pkg, src / pkg, ignore=shutil.ignore_patterns("__pycache__", "*.pyc"))
@@ -87,6 +88,31 @@ def test_the_wheel_holds_every_package_file_and_the_package_data(installed):
     assert not any("__pycache__" in n or n.endswith(".pyc") for n in names)
     top_level = {n.split("/")[0] for n in names if not n.split("/")[0].endswith(".dist-info")}
     assert top_level == set(PACKAGES), f"the wheel holds other top-level folders: {sorted(top_level - set(PACKAGES))}"
+
+
+def test_the_wheel_carries_the_licence_the_notice_and_the_packages_version(installed):
+    names, site = installed
+    (info,) = {n.split("/")[0] for n in names if n.split("/")[0].endswith(".dist-info")}
+    for name in LICENSE_FILES:
+        assert f"{info}/licenses/{name}" in names, sorted(n for n in names if n.startswith(info))
+        assert (site / info / "licenses" / name).read_bytes() == (ROOT / name).read_bytes()
+    metadata = (site / info / "METADATA").read_text()
+    init = (ROOT / "gpt_tf" / "__init__.py").read_text()
+    version = re.search(r'^__version__ = "([^"]+)"$', init, re.M).group(1)
+    assert re.search(rf"^Version: {re.escape(version)}$", metadata, re.M), metadata[:500]
+    assert info == f"gpt_tf-{version}.dist-info"
+    assert re.search(r"^License-Expression: Apache-2\.0$", metadata, re.M), metadata[:800]
+    assert "Apache License" in (ROOT / "LICENSE").read_text() and "Version 2.0, January 2004" in (ROOT / "LICENSE").read_text()
+
+
+def test_the_notice_names_every_file_it_attributes():
+    """NOTICE says which files derive from whose work: each path it names exists (a moved file would leave it stale)."""
+    notice = (ROOT / "NOTICE").read_text()
+    paths = set(re.findall(r"\b((?:gpt_tf|bench|pipelines|serving)/[\w/.{}-]+)", notice))
+    assert {"gpt_tf/text/spacy_en_rules.json", "gpt_tf/text/word_split.py", "gpt_tf/text/fix_encoding_rules.py",
+            "gpt_tf/text/tf_fix_encoding.py", "gpt_tf/text/text_clean.py", "gpt_tf/presets/books_tiny/"} <= paths, paths
+    missing = [p for p in sorted(paths) if "{" not in p and not (ROOT / p.rstrip(".")).exists()]
+    assert not missing, f"NOTICE names files that do not exist: {missing}"
 
 
 def test_the_kernel_sources_compile_from_the_installed_package(installed):
