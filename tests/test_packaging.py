@@ -344,3 +344,39 @@ def test_no_runtime_module_imports_a_data_generator():
                  for name in _imports(path) if name in generators]
     assert not importers, importers
     assert all((ROOT / path).is_file() for path in DATA_GENERATORS), DATA_GENERATORS
+
+
+# Started first in every process of the test below (a sitecustomize on PYTHONPATH): the serving extra's modules
+# look not installed, as after `pip install gpt-tf` alone.
+WITHOUT_EXTRA = """
+import importlib.abc, sys
+BLOCKED = {blocked!r}
+class Block(importlib.abc.MetaPathFinder):
+    def find_spec(self, name, path=None, target=None):
+        if name.split(".")[0] in BLOCKED:
+            raise ModuleNotFoundError(f"No module named {{name!r}}", name=name)
+sys.meta_path.insert(0, Block())
+"""
+
+
+@pytest.mark.parametrize("blocked, named", [(("grpc",), "grpcio"), (("tensorflow_serving",), "tensorflow-serving-api"),
+                                            (("grpc", "tensorflow_serving"), "grpcio, tensorflow-serving-api")])
+def test_the_serving_commands_name_the_extra_in_one_line_when_it_is_missing(tmp_path, blocked, named):
+    (tmp_path / "sitecustomize.py").write_text(WITHOUT_EXTRA.format(blocked=blocked))
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(tmp_path), str(ROOT)]), "TF_CPP_MIN_LOG_LEVEL": "2"}
+
+    def run(*args):
+        return subprocess.run([sys.executable, *args], cwd=tmp_path, env=env, capture_output=True, text=True,
+                              timeout=120)
+
+    blocker = run("-c", f"import {blocked[0]}")
+    assert blocker.returncode == 1 and "ModuleNotFoundError" in blocker.stderr, blocker.stderr  # the stand-in works
+    for command in ("serving.server", "serving.client", "serving.export"):
+        done = run("-m", command, "--help")
+        expected = f'{command} needs gpt-tf\'s serving extra ({named} not installed): pip install "gpt-tf[serving]"'
+        assert (done.returncode, done.stderr.strip(), done.stdout) == (1, expected, ""), (command, done)
+    # Imported by other code (a task's export() imports serving.export): an ImportError saying the same.
+    imported = run("-c", "import serving.export")
+    assert imported.returncode == 1, imported.stderr
+    assert imported.stderr.strip().splitlines()[-1] == ("ModuleNotFoundError: serving.export needs gpt-tf's serving "
+                                                       f'extra ({named} not installed): pip install "gpt-tf[serving]"')
