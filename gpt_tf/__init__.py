@@ -18,6 +18,9 @@ import importlib.abc
 import importlib.util
 import sys
 
+# The package's version: pyproject.toml reads it from here (setuptools finds the literal without importing).
+__version__ = "0.1.0"
+
 _FAMILY = ("GPT1Backbone", "GPT1Tokenizer", "GPT1TaskPreprocessor", "GPT1CausalLMPreprocessor", "GPT1CausalLM",
            "GPT1TextClassifier", "GPT1TextRegressor", "GPT1MultipleChoice")
 __all__ = list(_FAMILY)

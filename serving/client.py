@@ -20,12 +20,18 @@ import json
 import sys
 import threading
 
-import grpc
-import numpy as np
-from absl import app, flags
+from serving import extra
 
-from serving import protos
-from serving.errors import ServingError
+extra.require("serving.client", __name__)  # before grpc: without the serving extra, one line that names it
+
+# pylint: disable=wrong-import-position
+import grpc  # noqa: E402
+import numpy as np  # noqa: E402
+from absl import app, flags  # noqa: E402
+
+from serving import protos  # noqa: E402
+from serving.errors import ServingError  # noqa: E402
+# pylint: enable=wrong-import-position
 
 FLAGS = flags.FLAGS
 

@@ -22,6 +22,10 @@ import sys
 
 from absl import app, flags, logging
 
+from serving import extra
+
+extra.require("serving.export", __name__)  # the warm-up records are TF Serving's protos: the serving extra
+
 FLAGS = flags.FLAGS
 
 WARMUP_TEXT = "a warm-up request."

@@ -23,6 +23,10 @@ from concurrent import futures
 
 from absl import app, flags, logging
 
+from serving import extra
+
+extra.require("serving.server", __name__)  # without the serving extra, one line that names it
+
 FLAGS = flags.FLAGS
 
 

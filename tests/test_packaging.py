@@ -1,5 +1,9 @@
 """gpt-tf installs as a package (pyproject.toml) and runs from any folder; its dependencies are honest.
 
+Dependencies both ways: every third-party import of gpt_tf/, pipelines/ and serving/ is declared where that code
+is installed (runtime, or the `serving` extra for serving/), and every declared dependency is imported (or its
+reason is stated); each range has a pin in constraints.txt that meets it, and scripts/setup.sh installs with it.
+
 The wheel is built from a copy of the packaged sources (nothing is written into the checkout) without build
 isolation or downloads, unpacked into a temporary folder, and run from another temporary folder with only that
 folder on PYTHONPATH: the checkout is nowhere on sys.path, so a file the package needs but does not ship, or a
@@ -30,6 +34,7 @@ PROBE = "gpt_tf/presets/zz_packaging_probe/assets/tokenizer/probe.txt"  # a pres
 # Generators of package data, run by hand with the dev extra (``python -m gpt_tf.text.make_spacy_rules`` needs
 # spaCy); they sit beside the data they write, and no runtime module imports them.
 DATA_GENERATORS = {"gpt_tf/text/make_spacy_rules.py": "gpt_tf.text.make_spacy_rules"}
+LICENSE_FILES = ("LICENSE", "NOTICE")
 
 
 def _pyproject() -> dict:
@@ -55,7 +60,7 @@ def installed(tmp_path_factory):
     top = tmp_path_factory.mktemp("packaging")
     src = top / "src"
     src.mkdir()
-    for name in ("pyproject.toml", "README.md"):
+    for name in ("pyproject.toml", "README.md", *LICENSE_FILES):
         shutil.copy(ROOT / name, src / name)
     for pkg in PACKAGES:
         shutil.copytree(ROOT / pkg, src / pkg, ignore=shutil.ignore_patterns("__pycache__", "*.pyc"))
@@ -89,6 +94,31 @@ def test_the_wheel_holds_every_package_file_and_the_package_data(installed):
     assert top_level == set(PACKAGES), f"the wheel holds other top-level folders: {sorted(top_level - set(PACKAGES))}"
 
 
+def test_the_wheel_carries_the_licence_the_notice_and_the_packages_version(installed):
+    names, site = installed
+    (info,) = {n.split("/")[0] for n in names if n.split("/")[0].endswith(".dist-info")}
+    for name in LICENSE_FILES:
+        assert f"{info}/licenses/{name}" in names, sorted(n for n in names if n.startswith(info))
+        assert (site / info / "licenses" / name).read_bytes() == (ROOT / name).read_bytes()
+    metadata = (site / info / "METADATA").read_text()
+    init = (ROOT / "gpt_tf" / "__init__.py").read_text()
+    version = re.search(r'^__version__ = "([^"]+)"$', init, re.M).group(1)
+    assert re.search(rf"^Version: {re.escape(version)}$", metadata, re.M), metadata[:500]
+    assert info == f"gpt_tf-{version}.dist-info"
+    assert re.search(r"^License-Expression: Apache-2\.0$", metadata, re.M), metadata[:800]
+    assert "Apache License" in (ROOT / "LICENSE").read_text() and "Version 2.0, January 2004" in (ROOT / "LICENSE").read_text()
+
+
+def test_the_notice_names_every_file_it_attributes():
+    """NOTICE says which files derive from whose work: each path it names exists (a moved file would leave it stale)."""
+    notice = (ROOT / "NOTICE").read_text()
+    paths = set(re.findall(r"\b((?:gpt_tf|bench|pipelines|serving)/[\w/.{}-]+)", notice))
+    assert {"gpt_tf/text/spacy_en_rules.json", "gpt_tf/text/word_split.py", "gpt_tf/text/fix_encoding_rules.py",
+            "gpt_tf/text/tf_fix_encoding.py", "gpt_tf/text/text_clean.py", "gpt_tf/presets/books_tiny/"} <= paths, paths
+    missing = [p for p in sorted(paths) if "{" not in p and not (ROOT / p.rstrip(".")).exists()]
+    assert not missing, f"NOTICE names files that do not exist: {missing}"
+
+
 def test_the_kernel_sources_compile_from_the_installed_package(installed):
     """build.py compiles fused_ops.cc from the package folder: every header it includes is shipped beside it."""
     _, site = installed
@@ -119,19 +149,99 @@ def test_the_installed_package_imports_and_its_commands_answer_from_any_folder(i
         assert expected in done.stdout + done.stderr and "Traceback" not in done.stderr, done.stderr[-3000:]
 
 
-def test_requirements_files_only_point_at_pyproject():
-    """One list of dependencies: the requirements files install the project, they pin nothing of their own."""
-    for name, line in (("requirements.txt", "-e ."), ("requirements-dev.txt", "-e .[dev]")):
+def test_requirements_files_only_point_at_the_project_and_its_constraints():
+    """Dependencies are declared once (pyproject.toml) and pinned once (constraints.txt): the requirements files
+    install the project through them and list nothing of their own."""
+    for name, target in (("requirements.txt", "-e .[serving]"), ("requirements-dev.txt", "-e .[dev]")):
         lines = [x.strip() for x in (ROOT / name).read_text().splitlines() if x.strip() and not x.startswith("#")]
-        assert lines == [line], f"{name} must hold only `{line}` (pins live in pyproject.toml), not {lines}"
+        assert lines == ["-c constraints.txt", target], f"{name}: expected `-c constraints.txt`, `{target}`; got {lines}"
 
 
-def test_setup_sh_takes_torchs_cpu_build_at_the_dev_extras_pin():
-    setup = (ROOT / "scripts" / "setup.sh").read_text()
-    pattern = re.search(r"grep -oE '([^']+)' pyproject.toml", setup).group(1)
-    found = subprocess.run(["grep", "-oE", pattern, str(ROOT / "pyproject.toml")], capture_output=True, text=True)
-    pins = [r for r in _pyproject()["project"]["optional-dependencies"]["dev"] if _name(r) == "torch"]
-    assert found.stdout.split() == [f'"{p}"' for p in pins] and len(pins) == 1, (found.stdout, pins)
+def _constraints() -> dict[str, str]:
+    """``{normalised name: version}`` of constraints.txt, every line an exact pin."""
+    pins = {}
+    for number, line in enumerate((ROOT / "constraints.txt").read_text().splitlines(), 1):
+        line = line.split("#")[0].strip()
+        if not line:
+            continue
+        found = re.fullmatch(r"([A-Za-z0-9][A-Za-z0-9_.\-]*)==([^\s;]+)", line)
+        assert found, f"constraints.txt:{number}: {line!r} is not an exact `name==version` pin"
+        assert _name(found.group(1)) not in pins, f"constraints.txt:{number}: {found.group(1)} pinned twice"
+        pins[_name(found.group(1))] = found.group(2)
+    return pins
+
+
+def _requirements() -> dict[str, list[str]]:
+    """``{"runtime" or extra name: [requirement strings]}``, the extras' references to the project itself left out."""
+    project = _pyproject()["project"]
+    groups = {"runtime": project["dependencies"], **project["optional-dependencies"]}
+    return {group: [r for r in reqs if _name(r) != _name(project["name"])] for group, reqs in groups.items()}
+
+
+def test_every_dependency_has_a_pin_in_the_constraints_that_meets_its_range():
+    from packaging.requirements import Requirement
+
+    pins = _constraints()
+    problems = []
+    build = {"build-system": _pyproject()["build-system"]["requires"]}  # setuptools: tensorboard needs it too
+    for group, reqs in {**_requirements(), **build}.items():
+        for text in reqs:
+            req = Requirement(text)
+            assert req.specifier, f"{group}: {text} has no version range"
+            pin = pins.get(_name(req.name))
+            if pin is None:
+                problems.append(f"{group}: {text} has no pin in constraints.txt")
+            elif not req.specifier.contains(pin, prereleases=True):
+                problems.append(f"{group}: {text} is not met by constraints.txt's {req.name}=={pin}")
+    assert not problems, "\n".join(problems)
+    assert _name("gpt-tf") not in pins, "constraints.txt pins the project itself"
+    assert "+" not in pins["torch"], "torch's pin must be met by PyPI's build too: no local label (+cpu)"
+
+
+def test_the_extras_a_user_needs_are_there():
+    """`serving` covers export, the server and the client; `dev` (the tests export and serve) includes it."""
+    extras = _pyproject()["project"]["optional-dependencies"]
+    assert {_name(r) for r in extras["serving"]} >= {"tensorflow-serving-api", "grpcio"}, extras["serving"]
+    assert "gpt-tf[serving]" in extras["dev"], extras["dev"]
+
+
+def _fake_venv(top: Path) -> Path:
+    """A copy of setup.sh beside pyproject.toml and constraints.txt, with a .venv whose python logs its arguments."""
+    (top / "scripts").mkdir()
+    for name in ("pyproject.toml", "constraints.txt", "scripts/setup.sh"):
+        shutil.copy(ROOT / name, top / name)
+    python = top / ".venv" / "bin" / "python"
+    python.parent.mkdir(parents=True)
+    python.write_text('#!/bin/sh\necho "$*" >> "$(dirname "$0")/../../calls.log"\n')
+    python.chmod(0o755)
+    return top / "calls.log"
+
+
+def _setup(top: Path, *args: str) -> list[str]:
+    log = top / "calls.log"
+    log.unlink(missing_ok=True)
+    done = subprocess.run(["bash", "scripts/setup.sh", *args], cwd=top, capture_output=True, text=True, timeout=60)
+    assert done.returncode == 0, done.stderr
+    return log.read_text().splitlines() if log.exists() else []
+
+
+def test_setup_sh_installs_the_extras_at_the_constraints_and_again_only_when_they_change(tmp_path):
+    _fake_venv(tmp_path)
+    installs = [c for c in _setup(tmp_path) if c.startswith("-m pip install") and "--upgrade pip" not in c]
+    assert len(installs) == 1 and installs[0].endswith("-c constraints.txt -e .[serving]"), installs
+    assert _setup(tmp_path) == ["-m gpt_tf.kernels"]  # the stamp: nothing to install again
+    dev = [c for c in _setup(tmp_path, "dev") if c.startswith("-m pip install") and "--upgrade pip" not in c]
+    assert dev[-1].endswith("-c constraints.txt -e .[dev]"), dev
+    if os.uname().sysname == "Linux" and os.uname().machine == "x86_64":
+        torch = f"torch=={_constraints()['torch']}+cpu"
+        assert len(dev) == 2 and "-c constraints.txt" in dev[0] and dev[0].endswith(torch), dev
+        assert "--extra-index-url https://download.pytorch.org/whl/cpu" in dev[0], dev
+    assert _setup(tmp_path, "dev") == _setup(tmp_path) == ["-m gpt_tf.kernels"]
+    for changed in ("constraints.txt", "pyproject.toml"):
+        with open(tmp_path / changed, "a") as f:
+            f.write("# changed\n")
+        again = _setup(tmp_path)
+        assert any(c.endswith("-c constraints.txt -e .[serving]") for c in again), (changed, again)
 
 
 def _imports(path: Path) -> list[str]:
@@ -149,31 +259,82 @@ def _runtime_files() -> list[Path]:
     return [path for pkg in PACKAGES for path in sorted((ROOT / pkg).rglob("*.py"))]
 
 
-def _third_party_imports() -> dict[str, str]:
-    """``{top-level module: first file importing it}`` over the runtime packages, imports inside functions too."""
+def _third_party_imports() -> dict[str, list[str]]:
+    """``{top-level module: [files importing it]}`` over the runtime packages, imports inside functions too."""
     found = {}
     for path in _runtime_files():
         if path.relative_to(ROOT).as_posix() in DATA_GENERATORS:
             continue
-        for top in (n.split(".")[0] for n in _imports(path)):
+        for top in sorted({n.split(".")[0] for n in _imports(path)}):
             if top not in sys.stdlib_module_names and top not in PACKAGES and top != "__future__":
-                found.setdefault(top, path.relative_to(ROOT).as_posix())
+                found.setdefault(top, []).append(path.relative_to(ROOT).as_posix())
     return found
 
 
-def test_every_package_the_runtime_code_imports_is_a_runtime_dependency():
-    """gpt_tf/, pipelines/ and serving/ import only what `pip install gpt-tf` installs by name, nothing of `dev`."""
-    project = _pyproject()["project"]
-    runtime = {_name(r) for r in project["dependencies"]}
-    dev = {_name(r) for r in project["optional-dependencies"]["dev"]}
-    assert not runtime & dev, f"both runtime and dev: {sorted(runtime & dev)}"
+def test_every_package_the_runtime_code_imports_is_declared_where_that_code_is_installed():
+    """gpt_tf/ and pipelines/ import only what `pip install gpt-tf` installs by name; serving/ only that and its
+    `serving` extra; nothing imports a `dev`-only package."""
+    reqs = _requirements()
+    runtime, serving = {_name(r) for r in reqs["runtime"]}, {_name(r) for r in reqs["serving"]}
+    dev = {_name(r) for r in reqs["dev"]}
+    assert not runtime & (dev | serving), f"runtime and an extra: {sorted(runtime & (dev | serving))}"
     distributions = packages_distributions()
     problems = []
-    for module, where in sorted(_third_party_imports().items()):
+    for module, files in sorted(_third_party_imports().items()):
         names = {_name(d) for d in distributions.get(module, [])}
-        if not names & runtime:
-            kind = "a dev-only package" if names & dev else "not a declared dependency"
-            problems.append(f"{where} imports {module} ({', '.join(sorted(names)) or 'not installed'}): {kind}")
+        for where in files:
+            allowed = runtime | serving if where.startswith("serving/") else runtime
+            if not names & allowed:
+                kind = ("the serving extra's (serving/ alone may import it)" if names & serving
+                        else "a dev-only package" if names & dev else "not a declared dependency")
+                problems.append(f"{where} imports {module} ({', '.join(sorted(names)) or 'not installed'}): {kind}")
+    assert not problems, "\n".join(problems)
+
+
+# Declared dependencies that no import names, and why they are needed anyway.
+NEEDED_WITHOUT_IMPORT = {
+    "pytest-xdist": "scripts/test.sh runs the suite on two workers (-n 2)",
+    "accelerate": "transformers.Trainer needs it (bench/finetune_speed.py's reference)",
+}
+
+
+def _used_modules(folders: tuple[str, ...]) -> set[str]:
+    """Top-level modules imported under ``folders``, ``pytest.importorskip("x.y")`` included."""
+    used = set()
+    for folder in folders:
+        for path in sorted((ROOT / folder).rglob("*.py")):
+            used |= {n.split(".")[0] for n in _imports(path)}
+            for node in ast.walk(ast.parse(path.read_text(), str(path))):
+                if (isinstance(node, ast.Call) and getattr(node.func, "attr", "") == "importorskip" and node.args
+                        and isinstance(node.args[0], ast.Constant)):
+                    used.add(node.args[0].value.split(".")[0])
+    return used
+
+
+def test_every_declared_dependency_is_imported_or_needed_for_a_stated_reason():
+    """The other direction: runtime dependencies are imported by the runtime code, the serving extra's by
+    serving/, dev's by tests/ or bench/, or NEEDED_WITHOUT_IMPORT says why they are listed."""
+    by_distribution = {}
+    for module, dists in packages_distributions().items():
+        for dist in dists:
+            by_distribution.setdefault(_name(dist), set()).add(module)
+    where = {"runtime": PACKAGES, "serving": ("serving",), "dev": ("tests", "bench")}
+    reqs = _requirements()
+    assert set(reqs) == set(where), f"an extra the test does not know: {sorted(set(reqs) - set(where))}"
+    problems = []
+    for group, folders in where.items():
+        used = _used_modules(folders)
+        for name in (_name(r) for r in reqs[group]):
+            modules = by_distribution.get(name)
+            assert modules, f"{name} ({group}) is not installed here: cannot tell what it provides"
+            imported = bool(modules & used)
+            if imported and name in NEEDED_WITHOUT_IMPORT:
+                problems.append(f"{name} is imported ({sorted(modules & used)}): drop it from NEEDED_WITHOUT_IMPORT")
+            elif not imported and name not in NEEDED_WITHOUT_IMPORT:
+                problems.append(f"{name} ({group}) is imported nowhere in {', '.join(folders)}: drop it or say why")
+    declared = {_name(r) for group in reqs.values() for r in group}
+    problems += [f"NEEDED_WITHOUT_IMPORT names {n}, which is not declared" for n in NEEDED_WITHOUT_IMPORT
+                 if n not in declared]
     assert not problems, "\n".join(problems)
 
 
@@ -184,3 +345,39 @@ def test_no_runtime_module_imports_a_data_generator():
                  for name in _imports(path) if name in generators]
     assert not importers, importers
     assert all((ROOT / path).is_file() for path in DATA_GENERATORS), DATA_GENERATORS
+
+
+# Started first in every process of the test below (a sitecustomize on PYTHONPATH): the serving extra's modules
+# look not installed, as after `pip install gpt-tf` alone.
+WITHOUT_EXTRA = """
+import importlib.abc, sys
+BLOCKED = {blocked!r}
+class Block(importlib.abc.MetaPathFinder):
+    def find_spec(self, name, path=None, target=None):
+        if name.split(".")[0] in BLOCKED:
+            raise ModuleNotFoundError(f"No module named {{name!r}}", name=name)
+sys.meta_path.insert(0, Block())
+"""
+
+
+@pytest.mark.parametrize("blocked, named", [(("grpc",), "grpcio"), (("tensorflow_serving",), "tensorflow-serving-api"),
+                                            (("grpc", "tensorflow_serving"), "grpcio, tensorflow-serving-api")])
+def test_the_serving_commands_name_the_extra_in_one_line_when_it_is_missing(tmp_path, blocked, named):
+    (tmp_path / "sitecustomize.py").write_text(WITHOUT_EXTRA.format(blocked=blocked))
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(tmp_path), str(ROOT)]), "TF_CPP_MIN_LOG_LEVEL": "2"}
+
+    def run(*args):
+        return subprocess.run([sys.executable, *args], cwd=tmp_path, env=env, capture_output=True, text=True,
+                              timeout=120)
+
+    blocker = run("-c", f"import {blocked[0]}")
+    assert blocker.returncode == 1 and "ModuleNotFoundError" in blocker.stderr, blocker.stderr  # the stand-in works
+    for command in ("serving.server", "serving.client", "serving.export"):
+        done = run("-m", command, "--help")
+        expected = f'{command} needs gpt-tf\'s serving extra ({named} not installed): pip install "gpt-tf[serving]"'
+        assert (done.returncode, done.stderr.strip(), done.stdout) == (1, expected, ""), (command, done)
+    # Imported by other code (a task's export() imports serving.export): an ImportError saying the same.
+    imported = run("-c", "import serving.export")
+    assert imported.returncode == 1, imported.stderr
+    assert imported.stderr.strip().splitlines()[-1] == ("ModuleNotFoundError: serving.export needs gpt-tf's serving "
+                                                       f'extra ({named} not installed): pip install "gpt-tf[serving]"')
