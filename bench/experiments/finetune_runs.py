@@ -124,29 +124,10 @@ def append_ledger(path: Path, record: dict) -> None:
         f.write(json.dumps(record) + "\n")
 
 
-def replace_section(path: Path, section: tuple[str, str], lines: list[str]) -> None:
-    """Writes ``lines`` between the two marker comments ``section`` of ``path`` (a results page), keeping the rest
-    of the file; appends the marked block when the file has none."""
-    block = "\n".join([section[0], *lines, section[1]])
-    text = path.read_text() if path.exists() else ""
-    if section[0] in text and section[1] in text:
-        head, rest = text.split(section[0], 1)
-        text = head + block + rest.split(section[1], 1)[1]
-    else:
-        text = text.rstrip("\n") + ("\n\n" if text else "") + block + "\n"
-    path.write_text(text)
-
-
 def median_spread(values) -> tuple[float, float, float] | None:
     """(median, min, max) of ``values``, or None when there are none."""
     values = list(values)
     return (statistics.median(values), min(values), max(values)) if values else None
-
-
-def spread_text(values) -> str:
-    """``median [min–max] (n)`` to one decimal, or ``–`` when there are no values (the results tables' cell)."""
-    spread = median_spread(values)
-    return "–" if spread is None else f"{spread[0]:.1f} [{spread[1]:.1f}–{spread[2]:.1f}] ({len(values)})"
 
 
 def preset_of(run_dir: str) -> str:

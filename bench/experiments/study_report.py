@@ -224,8 +224,7 @@ MARKED = re.compile(r"^<!-- (?P<name>[\w.-]+): written by .*? -->$.*?^<!-- /(?P=
 
 def marked_sections(text: str) -> list[str]:
     """The sections other commands write into ``results.md`` between their markers (``<!-- NAME: written by
-    CMD -->`` ... ``<!-- /NAME -->``, e.g. ``bench.experiments.reference_finetune --stage=report``): a rewrite
-    of the study's report keeps them, after its own text."""
+    CMD -->`` ... ``<!-- /NAME -->``): a rewrite of the study's report keeps them, after its own text."""
     return [m.group(0) for m in MARKED.finditer(text)]
 
 
