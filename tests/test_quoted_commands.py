@@ -1,4 +1,4 @@
-"""Every command quoted in README.md, docs/*.md, WORKSPACE.md and bench/README.md still runs as far as its
+"""Every command quoted in README.md, docs/*.md, WORKSPACE.md, bench/README.md and tools/*/README.md still runs as far as its
 command line goes: each ``python -m <module>`` of the project still exists and defines every ``--flag`` quoted
 for it, each ``bash <script>`` and ``--flagfile=<file>`` is there. A moved module or a renamed flag fails here.
 A script removed from the tree may keep its command beside the results it made, where each doc quoting it names
@@ -22,15 +22,15 @@ import pytest
 from tests.small_runs import ENV
 
 ROOT = Path(__file__).resolve().parents[1]
-DOCS = ("README.md", "WORKSPACE.md", "bench/README.md", *sorted(p.relative_to(ROOT).as_posix()
-                                                              for p in (ROOT / "docs").glob("*.md")))
-PROJECT = ("bench", "gpt_tf", "pipelines", "serving")
+DOCS = ("README.md", "WORKSPACE.md", "bench/README.md",
+        *sorted(p.relative_to(ROOT).as_posix() for p in (*(ROOT / "docs").glob("*.md"), *(ROOT / "tools").glob("*/README.md"))))
+PROJECT = ("bench", "gpt_tf", "pipelines", "serving", "tools")
 FENCE = re.compile(r"^```[^\n]*\n(.*?)^```", re.M | re.S)
 INLINE = re.compile(r"`([^`\n]+)`")
 # `python -m a.b --x=1 --y` up to the end of the command (a shell operator, a comment, a redirection)
 PYTHON_M = re.compile(r"(?:^|[\s;&|(])(?:\S*/)?python3?\s+-m\s+([A-Za-z_][\w.]*)((?:[ \t]+(?![;&|#>])\S+)*)")
 HISTORY = re.compile(r"git log --diff-filter=D --oneline -- ((?:bench|tools)/[\w/.-]+\.py)")
-BASH = re.compile(r"(?:^|[\s;&|(])bash\s+((?:scripts|bench)/[\w/.-]+\.sh)\b")
+BASH = re.compile(r"(?:^|[\s;&|(])bash\s+((?:scripts|bench|tools)/[\w/.-]+\.sh)\b")
 
 # Run in a fresh interpreter: {module: {"flags": [...], "bools": [...]} or {"error": "..."}} on stdout.
 PROBE = r'''
@@ -120,7 +120,8 @@ def test_the_docs_quote_the_project_commands_this_test_reads():
     modules = quoted_modules()
     # The parser sees what the README's walk-through and the docs quote (a parser that finds nothing passes all).
     assert {"gpt_tf.train", "pipelines.finetune_data", "serving.export", "serving.server", "serving.client",
-            "bench.speed_table", "bench.experiments.reproduction", "bench.torch_pretrain.convert"} <= set(modules)
+            "bench.speed_table", "bench.experiments.reproduction", "tools.torch_pretrain.convert",
+            "tools.torch_pretrain.train"} <= set(modules)
     assert {"flagfile", "init_checkpoint", "lm_coef"} <= set(modules["gpt_tf.train"])
     line = "python -m bench.x --a=1 --b 2 | tee log  # --c"
     assert [(m.group(1), m.group(2).split()) for m in PYTHON_M.finditer(line)] == [("bench.x", ["--a=1", "--b", "2"])]
