@@ -2,7 +2,7 @@
 
 ``reproduction.py`` (pre-trained vs scratch) and ``study.py`` (the §5 analysis) build their runs with
 ``finetune_spec`` and run them with ``run_one``; each finished run is one JSON line of a ledger, so an
-interrupted table resumes where it stopped.
+interrupted table resumes where it stopped; ``ledger_run`` finds a run another ledger already holds.
 """
 
 from __future__ import annotations
@@ -96,6 +96,33 @@ def run_one(spec: dict) -> dict:
             "seconds": round(seconds, 1), "finished": datetime.datetime.now().isoformat(timespec="seconds")}
 
 
+def recipe_flags(task: str, suffix: str = "") -> dict:
+    """The flags of ``configs/finetune_<task><suffix>.flags`` beyond the task flagfile it includes and the run's own
+    folder and context: the recipe, as ``reproduction.py`` records it."""
+    lines = (ROOT / "configs" / f"finetune_{task}{suffix}.flags").read_text().splitlines()
+    flags = dict(line[2:].partition("=")[::2] for line in lines if line.startswith("--"))
+    return {k: v for k, v in flags.items() if k not in ("flagfile", "run_dir", "n_ctx")}
+
+
+def _flag_values(cmd: str) -> dict:
+    return {a[2:].partition("=")[0]: a[2:].partition("=")[2] for a in shlex.split(cmd) if a.startswith("--")}
+
+
+def ledger_run(spec: dict, arm: str, recipe: dict, records: list[dict]) -> dict | None:
+    """The run of a ``reproduction.py`` ledger that ``spec`` would repeat: the same task and seed, ``arm`` there,
+    ``recipe``, start, data, context and precision. Paths compare resolved from the repository root."""
+    want = _flag_values(shown_command(spec["cmd"]))
+    resolve = lambda path: str((ROOT / path).resolve()) if path else path  # noqa: E731
+    for r in records:
+        if (r["task"], r["arm"], r["seed"], r["recipe"]) != (spec["task"], arm, spec["seed"], recipe):
+            continue
+        have = _flag_values(r["cmd"])
+        if all(have.get(k) == want.get(k) for k in ("precision", "n_ctx", "model")) and \
+                all(resolve(have.get(k, "")) == resolve(want.get(k, "")) for k in ("data_dir", "init_checkpoint")):
+            return r
+    return None
+
+
 def main_metric(task: str) -> str:
     """The task's headline metric (the first of its ``TaskSpec.metrics``: Matthews for CoLA, F1 for MRPC, ...)."""
     from gpt_tf.tasks import get_task
@@ -111,6 +138,10 @@ def dev_metrics(record: dict) -> dict:
 def dev_score(record: dict) -> float:
     """The task's headline dev metric, in percent."""
     return 100 * dev_metrics(record)[main_metric(record["task"])]
+
+
+def read_json(path) -> dict:
+    return json.loads(Path(path).read_text())
 
 
 def load_ledger(path: Path) -> list[dict]:
@@ -134,7 +165,7 @@ def preset_of(run_dir: str) -> str:
     """The preset name whose config the pre-training run used (for the scratch arm's --model)."""
     from gpt_tf.config import PRESETS, GPTConfig
 
-    config = GPTConfig(**json.loads((Path(run_dir) / "model_config.json").read_text()))
+    config = GPTConfig(**read_json(Path(run_dir) / "model_config.json"))
     shape = ("n_embd", "n_layer", "n_head", "d_ff", "model_type")
     for name, preset in PRESETS.items():
         if all(getattr(preset, k) == getattr(config, k) for k in shape):
