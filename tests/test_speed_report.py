@@ -1,6 +1,6 @@
 """The speed reports' bookkeeping: which stacks are evaluated and how the goals are read from a run's rows."""
 
-from bench import finetune_speed, speed_table
+from bench import finetune_speed, harness, speed_table
 
 
 def test_eval_stacks_evaluates_one_stack_per_lambda_twin():
@@ -30,7 +30,7 @@ def test_goals_of_a_lambda0_only_run():
 
 def test_the_speed_table_goals_file_name_and_table():
     info = {"cpu": "AMD EPYC 9B45", "isa": ["avx2", "fma", "avx512f", "avx512_bf16"]}
-    assert speed_table.cpu_slug(info) == "amd_epyc_9b45_avx512_bf16"
+    assert harness.cpu_slug(info) == "amd_epyc_9b45_avx512_bf16"
     rows = [{"preset": "tiny", "stack": s, "precision": "float32", "tokens_per_s": t, "batch": 8, "seq": 128,
              "others_cpu_share": 0.5, "vs_keras_hub": 1.5, "vs_torch": 3.0}
             for s, t in (("ours", 300.0), ("keras_hub", 200.0), ("torch", 100.0))]
