@@ -93,12 +93,13 @@ DEFAULT_STACKS = ("ours_padded", "ours_bucketed", "keras_fit", "ours_bucketed_bf
 
 
 def eval_stacks(names) -> list:
-    """The stacks evaluated in a run of ``names``: λ changes nothing in evaluation, so of the stacks that differ
-    only in λ the first one named is evaluated (ours_bucketed in the default set; ours_bucketed_lm0 where it runs
-    without ours_bucketed, as in bench.speed_table)."""
+    """The stacks evaluated in a run of ``names`` (of ``STACKS``, or ``{name: spec}`` as ``run`` gets them):
+    λ changes nothing in evaluation, so of the stacks that differ only in λ the first one named is evaluated
+    (ours_bucketed in the default set; ours_bucketed_lm0 where it runs without ours_bucketed, as in
+    bench.speed_table; one of --mode=ab's two workers, which run one spec)."""
     seen, out = set(), []
     for name in names:
-        spec = STACKS[name]
+        spec = names[name] if isinstance(names, dict) else STACKS[name]
         key = (spec["stack"], spec.get("buckets"), spec.get("precision"), spec.get("every_length", False))
         if key not in seen:
             seen.add(key)

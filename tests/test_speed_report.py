@@ -10,6 +10,10 @@ def test_eval_stacks_evaluates_one_stack_per_lambda_twin():
     # bench.speed_table's set has no λ = 0.5 stack: its λ = 0 stacks must be evaluated (a run of this set once
     # ended in a KeyError, evaluating nothing of ours).
     assert finetune_speed.eval_stacks(["ours_bucketed_lm0", "hf_float32"]) == ["ours_bucketed_lm0", "hf_float32"]
+    # --mode=ab's workers are named base and this, not stacks of STACKS, and run one spec (it once ended in a
+    # KeyError before its first round).
+    spec = {"task_dir": "t", **finetune_speed.STACKS["ours_bucketed_lm0"]}
+    assert finetune_speed.eval_stacks({"base": spec, "this": spec}) == ["base"]
 
 
 def _measure(examples_per_s):
