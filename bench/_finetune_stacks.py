@@ -1,4 +1,5 @@
-"""The stacks `bench/finetune_speed.py` times, each in its own worker process, and the data they share.
+"""The stacks `bench/finetune_speed.py` times (its speed, ab and profile modes), each in its own worker process, and
+the data they share.
 
 ``prepare_data``: an 8k BPE trained with the project's tokenizer on the first ``books`` Gutenberg
 books of ``../shared/data/books/train``; the SST-2 training texts (``glue/SST-2/train.tsv``,

@@ -1,19 +1,54 @@
-"""The three training stacks timed by ``bench/train_throughput.py``, each built in its own worker process.
+"""What ``bench/train_throughput.py`` times, each built in its own worker process: the training step of three
+stacks, the real pre-training loop (``--mode=loop``) and the optimizer update alone (``--mode=optimizer``).
 
-``build_step(spec)`` returns ``(step, info)``: ``step()`` runs one full training step (forward,
-backward, global-norm clipping, AdamW update) on a fixed random batch and returns the loss as a
-Python float (so the work has finished when it returns); ``info`` holds the parameter count.
+**The stacks** (``--mode=stacks``, ``--mode=profile``). ``build_step(spec)`` returns ``(step, info)``: ``step()`` runs
+one full training step (forward, backward, global-norm clipping, AdamW update; dropout on) on a fixed random batch
+and returns the loss as a Python float (so the work has finished when it returns); ``info`` holds the parameter
+count.
 
 * ``ours``: ``GPTLanguageModel`` + ``make_optimizer`` in a ``tf.function`` (no XLA);
 * ``keras_hub``: ``TokenAndPositionEmbedding`` + n × post-LN ``TransformerDecoder`` + the tied
   reverse embedding, the same loss (``lm_loss``) and a Keras AdamW in the same ``tf.function``;
 * ``torch``: ``transformers.OpenAIGPTLMHeadModel`` + ``torch.optim.AdamW`` (``fused=True`` by
   default; ``torch.autocast`` for bfloat16), cross-entropy on the float32 logits.
+
+**The loop** (``run_loop``): ``Pretrainer`` as ``python -m gpt_tf.train`` runs it, under the strategy, precision and
+``--jit_compile`` given: the tf.data reader over GZIP TFRecords (of random tokens: speed does not depend on them),
+``strategy.run``, gradient accumulation, the all-reduce, clipping and AdamW, dropout on; ``--warmup`` untimed steps
+(default 3: tracing, XLA compilation), then ``--steps`` timed ones (default 10). MFU = tokens/s ×
+``GPTConfig.flops_per_token`` / peak, the peak ``--peak_tflops`` when given (989 for an H100 SXM's dense BF16, the
+datasheet figure), else the best square-matmul FLOP/s measured here in the compute dtype. On a shared CPU, "our share
+of the cores" (process CPU time ÷ wall time × cores, medians) shows how much of the machine the run had.
+
+**The optimizer update** (``run_optimizer``): one update of the ``tiny`` model's 5.2M parameters, random gradients
+large enough to be clipped, one thread each, median of ``--reps`` updates after ``--warmup`` (default 3), the stacks
+alternating for ``--rounds`` rounds: ``gpt_tf graph`` (``GPTAdamW.clip_and_apply`` in a ``tf.function``, the loop's
+update: the fused AdamW kernel where it runs, else the decoupled decay and TF's ``ResourceApplyAdam``;
+``GPT_TF_FUSED_KERNELS=0`` for the latter), ``gpt_tf XLA`` (the same with ``jit_compile=True``: always the stock
+ops) and ``torch fused`` (``clip_grad_norm_`` + ``torch.optim.AdamW(fused=True)``, HF Trainer's default).
 """
 
 from __future__ import annotations
 
+import datetime
+import json
+import os
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+from bench.harness import cpu_seconds, header, machine_info, measure_peak
+
 LEARNING_RATE, WEIGHT_DECAY, CLIP_NORM = 1e-4, 0.01, 1.0
+# Per-preset defaults for a 2-core CPU, sized so the default run (gpt1 + small) takes ~15 minutes.
+PRESET_DEFAULTS = {
+    "gpt1": {"batch": 2, "seq": 512, "warmup": 2, "steps": 3},
+    "small": {"batch": 4, "seq": 256, "warmup": 3, "steps": 10},
+    "tiny": {"batch": 8, "seq": 128, "warmup": 3, "steps": 10},
+    "test": {"batch": 8, "seq": 32, "warmup": 3, "steps": 20},
+}
 
 
 def random_batch(total_vocab, batch, seq, seed=0):
@@ -167,3 +202,194 @@ def build_step(spec):
     if spec["stack"] in ("ours", "keras_hub"):
         return _tf_step(spec, config)
     raise ValueError(f"unknown stack {spec['stack']!r}; choose ours, keras_hub or torch")
+
+
+# ----------------------------------------------------------------------------- the loop
+
+
+def _write_random_records(folder: Path, vocab: int, n_ctx: int, sequences: int, seed: int = 0) -> None:
+    """GZIP TFRecords of random (n_ctx + 1)-token windows and a manifest, as ``pipelines.pretrain_data`` writes."""
+    import numpy as np
+
+    from pipelines.book_stream import write_split
+    from pipelines.pretrain_data import PretrainConfig
+    from pipelines.records import COMPRESSION, MANIFEST
+
+    stream = np.random.default_rng(seed).integers(0, vocab, sequences * n_ctx + 1)
+    cfg = PretrainConfig(input_dir="", output_dir=str(folder), tokenizer_dir="", n_ctx=n_ctx, shard_size=sequences,
+                         show_progress=False)
+    shards = write_split(stream, cfg, "train", folder)
+    manifest = {"n_ctx": n_ctx, "record": {"compression": COMPRESSION}, "splits": {"train": {"shards": shards}}}
+    (folder / MANIFEST).write_text(json.dumps(manifest))
+
+
+class _StepClock:
+    """The ``TrainCallbacks`` hooks ``Pretrainer.train`` calls, keeping the time each step ended."""
+
+    def __init__(self):
+        self.ends, self.cpu = [time.perf_counter()], [cpu_seconds()]
+
+    def on_log(self, step, stats):
+        del step, stats
+
+    def on_step_end(self, step, trainer):
+        del step, trainer
+        self.ends.append(time.perf_counter())
+        self.cpu.append(cpu_seconds())
+
+
+def _device() -> str:
+    import tensorflow as tf
+
+    gpus = tf.config.list_physical_devices("GPU")
+    if gpus:
+        names = [tf.config.experimental.get_device_details(g).get("device_name", "GPU") for g in gpus]
+        return f"{len(gpus)}× {names[0]}"
+    return header(machine_info())
+
+
+def run_loop(args) -> dict:
+    """One row: the loop's tokens/s, ms per step and MFU, with where and how it ran."""
+    from gpt_tf.console import import_tensorflow
+
+    tf = import_tensorflow()
+    import keras
+
+    from gpt_tf.config import get_preset
+    from gpt_tf.strategy import make_strategy
+    from gpt_tf.training.lm_objective import Pretrainer, TrainConfig
+
+    strategy = make_strategy(args.strategy)
+    if args.precision != "float32":
+        keras.mixed_precision.set_dtype_policy(args.precision)
+    model_config = get_preset(args.model)
+    total = args.warmup + args.steps + 1  # the last step also saves a checkpoint: not timed
+    load_start = os.getloadavg()
+    with tempfile.TemporaryDirectory() as tmp:
+        data = Path(tmp) / "data"
+        data.mkdir()
+        _write_random_records(data, model_config.vocab_size, model_config.n_ctx, max(4 * args.batch_size, 64))
+        config = TrainConfig(data_dir=str(data), run_dir=str(Path(tmp) / "run"), batch_size=args.batch_size,
+                             grad_accum_steps=args.grad_accum_steps, train_steps=total, warmup_steps=1,
+                             precision=args.precision, jit_compile=args.jit_compile, log_every=10**9,
+                             checkpoint_every=10**9)
+        trainer = Pretrainer(model_config, config, strategy, log=lambda message: None)
+        clock = _StepClock()
+        trainer.train(clock)
+    timed = slice(args.warmup, args.warmup + args.steps)  # step k (from 1) took ends[k] - ends[k - 1]
+    seconds = [b - a for a, b in zip(clock.ends[:-1], clock.ends[1:])][timed]
+    cpu = [b - a for a, b in zip(clock.cpu[:-1], clock.cpu[1:])][timed]
+    tokens_per_step = args.batch_size * model_config.n_ctx
+    tokens_per_sec = tokens_per_step * len(seconds) / sum(seconds)
+    compute_dtype = "bfloat16" if args.precision == "mixed_bfloat16" else "float32"
+    peak = args.peak_tflops * 1e12 or max(v for k, v in measure_peak("tf", (1024, 2048, 4096), 3, 0, 1.0).items()
+                                          if k.startswith(compute_dtype + "@"))
+    flops = model_config.flops_per_token(model_config.n_ctx)
+    return {
+        "when": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+        "command": "python -m bench.train_throughput " + " ".join(sys.argv[1:]),
+        "device": _device(), "replicas": strategy.num_replicas_in_sync, "tensorflow": tf.__version__,
+        "model": args.model, "params": model_config.n_params, "batch": args.batch_size, "seq": model_config.n_ctx,
+        "grad_accum_steps": args.grad_accum_steps, "precision": args.precision, "jit_compile": args.jit_compile,
+        "strategy": args.strategy, "timed_steps": len(seconds),
+        "ms_per_step_median": 1e3 * statistics.median(seconds), "tokens_per_sec": tokens_per_sec,
+        "flops_per_token": flops, "peak_flops": peak, "peak_source": "given" if args.peak_tflops else "measured matmul",
+        "mfu": tokens_per_sec * flops / peak,
+        "cpu_s_per_step_median": statistics.median(cpu), "cores": os.cpu_count(),
+        "loadavg_start_end": [load_start[0], os.getloadavg()[0]],
+    }
+
+
+def loop_markdown(rows) -> str:
+    lines = [
+        "| when (UTC) | device | model | batch × seq | accum | precision | XLA | strategy | tokens/s | ms/step | MFU "
+        "| peak (source) | CPU s/step | our share of the cores | load avg start→end |",
+        "|---|---|---|---|---:|---|---|---|---:|---:|---:|---|---:|---:|---|",
+    ]
+    for r in rows:
+        share = r["cpu_s_per_step_median"] / (r["ms_per_step_median"] / 1e3 * r["cores"])  # < 100%: others ran too
+        lines.append(
+            f"| {r['when']} | {r['device']} | {r['model']} | {r['batch']} × {r['seq']} | {r['grad_accum_steps']} "
+            f"| {r['precision']} | {'on' if r['jit_compile'] else 'off'} | {r['strategy']} ({r['replicas']}) "
+            f"| {r['tokens_per_sec']:,.0f} | {r['ms_per_step_median']:,.0f} | {100 * r['mfu']:.1f}% "
+            f"| {r['peak_flops'] / 1e12:.3g} TFLOP/s ({r['peak_source']}) | {r['cpu_s_per_step_median']:.2f} "
+            f"| {share:.0%} | {r['loadavg_start_end'][0]:.1f}→{r['loadavg_start_end'][1]:.1f} |")
+    commands = "\n".join(f"    {r['command']}" for r in rows)
+    return "\n".join(lines) + f"\n\nCommands:\n\n{commands}\n"
+
+
+def loop(args) -> None:
+    """``--mode=loop``: one row appended to ``--out`` (JSON) and the table of every row rewritten beside it."""
+    args.warmup = 3 if args.warmup is None else args.warmup
+    args.steps = 10 if args.steps is None else args.steps
+    row = run_loop(args)
+    out = Path(args.out or "bench/results/pretrain_throughput.json")
+    rows = json.loads(out.read_text()) if out.exists() else []
+    rows.append(row)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps(rows, indent=1) + "\n")
+    out.with_suffix(".md").write_text(loop_markdown(rows))
+    print(loop_markdown([row]))
+
+
+# ----------------------------------------------------------------------------- the optimizer update
+
+
+def _ours_update(jit: bool):
+    import tensorflow as tf
+
+    from gpt_tf.config import get_preset
+    from gpt_tf.model import make_backbone
+    from gpt_tf.optim import make_optimizer
+
+    variables = make_backbone(get_preset("tiny", n_ctx=64)).trainable_variables
+    grads = [tf.random.normal(v.shape, stddev=1e-2, seed=i) for i, v in enumerate(variables)]
+    optimizer = make_optimizer(variables, LEARNING_RATE, weight_decay=WEIGHT_DECAY, clip_norm=CLIP_NORM)
+    update = tf.function(lambda g: optimizer.clip_and_apply(g, variables), jit_compile=jit)
+    return lambda: update(grads).numpy(), sum(v.shape.num_elements() for v in variables)
+
+
+def _torch_fused_update(shapes):
+    import torch
+
+    params = [torch.nn.Parameter(torch.zeros(s)) for s in shapes]
+    for p in params:
+        p.grad = torch.randn_like(p) * 1e-2
+    optimizer = torch.optim.AdamW(params, lr=LEARNING_RATE, weight_decay=WEIGHT_DECAY, fused=True)
+
+    def step():
+        torch.nn.utils.clip_grad_norm_(params, CLIP_NORM)
+        optimizer.step()
+
+    return step
+
+
+def run_optimizer(args) -> None:
+    """``--mode=optimizer``: times the three updates, alternating; prints ms per update."""
+    warmup = 3 if args.warmup is None else args.warmup
+    import tensorflow as tf
+    import torch
+
+    tf.config.threading.set_intra_op_parallelism_threads(1)
+    tf.config.threading.set_inter_op_parallelism_threads(1)
+    torch.set_num_threads(1)
+    graph, n = _ours_update(jit=False)
+    xla, _ = _ours_update(jit=True)
+    from gpt_tf.config import get_preset
+    from gpt_tf.model import make_backbone
+
+    shapes = [tuple(v.shape) for v in make_backbone(get_preset("tiny", n_ctx=64)).trainable_variables]
+    stacks = {"gpt_tf graph": graph, "gpt_tf XLA": xla, "torch fused": _torch_fused_update(shapes)}
+    times = {name: [] for name in stacks}
+    for step in stacks.values():
+        for _ in range(warmup):
+            step()
+    for _ in range(args.rounds):
+        for name, step in stacks.items():
+            for _ in range(args.reps):
+                start = time.perf_counter()
+                step()
+                times[name].append(time.perf_counter() - start)
+    print(f"{n:,} parameters, one thread; ms per update (median of {args.rounds} x {args.reps}):")
+    for name, seconds in times.items():
+        print(f"  {name:13s} {1000 * statistics.median(seconds):6.2f}")

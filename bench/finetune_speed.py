@@ -3,7 +3,7 @@
     python -m bench.finetune_speed                       # ~15 min on 2 cores -> bench/results/finetune_speed.{json,md}
     python -m bench.finetune_speed --mode=padding        # tokens per example after padding, ours and HF's
     python -m bench.finetune_speed --mode=ab --base=REV  # this checkout against commit REV, same stack, same batches
-    python -m bench.finetune_speed --mode=profile        # where the time goes, ours against HF (bench/_finetune_profile.py)
+    python -m bench.finetune_speed --mode=profile        # where the time goes, ours against HF (bench/_profiles.py)
     python -m bench.finetune_speed --mode=zero_shot      # §5 zero-shot scoring, LMScorer before vs after length buckets
 
 Modes: ``speed`` (below); ``padding``; ``ab``: two workers of ``--stack`` (default ``ours_bucketed_bf16``), one
@@ -12,9 +12,13 @@ on the same batches), alternating; the figure is the ratio of the mean examples/
 (differences under ~2% are noise on a quiet 2-core machine; training only). ``profile``: each stack (ours at
 λ = 0, HF Trainer) in its own process records ``--train_steps`` training steps after ``--profile_warmup_steps``
 and one evaluation pass with its framework's profiler, every op's self time sorted into kinds (matmul,
-optimizer, dropout, other ops, outside ops; see ``bench/_finetune_profile.py``). ``zero_shot``: the evaluation of
-§5's zero-shot heuristics, the ``LMScorer`` of the commit before length buckets against today's, on the same BPE
-(``bench/_zero_shot_scoring.py``; ``bench/results/zero_shot_speed.{json,md}``).
+optimizer, dropout, other ops, outside ops; see ``bench/_profiles.py``). ``zero_shot``: the evaluation of §5's
+zero-shot heuristics (``gpt_tf/analysis/lm_scorer.py``), the scorer before length buckets (each batch padded to
+its longest sequence, the LM head at every position) against ``LMScorer`` now (batches padded to a length bucket,
+the LM head at the scored positions only), in one process, alternating round by round, on the §5 requests of the
+real dev sets of SST-2, CoLA and Story Cloze (its 30% hold-out of val) with this bench's 8k BPE and the ``tiny``
+preset's random weights; tokens/s counts the real model-input tokens, and the two scorers' sums of
+log-probabilities are compared (``--rounds`` 4 unless given; ``bench/results/zero_shot_speed.{json,md}``).
 
 Stacks (`bench/_finetune_stacks.py`), each in its own worker process, all the `tiny` shape
 (4 layers, 256 dims, 4 heads, 1024 FFN, 8k BPE + 4 special tokens) with n_ctx 64, batch 32, on the
@@ -65,8 +69,10 @@ from pathlib import Path
 
 from absl import app, flags
 
-from bench._finetune_stacks import define_data_flags
-from bench.harness import Worker, apply_settings, base_checkout, busy_seconds, header, machine_info, median, save_report, wait_until_quiet
+from bench import _profiles
+from bench._finetune_stacks import define_data_flags, lengths_summary, padding_summary, prepare_data, train_bpe
+from bench.harness import Worker, apply_settings, base_checkout, busy_seconds, header, machine_info, median, save_report
+from bench.harness import timed, wait_until_quiet
 
 FLAGS = flags.FLAGS
 STACKS = {
@@ -87,12 +93,13 @@ DEFAULT_STACKS = ("ours_padded", "ours_bucketed", "keras_fit", "ours_bucketed_bf
 
 
 def eval_stacks(names) -> list:
-    """The stacks evaluated in a run of ``names``: λ changes nothing in evaluation, so of the stacks that differ
-    only in λ the first one named is evaluated (ours_bucketed in the default set; ours_bucketed_lm0 where it runs
-    without ours_bucketed, as in bench.speed_table)."""
+    """The stacks evaluated in a run of ``names`` (of ``STACKS``, or ``{name: spec}`` as ``run`` gets them):
+    λ changes nothing in evaluation, so of the stacks that differ only in λ the first one named is evaluated
+    (ours_bucketed in the default set; ours_bucketed_lm0 where it runs without ours_bucketed, as in
+    bench.speed_table; one of --mode=ab's two workers, which run one spec)."""
     seen, out = set(), []
     for name in names:
-        spec = STACKS[name]
+        spec = names[name] if isinstance(names, dict) else STACKS[name]
         key = (spec["stack"], spec.get("buckets"), spec.get("precision"), spec.get("every_length", False))
         if key not in seen:
             seen.add(key)
@@ -246,8 +253,6 @@ def run_ab(args, task_dir: Path, log) -> tuple[dict, str]:
 
 def speed_report(args, task_dir: Path, stacks: list, log, padding=None) -> dict:
     """``--mode=speed``: the interleaved rounds of ``stacks``, summarised (``bench.speed_table`` runs it too)."""
-    from bench._finetune_stacks import lengths_summary
-
     common = {"task_dir": str(task_dir), "batch_size": args.batch_size, "n_ctx": args.n_ctx,
               "train_steps": args.train_steps, "threads": args.threads}
     precision = "mixed_bfloat16" if args.precision == "bfloat16" else args.precision
@@ -267,22 +272,81 @@ def speed_report(args, task_dir: Path, stacks: list, log, padding=None) -> dict:
     return report
 
 
+def before_scorer(lm, bos_id, batch_size):
+    """The LMScorer of the previous commit: batch padded to its longest sequence, the LM head at every position."""
+    import tensorflow as tf
+
+    from gpt_tf.analysis.lm_scorer import LMScorer
+
+    class Before(LMScorer):
+        def _batch_scores(self, tokens, mask):
+            logits = tf.cast(self.lm(tokens[:, :-1], training=False), tf.float32)
+            logp = -tf.nn.sparse_softmax_cross_entropy_with_logits(labels=tokens[:, 1:], logits=logits)
+            return tf.reduce_sum(logp * mask[:, 1:], axis=1)
+
+    scorer = Before(lm, bos_id=bos_id, batch_size=batch_size)
+    scorer.buckets = tuple(range(1, lm.config.n_ctx + 1))  # every length is a bucket: pad to the longest
+    return scorer
+
+
+def run_zero_shot(args) -> tuple[dict, str]:
+    """``--mode=zero_shot``: (the report, its markdown) of ``--rounds`` interleaved rounds of the two scorers."""
+    import numpy as np
+
+    from gpt_tf.config import get_preset
+    from gpt_tf.analysis.heuristics import HEURISTICS, load_examples, requests
+    from gpt_tf.analysis.lm_scorer import LMScorer
+    from gpt_tf.model import GPTLanguageModel
+    from gpt_tf.text.tokenizer import GPTTokenizer
+
+    tokenizer = GPTTokenizer.from_dir(train_bpe(Path(args.data_root), Path(args.shared_data), args.books, print))
+    reqs = []
+    for task, folder in {"sst2": "glue/SST-2", "cola": "glue/CoLA", "story_cloze": "story_cloze"}.items():
+        h = HEURISTICS[task]
+        reqs += requests(h, load_examples(task, str(Path(args.shared_data) / folder), h.eval_split), tokenizer.encode)
+    lm = GPTLanguageModel.from_config_preset(get_preset("tiny", vocab_size=tokenizer.vocab_size))
+    bos = tokenizer.vocab_size - 1
+    scorers = {"before": before_scorer(lm, bos, args.batch_size), "after": LMScorer(lm, bos, args.batch_size)}
+    tokens = sum(len(scorers["after"].sequence(p, c)[0]) - 1 for p, c in reqs)
+    log, sums = {name: [] for name in scorers}, {}
+    for r in range(args.rounds + 1):
+        for name, scorer in scorers.items():
+            (sums[name], _), times = timed(lambda: scorer.score(reqs))
+            wall, others = times["s"], times["others_cpu_share"]
+            print(f"  round {r}{' (warm-up)' if not r else ''} {name}: {tokens / wall:.0f} tokens/s, "
+                  f"{100 * others:.0f}% others' CPU", flush=True)
+            if r:
+                log[name].append({"s": wall, "others_cpu_share": others})
+    rows = {name: {"tokens_per_s": round(tokens / median([m["s"] for m in ms])),
+                   "others_cpu_share": round(median([m["others_cpu_share"] for m in ms]), 3)} for name, ms in log.items()}
+    report = {"command": " ".join(["python -m bench.finetune_speed", *sys.argv[1:]]),
+              "date": datetime.datetime.now().astimezone().isoformat(timespec="seconds"), "machine": machine_info(),
+              "requests": len(reqs), "model_input_tokens": tokens, "batch_size": args.batch_size, "rows": rows,
+              "speed_up": round(rows["after"]["tokens_per_s"] / rows["before"]["tokens_per_s"], 2),
+              "max_abs_diff_logprob_sums": float(np.max(np.abs(sums["after"] - sums["before"]))), "log": log}
+    text = (f"`{report['command']}`\n\n{report['machine']['cpu']}, {report['machine']['cores']} cores, "
+            f"{report['date']}: {len(reqs)} requests (SST-2, CoLA, Story Cloze dev), {tokens} model-input tokens, "
+            f"tiny preset, batch {args.batch_size}.\n\n| scorer | tokens/s | others' CPU |\n|---|---:|---:|\n"
+            + "".join(f"| {n} | {r['tokens_per_s']} | {100 * r['others_cpu_share']:.0f}% |\n" for n, r in rows.items())
+            + f"\nafter / before: {report['speed_up']}×; largest difference of a log-probability sum: "
+              f"{report['max_abs_diff_logprob_sums']:.2e}\n")
+    return report, text
+
+
 def main(argv):
     del argv  # everything is a flag
     args = FLAGS
     if args.worker:
         spec = json.loads(args.worker)
         if spec.get("profile"):
-            from bench._finetune_profile import worker_main
-        else:
-            from bench._finetune_stacks import worker_main
+            return _profiles.finetune_worker(spec)
+        from bench._finetune_stacks import worker_main
+
         return worker_main(spec)
     mode = "padding" if args.padding_only else args.mode
     unknown = [s for s in args.stacks.split(",") if s not in STACKS]
     if unknown:
         raise app.UsageError(f"--stacks: unknown {unknown}; choose from {list(STACKS)}")
-    from bench._finetune_stacks import padding_summary, prepare_data
-
     log = lambda msg: print(msg, flush=True)  # noqa: E731
     if mode in ("speed", "profile", "ab"):
         # Before any worker starts: they inherit the settings the project picks on this machine (oneDNN
@@ -290,8 +354,6 @@ def main(argv):
         tuned = apply_settings()
         log(tuned)
     if mode == "zero_shot":
-        from bench._zero_shot_scoring import run_zero_shot
-
         if not args["rounds"].present:
             args.rounds = 4
         out = Path(args.out if args["out"].present else "bench/results/zero_shot_speed.json")
@@ -308,12 +370,9 @@ def main(argv):
         report["project's"] = tuned
         return save_report(report, text, out, log)
     if mode == "profile":
-        from bench._finetune_profile import markdown as profile_markdown
-        from bench._finetune_profile import run_profile
-
-        report = run_profile(args, task_dir, log)
+        report = _profiles.finetune_profile(args, task_dir, log)
         report["settings"]["project's"] = tuned
-        return save_report(report, profile_markdown(report), out, log)
+        return save_report(report, _profiles.finetune_markdown(report), out, log)
     padding = padding_summary(task_dir, args.batch_size, args.n_ctx)
     if mode == "padding":
         return log(f"training tokens per example after padding (batch {args.batch_size}, one epoch): {padding}")

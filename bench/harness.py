@@ -7,8 +7,8 @@
   by line (``<tag><KIND> <JSON>``), so that stacks take turns step by step (a load change hits all alike);
   ``emit`` is the worker's side. ``wait_until_quiet``: waits for other processes to go quiet.
 * ``measure_peak`` / ``measure_peaks``: the best square-matmul FLOP/s through TF and torch, the MFU's peak.
-* ``machine_info`` (CPU model, features, cores, versions, load), ``header`` (its one line), ``save_report``
-  (the JSON and the markdown beside it), ``median``.
+* ``machine_info`` (CPU model, features, cores, versions, load), ``header`` (its one line), ``cpu_slug`` (its
+  name in a file name), ``save_report`` (the JSON and the markdown beside it), ``median``.
 """
 
 from __future__ import annotations
@@ -17,6 +17,7 @@ import contextlib
 import json
 import os
 import platform
+import re
 import resource
 import shutil
 import subprocess
@@ -285,6 +286,12 @@ def machine_info():
         "versions": versions,
         "loadavg_at_start": os.getloadavg(),
     }
+
+
+def cpu_slug(info: dict) -> str:
+    """``amd_epyc_avx2``: the CPU model and its widest vector / bf16 feature, for a report's file name."""
+    isa = next((f for f in ("amx_bf16", "avx512_bf16", "avx512f", "avx2") if f in info["isa"]), "")
+    return "_".join(x for x in (re.sub(r"[^a-z0-9]+", "_", info["cpu"].lower()).strip("_"), isa) if x)
 
 
 def header(info: dict) -> str:

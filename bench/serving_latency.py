@@ -1,32 +1,36 @@
 """Serving latency and throughput: gRPC (``serving.server``, batching on and off) vs the SavedModel in process.
 
-Single-sentence classification (an SST-2 head on the ``small`` preset by default, GPT-1's 40,478-token
-BPE, random weights: speed does not depend on them) at ~128 tokens per request, one example per
-request. In one run it measures, at each concurrency (default 1 and 8, one thread per client):
-
-* ``in-process``: ``tf.saved_model.load(...).signatures["serving_default"]`` called from the threads;
-* ``grpc-batched``: ``python -m serving.server --enable_batching`` with
-  ``serving/batching_parameters.txt``, one gRPC channel per client thread;
-* ``grpc-unbatched``: the same server without batching;
-* ``in-process-batch`` (at the highest concurrency N only): one thread calling the SavedModel with
-  N texts at a time, i.e. what a perfectly filled server-side batch costs; its throughput (in
-  examples/s) bounds what batching can gain over N unbatched clients.
-
-The three are measured in interleaved rounds (each round runs every configuration once) so that a
-load change on a shared machine hits them alike; each measurement also records the share of the
-machine's CPU that other processes used meanwhile (from /proc). The texts are real SST-2 training
-sentences joined to 120-128 BPE tokens, so a request's view is ~128 tokens plus <s> and <e>.
-
     python -m bench.serving_latency                      # writes bench/results/serving_latency.{json,md}
     python -m bench.serving_latency --preset=tiny --requests=200 --rounds=2
-
-oneDNN's rewrites: ``--onednn=0`` / ``--onednn=1`` set ``TF_ENABLE_ONEDNN_OPTS`` for this process and its
-servers (one value per run; two sequential runs see different loads). ``--onednn=ab`` measures both values
-in one run, interleaved slot by slot, each value in its own processes (an in-process worker and two servers
-per value, ``bench/_serving_ab.py``), and reports them side by side with the on / off ratio of p50 and
-whether the faster value on served p50 agrees with ``gpt_tf.autotune.serving_default()`` on this CPU:
-
     python -m bench.serving_latency --onednn=ab --rounds=3   # bench/results/serving_latency_onednn_ab.{json,md}
+
+Single-sentence classification (an SST-2 head on the ``small`` preset by default, GPT-1's 40,478-token BPE, random
+weights: speed does not depend on them) at ~128 tokens per request, one example per request: real SST-2 training
+sentences joined to 120-128 BPE tokens, so a request's view is ~128 tokens plus <s> and <e>. At each concurrency
+(default 1 and 8, one thread per client):
+
+* ``in-process``: ``tf.saved_model.load(...).signatures["serving_default"]`` called from the threads;
+* ``grpc-batched``: ``python -m serving.server --enable_batching`` with ``serving/batching_parameters.txt``, one
+  gRPC channel per client thread;
+* ``grpc-unbatched``: the same server without batching;
+* ``in-process-batch`` (at the highest concurrency N only): one thread calling the SavedModel with N texts at a
+  time, i.e. what a perfectly filled server-side batch costs; its throughput (in examples/s) bounds what batching
+  can gain over N unbatched clients.
+
+The configurations run in interleaved rounds (each round runs every configuration once) so that a load change on a
+shared machine hits them alike; each measurement also records the share of the machine's CPU that processes other
+than ours used meanwhile (from /proc).
+
+oneDNN's rewrites: ``--onednn=0`` / ``--onednn=1`` set ``TF_ENABLE_ONEDNN_OPTS`` for this process and its servers
+(one value per run; two sequential runs see different loads). ``--onednn=ab`` measures both values in one run. The
+variable acts only when TensorFlow starts, so each value gets its own processes, started with it set: an in-process
+worker (``harness.Worker``: the SavedModel loaded and called in it; it reports the variable and ``IsMklEnabled()``
+as it saw them) and two servers (batching on and off; the variable read back from ``/proc/<pid>/environ``). Every
+slot (configuration x concurrency) is measured with both values back to back, off then on in odd rounds, on then
+off in even ones (``schedule``), the gRPC slots from the same client threads (this process, with the serving
+default: it only builds requests). The report gives p50 / p99 ms and req/s off and on side by side, the on / off
+ratio of p50, and the verdict: which value is faster on served (gRPC) p50 in most rows here, against
+``gpt_tf.autotune.serving_default()`` on this CPU.
 """
 
 from __future__ import annotations
@@ -34,112 +38,75 @@ from __future__ import annotations
 import datetime
 import json
 import os
-import subprocess
+import shutil
 import sys
 import tempfile
-import threading
-import time
 from pathlib import Path
 from types import SimpleNamespace
 
 import numpy as np
 from absl import app, flags, logging
 
-from bench.harness import ROOT, CpuMeter, header, machine_info
+from bench._servers import DATA, export_sst2, run_load, server_port, spawn_server, sst2_texts, stop_server
+from bench.harness import ROOT, CpuMeter, Worker, emit, header, machine_info, save_report
 
 FLAGS = flags.FLAGS
-DATA = ROOT.parent / "shared" / "data"
 CONFIGS = ("in-process", "grpc-batched", "grpc-unbatched")
 BATCH = "in-process-batch"
+SERVED = ("grpc-batched", "grpc-unbatched")
+ONEDNN = "TF_ENABLE_ONEDNN_OPTS"
+SETTINGS = ("0", "1")
+LABEL = {"0": "off", "1": "on"}
 
 
-def sst2_texts(tokenizer, count: int, low: int, high: int) -> list:
-    """``count`` distinct texts of ``low``..``high`` tokens made of consecutive SST-2 training sentences."""
-    rows = (DATA / "glue" / "SST-2" / "train.tsv").read_text(encoding="utf-8").splitlines()[1:]
-    sentences = [row.split("\t")[0].strip() for row in rows if row.count("\t") == 1]
-    texts, current = [], []
-    for sentence in sentences:
-        n = len(tokenizer.encode(" ".join(current + [sentence])))
-        if n <= high:
-            current.append(sentence)
-            if n >= low:
-                texts.append(" ".join(current))
-                current = []
-        else:
-            current = []
-        if len(texts) == count:
-            return texts
-    raise ValueError(f"SST-2 gave only {len(texts)} texts of {low}..{high} tokens")
+def slots(concurrency: list) -> list:
+    """``(configuration, concurrency)`` in the order a round measures them; ``BATCH`` at the highest concurrency."""
+    many = max(concurrency)
+    return [(name, c) for c in concurrency for name in CONFIGS + ((BATCH,) if c == many else ())]
 
 
-def run_load(call, requests: int, concurrency: int) -> tuple:
-    """Latencies (s) of ``requests`` calls spread over ``concurrency`` threads, and the wall time.
-
-    ``call(k, i)`` sends request ``i`` from thread ``k``."""
-    latencies, errors = [], []
-    per_thread = requests // concurrency
-
-    def worker(k):
-        own = []
-        for i in range(per_thread):
-            t0 = time.perf_counter()
-            try:
-                call(k, k * per_thread + i)
-            except Exception as err:  # noqa: BLE001 -- counted and reported
-                errors.append(repr(err))
-            own.append(time.perf_counter() - t0)
-        latencies.extend(own)
-
-    threads = [threading.Thread(target=worker, args=(k,)) for k in range(concurrency)]
-    start = time.perf_counter()
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join()
-    wall = time.perf_counter() - start
-    if errors:
-        raise RuntimeError(f"{len(errors)} failed requests, e.g. {errors[0]}")
-    return latencies, wall
+def schedule(rounds: int, concurrency: list, values=SETTINGS) -> list:
+    """``(round, configuration, concurrency, value)`` in the order measured: each slot with every value back to
+    back, in ``values``' order in rounds 1, 3, ..., reversed in rounds 2, 4, ... (``--onednn=ab``: off first, then
+    on first)."""
+    return [(rnd, name, c, value) for rnd in range(rounds) for name, c in slots(concurrency)
+            for value in (values if rnd % 2 == 0 else values[::-1])]
 
 
-def spawn_server(base: Path, name: str, batching: bool, port: int, env: dict | None = None):
-    """``python -m serving.server`` for ``base/name`` (``env``: extra variables); its stderr kept in a temp file."""
-    args = [sys.executable, "-m", "serving.server", f"--model_base_path={base / name}", f"--model_name={name}",
-            f"--port={port}", "--rest_api_port=0", "--file_system_poll_wait_seconds=0"]
-    if batching:
-        args += ["--enable_batching", f"--batching_parameters_file={ROOT / 'serving' / 'batching_parameters.txt'}"]
-    path = os.pathsep.join([str(ROOT)] + [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p])
-    env = {**os.environ, "PYTHONPATH": path, "TF_CPP_MIN_LOG_LEVEL": "2", **(env or {})}  # this checkout first
-    stderr = tempfile.TemporaryFile(mode="w+")
-    proc = subprocess.Popen(args, cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=stderr, text=True)
-    proc.stderr_file = stderr
-    return proc
+def measure(order: list, load, pids: list, args) -> tuple[dict, list]:
+    """Runs ``order``'s slots, ``load(name, c, value, requests, threads)`` -> (latencies, wall), each key warmed up
+    before its first slot (untimed); returns ``{(name, c, value): (latencies, wall, others' CPU shares)}`` and a
+    line per slot."""
+    samples, measured, warmed = {}, [], set()
+    for rnd, name, c, value in order:
+        threads, requests = (1, args.requests // c) if name == BATCH else (c, args.requests)
+        if (name, c, value) not in warmed:
+            load(name, c, value, max(args.warmup, threads), threads)
+            warmed.add((name, c, value))
+        meter = CpuMeter(pids)
+        meter.start()
+        latencies, wall = load(name, c, value, requests, threads)
+        others = meter.stop()
+        lat, total, shares = samples.get((name, c, value), ([], 0.0, []))
+        samples[name, c, value] = (lat + latencies, total + wall, shares + [others])
+        p50 = float(np.percentile(latencies, 50) * 1e3)
+        measured.append({"round": rnd + 1, "configuration": name, "concurrency": c, "onednn": LABEL.get(value),
+                         "p50_ms": p50, "others_cpu": others})
+        print(f"round {rnd + 1} {name} x{c}{f' oneDNN {LABEL[value]}' if value else ''}: p50 {p50:.1f} ms, "
+              f"{len(latencies) / wall:.1f} calls/s, others' CPU {others:.0%}", flush=True)
+    return samples, measured
 
 
-def server_port(proc) -> int:
-    """The gRPC port a ``spawn_server`` process prints once its model is loaded (its stderr's tail if it fails)."""
-    line = proc.stdout.readline()
-    if "gRPC on" not in line:
-        proc.stderr_file.seek(0)
-        raise RuntimeError(f"serving.server did not start: {line!r}\n{proc.stderr_file.read()[-2000:]}")
-    return int(line.split("gRPC on ")[1].split(",")[0].rsplit(":", 1)[1])
-
-
-def start_server(base: Path, name: str, batching: bool, port: int):
-    proc = spawn_server(base, name, batching, port)
-    return proc, server_port(proc)
-
-
-def stop_server(proc, timeout: float = 60) -> None:
-    """SIGTERM (the server's graceful stop), SIGKILL after ``timeout`` s, so that no server outlives the run."""
-    if proc.poll() is None:
-        proc.terminate()
-    try:
-        proc.wait(timeout=timeout)
-    except subprocess.TimeoutExpired:
-        proc.kill()
-        proc.wait()
-    proc.stderr_file.close()
+def summaries(samples: dict, many: int) -> dict:
+    """``{(name, c, value): p50 / p99 / mean ms, throughput, others' CPU}``; ``BATCH``'s throughput in examples/s."""
+    out = {}
+    for (name, c, value), (latencies, wall, shares) in samples.items():
+        ms = np.asarray(latencies) * 1e3
+        out[name, c, value] = {"requests": len(ms), "p50_ms": float(np.percentile(ms, 50)),
+                               "p99_ms": float(np.percentile(ms, 99)), "mean_ms": float(ms.mean()),
+                               "throughput_rps": len(ms) / wall * (many if name == BATCH else 1),
+                               "others_cpu": float(np.mean(shares))}
+    return out
 
 
 def grpc_caller(port: int, name: str, concurrency: int, texts: list):
@@ -159,36 +126,206 @@ def grpc_caller(port: int, name: str, concurrency: int, texts: list):
     return call
 
 
-def summary(latencies, wall, others) -> dict:
-    ms = np.asarray(latencies) * 1e3
-    return {"requests": len(ms), "p50_ms": float(np.percentile(ms, 50)), "p99_ms": float(np.percentile(ms, 99)),
-            "mean_ms": float(ms.mean()), "throughput_rps": len(ms) / wall, "others_cpu": others}
+def local_caller(tf, signature, texts: list, size: int):
+    """``call(k, i)``: the SavedModel's signature on ``size`` texts (call ``i``'s, in the order of ``texts``)."""
+    return lambda k, i: signature(sentence=tf.constant([texts[(i * size + j) % len(texts)] for j in range(size)]))
+
+
+def start_servers(base: Path, env: dict | None = None) -> dict:
+    """The batched and the unbatched server of ``base/sst2`` (started together: their start-ups overlap)."""
+    common = ["--port=0", "--rest_api_port=0", "--file_system_poll_wait_seconds=0"]
+    batching = ["--enable_batching", f"--batching_parameters_file={ROOT / 'serving' / 'batching_parameters.txt'}"]
+    return {name: spawn_server(base, "sst2", *common, *(batching if name == "grpc-batched" else []), env=env)
+            for name in SERVED}
+
+
+def prepare(args):
+    """TensorFlow (the process's settings), the texts, the model config and its export in a temp folder."""
+    from gpt_tf.console import import_tensorflow
+
+    tf = import_tensorflow(serving=True)
+    from gpt_tf.text.tokenizer import GPTTokenizer
+
+    low, high = (int(x) for x in args.tokens.split(","))
+    tokenizer = GPTTokenizer.from_dir(DATA / "gpt1_bpe")
+    base = Path(tempfile.mkdtemp(prefix="serving_bench_"))
+    config = export_sst2(base, args.preset, DATA / "gpt1_bpe", tokenizer.vocab_size)
+    return SimpleNamespace(tf=tf, texts=sst2_texts(tokenizer, 64, low, high), config=config, base=base, low=low,
+                           high=high, concurrency=[int(c) for c in args.concurrency.split(",")])
+
+
+def report_head(args, setup) -> dict:
+    return {"date": datetime.datetime.now().strftime("%Y-%m-%d %H:%M"), "preset": args.preset,
+            "params": setup.config.n_params, "tokens_min": setup.low, "tokens_max": setup.high, "rounds": args.rounds,
+            "concurrency": setup.concurrency, "command": "python -m bench.serving_latency " + " ".join(sys.argv[1:])}
+
+
+def row_label(name: str, c: int, many: int) -> str:
+    """A table row's first two cells: the configuration and its concurrency."""
+    return (f"{name} (calls of {many} texts; examples/s) | 1" if name == BATCH else f"{name} | {c}")
+
+
+# ----------------------------------------------------------------------------- one value of the rewrites per run
+
+
+def run_one_value(args, setup) -> dict:
+    from tensorflow.python.util import _pywrap_util_port
+
+    tf, texts, concurrency, many = setup.tf, setup.texts, setup.concurrency, max(setup.concurrency)
+    signature = tf.saved_model.load(str(setup.base / "sst2" / "1")).signatures["serving_default"]
+    servers = start_servers(setup.base)
+    try:
+        ports = {name: server_port(proc) for name, proc in servers.items()}
+        local = {"in-process": local_caller(tf, signature, texts, 1), BATCH: local_caller(tf, signature, texts, many)}
+        grpc = {(name, c): grpc_caller(ports[name], "sst2", c, texts) for name in SERVED for c in concurrency}
+        load = lambda name, c, _, n, threads: run_load(local.get(name) or grpc[name, c], n, threads)  # noqa: E731
+        pids = [os.getpid()] + [proc.pid for proc in servers.values()]
+        samples, _ = measure(schedule(args.rounds, concurrency, values=(None,)), load, pids, args)
+    finally:
+        for proc in servers.values():
+            stop_server(proc)
+    results = {f"{name}@{c}": s for (name, c, _), s in summaries(samples, many).items()}
+    one = min(concurrency)
+    ratio_p50 = results[f"grpc-batched@{one}"]["p50_ms"] / results[f"in-process@{one}"]["p50_ms"]
+    tail = results[f"grpc-batched@{one}"]["p99_ms"] / results[f"grpc-batched@{one}"]["p50_ms"]
+    gain = results[f"grpc-batched@{many}"]["throughput_rps"] / results[f"grpc-unbatched@{many}"]["throughput_rps"]
+    ceiling = results[f"{BATCH}@{many}"]["throughput_rps"] / results[f"in-process@{many}"]["throughput_rps"]
+    return {**report_head(args, setup), "machine": machine_info(), "cpus": os.cpu_count(),
+            "onednn_rewrites": bool(_pywrap_util_port.IsMklEnabled()), "results": results,
+            "checks": {f"gRPC p50 / in-process p50 at concurrency {one}": (ratio_p50, "<= 1.1", ratio_p50 <= 1.1),
+                       f"gRPC p99 / p50 at concurrency {one}": (tail, "<= 1.5", tail <= 1.5),
+                       f"batched / unbatched throughput at concurrency {many}": (gain, ">= 1.5", gain >= 1.5)},
+            "ceiling": {f"in-process one batch of {many} / {many} in-process threads, examples/s": ceiling}}
 
 
 def markdown(report: dict) -> str:
-    r = report["results"]
-    lines = [f"Measured {report['date']} on {report['machine']} ({report['cpus']} CPUs); model `{report['preset']}` preset "
+    r, many = report["results"], max(report["concurrency"])
+    lines = [f"Measured {report['date']} on {header(report['machine'])} ({report['cpus']} CPUs); model `{report['preset']}` preset "
              f"({report['params'] / 1e6:.1f}M parameters, GPT-1 BPE), SST-2 head, random weights; "
              f"{report['tokens_min']}-{report['tokens_max']} text tokens per request (+ <s>, <e>); "
              f"{report['rounds']} interleaved rounds; oneDNN rewrites {'on' if report.get('onednn_rewrites') else 'off'}.", "",
              f"Command: `{report['command']}`", "",
              "| configuration | concurrency | requests | p50 ms | p99 ms | p99 / p50 | throughput req/s | others' CPU |",
              "|---|---:|---:|---:|---:|---:|---:|---:|"]
-    many = max(report["concurrency"])
-    for c in report["concurrency"]:
-        for name in CONFIGS + ((BATCH,) if c == many else ()):
-            s = r[f"{name}@{c}"]
-            label = f"{name} (calls of {many} texts; examples/s)" if name == BATCH else name
-            lines.append(f"| {label} | {1 if name == BATCH else c} | {s['requests']} | {s['p50_ms']:.1f} | "
-                         f"{s['p99_ms']:.1f} | {s['p99_ms'] / s['p50_ms']:.2f} | {s['throughput_rps']:.1f} | "
-                         f"{s['others_cpu']:.0%} |")
-    checks = report["checks"]
+    for name, c in slots(report["concurrency"]):
+        s = r[f"{name}@{c}"]
+        lines.append(f"| {row_label(name, c, many)} | {s['requests']} | {s['p50_ms']:.1f} | {s['p99_ms']:.1f} | "
+                     f"{s['p99_ms'] / s['p50_ms']:.2f} | {s['throughput_rps']:.1f} | {s['others_cpu']:.0%} |")
     lines += ["", "| aim | measured | met |", "|---|---:|---|"]
-    for key, (value, aim, met) in checks.items():
-        lines.append(f"| {key} (aim {aim}) | {value:.2f} | {'yes' if met else 'no'} |")
-    for key, value in report["ceiling"].items():
-        lines.append(f"| batching's ceiling: {key} | {value:.2f} | |")
+    lines += [f"| {key} (aim {aim}) | {value:.2f} | {'yes' if met else 'no'} |"
+              for key, (value, aim, met) in report["checks"].items()]
+    lines += [f"| batching's ceiling: {key} | {value:.2f} | |" for key, value in report["ceiling"].items()]
     return "\n".join(lines) + "\n"
+
+
+# ----------------------------------------------------------------------------- --onednn=ab
+
+
+def worker_main(spec: dict) -> None:
+    """An A/B in-process worker: loads the SavedModel (TensorFlow started with this process's variable), reports
+    what it saw, then runs one load per stdin line (``{"size", "requests", "threads"}``): latencies and wall time."""
+    from gpt_tf.console import import_tensorflow
+
+    tf = import_tensorflow(serving=True)
+    from tensorflow.python.util import _pywrap_util_port
+
+    signature = tf.saved_model.load(spec["model"]).signatures["serving_default"]
+    texts = json.loads(Path(spec["texts"]).read_text(encoding="utf-8"))
+    emit("READY", {"pid": os.getpid(), "env": os.environ.get(ONEDNN),
+                   "mkl_enabled": bool(_pywrap_util_port.IsMklEnabled())})
+    for line in sys.stdin:
+        job = json.loads(line)
+        latencies, wall = run_load(local_caller(tf, signature, texts, job["size"]), job["requests"], job["threads"])
+        emit("RESULT", {"latencies": latencies, "wall": wall})
+
+
+def environ_of(pid: int) -> dict:
+    """The environment process ``pid`` was started with (Linux ``/proc``)."""
+    raw = Path(f"/proc/{pid}/environ").read_bytes()
+    return dict(item.split("=", 1) for item in raw.decode("utf-8", "replace").split("\0") if "=" in item)
+
+
+def run_ab(args, setup) -> dict:
+    """Both values' processes started, ``schedule``'s slots measured, all stopped; the report."""
+    base, texts, concurrency, many = setup.base, setup.texts, setup.concurrency, max(setup.concurrency)
+    (base / "texts.json").write_text(json.dumps(texts), encoding="utf-8")
+    spec = {"model": str(base / "sst2" / "1"), "texts": str(base / "texts.json")}
+    workers, servers = {}, {}
+    try:
+        for value in SETTINGS:  # all started at once: their start-ups overlap
+            workers[value] = Worker(spec, "bench.serving_latency", env={ONEDNN: value})
+            servers.update({(name, value): proc for name, proc in start_servers(base, {ONEDNN: value}).items()})
+        ports = {key: server_port(proc) for key, proc in servers.items()}
+        seen = {f"in-process/{LABEL[v]}": {**worker.read("READY"), "kind": "in-process worker"}
+                for v, worker in workers.items()}
+        seen.update({f"{name}/{LABEL[v]}": {"pid": proc.pid, "env": environ_of(proc.pid).get(ONEDNN), "kind": "server"}
+                     for (name, v), proc in servers.items()})
+        print("processes: " + ", ".join(f"{k} {ONEDNN}={s['env']}" + (f" IsMklEnabled={s['mkl_enabled']}"
+                                                                      if "mkl_enabled" in s else "")
+                                        for k, s in seen.items()), flush=True)
+        callers = {(name, c, v): grpc_caller(ports[name, v], "sst2", c, texts) for (name, v) in servers for c in concurrency}
+
+        def load(name, c, value, n, threads):
+            if name in SERVED:
+                return run_load(callers[name, c, value], n, threads)
+            got = workers[value].ask(json.dumps({"size": many if name == BATCH else 1, "requests": n, "threads": threads}),
+                                     "RESULT")
+            return got["latencies"], got["wall"]
+
+        pids = [os.getpid()] + [w.proc.pid for w in workers.values()] + [p.pid for p in servers.values()]
+        samples, measured = measure(schedule(args.rounds, concurrency), load, pids, args)
+    finally:
+        for proc in servers.values():  # every server told at once, so that their graceful stops overlap
+            if proc.poll() is None:
+                proc.terminate()
+        for worker in workers.values():
+            worker.close()
+        for proc in servers.values():
+            stop_server(proc)
+        shutil.rmtree(base, ignore_errors=True)
+    from gpt_tf.autotune import serving_default
+
+    results = {}
+    for (name, c, value), s in summaries(samples, many).items():
+        results.setdefault(f"{name}@{c}", {})[LABEL[value]] = s
+    for row in results.values():
+        row["on_off_p50"] = row["on"]["p50_ms"] / row["off"]["p50_ms"]
+    served = [key for key in results if key.split("@")[0] in SERVED]
+    on_faster = sum(results[key]["on"]["p50_ms"] < results[key]["off"]["p50_ms"] for key in served)
+    faster = "on" if 2 * on_faster > len(served) else "off" if 2 * on_faster < len(served) else None
+    default = LABEL[serving_default()[ONEDNN]]
+    if faster:
+        wins = on_faster if faster == "on" else len(served) - on_faster
+        verdict = (f"Served (gRPC) p50: rewrites {faster} faster in {wins} of {len(served)} rows on this machine; "
+                   f"`gpt_tf.autotune.serving_default()` here picks {default}: "
+                   f"{'agrees' if faster == default else 'disagrees'}.")
+    else:
+        verdict = (f"Served (gRPC) p50: a tie, rewrites on faster in {on_faster} of {len(served)} rows; "
+                   f"`gpt_tf.autotune.serving_default()` here picks {default}: neither agrees nor disagrees.")
+    return {**report_head(args, setup), "machine": machine_info(), "processes": seen, "measured": measured,
+            "results": results, "verdict": {"served_rows": len(served), "on_faster_rows": on_faster, "faster": faster,
+                                            "serving_default": default,
+                                            "agrees": faster == default if faster else None, "text": verdict}}
+
+
+def ab_markdown(report: dict) -> str:
+    seen, many = report["processes"], max(report["concurrency"])
+    mkl = ", ".join(f"{k}: {s['mkl_enabled']}" for k, s in seen.items() if "mkl_enabled" in s)
+    lines = [f"Measured {report['date']} on {header(report['machine'])}; model `{report['preset']}` preset "
+             f"({report['params'] / 1e6:.1f}M parameters, GPT-1 BPE), SST-2 head, random weights; "
+             f"{report['tokens_min']}-{report['tokens_max']} text tokens per request (+ <s>, <e>); "
+             f"{report['rounds']} rounds, oneDNN rewrites off and on interleaved slot by slot (off first in odd "
+             f"rounds, on first in even ones), each value in its own processes (`IsMklEnabled()` in the "
+             f"in-process workers: {mkl}).", "", f"Command: `{report['command']}`", "",
+             "| configuration | concurrency | p50 ms off | p50 ms on | on / off p50 | p99 ms off | p99 ms on "
+             "| req/s off | req/s on | others' CPU off / on |", "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
+    for name, c in slots(report["concurrency"]):
+        row = report["results"][f"{name}@{c}"]
+        off, on = row["off"], row["on"]
+        lines.append(f"| {row_label(name, c, many)} | {off['p50_ms']:.1f} | {on['p50_ms']:.1f} | {row['on_off_p50']:.2f} "
+                     f"| {off['p99_ms']:.1f} | {on['p99_ms']:.1f} | {off['throughput_rps']:.1f} | "
+                     f"{on['throughput_rps']:.1f} | {off['others_cpu']:.0%} / {on['others_cpu']:.0%} |")
+    return "\n".join(lines + ["", report["verdict"]["text"]]) + "\n"
 
 
 def define_flags():
@@ -201,37 +338,8 @@ def define_flags():
     flags.DEFINE_string("out", str(ROOT / "bench" / "results" / "serving_latency.json"), "the JSON report (.md beside it)")
     flags.DEFINE_enum("onednn", None, ["0", "1", "ab"], "TF_ENABLE_ONEDNN_OPTS for this process and its servers "
                       "(default: the serving default, gpt_tf/autotune.py); ab: both values in one run, interleaved, "
-                      "each in its own processes (bench/_serving_ab.py; default --out serving_latency_onednn_ab.json)")
+                      "each in its own processes (default --out serving_latency_onednn_ab.json)")
     flags.DEFINE_string("worker", None, "internal: run as an in-process worker of --onednn=ab with this JSON spec")
-
-
-def local_caller(tf, signature, texts: list, size: int):
-    """``call(k, i)``: the SavedModel's signature on ``size`` texts (call ``i``'s, in the order of ``texts``)."""
-    return lambda k, i: signature(sentence=tf.constant([texts[(i * size + j) % len(texts)] for j in range(size)]))
-
-
-def prepare(args):
-    """TensorFlow (the process's settings), the texts, the model config and its export in a temp folder."""
-    from gpt_tf.console import import_tensorflow
-
-    tf = import_tensorflow(serving=True)
-    from gpt_tf.config import get_preset
-    from gpt_tf.model import GPTBackbone
-    from gpt_tf.task_model import GPTTaskModel
-    from gpt_tf.tasks import get_task
-    from gpt_tf.text.tokenizer import GPTTokenizer
-    from serving.export import export_task_model
-
-    low, high = (int(x) for x in args.tokens.split(","))
-    tokenizer = GPTTokenizer.from_dir(DATA / "gpt1_bpe")
-    texts = sst2_texts(tokenizer, 64, low, high)
-    config = get_preset(args.preset, vocab_size=tokenizer.vocab_size)
-    base = Path(tempfile.mkdtemp(prefix="serving_bench_"))
-    task = get_task("sst2")
-    export_task_model(GPTTaskModel(GPTBackbone(config, name="backbone"), task), task, str(DATA / "gpt1_bpe"),
-                      str(base), "sst2")
-    return SimpleNamespace(tf=tf, texts=texts, config=config, base=base, low=low, high=high,
-                           concurrency=[int(c) for c in args.concurrency.split(",")])
 
 
 def main(argv):
@@ -240,73 +348,16 @@ def main(argv):
     if not FLAGS["verbosity"].present:
         logging.set_verbosity(logging.WARNING)  # the export's INFO lines off, as in the project's commands
     if args.worker:
-        from bench._serving_ab import worker_main
-
         return worker_main(json.loads(args.worker))
     if args.onednn in ("0", "1"):
-        os.environ["TF_ENABLE_ONEDNN_OPTS"] = args.onednn  # before TensorFlow starts, here and in the servers
+        os.environ[ONEDNN] = args.onednn  # before TensorFlow starts, here and in the servers
     setup = prepare(args)
     if args.onednn == "ab":
-        from bench._serving_ab import DEFAULT_OUT, run_ab
-
-        run_ab(args, setup, Path(args.out) if FLAGS["out"].present else DEFAULT_OUT)
-        return None  # absl exits 0
-    from tensorflow.python.util import _pywrap_util_port
-
-    tf, texts, config, base, concurrency = setup.tf, setup.texts, setup.config, setup.base, setup.concurrency
-    low, high = setup.low, setup.high
-    signature = tf.saved_model.load(str(base / "sst2" / "1")).signatures["serving_default"]
-    servers = {"grpc-batched": start_server(base, "sst2", True, 0), "grpc-unbatched": start_server(base, "sst2", False, 0)}
-    try:
-        many = max(concurrency)
-        callers = {"in-process": local_caller(tf, signature, texts, 1), BATCH: local_caller(tf, signature, texts, many)}
-        meter_pids = [os.getpid()] + [proc.pid for proc, _ in servers.values()]
-        samples = {f"{n}@{c}": ([], 0.0, []) for n in CONFIGS for c in concurrency}
-        samples[f"{BATCH}@{many}"] = ([], 0.0, [])
-        for c in concurrency:
-            for name, (_, port) in servers.items():
-                callers[(name, c)] = grpc_caller(port, "sst2", c, texts)
-        for rnd in range(args.rounds):
-            for c in concurrency:
-                for name in CONFIGS + ((BATCH,) if c == many else ()):
-                    call = callers[name] if name in callers else callers[(name, c)]
-                    threads, requests = (1, args.requests // c) if name == BATCH else (c, args.requests)
-                    if rnd == 0:
-                        run_load(call, max(args.warmup, threads), threads)
-                    meter = CpuMeter(meter_pids)
-                    meter.start()
-                    latencies, wall = run_load(call, requests, threads)
-                    others = meter.stop()
-                    got = samples[f"{name}@{c}"]
-                    samples[f"{name}@{c}"] = (got[0] + latencies, got[1] + wall, got[2] + [others])
-                    print(f"round {rnd + 1} {name} x{c}: p50 {np.percentile(latencies, 50) * 1e3:.1f} ms, "
-                          f"{len(latencies) / wall:.1f} calls/s, others' CPU {others:.0%}", flush=True)
-    finally:
-        for proc, _ in servers.values():
-            stop_server(proc)
-    results = {k: summary(lat, wall, float(np.mean(o))) for k, (lat, wall, o) in samples.items()}
-    results[f"{BATCH}@{many}"]["throughput_rps"] *= many  # examples/s: each call carries `many` texts
-    one, many = min(concurrency), max(concurrency)
-    ratio_p50 = results[f"grpc-batched@{one}"]["p50_ms"] / results[f"in-process@{one}"]["p50_ms"]
-    tail = results[f"grpc-batched@{one}"]["p99_ms"] / results[f"grpc-batched@{one}"]["p50_ms"]
-    gain = results[f"grpc-batched@{many}"]["throughput_rps"] / results[f"grpc-unbatched@{many}"]["throughput_rps"]
-    ceiling = results[f"{BATCH}@{many}"]["throughput_rps"] / results[f"in-process@{many}"]["throughput_rps"]
-    report = {
-        "date": datetime.datetime.now().strftime("%Y-%m-%d %H:%M"), "machine": header(machine_info()),
-        "onednn_rewrites": bool(_pywrap_util_port.IsMklEnabled()),
-        "cpus": os.cpu_count(), "preset": args.preset, "params": config.n_params, "tokens_min": low, "tokens_max": high,
-        "rounds": args.rounds, "concurrency": concurrency, "command": "python -m bench.serving_latency " + " ".join(sys.argv[1:]),
-        "results": results,
-        "checks": {f"gRPC p50 / in-process p50 at concurrency {one}": (ratio_p50, "<= 1.1", ratio_p50 <= 1.1),
-                   f"gRPC p99 / p50 at concurrency {one}": (tail, "<= 1.5", tail <= 1.5),
-                   f"batched / unbatched throughput at concurrency {many}": (gain, ">= 1.5", gain >= 1.5)},
-        "ceiling": {f"in-process one batch of {many} / {many} in-process threads, examples/s": ceiling},
-    }
-    out = Path(args.out)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(json.dumps(report, indent=1) + "\n")
-    out.with_suffix(".md").write_text(markdown(report))
-    print(markdown(report))
+        out = Path(args.out) if FLAGS["out"].present else ROOT / "bench" / "results" / "serving_latency_onednn_ab.json"
+        report = run_ab(args, setup)
+        return save_report(report, ab_markdown(report), out, print)
+    report = run_one_value(args, setup)
+    save_report(report, markdown(report), Path(args.out), print)
 
 
 if __name__ == "__main__":

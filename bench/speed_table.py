@@ -26,18 +26,17 @@ from __future__ import annotations
 
 import datetime
 import os
-import re
 import sys
 import types
 from pathlib import Path
 
 from absl import app, flags
 
-from bench.harness import ROOT, apply_settings, header, machine_info, median, save_report
+from bench._train_stacks import PRESET_DEFAULTS
+from bench.harness import ROOT, apply_settings, cpu_slug, header, machine_info, median, save_report
 
 FLAGS = flags.FLAGS
-SIZES = {"tiny": {"batch": 8, "seq": 128}, "small": {"batch": 4, "seq": 256}, "gpt1": {"batch": 2, "seq": 512},
-         "test": {"batch": 8, "seq": 32}}
+SIZES = {preset: {"batch": d["batch"], "seq": d["seq"]} for preset, d in PRESET_DEFAULTS.items()}
 GOALS = {"tiny": (1.25, 1.5), "small": (1.25, 1.5), "gpt1": (1.5, 1.5), "test": (1.25, 1.5)}  # vs keras-hub, PyTorch
 STACKS = ("ours", "keras_hub", "torch")
 
@@ -54,12 +53,6 @@ def define_flags():
                         "shared with bench.finetune_speed)")
     flags.DEFINE_string("shared_data", str(ROOT.parent / "shared" / "data"), "the shared data folder (books, GLUE)")
     flags.DEFINE_string("out", None, "the JSON report (default bench/results/speed_table_<cpu>.json; .md beside it)")
-
-
-def cpu_slug(info: dict) -> str:
-    """``amd_epyc_avx2``: the CPU model and its widest vector / bf16 feature, for the report's file name."""
-    isa = next((f for f in ("amx_bf16", "avx512_bf16", "avx512f", "avx2") if f in info["isa"]), "")
-    return "_".join(x for x in (re.sub(r"[^a-z0-9]+", "_", info["cpu"].lower()).strip("_"), isa) if x)
 
 
 def precisions(info: dict, requested: str) -> list:
@@ -84,8 +77,8 @@ def pretraining(info: dict, preset: str, log) -> list:
 
 def finetuning(info: dict, log) -> dict:
     """``finetune_speed``'s interleaved rounds: ours (buckets, λ = 0) and HF Trainer, each precision the CPU has."""
-    from bench.finetune_speed import speed_report
     from bench._finetune_stacks import prepare_data
+    from bench.finetune_speed import speed_report
 
     args = types.SimpleNamespace(batch_size=32, n_ctx=64, train_steps=FLAGS.finetune_train_steps, threads=1,
                                  precision="float32", books=20, wait_quiet=0.0, rounds=FLAGS.finetune_rounds)

@@ -7,10 +7,11 @@
     python -m bench.train_throughput --mode=profile --presets=tiny,small --precisions=float32   # where the time goes
 
 Modes: ``stacks`` (below); ``loop``: the real pre-training loop (``Pretrainer``: reader, strategy, accumulation,
-XLA) and its MFU, a row appended to ``bench/results/pretrain_throughput.{json,md}`` (``bench/_pretrain_loop.py``);
-``optimizer``: the optimizer update alone (``bench/_optimizer_step.py``); ``profile``: each stack's step under its
-framework's profiler, op time by kind against the peers (``bench/_pretrain_profile.py``). The stacks and profile
-modes apply the project's picked settings (``gpt_tf/autotune.py``) before their workers start, as the CLI runs.
+XLA) and its MFU, a row appended to ``bench/results/pretrain_throughput.{json,md}``; ``optimizer``: the optimizer
+update alone, ours in graph and XLA against torch's fused AdamW (both in ``bench/_train_stacks.py``); ``profile``:
+each stack's step under its framework's profiler, op time by kind against the peers (``bench/_profiles.py``;
+``bench/results/pretrain_profile_<cpu>.{json,md}``). The stacks and profile modes apply the project's picked
+settings (``gpt_tf/autotune.py``) before their workers start, as the CLI runs.
 
 For each preset × precision it times full training steps (forward, backward, global-norm clipping,
 AdamW update; dropout on) on one identical random batch with three stacks (see
@@ -42,18 +43,12 @@ from pathlib import Path
 
 from absl import app, flags
 
-from bench import _optimizer_step, _pretrain_loop, _pretrain_profile
+from bench import _profiles
+from bench._train_stacks import PRESET_DEFAULTS, build_step, loop, run_optimizer
 from bench.harness import Worker, apply_settings, base_checkout, emit, header, machine_info, measure_peak, measure_peaks, median
 from bench.harness import save_report, timed, wait_until_quiet
 
 STACKS = ("ours", "keras_hub", "torch")
-# Per-preset defaults for a 2-core CPU, sized so the default run (gpt1 + small) takes ~15 minutes.
-PRESET_DEFAULTS = {
-    "gpt1": {"batch": 2, "seq": 512, "warmup": 2, "steps": 3},
-    "small": {"batch": 4, "seq": 256, "warmup": 3, "steps": 10},
-    "tiny": {"batch": 8, "seq": 128, "warmup": 3, "steps": 10},
-    "test": {"batch": 8, "seq": 32, "warmup": 3, "steps": 20},
-}
 FLAGS = flags.FLAGS
 
 
@@ -62,14 +57,12 @@ FLAGS = flags.FLAGS
 
 def worker_main(spec):
     """Worker: builds the stack, then runs one step per ``step`` line on stdin until stdin closes."""
-    from bench._train_stacks import build_step
-
     if spec["kind"] == "peak":
         emit("RESULT", measure_peak(spec["lib"], spec["sizes"], spec["reps"], spec["threads"], spec["quiet_share"],
                                     spec.get("precisions", ("float32", "bfloat16"))))
         return
     if spec["kind"] == "profile":
-        return _pretrain_profile.profile_worker(spec)
+        return _profiles.pretrain_worker(spec)
     if spec["stack"] != "torch":  # TensorFlow's pools as the project's settings say (gpt_tf/autotune.py)
         import tensorflow as tf
 
@@ -268,8 +261,18 @@ def define_flags():
                         "train_throughput.json, --mode=loop: pretrain_throughput.json, --mode=profile: "
                         "pretrain_profile_<cpu>.json)")
     flags.DEFINE_string("worker", None, "internal: run as a worker with this JSON spec")
-    _pretrain_loop.define_flags()
-    _optimizer_step.define_flags()
+    # --mode=loop (--warmup, --steps and --out above apply too)
+    flags.DEFINE_string("model", "small", "--mode=loop: preset: gpt1, small, tiny or test")
+    flags.DEFINE_integer("batch_size", 4, "--mode=loop: global batch, in sequences")
+    flags.DEFINE_integer("grad_accum_steps", 1, "--mode=loop: micro-batches per update")
+    flags.DEFINE_enum("precision", "float32", ["float32", "mixed_bfloat16"], "--mode=loop: the Keras dtype policy")
+    flags.DEFINE_bool("jit_compile", False, "--mode=loop: XLA-compile the step")
+    flags.DEFINE_enum("strategy", "default", ["default", "one_device", "mirrored"],
+                      "--mode=loop: the tf.distribute strategy")
+    flags.DEFINE_float("peak_tflops", 0.0, "--mode=loop: peak for MFU (0: measure a matmul here)")
+    # --mode=optimizer (--warmup above applies too)
+    flags.DEFINE_integer("reps", 30, "--mode=optimizer: timed updates per stack and round")
+    flags.DEFINE_integer("rounds", 3, "--mode=optimizer: rounds, each stack in turn")
 
 
 def check_flags(args) -> None:
@@ -287,10 +290,11 @@ def main(argv):
     if args.worker:
         return worker_main(json.loads(args.worker))
     if args.mode in ("loop", "optimizer"):
-        return {"loop": _pretrain_loop, "optimizer": _optimizer_step}[args.mode].main(args)
+        return {"loop": loop, "optimizer": run_optimizer}[args.mode](args)
     check_flags(args)
+    log = lambda msg: print(msg, flush=True)  # noqa: E731
     if args.mode == "profile":
-        return _pretrain_profile.main(args)
+        return _profiles.pretrain_profile(args, log)
     settings = apply_settings()  # before any worker starts
     report = {
         "command": " ".join(["python -m bench.train_throughput", *sys.argv[1:]]),
@@ -305,7 +309,6 @@ def main(argv):
         "rows": [],
     }
     print(f"{header(report['machine'])}; matmul peak:", flush=True)
-    log = lambda msg: print(msg, flush=True)  # noqa: E731
     sizes = [int(n) for n in args.peak_sizes.split(",")]
     report["peak_flops"], report["peak_per_lib"] = measure_peaks("bench.train_throughput", sizes, args.threads,
                                                                  args.quiet_share, log, args.precisions.split(","))

@@ -1,7 +1,8 @@
 """The package's layers only point down, and no two files import each other in a circle.
 
 Layers, bottom up: the core (``gpt_tf/*.py`` but the CLI), ``pipelines/``, ``gpt_tf/training/``,
-``gpt_tf/analysis/`` (§5), then the command lines on top (``gpt_tf/train.py`` and its flags, ``bench/``);
+``gpt_tf/analysis/`` (§5), then the command lines on top (``gpt_tf/train.py`` and its flags), and above them
+``bench/`` (the measuring scripts) and ``tools/`` (tools run by hand), which nothing below imports;
 ``serving/`` stands beside training on the core and ``pipelines`` only. ``gpt_tf/gpt1/`` (the keras-hub
 family) sits on the core, ``pipelines`` (its §3.3 transformations), ``training`` (the update it shares
 with the loop) and ``serving`` (its tasks' ``export``); ``serving.export.export_task`` takes its tasks without
@@ -17,6 +18,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 PACKAGES = ("gpt_tf", "pipelines", "serving")
+TOP = ("bench", "tools")  # on top of the package: they may import any of it, and no module of it imports them
 
 
 def _module(path: Path) -> str:
@@ -38,11 +40,13 @@ def _imports(path: Path, packages: tuple = PACKAGES) -> set[str]:
 
 
 def graph() -> dict[str, set[str]]:
-    files = {_module(p): p for pkg in PACKAGES for p in (ROOT / pkg).rglob("*.py")}
-    return {m: {d for d in _imports(p) if d in files and d != m} for m, p in files.items()}
+    files = {_module(p): p for pkg in PACKAGES + TOP for p in (ROOT / pkg).rglob("*.py")}
+    return {m: {d for d in _imports(p, PACKAGES + TOP) if d in files and d != m} for m, p in files.items()}
 
 
 def layer(module: str) -> str:
+    if module.split(".")[0] in TOP:
+        return "top"
     if module in ("gpt_tf.train", "gpt_tf.train_flags"):
         return "cli"
     for prefix, name in (("gpt_tf.training", "training"), ("gpt_tf.analysis", "analysis"), ("gpt_tf.gpt1", "gpt1"),
@@ -57,12 +61,14 @@ def layer(module: str) -> str:
 ALLOWED = {"core": {"core"}, "pipelines": {"core", "pipelines"}, "training": {"core", "pipelines", "training"},
            "analysis": {"core", "pipelines", "training", "analysis"}, "serving": {"core", "pipelines", "serving"},
            "gpt1": {"core", "pipelines", "training", "serving", "gpt1"},
-           "cli": {"core", "pipelines", "training", "analysis", "cli"}}
+           "cli": {"core", "pipelines", "training", "analysis", "cli"},
+           "top": {"core", "pipelines", "training", "analysis", "serving", "gpt1", "cli", "top"}}
 
 
 def test_every_import_points_down_a_layer():
     g = graph()
-    assert {"gpt_tf.training.loop", "gpt_tf.analysis.zero_shot", "gpt_tf.checkpoints", "serving.export"} <= set(g)
+    assert {"gpt_tf.training.loop", "gpt_tf.analysis.zero_shot", "gpt_tf.checkpoints", "serving.export",
+            "bench.harness", "bench.experiments.study", "tools.torch_pretrain.convert"} <= set(g)
     upward = sorted(f"{m} ({layer(m)}) -> {d} ({layer(d)})" for m, deps in g.items() for d in deps
                     if layer(d) not in ALLOWED[layer(m)])
     assert not upward, "\n".join(upward)

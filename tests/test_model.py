@@ -131,7 +131,7 @@ def _executed_op_types(fn, *args) -> set:
     """The op types ``fn`` (a tf.function) ran, after grappler's rewrites (from a tf.profiler trace)."""
     import tempfile
 
-    from bench._op_profile import tf_compute_events
+    from bench._profiles import tf_compute_events
 
     fn(*args)  # trace and optimise first
     logdir = tempfile.mkdtemp()

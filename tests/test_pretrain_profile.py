@@ -4,7 +4,7 @@ import json
 import subprocess
 import sys
 
-from bench._op_profile import KINDS
+from bench._profiles import KINDS
 from tests.small_runs import ENV, ROOT
 
 

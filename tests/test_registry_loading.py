@@ -16,7 +16,7 @@ from pathlib import Path
 
 import tensorflow as tf
 
-from bench.soak import server_stats
+from bench._servers import server_stats
 from serving.model_registry import ModelRegistry, State
 from serving.server_config import ModelConfig
 from tests.small_runs import save_length_model, wait_for

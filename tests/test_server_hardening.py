@@ -19,7 +19,7 @@ from pathlib import Path
 
 import pytest
 
-from bench.soak import GOOD, KINDS, Client, drive, free_port, server_stats
+from bench._servers import GOOD, KINDS, Client, drive, free_port, server_stats
 from serving.errors import ServingError
 from serving.model_registry import ModelRegistry
 from serving.rest_json import MAX_JSON_DEPTH, json_depth, parse_body

@@ -16,7 +16,7 @@ BATCH = "in-process-batch"
 
 
 def test_schedule_alternates_the_values_slot_by_slot_and_swaps_the_first_each_round():
-    from bench._serving_ab import schedule
+    from bench.serving_latency import schedule
 
     order = schedule(3, [1, 8])
     slots = [(c, n) for n in (1, 8) for c in CONFIGS + ((BATCH,) if n == 8 else ())]
@@ -35,7 +35,7 @@ def test_stop_server_kills_a_server_that_ignores_sigterm():
     import sys
     import tempfile
 
-    from bench.serving_latency import stop_server
+    from bench._servers import stop_server
 
     proc = subprocess.Popen([sys.executable, "-c", "import signal, time; signal.signal(signal.SIGTERM, "
                              "signal.SIG_IGN); print('ready', flush=True); time.sleep(120)"],

@@ -1,6 +1,6 @@
 """The speed reports' bookkeeping: which stacks are evaluated and how the goals are read from a run's rows."""
 
-from bench import finetune_speed, speed_table
+from bench import finetune_speed, harness, speed_table
 
 
 def test_eval_stacks_evaluates_one_stack_per_lambda_twin():
@@ -10,6 +10,10 @@ def test_eval_stacks_evaluates_one_stack_per_lambda_twin():
     # bench.speed_table's set has no λ = 0.5 stack: its λ = 0 stacks must be evaluated (a run of this set once
     # ended in a KeyError, evaluating nothing of ours).
     assert finetune_speed.eval_stacks(["ours_bucketed_lm0", "hf_float32"]) == ["ours_bucketed_lm0", "hf_float32"]
+    # --mode=ab's workers are named base and this, not stacks of STACKS, and run one spec (it once ended in a
+    # KeyError before its first round).
+    spec = {"task_dir": "t", **finetune_speed.STACKS["ours_bucketed_lm0"]}
+    assert finetune_speed.eval_stacks({"base": spec, "this": spec}) == ["base"]
 
 
 def _measure(examples_per_s):
@@ -30,7 +34,7 @@ def test_goals_of_a_lambda0_only_run():
 
 def test_the_speed_table_goals_file_name_and_table():
     info = {"cpu": "AMD EPYC 9B45", "isa": ["avx2", "fma", "avx512f", "avx512_bf16"]}
-    assert speed_table.cpu_slug(info) == "amd_epyc_9b45_avx512_bf16"
+    assert harness.cpu_slug(info) == "amd_epyc_9b45_avx512_bf16"
     rows = [{"preset": "tiny", "stack": s, "precision": "float32", "tokens_per_s": t, "batch": 8, "seq": 128,
              "others_cpu_share": 0.5, "vs_keras_hub": 1.5, "vs_torch": 3.0}
             for s, t in (("ours", 300.0), ("keras_hub", 200.0), ("torch", 100.0))]

@@ -11,9 +11,9 @@ from pathlib import Path
 
 import pytest
 
-from bench.experiments.study import (coarse_to_fine, finetune_specs, lstm_pretrain_cmd, parse_part, part_of, recipe_flags, resolve_plan,
-                         reused_run)
-from bench.experiments.study_flags import parse_args
+from bench.experiments.finetune_runs import recipe_flags
+from bench.experiments.study import (coarse_to_fine, finetune_specs, lstm_pretrain_cmd, parse_args, parse_part, part_of,
+                                     resolve_plan, reused_run)
 from bench.experiments.study_report import write_report
 
 TRAIN_CONFIG = {"data_dir": "data/books_tiny", "batch_size": 32, "grad_accum_steps": 1, "learning_rate": 3e-4,
@@ -56,7 +56,7 @@ def test_books_scale_uses_the_small_model_recipes_and_reuses_matching_reproducti
     by = {(s["task"], s["arm"], s["seed"]): s for s in specs}
     flags = _flags(by[("cola", "full", 0)])
     assert flags["--flagfile"] == "configs/finetune_cola_tiny.flags" and "--epochs" not in flags
-    recipe = recipe_flags("cola", "tiny")
+    recipe = recipe_flags("cola", "_tiny")
     assert recipe["epochs"] and recipe["learning_rate"] and "flagfile" not in recipe and "n_ctx" not in recipe
     base = "python -m gpt_tf.train --flagfile=configs/finetune_cola.flags --data_dir=data/t/cola --n_ctx=64 --precision=float32"
     ledger = [{"task": "cola", "arm": "pretrained", "seed": 0, "recipe": recipe, "cmd": base + " --init_checkpoint=runs/pre",

@@ -13,8 +13,7 @@ import ftfy
 import pytest
 import tensorflow as tf
 
-from bench.reference_encoder import ReferenceEncoder
-from bench.tokenizer_fidelity import fidelity_sets, score
+from bench.tokenizer import ReferenceEncoder, fidelity_sets, score
 from gpt_tf.text import make_spacy_rules as spacy_rules
 from gpt_tf.text import text_clean
 from gpt_tf.text.tokenizer import GPTTokenizer
@@ -131,7 +130,7 @@ def test_fix_text_fast_path_is_ftfy(corpus, books):
 
 
 def test_offline_matches_reference_bpe(gpt1, reference, books):
-    """HF BPE on GPT-1's files == the release's bpe() (bench/reference_encoder.py), word by word, incl. <unk> chars."""
+    """HF BPE on GPT-1's files == the release's bpe() (bench/tokenizer.py), word by word, incl. <unk> chars."""
     counts = collections.Counter(w for book in books for w in gpt1.words(book[:60000]))
     words = [w for w, _ in counts.most_common(250)] + sorted(counts)[::20]
     words += ["aaaa", "aaaaaaa", "zzzzzz", "x😀", "😀y", "ab😀cd", "\n", "naïve", "anticonstitutionnellement"]

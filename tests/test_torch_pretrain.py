@@ -1,4 +1,4 @@
-"""Pre-training on a GPU machine without TensorFlow (bench.torch_pretrain.train) and back into a gpt_tf run.
+"""Pre-training on a GPU machine without TensorFlow (tools.torch_pretrain.train) and back into a gpt_tf run.
 
 Records -> token streams -> a few PyTorch updates (the transformer reference, and the LSTM baseline) -> weights
 imported as a gpt_tf run whose model gives the PyTorch model's logits, and whose windows are exactly the records.
@@ -25,7 +25,7 @@ def run_module(module, *args):
 
 
 def test_presets_match_gpt_tf():
-    from bench.torch_pretrain.train import PRESETS
+    from tools.torch_pretrain.train import PRESETS
     from gpt_tf.config import get_preset
 
     assert {name for name in PRESETS if name.startswith("lstm_")} == {"lstm_small", "lstm_tiny", "lstm_test"}
@@ -41,7 +41,7 @@ def test_presets_match_gpt_tf():
 def test_lr_schedule_matches_gpt_tf():
     import tensorflow as tf
 
-    from bench.torch_pretrain.train import lr_at
+    from tools.torch_pretrain.train import lr_at
     from gpt_tf.optim import WarmupDecay
 
     ours = WarmupDecay(1e-3, 10, 100, "cosine")
@@ -69,7 +69,7 @@ def records(shared_data, tmp_path_factory):
 
 @pytest.mark.parametrize("name", ["tokens.npz", "tokens.npz.xz"])
 def test_token_streams_round_trip_in_both_forms(tmp_path, name):
-    from bench.torch_pretrain.streams import load_streams, save_streams
+    from tools.torch_pretrain.streams import load_streams, save_streams
 
     rng = np.random.default_rng(0)
     streams = {"train": rng.integers(0, 8000, 5000).astype(np.uint16), "valid": rng.integers(0, 8000, 700).astype(np.uint16)}
@@ -85,7 +85,7 @@ def test_token_streams_round_trip_in_both_forms(tmp_path, name):
 
 def test_weight_parts_stay_within_the_part_size_and_join_back(tmp_path, monkeypatch):
     torch = pytest.importorskip("torch")
-    from bench.torch_pretrain import pieces
+    from tools.torch_pretrain import pieces
 
     monkeypatch.setattr(pieces, "PART_BYTES", 4096)
     model = torch.nn.Module()
@@ -113,9 +113,9 @@ def test_reference_run_round_trip(records, tmp_path, model):
     transformers = pytest.importorskip("transformers")
     import tensorflow as tf
 
-    from bench.torch_pretrain.train import PRESETS, build_model, windows
-    from bench.torch_pretrain.convert import export, import_run
-    from bench.torch_pretrain.streams import load_streams
+    from tools.torch_pretrain.train import PRESETS, build_model, windows
+    from tools.torch_pretrain.convert import export, import_run
+    from tools.torch_pretrain.streams import load_streams
     from gpt_tf.config import GPTConfig
     from gpt_tf.model import GPTLanguageModel
     from gpt_tf.checkpoints import initialise_from_pretrained, restore_pretrained_lm
@@ -132,7 +132,7 @@ def test_reference_run_round_trip(records, tmp_path, model):
     assert meta["tokens"]["train"] == len(streams["train"])
 
     out = tmp_path / "gpu"
-    run_module("bench.torch_pretrain.train", f"--tokens={tokens}", f"--out_dir={out}", f"--model={model}", "--batch_size=8",
+    run_module("tools.torch_pretrain.train", f"--tokens={tokens}", f"--out_dir={out}", f"--model={model}", "--batch_size=8",
                "--epochs=2", "--evals=2", "--eval_windows=64", "--keep=1")
     log = [json.loads(line) for line in (out / "log.jsonl").read_text().splitlines()]
     steps = log[0]["setting"]["steps"]
@@ -180,7 +180,7 @@ def test_reference_run_round_trip(records, tmp_path, model):
 def test_the_shipped_books_preset_is_the_runs_last_checkpoint(tmp_path):
     """`--weights_dir=gpt_tf/presets/books_tiny` (the README's walk-through): the preset, with the kept run's
     log beside its weights, is one checkpoint at the run's last step; a folder with neither is refused."""
-    from bench.torch_pretrain.convert import checkpoint_steps, read_log
+    from tools.torch_pretrain.convert import checkpoint_steps, read_log
 
     preset = ROOT / "gpt_tf" / "presets" / "books_tiny"
     setting, rows = read_log(str(preset))
@@ -203,7 +203,7 @@ def test_pieces_resume_bit_exactly(tmp_path, model):
     pytest.importorskip("torch")
     if model == "test":
         pytest.importorskip("transformers")
-    from bench.torch_pretrain.train import PIECE_EXIT
+    from tools.torch_pretrain.train import PIECE_EXIT
 
     rng = np.random.default_rng(0)
     meta = {"data_dir": "synthetic", "n_ctx": 32, "vocab_size": 50, "tokenizer": {}, "tokens": {}}
@@ -213,11 +213,11 @@ def test_pieces_resume_bit_exactly(tmp_path, model):
     length = ["--epochs=2"] if model == "test" else ["--epochs=1", "--updates=10"]
     common = [f"--tokens={tokens}", f"--model={model}", "--batch_size=4", *length, "--evals=3", "--eval_windows=0",
               "--keep=1", "--dropout=0.1"]  # 10 updates over 2 epochs: the piece stops in the second epoch's order
-    run_module("bench.torch_pretrain.train", *common, f"--out_dir={tmp_path / 'whole'}")
+    run_module("tools.torch_pretrain.train", *common, f"--out_dir={tmp_path / 'whole'}")
     pieces = tmp_path / "pieces"
 
     def piece(*extra):
-        return subprocess.run([sys.executable, "-m", "bench.torch_pretrain.train", *common, f"--out_dir={pieces}", *extra],
+        return subprocess.run([sys.executable, "-m", "tools.torch_pretrain.train", *common, f"--out_dir={pieces}", *extra],
                               cwd=ROOT, env=ENV, capture_output=True, text=True, timeout=300)
 
     first = piece("--piece_updates=6")

@@ -32,8 +32,8 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
-LINKED = ("bench", "configs", "gpt_tf", "pipelines", "serving", "scripts", "pyproject.toml", "requirements.txt",
-          "requirements-dev.txt")
+LINKED = ("bench", "configs", "gpt_tf", "pipelines", "serving", "scripts", "tools", "pyproject.toml",
+          "requirements.txt", "requirements-dev.txt")
 DEMO_SCALE = ["--model=test", "--train_steps=4", "--warmup_steps=1", "--batch_size=4", "--log_every=2",
               "--eval_batches=2", "--sample_length=8"]
 SCALE = {"pipelines.finetune_data": ["--max_examples=40"], "gpt_tf.train": ["--epochs=1", "--batch_size=8"]}

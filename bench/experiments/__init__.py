@@ -1,3 +1,3 @@
-"""The experiments: fine-tuning results on real data (``reproduction``, the §5 ``study``), the books model's
-zero-shot curve, the frozen-feature probe, the README's Python API at full scale. ``python -m
-bench.experiments.<name>``; each run is a ``python -m gpt_tf.train`` process recorded in a resumable ledger."""
+"""The experiments: fine-tuning results on real data, ``reproduction`` (pre-trained vs scratch) and the §5
+``study``. ``python -m bench.experiments.<name>``; each run is a ``python -m gpt_tf.train`` process recorded in a
+resumable ledger (``finetune_runs``)."""

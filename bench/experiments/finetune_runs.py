@@ -2,7 +2,7 @@
 
 ``reproduction.py`` (pre-trained vs scratch) and ``study.py`` (the §5 analysis) build their runs with
 ``finetune_spec`` and run them with ``run_one``; each finished run is one JSON line of a ledger, so an
-interrupted table resumes where it stopped.
+interrupted table resumes where it stopped; ``ledger_run`` finds a run another ledger already holds.
 """
 
 from __future__ import annotations
@@ -96,6 +96,33 @@ def run_one(spec: dict) -> dict:
             "seconds": round(seconds, 1), "finished": datetime.datetime.now().isoformat(timespec="seconds")}
 
 
+def recipe_flags(task: str, suffix: str = "") -> dict:
+    """The flags of ``configs/finetune_<task><suffix>.flags`` beyond the task flagfile it includes and the run's own
+    folder and context: the recipe, as ``reproduction.py`` records it."""
+    lines = (ROOT / "configs" / f"finetune_{task}{suffix}.flags").read_text().splitlines()
+    flags = dict(line[2:].partition("=")[::2] for line in lines if line.startswith("--"))
+    return {k: v for k, v in flags.items() if k not in ("flagfile", "run_dir", "n_ctx")}
+
+
+def _flag_values(cmd: str) -> dict:
+    return {a[2:].partition("=")[0]: a[2:].partition("=")[2] for a in shlex.split(cmd) if a.startswith("--")}
+
+
+def ledger_run(spec: dict, arm: str, recipe: dict, records: list[dict]) -> dict | None:
+    """The run of a ``reproduction.py`` ledger that ``spec`` would repeat: the same task and seed, ``arm`` there,
+    ``recipe``, start, data, context and precision. Paths compare resolved from the repository root."""
+    want = _flag_values(shown_command(spec["cmd"]))
+    resolve = lambda path: str((ROOT / path).resolve()) if path else path  # noqa: E731
+    for r in records:
+        if (r["task"], r["arm"], r["seed"], r["recipe"]) != (spec["task"], arm, spec["seed"], recipe):
+            continue
+        have = _flag_values(r["cmd"])
+        if all(have.get(k) == want.get(k) for k in ("precision", "n_ctx", "model")) and \
+                all(resolve(have.get(k, "")) == resolve(want.get(k, "")) for k in ("data_dir", "init_checkpoint")):
+            return r
+    return None
+
+
 def main_metric(task: str) -> str:
     """The task's headline metric (the first of its ``TaskSpec.metrics``: Matthews for CoLA, F1 for MRPC, ...)."""
     from gpt_tf.tasks import get_task
@@ -113,6 +140,10 @@ def dev_score(record: dict) -> float:
     return 100 * dev_metrics(record)[main_metric(record["task"])]
 
 
+def read_json(path) -> dict:
+    return json.loads(Path(path).read_text())
+
+
 def load_ledger(path: Path) -> list[dict]:
     """The records of finished runs (one JSON object per line), or [] when there is no ledger yet."""
     return [json.loads(line) for line in path.read_text().splitlines() if line.strip()] if path.exists() else []
@@ -124,36 +155,17 @@ def append_ledger(path: Path, record: dict) -> None:
         f.write(json.dumps(record) + "\n")
 
 
-def replace_section(path: Path, section: tuple[str, str], lines: list[str]) -> None:
-    """Writes ``lines`` between the two marker comments ``section`` of ``path`` (a results page), keeping the rest
-    of the file; appends the marked block when the file has none."""
-    block = "\n".join([section[0], *lines, section[1]])
-    text = path.read_text() if path.exists() else ""
-    if section[0] in text and section[1] in text:
-        head, rest = text.split(section[0], 1)
-        text = head + block + rest.split(section[1], 1)[1]
-    else:
-        text = text.rstrip("\n") + ("\n\n" if text else "") + block + "\n"
-    path.write_text(text)
-
-
 def median_spread(values) -> tuple[float, float, float] | None:
     """(median, min, max) of ``values``, or None when there are none."""
     values = list(values)
     return (statistics.median(values), min(values), max(values)) if values else None
 
 
-def spread_text(values) -> str:
-    """``median [min–max] (n)`` to one decimal, or ``–`` when there are no values (the results tables' cell)."""
-    spread = median_spread(values)
-    return "–" if spread is None else f"{spread[0]:.1f} [{spread[1]:.1f}–{spread[2]:.1f}] ({len(values)})"
-
-
 def preset_of(run_dir: str) -> str:
     """The preset name whose config the pre-training run used (for the scratch arm's --model)."""
     from gpt_tf.config import PRESETS, GPTConfig
 
-    config = GPTConfig(**json.loads((Path(run_dir) / "model_config.json").read_text()))
+    config = GPTConfig(**read_json(Path(run_dir) / "model_config.json"))
     shape = ("n_embd", "n_layer", "n_head", "d_ff", "model_type")
     for name, preset in PRESETS.items():
         if all(getattr(preset, k) == getattr(config, k) for k in shape):

@@ -127,14 +127,6 @@ def cell_runs(records, task, arm, recipe):
     return {r["seed"]: r for r in runs}
 
 
-def chosen_scores(records: list[dict], arm: str, tasks) -> dict[str, dict[int, float]]:
-    """task -> {seed: dev score} of ``arm``'s runs with its chosen recipe (the report's cells; the recipe is the
-    one ``--stage=configs`` writes to configs/finetune_<task>_tiny.flags)."""
-    chosen = best_recipes(records)
-    return {task: {seed: dev_score(r) for seed, r in cell_runs(records, task, arm, chosen[(task, arm)]).items()}
-            for task in tasks if (task, arm) in chosen}
-
-
 def write_report(records: list[dict]) -> None:
     """bench/results/reproduction.md: the table (median, min-max over seeds), then every sweep."""
     chosen = best_recipes(records)

@@ -1,10 +1,9 @@
 r"""The paper's §5 analysis at a CPU scale, in one command: ablations, layer transfer, zero-shot, figures.
 
-    python -m bench.experiments.study --pretrained=runs/books_tiny --scale=cpu
+    python -m bench.experiments.study --pretrained=runs/books_tiny --scale=cpu   # --part=0/2 and 1/2: side by side
     python -m bench.experiments.study --pretrained=runs/books_tiny --tasks_dir=data/tasks_books --scale=cpu_full_data
     python -m bench.experiments.study --pretrained=runs/books_tiny --scale=smoke --out_dir=/tmp/study_smoke \
         --runs_root=runs/study_smoke                      # minutes: checks the pipeline end to end
-    python -m bench.experiments.study ... --part=0/2 & python -m bench.experiments.study ... --part=1/2   # two processes side by side
     python -m bench.experiments.study --pretrained=runs/books_tiny --tasks_dir=data/tasks_books --scale=books \
         --precision=float32 --reuse_ledger=bench/results/reproduction.jsonl   # issue #13's recipes, full data
 
@@ -18,17 +17,16 @@ Phases, each a subprocess whose command, output and wall-clock time go to ``<run
 3. fine-tuning (``bench/experiments/finetune_runs.py``, the paper's recipe): per task and seed the arms ``full``
    (all blocks transferred, λ 0.5), ``scratch`` (no pre-training) and ``lm0`` (λ = 0), plus
    ``transfer<k>`` for k = 0 … n_layer − 1 blocks on the layer-transfer tasks (k = n_layer is ``full``);
-4. the LSTM baseline (Table 5): ``--lstm_run``, or pre-trained here with ``--model=lstm_<preset>`` on the
-   same data and recipe as ``--pretrained`` (its ``train_config.json``), for ``--lstm_steps`` updates, the
-   warm-up and checkpoint period scaled by ``lstm_steps / train_steps``. It runs in the background from
-   the start, beside phases 2–3 (its log: ``<runs_root>/lstm_<preset>.log``); then its zero-shot and its
-   fine-tuning arm ``lstm``;
+4. the LSTM baseline (Table 5): ``--lstm_run``, or pre-trained here (``--model=lstm_<preset>``, the data and
+   recipe of ``--pretrained``'s ``train_config.json``, ``--lstm_steps`` updates, warm-up and checkpoint period
+   scaled to them) in the background beside phases 2–3 (log: ``<runs_root>/lstm_<preset>.log``); then its
+   zero-shot and its fine-tuning arm ``lstm``;
 5. ``<out_dir>/results.md`` and the figures ``layer_transfer.png``, ``zero_shot.png``, ``ablations.png``
    (``bench/experiments/study_report.py``), rewritten from the ledger after every run.
 
-``--scale`` picks defaults for the knobs that set the cost (tasks, seeds, layers, epochs, train
-subsample, zero-shot sample, LSTM steps); any knob given on the command line wins. One ``--runs_root``
-holds one configuration: a different one is refused (pick another ``--runs_root``).
+``--scale`` (``SCALES``) picks defaults for the knobs that set the cost (tasks, seeds, layers, epochs, train
+subsample, zero-shot sample, LSTM steps); a knob given on the command line wins. One ``--runs_root`` holds one
+configuration: a different one is refused. ``parse_args``: the flags on a fresh ``FlagValues`` (tests).
 """
 
 from __future__ import annotations
@@ -43,10 +41,72 @@ from pathlib import Path
 
 from absl import app, flags
 
-from bench.experiments import study_flags
-from bench.experiments.finetune_runs import (ROOT, BackgroundCommand, append_ledger, finetune_spec, load_ledger,
-                                             preset_of, run_command, run_one, shown_command)
-from bench.experiments.study_flags import FLAGS, RECIPES, SCALES, define_flags
+from bench.experiments.finetune_runs import (ROOT, BackgroundCommand, append_ledger, finetune_spec, ledger_run,
+                                             load_ledger, preset_of, read_json, recipe_flags, run_command, run_one,
+                                             shown_command)
+
+FLAGS = flags.FLAGS
+# The study: every task with training data here, 1,000 training examples each (hash sample), 3 seeds, every layer
+# count, the paper's 3 epochs, the LSTM pre-trained as long as the transformer.
+_CPU = {"tasks": "cola,sst2,mrpc,stsb,rte,story_cloze", "transfer_tasks": "sst2,rte,story_cloze", "seeds": "0,1,2",
+        "layers": "all", "epochs": 3, "train_subsample": 1000, "zero_shot_tasks": "cola,sst2,story_cloze",
+        "zero_shot_max_examples": 0, "lstm_steps": 0, "recipe": "paper"}
+SCALES = {
+    # End to end in minutes: 3 tasks, 1 seed, 64 training examples, 1 epoch, a 20-step LSTM.
+    "smoke": {**_CPU, "tasks": "sst2,rte,story_cloze", "seeds": "0", "layers": "0,2", "epochs": 1,
+              "train_subsample": 64, "zero_shot_max_examples": 64, "lstm_steps": 20},
+    "cpu": _CPU,
+    # As "cpu" on the task data as built in --tasks_dir (e.g. data/tasks_books: up to 4,000 examples).
+    "cpu_full_data": {**_CPU, "train_subsample": 0},
+    # The books model with the small-model recipes bench/experiments/reproduction.py chose on dev (issue #13), on the
+    # full training sets of the three cheapest tasks, every layer count, one seed; the full and scratch arms
+    # can come from the reproduction's ledger (--reuse_ledger) and a short LSTM pre-training (150 updates).
+    "books": {**_CPU, "tasks": "cola,rte,story_cloze", "transfer_tasks": "cola,rte,story_cloze", "seeds": "0",
+              "epochs": 0, "train_subsample": 0, "lstm_steps": 150, "recipe": "tiny"},
+}
+# --recipe: the flagfile suffix of each task's fine-tuning recipe (configs/finetune_<task><suffix>.flags).
+RECIPES = {"paper": "", "tiny": "_tiny"}
+
+
+def define_flags(fv: flags.FlagValues = FLAGS) -> None:
+    """The study's flags, on ``fv`` (absl's FLAGS for the CLI; a fresh FlagValues in ``parse_args``)."""
+    flags.DEFINE_string("pretrained", None, "the transformer's pre-training run dir", flag_values=fv)
+    flags.DEFINE_string("tasks_dir", "", "task TFRecords built with the run's tokenizer "
+                        "(needed unless --train_subsample rebuilds them)", flag_values=fv)
+    flags.DEFINE_string("data_root", "../shared/data", "official task files (GLUE, Story Cloze)", flag_values=fv)
+    flags.DEFINE_string("out_dir", "docs", "results.md and the PNG figures", flag_values=fv)
+    flags.DEFINE_string("runs_root", "runs/study", "runs, task data and the ledger study.jsonl", flag_values=fv)
+    flags.DEFINE_enum("scale", "cpu", sorted(SCALES), "the defaults of the cost knobs", flag_values=fv)
+    flags.DEFINE_string("lstm_run", "", "an LSTM pre-training run to use instead of training one", flag_values=fv)
+    flags.DEFINE_string("race_dir", "", "RACE in its official layout, for zero-shot (optional)", flag_values=fv)
+    flags.DEFINE_string("dprd_dir", "", "DPRD (train.c.txt/test.c.txt), for zero-shot (optional)", flag_values=fv)
+    flags.DEFINE_string("precision", "mixed_bfloat16", "fine-tuning precision", flag_values=fv)
+    flags.DEFINE_enum("recipe", None, sorted(RECIPES), "paper: configs/finetune_<task>.flags with --epochs; tiny: the "
+                      "small-model recipes of configs/finetune_<task>_tiny.flags (their own epochs) for every arm "
+                      "(default: the scale's)", flag_values=fv)
+    flags.DEFINE_string("reuse_ledger", "", "a bench/experiments/reproduction.py ledger: a full or scratch run recorded there with "
+                        "the same task, seed, start, data, precision and recipe is taken from it instead of being run "
+                        "again", flag_values=fv)
+    flags.DEFINE_bool("report_only", False, "rewrite <out_dir> from the ledger; run nothing", flag_values=fv)
+    flags.DEFINE_string("part", "0/1", "i/n: this process runs the i-th of n interleaved parts of the transformer's "
+                        "fine-tuning runs not yet recorded, beside the others (start them together: same command, "
+                        "other --part); part 0 also builds the task data, runs zero-shot and does the whole LSTM "
+                        "baseline", flag_values=fv)
+    for knob in ("tasks", "transfer_tasks", "seeds", "layers", "zero_shot_tasks"):
+        flags.DEFINE_string(knob, None, f"comma list (default: the scale's, {SCALES['cpu'][knob]!r})", flag_values=fv)
+    for knob in ("epochs", "train_subsample", "zero_shot_max_examples", "lstm_steps"):
+        flags.DEFINE_integer(knob, None, f"default: the scale's ({SCALES['cpu'][knob]} for cpu; epochs 0: the recipe's "
+                             "own)", flag_values=fv)
+    flags.mark_flag_as_required("pretrained", flag_values=fv)
+
+
+def parse_args(argv: list[str]) -> flags.FlagValues:
+    """``argv`` (flags only, no program name) parsed as the CLI parses it, on a fresh FlagValues (for tests)."""
+    fv = flags.FlagValues()
+    define_flags(fv)
+    fv(["bench.experiments.study", *argv])
+    return fv
+
 
 # Where each task's official files sit under --data_root (the layout of ../shared/data).
 OFFICIAL = {"sst2": "glue/SST-2", "cola": "glue/CoLA", "mrpc": "glue/MRPC", "stsb": "glue/STS-B", "rte": "glue/RTE",
@@ -70,10 +130,6 @@ def resolve_plan(args, n_layer: int, pretrain_steps: int) -> dict:
     if problems:
         sys.exit("bench.experiments.study: " + "; ".join(problems))
     return plan
-
-
-def _json(path) -> dict:
-    return json.loads(Path(path).read_text())
 
 
 def parse_part(text: str) -> tuple[int, int]:
@@ -110,9 +166,8 @@ def task_data(plan: dict, args, tokenizer_dir: str, ledger: Path, build: bool = 
             sys.exit(f"bench.experiments.study: {out / task} is not built yet; start --part=0/n first")
         cmd = [sys.executable, "-m", "pipelines.finetune_data", f"--task={task}",
                f"--data_dir={Path(args.data_root) / OFFICIAL[task]}", f"--tokenizer_dir={tokenizer_dir}",
-               f"--output_dir={out / task}", "--noprogress", f"--train_subsample={plan['train_subsample']}"]
-        if task == "story_cloze":
-            cmd.append(f"--holdout_fraction={STORY_CLOZE_HOLDOUT}")
+               f"--output_dir={out / task}", "--noprogress", f"--train_subsample={plan['train_subsample']}",
+               *([f"--holdout_fraction={STORY_CLOZE_HOLDOUT}"] if task == "story_cloze" else [])]
         _, seconds = run_command(cmd)
         append_ledger(ledger, {"kind": "task_data", "task": task, "cmd": shown_command(cmd), "seconds": round(seconds, 1)})
     return str(out)
@@ -155,8 +210,7 @@ def finetune_specs(plan: dict, args, tasks_dir: str, preset: str, lstm_run: str)
     specs = []
     for seed in plan["seeds"]:
         for task in plan["tasks"]:
-            for arm in ARMS:
-                init, extra = arms[arm]
+            for arm, (init, extra) in ((arm, arms[arm]) for arm in ARMS):
                 specs.append(finetune_spec(task, arm, seed, init_checkpoint=init, model=preset, extra=extra + epochs,
                                            **common))
         for task in plan["transfer_tasks"]:
@@ -170,36 +224,13 @@ def finetune_specs(plan: dict, args, tasks_dir: str, preset: str, lstm_run: str)
     return specs
 
 
-def recipe_flags(task: str, recipe: str) -> dict:
-    """The flags of ``configs/finetune_<task><suffix>.flags`` beyond the task flagfile it includes and the
-    run's own folder and context: the recipe, as bench/experiments/reproduction.py records it."""
-    lines = (ROOT / "configs" / f"finetune_{task}{RECIPES[recipe]}.flags").read_text().splitlines()
-    flags = dict(line[2:].partition("=")[::2] for line in lines if line.startswith("--"))
-    return {k: v for k, v in flags.items() if k not in ("flagfile", "run_dir", "n_ctx")}
-
-
-def _flag_values(cmd: str) -> dict:
-    return {a[2:].partition("=")[0]: a[2:].partition("=")[2] for a in shlex.split(cmd) if a.startswith("--")}
-
-
 def reused_run(spec: dict, plan: dict, records: list[dict]) -> dict | None:
-    """The reproduction ledger's run that is this study run, if any: arm full = its pretrained arm, scratch =
-    its scratch arm, with the same seed, recipe (the study's own epochs give none), start, data, context and
-    precision. Paths compare resolved from the repository root."""
+    """The reproduction ledger's run that is this study run, if any: arm full = its pretrained arm, scratch = its
+    scratch arm, with the same seed, recipe (the study's own epochs give none), start, data, context and precision."""
     arm = {"full": "pretrained", "scratch": "scratch"}.get(spec["arm"])
     if arm is None or plan["epochs"]:
         return None
-    recipe = recipe_flags(spec["task"], plan["recipe"])
-    want = _flag_values(shown_command(spec["cmd"]))
-    resolve = lambda path: str((ROOT / path).resolve()) if path else path
-    for r in records:
-        if (r["task"], r["arm"], r["seed"], r["recipe"]) != (spec["task"], arm, spec["seed"], recipe):
-            continue
-        have = _flag_values(r["cmd"])
-        if all(have.get(k) == want.get(k) for k in ("precision", "n_ctx", "model")) and \
-                all(resolve(have.get(k, "")) == resolve(want.get(k, "")) for k in ("data_dir", "init_checkpoint")):
-            return r
-    return None
+    return ledger_run(spec, arm, recipe_flags(spec["task"], RECIPES[plan["recipe"]]), records)
 
 
 def zero_shot_cmd(run_dir: str, plan: dict, args, out_csv: Path) -> list[str]:
@@ -215,7 +246,7 @@ def _check_configuration(runs_root: Path, config: dict) -> None:
     """One configuration per runs_root: the first run records it; a different one later is refused."""
     path = runs_root / "study_config.json"
     if path.is_file():
-        before = _json(path)
+        before = read_json(path)
         changed = sorted(k for k in set(before) | set(config) if before.get(k) != config.get(k))
         if changed:
             sys.exit(f"bench.experiments.study: {runs_root} holds a study with another configuration ({', '.join(changed)} "
@@ -232,7 +263,7 @@ class Study:
         self.args, self.started = args, time.time()
         self.part, self.parts = parse_part(args.part)
         pre = Path(args.pretrained)
-        model_config, self.train_config = _json(pre / "model_config.json"), _json(pre / "train_config.json")
+        model_config, self.train_config = read_json(pre / "model_config.json"), read_json(pre / "train_config.json")
         self.preset = preset_of(args.pretrained)
         self.plan = resolve_plan(args, model_config["n_layer"], self.train_config["train_steps"])
         self.plan["n_layer"] = model_config["n_layer"]
@@ -245,7 +276,7 @@ class Study:
         self.have = {self.key(r) for r in load_ledger(self.ledger)}
         self.command = shlex.join(["python", "-m", "bench.experiments.study",  # the runs' command: --report_only runs none
                                    *(a for a in sys.argv[1:] if a != "--report_only")])
-        tokenizer_dir = _json(Path(self.train_config["data_dir"]) / "manifest.json")["tokenizer"]["dir"]
+        tokenizer_dir = read_json(Path(self.train_config["data_dir"]) / "manifest.json")["tokenizer"]["dir"]
         self.tasks_dir = task_data(self.plan, args, tokenizer_dir, self.ledger,
                                    build=self.part == 0 and not args.report_only)
         self.done = load_ledger(self.ledger)  # with the task-data builds
@@ -366,5 +397,4 @@ def main(argv):
 if __name__ == "__main__":
     os.chdir(ROOT)
     define_flags()
-    flags.adopt_module_key_flags(study_flags)  # --help lists them
     app.run(main)

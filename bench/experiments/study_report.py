@@ -224,15 +224,12 @@ MARKED = re.compile(r"^<!-- (?P<name>[\w.-]+): written by .*? -->$.*?^<!-- /(?P=
 
 def marked_sections(text: str) -> list[str]:
     """The sections other commands write into ``results.md`` between their markers (``<!-- NAME: written by
-    CMD -->`` ... ``<!-- /NAME -->``, e.g. ``bench.experiments.reference_finetune --stage=report``): a rewrite
-    of the study's report keeps them, after its own text."""
+    CMD -->`` ... ``<!-- /NAME -->``): a rewrite of the study's report keeps them, after its own text."""
     return [m.group(0) for m in MARKED.finditer(text)]
 
 
 def write_report(records, config, out_dir: Path, command: str, seconds: float, tasks_dir: str) -> None:
     """Writes ``out_dir/results.md`` and the PNG figures from the study's records."""
-    from bench.experiments.study_figures import ablation_figure, layer_figure, zero_shot_figure
-
     out_dir.mkdir(parents=True, exist_ok=True)
     pre = Path(config["pretrained"])
     train_config = json.loads((pre / "train_config.json").read_text())
@@ -268,3 +265,92 @@ def write_report(records, config, out_dir: Path, command: str, seconds: float, t
     layer_figure(scores, config["transfer_tasks"], config["layers"], config["n_layer"], out_dir / "layer_transfer.png")
     if zs:
         zero_shot_figure(zs, refs, out_dir / "zero_shot.png")
+
+# ----------------------------------------------------------------------------- figures
+# In the paper's style (Fig. 2 left and right, Table 5 as bars): each point is the median over seeds, error bars
+# span min–max; zero-shot curves one colour per task, the transformer solid and the LSTM dashed.
+
+
+def _pyplot():
+    import matplotlib
+
+    matplotlib.use("Agg")  # files only, no display
+    import matplotlib.pyplot as plt
+
+    return plt
+
+
+def _style(ax, xlabel, ylabel, title):
+    ax.set_xlabel(xlabel)
+    ax.set_ylabel(ylabel)
+    ax.set_title(title, fontsize=10)
+    ax.grid(alpha=0.3)
+    if ax.get_legend_handles_labels()[0]:
+        ax.legend(fontsize=8, frameon=False)
+
+
+def _save(fig, path):
+    fig.tight_layout()
+    fig.savefig(path, dpi=150)
+    _pyplot().close(fig)
+
+
+def _errorbar(ax, xs, stats, **kwargs):
+    med = [s[0] for s in stats]
+    ax.errorbar(xs, med, yerr=[[m - s[1] for m, s in zip(med, stats)], [s[2] - m for m, s in zip(med, stats)]],
+                capsize=3, marker="o", markersize=4, **kwargs)
+
+
+def layer_figure(scores, tasks, layers, n_layer, path):
+    """Dev score against the number of transferred blocks (0 = embeddings only), one line per task."""
+    fig, ax = _pyplot().subplots(figsize=(5, 3.6))
+    ks = sorted(set(layers) | {n_layer})
+    for task in tasks:
+        points = [(k, median_spread(scores.get((task, "full" if k == n_layer else f"transfer{k}"), []))) for k in ks]
+        points = [(k, s) for k, s in points if s is not None]
+        if points:
+            _errorbar(ax, [k for k, _ in points], [s for _, s in points], label=task)
+    ax.set_xticks(ks)
+    _style(ax, "# of layers transferred", "dev score (%)", "Transfer of pre-trained layers (cf. Fig. 2 left)")
+    _save(fig, path)
+
+
+def zero_shot_figure(zs, refs, path):
+    """Normalised zero-shot score against pre-training updates; transformer solid, LSTM dashed."""
+    fig, ax = _pyplot().subplots(figsize=(5, 3.6))
+    tasks = sorted({t for rows in zs.values() for t, _ in rows})
+    colours = {t: f"C{i}" for i, t in enumerate(tasks)}
+    for model, style in (("transformer", "-"), ("lstm", "--")):
+        rows = zs.get(model, {})
+        for task in tasks:
+            pts = sorted((s, r) for (t, s), r in rows.items() if t == task)
+            if pts:
+                ref = refs[task][0]
+                ys = [(float(r["score"]) - float(r["chance"])) / (ref - float(r["chance"])) for _, r in pts]
+                ax.plot([s for s, _ in pts], ys, style, color=colours[task], marker="o", markersize=3,
+                        label=f"{task} ({'Transformer' if model == 'transformer' else 'LSTM'})")
+    ax.axhline(0.0, color="grey", lw=0.8)
+    _style(ax, "pre-training updates", "normalised zero-shot score", "Zero-shot behaviour (cf. Fig. 2 right)")
+    _save(fig, path)
+
+
+def ablation_figure(scores, tasks, arm_labels, path):
+    """Grouped bars: per task, one bar per ablation arm (Table 5)."""
+    fig, ax = _pyplot().subplots(figsize=(max(5, 1.1 * len(tasks) + 2), 3.6))
+    width = 0.8 / len(arm_labels)
+    for i, (arm, label) in enumerate(arm_labels.items()):
+        xs, stats = [], []
+        for j, task in enumerate(tasks):
+            s = median_spread(scores.get((task, arm), []))
+            if s is not None:
+                xs.append(j + (i - (len(arm_labels) - 1) / 2) * width)
+                stats.append(s)
+        if stats:
+            med = [s[0] for s in stats]
+            ax.bar(xs, med, width, label=label, yerr=[[m - s[1] for m, s in zip(med, stats)],
+                                                       [s[2] - m for m, s in zip(med, stats)]], capsize=2)
+    ax.set_xticks(range(len(tasks)))
+    ax.set_xticklabels(tasks)
+    ax.axhline(0.0, color="grey", lw=0.8)
+    _style(ax, "task", "dev score (%)", "Ablations (cf. Table 5)")
+    _save(fig, path)

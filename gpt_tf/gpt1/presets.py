@@ -16,7 +16,7 @@ from gpt_tf.preset_io import shipped_presets
 
 DESCRIPTIONS = {
     "books_tiny": "The `tiny` GPT-1 (4 layers, 256 dims, 128 context, 8k BPE) pre-trained on 409 Gutenberg books "
-                  "(bench/torch_pretrain/train.py, 7,158 updates, held-out perplexity 55.1): the model the README's "
+                  "(tools/torch_pretrain/train.py, 7,158 updates, held-out perplexity 55.1): the model the README's "
                   "fine-tuning tables start from.",
 }
 

@@ -206,7 +206,7 @@ class Finetuner:
         in TF and returns the task outputs, labels and record indices of all of them, concatenated.
 
         One call per pass instead of one per batch: the per-batch Python (iterator, function call,
-        three host copies) was ~11% of an SST-2 evaluation of `tiny` (bench/_finetune_profile.py)."""
+        three host copies) was ~11% of an SST-2 evaluation of `tiny` (bench/_profiles.py)."""
         strategy = self.strategy
 
         def replica(features, label):

@@ -2,7 +2,7 @@
 
 ``.npz`` is numpy's zip (deflate). ``.npz.xz`` is the same npz, uncompressed, inside an xz (LZMA) stream: about
 25% smaller for BPE ids (books_tiny's 36.7M tokens: 44.9 MB as ``.npz``, 33.9 MB as ``.npz.xz``), which is what
-lets books_tiny's streams travel beside the repository's tracked files within a device call's 64 MiB. numpy and
+lets books_tiny's streams travel beside the repository's tracked files within 64 MiB. numpy and
 the standard library only: both sides (``convert`` with TensorFlow, ``train`` without) read and write it.
 """
 

@@ -1,18 +1,19 @@
 #!/usr/bin/env bash
-# Runs on a lent GPU machine (no TensorFlow there): one bench.torch_pretrain.train run per learning rate, side by
+# Runs on a GPU machine (no TensorFlow there): one tools.torch_pretrain.train run per learning rate, side by
 # side on the one GPU, each fitted into the same wall-time budget; then the run with the lowest final
-# held-out perplexity is copied to $OUT (its log and weights), with every run's log in $OUT/sweep.jsonl.
+# held-out perplexity is copied to $OUT (default: $TMPDIR/torch_pretrain_sweep/out; its log and weights), with
+# every run's log in $OUT/sweep.jsonl.
 #
-#   bash bench/torch_pretrain/sweep.sh TOKENS.npz BUDGET_MINUTES PRESET BATCH LR [LR ...]
+#   bash tools/torch_pretrain/sweep.sh TOKENS.npz BUDGET_MINUTES PRESET BATCH LR [LR ...]
 #
-# The README's "Pre-training on a lent GPU" gives the exact call and what it measured.
+# tools/torch_pretrain/README.md gives the exact call; docs/training.md what it measured.
 set -euo pipefail
 tokens=$1 budget=$2 preset=$3 batch=$4
 shift 4
 work=${TMPDIR:-/tmp}/torch_pretrain_sweep
 rm -rf "$work" && mkdir -p "$work"
 for lr in "$@"; do
-  python3 -m bench.torch_pretrain.train --tokens="$tokens" --out_dir="$work/lr$lr" --model="$preset" --batch_size="$batch" \
+  python3 -m tools.torch_pretrain.train --tokens="$tokens" --out_dir="$work/lr$lr" --model="$preset" --batch_size="$batch" \
     --learning_rate="$lr" --epochs=100 --budget_minutes="$budget" --probe_after=90 > "$work/lr$lr.out" 2>&1 &
 done
 status=0

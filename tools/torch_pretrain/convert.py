@@ -1,10 +1,10 @@
-"""The TensorFlow side of `bench.torch_pretrain.train`: token streams out, a gpt_tf run folder back in.
+"""The TensorFlow side of `tools.torch_pretrain.train`: token streams out, a gpt_tf run folder back in.
 
     # 1. here: the pre-training records as two token streams (uint16) for the accelerator
-    python -m bench.torch_pretrain.convert --action=export --data_dir=data/books_tiny --tokens=.gpu/books_tiny.npz.xz
-    # 2. there: python -m bench.torch_pretrain.train --tokens=.gpu/books_tiny.npz.xz --out_dir=$OUT/run ...
+    python -m tools.torch_pretrain.convert --action=export --data_dir=data/books_tiny --tokens=.gpu/books_tiny.npz.xz
+    # 2. there: python -m tools.torch_pretrain.train --tokens=.gpu/books_tiny.npz.xz --out_dir=$OUT/run ...
     # 3. here: its weights as a gpt_tf pre-training run, usable by --init_checkpoint, zero-shot, eval, export
-    python -m bench.torch_pretrain.convert --action=import --weights_dir=<out_dir> --data_dir=data/books_tiny \\
+    python -m tools.torch_pretrain.convert --action=import --weights_dir=<out_dir> --data_dir=data/books_tiny \\
         --run_dir=runs/books_tiny --model=tiny --plot=docs/books_pretraining.png
 
 Export reads the records of ``pipelines.pretrain_data`` and rebuilds each split's stream (window i holds
@@ -30,8 +30,8 @@ import re
 
 import numpy as np
 from absl import app, flags, logging
-from bench.torch_pretrain.pieces import join_rows
-from bench.torch_pretrain.streams import save_streams
+from tools.torch_pretrain.pieces import join_rows
+from tools.torch_pretrain.streams import save_streams
 
 FLAGS = flags.FLAGS
 
@@ -39,8 +39,8 @@ FLAGS = flags.FLAGS
 def define_flags():
     flags.DEFINE_enum("action", None, ["export", "import"], "export: records -> streams; import: weights -> run.")
     flags.DEFINE_string("data_dir", None, "A pipelines.pretrain_data output folder.")
-    flags.DEFINE_string("tokens", "", "export: the file to write: .npz, or .npz.xz (smaller; bench/torch_pretrain/streams.py).")
-    flags.DEFINE_string("weights_dir", "", "import: bench.torch_pretrain.train's --out_dir (log.jsonl, weights-*.npz), "
+    flags.DEFINE_string("tokens", "", "export: the file to write: .npz, or .npz.xz (smaller; tools/torch_pretrain/streams.py).")
+    flags.DEFINE_string("weights_dir", "", "import: tools.torch_pretrain.train's --out_dir (log.jsonl, weights-*.npz), "
                         "or a gpt_tf preset with its log.jsonl (gpt_tf/presets/books_tiny: one checkpoint, the last step).")
     flags.DEFINE_string("run_dir", "", "import: the gpt_tf run folder to create.")
     flags.DEFINE_string("model", "tiny", "import: the preset the accelerator trained.")
@@ -88,7 +88,7 @@ def read_log(weights_dir: str) -> tuple[dict, list[dict]]:
 
 
 def read_log_file(path: str) -> tuple[dict, list[dict]]:
-    """(the run's setting, its evaluation rows) from a ``bench.torch_pretrain.train`` log file."""
+    """(the run's setting, its evaluation rows) from a ``tools.torch_pretrain.train`` log file."""
     setting, rows = {}, []
     with open(path) as f:
         for line in f:
@@ -121,7 +121,7 @@ def tokenizer_digests(tokenizer: dict) -> dict:
 
 
 def load_torch_lstm(model, state: dict) -> None:
-    """``bench.torch_pretrain.lstm_model``'s state dict into a gpt_tf LSTM model (``GPTLanguageModel`` or
+    """``tools.torch_pretrain.lstm_model``'s state dict into a gpt_tf LSTM model (``GPTLanguageModel`` or
     ``LSTMBackbone``): the embeddings as ``gpt_tf.weights`` loads them (``vocab_size`` rows: the special tokens
     keep their init); per block, Keras's LSTM ``kernel`` = ``weight_ih_l0.T`` and ``recurrent_kernel`` =
     ``weight_hh_l0.T`` (torch's gate rows (i, f, g, o) are Keras's columns [i, f, c, o], the same order), its one
@@ -179,7 +179,7 @@ def import_run(weights_dir: str, data_dir: str, run_dir: str, model: str) -> dic
         raise ValueError(f"{weights_dir} was trained on tokenizer files {trained_on}, but {data_dir} was built with "
                          f"{tokenizer_digests(manifest['tokenizer'])}: rebuild it with the run's BPE files")
     config = get_preset(model, vocab_size=manifest["tokenizer"]["vocab_size"], n_ctx=manifest["config"]["n_ctx"])
-    lstm = config.model_type == "lstm"  # trained in float32 (bench.torch_pretrain.train), loaded by load_torch_lstm
+    lstm = config.model_type == "lstm"  # trained in float32 (tools.torch_pretrain.train), loaded by load_torch_lstm
     steps = checkpoint_steps(weights_dir, setting["steps"])
     train_config = TrainConfig(
         data_dir=data_dir, run_dir=run_dir, batch_size=setting["batch_size"], train_steps=setting["steps"],
@@ -207,9 +207,9 @@ def import_run(weights_dir: str, data_dir: str, run_dir: str, model: str) -> dic
             tf.summary.scalar("perplexity", row["valid_ppl"], step=row["step"])
             tf.summary.scalar("loss", row["valid_loss"], step=row["step"])
     writer.flush()
-    trained_by = ("bench.torch_pretrain.train (bench/torch_pretrain/lstm_model.py, the LSTM baseline that "
+    trained_by = ("tools.torch_pretrain.train (tools/torch_pretrain/lstm_model.py, the LSTM baseline that "
                   "tests/test_torch_lstm.py proves equal to gpt_tf's LSTMBackbone)" if lstm else
-                  "bench.torch_pretrain.train (transformers OpenAIGPTLMHeadModel, the reference that "
+                  "tools.torch_pretrain.train (transformers OpenAIGPTLMHeadModel, the reference that "
                   "tests/test_weights.py proves equal to gpt_tf's model)")
     provenance = {"trained_by": trained_by,
                   "setting": setting, "curve": rows, "checkpoints": list(steps)}

@@ -1,17 +1,16 @@
 """Pre-trains the project's GPT on an accelerator that has PyTorch but no TensorFlow, with the reference model.
 
-    python -m bench.torch_pretrain.train --tokens=<export>.npz.xz --out_dir=/tmp/run \\
+    python -m tools.torch_pretrain.train --tokens=<export>.npz.xz --out_dir=/tmp/run \\
         --model=tiny --batch_size=128 --learning_rate=1e-3 --epochs=8
 
-Why it exists: the lent GPU machines (see README "Pre-training on a lent GPU") run a fixed image with
-PyTorch and `transformers` but no TensorFlow, and reach no package registry; TensorFlow's wheel is far
-over what can be carried there. The model trained here is `transformers`' ``OpenAIGPTLMHeadModel`` with
+Why it exists: a GPU machine may offer PyTorch and `transformers` but no TensorFlow (a fixed image, no
+package registry, too little room to carry TensorFlow's wheel there): ``tools/torch_pretrain/README.md``. The model trained here is `transformers`' ``OpenAIGPTLMHeadModel`` with
 the preset's sizes: the reference implementation that ``tests/test_weights.py`` proves equal to
 ``gpt_tf.model.GPTLanguageModel`` (logits to 1e-5 on the same weights). The recipe is the project's
 pre-training recipe (``gpt_tf.optim``): AdamW with decoupled weight decay 0.01 on rank >= 2 weights only,
 global-norm clipping 1.0, linear warm-up then cosine decay to 0, dropout 0.1, N(0, 0.02) init, the LM
 loss over (n_ctx + 1)-token windows at stride n_ctx of the token stream, exactly the records that
-``pipelines.pretrain_data`` writes (``bench.torch_pretrain.convert export`` turns those records back into the
+``pipelines.pretrain_data`` writes (``tools.torch_pretrain.convert export`` turns those records back into the
 stream). Each epoch visits every window once in a seeded order; ``--updates=N`` runs exactly N updates
 (another run's token count) instead of ``--epochs``' worth.
 
@@ -24,7 +23,7 @@ and ``transformers`` is not needed.
 Writes into ``--out_dir``: ``log.jsonl`` (train loss, and held-out loss / perplexity against tokens seen at
 every evaluation), and ``weights-<step>.part<k>.npz`` (the model's state dict, ``OpenAIGPTLMHeadModel``'s or the
 LSTM's, in files of at most 15 MiB, ``pieces.py``; float16 for the
-intermediate checkpoints kept for the zero-shot curve, float32 for the last). ``bench.torch_pretrain.convert
+intermediate checkpoints kept for the zero-shot curve, float32 for the last). ``tools.torch_pretrain.convert
 import`` turns them into a gpt_tf run folder.
 
 In pieces (``--piece_minutes`` / ``--piece_updates``, or SIGTERM): a piece stops at an update boundary, writes
@@ -32,7 +31,7 @@ In pieces (``--piece_minutes`` / ``--piece_updates``, or SIGTERM): a piece stops
 the schedule: one ``torch.save`` in files of at most 15 MiB) and exits with status 75; the same command
 resumes from them bit-exactly (``tests/test_torch_pretrain.py``) and appends to ``log.jsonl``; the finished
 run removes them.
-A device call of at most 10 minutes is then one piece (``bench/torch_pretrain/piece.sh``).
+A session of limited length on the GPU machine is then one piece (``tools/torch_pretrain/piece.sh``).
 
 Only numpy, absl, torch and transformers (and this package's ``pieces`` and ``lstm_model``) are imported: no
 TensorFlow, no gpt_tf.
@@ -50,8 +49,8 @@ import time
 import numpy as np
 from absl import app, flags
 
-from bench.torch_pretrain.pieces import PIECE_EXIT, load_state, remove_state, save_state, save_weights
-from bench.torch_pretrain.streams import load_streams
+from tools.torch_pretrain.pieces import PIECE_EXIT, load_state, remove_state, save_state, save_weights
+from tools.torch_pretrain.streams import load_streams
 
 # The presets of gpt_tf/config.py that this script can build (GPT-1's d_ff is always 4 * n_embd,
 # which is also what transformers' OpenAIGPT hard-codes). Kept equal by tests/test_torch_pretrain.py.
@@ -60,7 +59,7 @@ PRESETS = {
     "small": dict(n_ctx=256, n_embd=384, n_layer=6, n_head=6),
     "tiny": dict(n_ctx=128, n_embd=256, n_layer=4, n_head=4),
     "test": dict(n_ctx=32, n_embd=32, n_layer=2, n_head=4),
-    # Table 5's LSTM baseline (bench/torch_pretrain/lstm_model.py): d_ff is the LSTM's units.
+    # Table 5's LSTM baseline (tools/torch_pretrain/lstm_model.py): d_ff is the LSTM's units.
     "lstm_small": dict(n_ctx=256, n_embd=384, n_layer=1, d_ff=1408),
     "lstm_tiny": dict(n_ctx=128, n_embd=256, n_layer=1, d_ff=744),
     "lstm_test": dict(n_ctx=32, n_embd=32, n_layer=1, d_ff=64),
@@ -79,7 +78,7 @@ RESUMABLE = ("model", "batch_size", "learning_rate", "warmup_fraction", "epochs"
 
 
 def define_flags():
-    flags.DEFINE_string("tokens", None, "npz of bench.torch_pretrain.convert export (train / valid streams + meta).")
+    flags.DEFINE_string("tokens", None, "npz of tools.torch_pretrain.convert export (train / valid streams + meta).")
     flags.DEFINE_string("out_dir", None, "Where log.jsonl and weights-<step>.part<k>.npz go.")
     flags.DEFINE_enum("model", "tiny", sorted(PRESETS), "Preset sizes (gpt_tf/config.py).")
     flags.DEFINE_integer("batch_size", 128, "Sequences per update.")
@@ -130,7 +129,7 @@ def build_model(torch, transformers, preset: str, vocab_size: int, dropout: floa
     (``lstm_model.LSTMLanguageModel``; ``transformers`` may then be None)."""
     sizes = PRESETS[preset]
     if is_lstm(preset):
-        from bench.torch_pretrain.lstm_model import LSTMLanguageModel
+        from tools.torch_pretrain.lstm_model import LSTMLanguageModel
 
         return LSTMLanguageModel(vocab_size, dropout=dropout, **sizes)
     config = transformers.OpenAIGPTConfig(
@@ -275,7 +274,7 @@ def main(argv):
         if resumed["meta"] != run.meta:
             differ["tokens"] = (resumed["meta"].get("config_hash"), run.meta.get("config_hash"))
         if differ:
-            sys.exit(f"bench.torch_pretrain.train: {FLAGS.out_dir} holds a run with other settings {differ} (saved, now); "
+            sys.exit(f"tools.torch_pretrain.train: {FLAGS.out_dir} holds a run with other settings {differ} (saved, now); "
                      "use another --out_dir")
         run.restore(resumed)
         total, warmup, probe, step = resumed["total"], resumed["warmup"], resumed["probe"], resumed["step"]
@@ -308,7 +307,7 @@ def main(argv):
         log.flush()
         print(json.dumps(row), flush=True)
 
-    stop = []  # SIGTERM (a device call's time limit): stop at the next update boundary, state saved
+    stop = []  # SIGTERM (a session's time limit): stop at the next update boundary, state saved
     signal.signal(signal.SIGTERM, lambda *_: stop.append(True))
     start = time.time()
     if resumed is None:

@@ -1,4 +1,4 @@
-"""What `bench.torch_pretrain.train` writes to disk: the weights it hands back, and a piece's resume state.
+"""What `tools.torch_pretrain.train` writes to disk: the weights it hands back, and a piece's resume state.
 
 ``weights-<step>.part<k>.npz``: the model's state dict in files of at most ``PART_BYTES`` (the device tool
 returns files of up to 16 MiB); a tensor larger than that (``small``'s 16k × 384 token table: 24.6 MB) is

@@ -1,0 +1,22 @@
+"""bench/experiments/reproduction.py: which recipe a cell of the table takes, and which runs fill it."""
+
+from __future__ import annotations
+
+from bench.experiments.reproduction import best_recipes, cell_runs
+
+
+def _run(task, arm, seed, lr, score):
+    return {"stage": "sweep" if seed == 0 else "table", "task": task, "arm": arm, "seed": seed,
+            "recipe": {"learning_rate": lr}, "metrics": {"dev": {"accuracy": score}}}
+
+
+def test_a_cell_takes_the_best_seed0_sweep_recipe_and_only_that_recipes_seeds():
+    records = [_run("rte", "pretrained", 0, "1e-3", 0.50), _run("rte", "pretrained", 0, "5e-4", 0.60),
+               _run("rte", "pretrained", 1, "5e-4", 0.58), _run("rte", "pretrained", 1, "1e-3", 0.99),
+               _run("rte", "scratch", 0, "1e-3", 0.70)]
+    # A later seed's score (0.99 at 1e-3) does not choose the recipe: the seed-0 sweep does, per arm.
+    assert best_recipes(records) == {("rte", "pretrained"): {"learning_rate": "5e-4"},
+                                     ("rte", "scratch"): {"learning_rate": "1e-3"}}
+    cell = cell_runs(records, "rte", "pretrained", {"learning_rate": "5e-4"})
+    assert sorted(cell) == [0, 1] and {r["metrics"]["dev"]["accuracy"] for r in cell.values()} == {0.60, 0.58}
+    assert cell_runs(records, "cola", "pretrained", {"learning_rate": "5e-4"}) == {}
