@@ -47,7 +47,6 @@ LONGEST_FIRST = ("test_walkthrough", "serving_e2e", "test_finetune_loop", "test_
 NUMERICS = (
     "test_model", "test_task_model", "test_weights", "test_gpt1_fit", "test_gpt1_presets_cli", "test_gpt1_batching",
     "test_kernels", "test_inference_gelu", "test_aliased_grads", "test_lstm", "test_torch_lstm", "test_optim",
-    "test_reference_finetune",
     "test_gpt1_family::test_backbone_and_classifier_compute_what_the_projects_model_computes",
     "test_gpt1_family::test_task_presets_round_trip_with_identical_logits",
     "test_gpt1_family::test_core_restores_a_preset_without_keras_hub_classes",
