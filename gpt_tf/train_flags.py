@@ -54,8 +54,9 @@ def define_flags() -> None:
     flags.DEFINE_float("learning_rate", 2.5e-4, "Peak learning rate (the paper: 2.5e-4).")
     flags.DEFINE_integer("warmup_steps", 2000, "Linear warm-up updates (the paper: 2000).")
     flags.DEFINE_enum("lr_decay", "cosine", ["cosine", "linear", "constant"], "Decay after warm-up.")
-    flags.DEFINE_float("weight_decay", 0.01, "Decoupled weight decay on weight matrices (the paper: 0.01).")
-    flags.DEFINE_float("clip_norm", 1.0, "Clip gradients to this global norm (0: off).")
+    flags.DEFINE_float("weight_decay", PAPER_FINETUNE["weight_decay"], "Decoupled weight decay on weight matrices "
+                       "(the paper: 0.01).")
+    flags.DEFINE_float("clip_norm", PAPER_FINETUNE["clip_norm"], "Clip gradients to this global norm (0: off).")
     flags.DEFINE_enum("precision", "float32", ["float32", "mixed_bfloat16", "auto"], "Compute precision; auto: the faster "
                       "of the two for this model on this machine, timed once and cached (gpt_tf/precision.py).")
     flags.DEFINE_enum("strategy", "default", ["default", "one_device", "mirrored", "multi_worker", "tpu"], "tf.distribute.")

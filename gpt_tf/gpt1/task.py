@@ -22,11 +22,13 @@ import tensorflow as tf
 import gpt_tf.gpt1.batching as batching
 from gpt_tf.optim import GPTAdamW, WarmupDecay, make_optimizer
 from gpt_tf.preset_io import FindsPresets
+from gpt_tf.recipes import PAPER_FINETUNE
 from gpt_tf.task_model import GPTTaskModel, task_loss
 from gpt_tf.tasks import TaskSpec
 from gpt_tf.training.loop import all_reduce_and_apply
 
-PAPER = {"learning_rate": 6.25e-5, "warmup_fraction": 0.002, "weight_decay": 0.01, "clip_norm": 1.0, "lm_coef": 0.5}
+# compile()'s keywords and their defaults: the paper's recipe (gpt_tf/recipes.py).
+COMPILE_RECIPE = ("learning_rate", "warmup_fraction", "weight_decay", "clip_norm", "lm_coef")
 
 
 class GPT1TaskMixin(FindsPresets):
@@ -104,7 +106,8 @@ class GPT1TaskMixin(FindsPresets):
 
     # ------------------------------------------------------------------ optimiser
     def compile(self, optimizer="auto", loss="auto", *, metrics="auto", **kwargs):
-        """The paper's recipe by default (``PAPER``'s keywords override it); the loss is ``compute_loss``'s."""
+        """The paper's recipe by default (``gpt_tf/recipes.py``; the ``COMPILE_RECIPE`` keywords override it); the
+        loss is ``compute_loss``'s."""
         optimizer = self._paper_compile(optimizer, kwargs)
         if metrics == "auto":
             metrics = self._default_metrics()
@@ -112,7 +115,7 @@ class GPT1TaskMixin(FindsPresets):
 
     def _paper_compile(self, optimizer, kwargs):
         """Pops the recipe's arguments from ``kwargs``; for ``optimizer="auto"`` builds the paper's."""
-        recipe = {k: kwargs.pop(k, v) for k, v in PAPER.items()}
+        recipe = {k: kwargs.pop(k, PAPER_FINETUNE[k]) for k in COMPILE_RECIPE}
         self.lm_coef = float(recipe["lm_coef"])
         kwargs.setdefault("jit_compile", False)
         self._auto_schedule = None

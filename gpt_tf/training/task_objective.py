@@ -56,8 +56,8 @@ class FinetuneConfig:
     warmup_fraction: float = PAPER_FINETUNE["warmup_fraction"]
     lm_coef: float = PAPER_FINETUNE["lm_coef"]
     clf_pdrop: float = PAPER_FINETUNE["clf_pdrop"]
-    weight_decay: float = 0.01
-    clip_norm: float = 1.0
+    weight_decay: float = PAPER_FINETUNE["weight_decay"]
+    clip_norm: float = PAPER_FINETUNE["clip_norm"]
     precision: str = "float32"
     seed: int = 0
     log_every: int = 10
