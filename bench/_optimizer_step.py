@@ -33,11 +33,11 @@ def define_flags():
 def ours(jit: bool):
     import tensorflow as tf
 
-    from gpt_tf.config import get_preset
+    from gpt_tf.config import get_size
     from gpt_tf.model import make_backbone
     from gpt_tf.optim import make_optimizer
 
-    variables = make_backbone(get_preset("tiny", n_ctx=64)).trainable_variables
+    variables = make_backbone(get_size("tiny", n_ctx=64)).trainable_variables
     grads = [tf.random.normal(v.shape, stddev=1e-2, seed=i) for i, v in enumerate(variables)]
     optimizer = make_optimizer(variables, 1e-4, weight_decay=0.01, clip_norm=1.0)
     update = tf.function(lambda g: optimizer.clip_and_apply(g, variables), jit_compile=jit)
@@ -69,10 +69,10 @@ def main(args) -> None:
     torch.set_num_threads(1)
     graph, n = ours(jit=False)
     xla, _ = ours(jit=True)
-    from gpt_tf.config import get_preset
+    from gpt_tf.config import get_size
     from gpt_tf.model import make_backbone
 
-    shapes = [tuple(v.shape) for v in make_backbone(get_preset("tiny", n_ctx=64)).trainable_variables]
+    shapes = [tuple(v.shape) for v in make_backbone(get_size("tiny", n_ctx=64)).trainable_variables]
     stacks = {"gpt_tf graph": graph, "gpt_tf XLA": xla, "torch fused": torch_fused(shapes)}
     times = {name: [] for name in stacks}
     for step in stacks.values():

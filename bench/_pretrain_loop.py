@@ -43,7 +43,7 @@ OUT = "bench/results/pretrain_throughput.json"
 
 def define_flags():
     """The loop's own flags (``--warmup``, ``--steps`` and ``--out`` are ``bench.train_throughput``'s)."""
-    flags.DEFINE_string("model", "small", "--mode=loop: preset: gpt1, small, tiny or test")
+    flags.DEFINE_string("model", "small", "--mode=loop: model size: gpt1, small, tiny or test")
     flags.DEFINE_integer("batch_size", 4, "--mode=loop: global batch, in sequences")
     flags.DEFINE_integer("grad_accum_steps", 1, "--mode=loop: micro-batches per update")
     flags.DEFINE_enum("precision", "float32", ["float32", "mixed_bfloat16"], "--mode=loop: the Keras dtype policy")
@@ -100,14 +100,14 @@ def run(args) -> dict:
     tf = import_tensorflow()
     import keras
 
-    from gpt_tf.config import get_preset
+    from gpt_tf.config import get_size
     from gpt_tf.strategy import make_strategy
     from gpt_tf.training.lm_objective import Pretrainer, TrainConfig
 
     strategy = make_strategy(args.strategy)
     if args.precision != "float32":
         keras.mixed_precision.set_dtype_policy(args.precision)
-    model_config = get_preset(args.model)
+    model_config = get_size(args.model)
     total = args.warmup + args.steps + 1  # the last step also saves a checkpoint: not timed
     load_start = os.getloadavg()
     with tempfile.TemporaryDirectory() as tmp:

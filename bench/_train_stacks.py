@@ -157,9 +157,9 @@ def _torch_step(spec, config):
 
 def build_step(spec):
     """The training step of ``spec["stack"]`` for ``spec["preset"]`` at ``spec["precision"]``."""
-    from gpt_tf.config import get_preset
+    from gpt_tf.config import get_size
 
-    config = get_preset(spec["preset"])
+    config = get_size(spec["preset"])
     if spec["seq"] > config.n_ctx:
         raise ValueError(f"--seq={spec['seq']} exceeds n_ctx={config.n_ctx} of preset {spec['preset']}")
     if spec["stack"] == "torch":

@@ -49,7 +49,7 @@ def before_scorer(lm, bos_id, batch_size):
 def run_zero_shot(args) -> tuple[dict, str]:
     """(the report, its markdown) of ``--rounds`` interleaved rounds of the two scorers."""
     from bench._finetune_stacks import train_bpe
-    from gpt_tf.config import get_preset
+    from gpt_tf.config import get_size
     from gpt_tf.analysis.heuristics import HEURISTICS, load_examples, requests
     from gpt_tf.analysis.lm_scorer import LMScorer
     from gpt_tf.model import GPTLanguageModel
@@ -60,7 +60,7 @@ def run_zero_shot(args) -> tuple[dict, str]:
     for task, folder in TASKS.items():
         h = HEURISTICS[task]
         reqs += requests(h, load_examples(task, str(Path(args.shared_data) / folder), h.eval_split), tokenizer.encode)
-    lm = GPTLanguageModel.from_config_preset(get_preset("tiny", vocab_size=tokenizer.vocab_size))
+    lm = GPTLanguageModel.from_config_preset(get_size("tiny", vocab_size=tokenizer.vocab_size))
     bos = tokenizer.vocab_size - 1
     scorers = {"before": before_scorer(lm, bos, args.batch_size), "after": LMScorer(lm, bos, args.batch_size)}
     tokens = sum(len(scorers["after"].sequence(p, c)[0]) - 1 for p, c in reqs)

@@ -192,7 +192,7 @@ def markdown(report: dict) -> str:
 
 
 def define_flags():
-    flags.DEFINE_string("preset", "small", "the model preset to serve")
+    flags.DEFINE_string("preset", "small", "the model size to serve (gpt_tf/config.py)")
     flags.DEFINE_integer("requests", 120, "requests per configuration, concurrency, round")
     flags.DEFINE_integer("rounds", 6, "rounds over the configurations")
     flags.DEFINE_string("concurrency", "1,8", "comma-separated client concurrencies")
@@ -215,7 +215,7 @@ def prepare(args):
     from gpt_tf.console import import_tensorflow
 
     tf = import_tensorflow(serving=True)
-    from gpt_tf.config import get_preset
+    from gpt_tf.config import get_size
     from gpt_tf.model import GPTBackbone
     from gpt_tf.task_model import GPTTaskModel
     from gpt_tf.tasks import get_task
@@ -225,7 +225,7 @@ def prepare(args):
     low, high = (int(x) for x in args.tokens.split(","))
     tokenizer = GPTTokenizer.from_dir(DATA / "gpt1_bpe")
     texts = sst2_texts(tokenizer, 64, low, high)
-    config = get_preset(args.preset, vocab_size=tokenizer.vocab_size)
+    config = get_size(args.preset, vocab_size=tokenizer.vocab_size)
     base = Path(tempfile.mkdtemp(prefix="serving_bench_"))
     task = get_task("sst2")
     export_task_model(GPTTaskModel(GPTBackbone(config, name="backbone"), task), task, str(DATA / "gpt1_bpe"),

@@ -35,9 +35,9 @@ def define_flags() -> None:
                          "20, ...; 1: 8, 16, 32, ...). Each bucket is one XLA/TPU compilation; fewer pad more.")
     flags.DEFINE_string("predict_split", "", "--mode=predict: split to predict (default: the task's first eval split, "
                         "e.g. dev; `test` for a GLUE submission).")
-    flags.DEFINE_string("model", "tiny", "Model preset: gpt1, small, tiny or test; lstm_small, lstm_tiny or lstm_test "
-                        "for the LSTM baseline.")
-    flags.DEFINE_integer("n_ctx", 0, "Override the preset's context length (0: keep).")
+    flags.DEFINE_string("model", "tiny", "Model size (gpt_tf/config.py): gpt1, small, tiny or test; lstm_small, "
+                        "lstm_tiny or lstm_test for the LSTM baseline.")
+    flags.DEFINE_integer("n_ctx", 0, "Override the model size's context length (0: keep).")
     flags.DEFINE_float("dropout", -1.0, "Override embedding/attention/residual dropout (-1: keep 0.1).")
     flags.DEFINE_string("data_dir", None, "TFRecords from `python -m pipelines.pretrain_data` (has manifest.json).")
     flags.DEFINE_bool("verify_data", True, "Check every data file's sha256 against its manifest before training or "

@@ -170,14 +170,14 @@ def gpt1_tokenizer():
 
 
 def gpt1_backbone(seed=0, **overrides):
-    """A ``GPT1Backbone`` of the ``test`` preset for the 8k BPE, its weights from ``seed``."""
+    """A ``GPT1Backbone`` of the ``test`` model size for the 8k BPE, its weights from ``seed``."""
     import keras
 
     import gpt_tf
-    from gpt_tf.config import get_preset
+    from gpt_tf.config import get_size
 
     keras.utils.set_random_seed(seed)
-    return gpt_tf.GPT1Backbone.from_gpt_config(get_preset("test", vocab_size=8000, **overrides))
+    return gpt_tf.GPT1Backbone.from_gpt_config(get_size("test", vocab_size=8000, **overrides))
 
 
 def gpt1_classifier(tokenizer, input_type="single", num_classes=2):

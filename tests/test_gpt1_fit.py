@@ -33,9 +33,9 @@ def data(shared_data, tmp_path_factory):
 
 
 def _config():
-    from gpt_tf.config import get_preset
+    from gpt_tf.config import get_size
 
-    return get_preset("test", vocab_size=8000, n_ctx=N_CTX, embd_pdrop=0.0, attn_pdrop=0.0, resid_pdrop=0.0)
+    return get_size("test", vocab_size=8000, n_ctx=N_CTX, embd_pdrop=0.0, attn_pdrop=0.0, resid_pdrop=0.0)
 
 
 @pytest.fixture(scope="module")
@@ -106,14 +106,14 @@ def test_fit_under_mirrored_strategy_on_two_cpus_matches_one_device(loop_run, tm
         from gpt_tf.strategy import split_cpu
         split_cpu(2)
         import gpt_tf
-        from gpt_tf.config import get_preset
+        from gpt_tf.config import get_size
         start = list(np.load("{tmp_path}/start.npz").values())
         raw = np.load("{tmp_path}/batches.npz")
         batches = [({{k: tf.constant(raw[f"{{i}}_{{k}}"]) for k in ("input_ids", "extract_index", "lm_weights")}},
                     tf.constant(raw[f"{{i}}_y"])) for i in range({STEPS})]
         strategy = tf.distribute.MirroredStrategy(["/cpu:0", "/cpu:1"])
         with strategy.scope():
-            config = get_preset("test", vocab_size=8000, n_ctx={N_CTX}, embd_pdrop=0.0, attn_pdrop=0.0, resid_pdrop=0.0)
+            config = get_size("test", vocab_size=8000, n_ctx={N_CTX}, embd_pdrop=0.0, attn_pdrop=0.0, resid_pdrop=0.0)
             classifier = gpt_tf.GPT1TextClassifier(gpt_tf.GPT1Backbone.from_gpt_config(config), num_classes=2,
                                                    preprocessor=None, dropout=0.0)
             for variable, value in zip(classifier.task_model.weights, start):

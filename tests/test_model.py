@@ -7,10 +7,10 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
-from gpt_tf.config import get_preset
+from gpt_tf.config import get_size
 from gpt_tf.model import GPTLanguageModel
 
-CONFIG = get_preset("test")
+CONFIG = get_size("test")
 
 
 def _np(x):

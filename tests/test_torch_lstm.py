@@ -14,10 +14,10 @@ torch = pytest.importorskip("torch")
 
 
 def keras_lm(vocab_size, n_ctx, n_embd, d_ff, n_layer=1):
-    from gpt_tf.config import get_preset
+    from gpt_tf.config import get_size
     from gpt_tf.model import GPTLanguageModel
 
-    config = get_preset("lstm_test", vocab_size=vocab_size, n_ctx=n_ctx, n_embd=n_embd, d_ff=d_ff, n_layer=n_layer,
+    config = get_size("lstm_test", vocab_size=vocab_size, n_ctx=n_ctx, n_embd=n_embd, d_ff=d_ff, n_layer=n_layer,
                         embd_pdrop=0.0, resid_pdrop=0.0)
     return GPTLanguageModel.from_config_preset(config)
 

@@ -24,13 +24,13 @@ def run_module(module, *args):
     return proc.stdout
 
 
-def test_presets_match_gpt_tf():
-    from bench.torch_pretrain.train import PRESETS
-    from gpt_tf.config import get_preset
+def test_sizes_match_gpt_tf():
+    from bench.torch_pretrain.train import SIZES
+    from gpt_tf.config import get_size
 
-    assert {name for name in PRESETS if name.startswith("lstm_")} == {"lstm_small", "lstm_tiny", "lstm_test"}
-    for name, sizes in PRESETS.items():
-        config = get_preset(name)
+    assert {name for name in SIZES if name.startswith("lstm_")} == {"lstm_small", "lstm_tiny", "lstm_test"}
+    for name, sizes in SIZES.items():
+        config = get_size(name)
         assert {k: getattr(config, k) for k in sizes} == sizes, name
         if config.model_type == "lstm":
             assert name.startswith("lstm_") and "d_ff" in sizes, name
@@ -113,7 +113,7 @@ def test_reference_run_round_trip(records, tmp_path, model):
     transformers = pytest.importorskip("transformers")
     import tensorflow as tf
 
-    from bench.torch_pretrain.train import PRESETS, build_model, windows
+    from bench.torch_pretrain.train import SIZES, build_model, windows
     from bench.torch_pretrain.convert import export, import_run
     from bench.torch_pretrain.streams import load_streams
     from gpt_tf.config import GPTConfig
@@ -162,7 +162,7 @@ def test_reference_run_round_trip(records, tmp_path, model):
     if hasattr(reference, "tie_weights"):
         reference.tie_weights()
     config = GPTConfig(**json.loads((run_dir / "model_config.json").read_text()))
-    assert config.n_ctx == PRESETS[model]["n_ctx"] and config.vocab_size == meta["vocab_size"]
+    assert config.n_ctx == SIZES[model]["n_ctx"] and config.vocab_size == meta["vocab_size"]
     assert config.model_type == ("lstm" if model.startswith("lstm_") else "gpt")
     ours = GPTLanguageModel.from_config_preset(config)
     restore_pretrained_lm(ours, str(run_dir))

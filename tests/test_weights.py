@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 from gpt_tf import weights
-from gpt_tf.config import GPTConfig, get_preset
+from gpt_tf.config import GPTConfig, get_size
 from gpt_tf.layers import gelu
 from gpt_tf.model import GPTLanguageModel
 
@@ -76,7 +76,7 @@ def _random_release(config, n_ctx_release, seed=1):
 @pytest.fixture(scope="module")
 def gpt1_model():
     """The paper-sized model (~117M parameters), built once."""
-    return _fresh(get_preset("gpt1"))
+    return _fresh(get_size("gpt1"))
 
 
 @pytest.fixture(scope="module")
@@ -154,7 +154,7 @@ def test_parity_check_detects_swapped_query_key(hf):
     assert diff > 10 * TOL
 
 
-def test_gpt1_preset_exports_to_transformers(hf, gpt1_model):
+def test_gpt1_size_exports_to_transformers(hf, gpt1_model):
     """Full paper size, other direction: our weights → to_hf_state_dict → HF model, same logits."""
     torch, transformers = hf
     reference = transformers.OpenAIGPTLMHeadModel(transformers.OpenAIGPTConfig(afn="gelu")).float().eval()
@@ -163,7 +163,7 @@ def test_gpt1_preset_exports_to_transformers(hf, gpt1_model):
     config = gpt1_model.config
     ids = np.random.default_rng(2).integers(0, config.vocab_size, (2, 16))
     diff = np.abs(_np(gpt1_model(ids))[..., : config.vocab_size] - _hf_logits(hf, reference, ids)).max()
-    print(f"parity gpt1 preset: max |diff| = {diff:.3g}")
+    print(f"parity gpt1 size: max |diff| = {diff:.3g}")
     assert diff <= TOL
 
 

@@ -149,13 +149,13 @@ def spread_text(values) -> str:
     return "–" if spread is None else f"{spread[0]:.1f} [{spread[1]:.1f}–{spread[2]:.1f}] ({len(values)})"
 
 
-def preset_of(run_dir: str) -> str:
-    """The preset name whose config the pre-training run used (for the scratch arm's --model)."""
-    from gpt_tf.config import PRESETS, GPTConfig
+def size_of(run_dir: str) -> str:
+    """The model size whose shape the pre-training run has (for the scratch arm's --model)."""
+    from gpt_tf.config import SIZES, GPTConfig
 
     config = GPTConfig(**json.loads((Path(run_dir) / "model_config.json").read_text()))
     shape = ("n_embd", "n_layer", "n_head", "d_ff", "model_type")
-    for name, preset in PRESETS.items():
-        if all(getattr(preset, k) == getattr(config, k) for k in shape):
+    for name, size in SIZES.items():
+        if all(getattr(size, k) == getattr(config, k) for k in shape):
             return name
-    raise ValueError(f"{run_dir}/model_config.json matches no preset's shape {shape}")
+    raise ValueError(f"{run_dir}/model_config.json matches no model size's shape {shape}")

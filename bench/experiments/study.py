@@ -45,7 +45,7 @@ from absl import app, flags
 
 from bench.experiments import study_flags
 from bench.experiments.finetune_runs import (ROOT, BackgroundCommand, append_ledger, finetune_spec, load_ledger,
-                                             preset_of, run_command, run_one, shown_command)
+                                             run_command, run_one, shown_command, size_of)
 from bench.experiments.study_flags import FLAGS, RECIPES, SCALES, define_flags
 
 # Where each task's official files sit under --data_root (the layout of ../shared/data).
@@ -233,7 +233,7 @@ class Study:
         self.part, self.parts = parse_part(args.part)
         pre = Path(args.pretrained)
         model_config, self.train_config = _json(pre / "model_config.json"), _json(pre / "train_config.json")
-        self.preset = preset_of(args.pretrained)
+        self.preset = size_of(args.pretrained)
         self.plan = resolve_plan(args, model_config["n_layer"], self.train_config["train_steps"])
         self.plan["n_layer"] = model_config["n_layer"]
         self.runs_root, self.ledger = Path(args.runs_root), Path(args.runs_root) / "study.jsonl"

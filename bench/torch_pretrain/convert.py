@@ -43,7 +43,7 @@ def define_flags():
     flags.DEFINE_string("weights_dir", "", "import: bench.torch_pretrain.train's --out_dir (log.jsonl, weights-*.npz), "
                         "or a gpt_tf preset with its log.jsonl (gpt_tf/presets/books_tiny: one checkpoint, the last step).")
     flags.DEFINE_string("run_dir", "", "import: the gpt_tf run folder to create.")
-    flags.DEFINE_string("model", "tiny", "import: the preset the accelerator trained.")
+    flags.DEFINE_string("model", "tiny", "import: the model size the accelerator trained.")
     flags.DEFINE_string("plot", "", "import: also draw held-out perplexity against tokens seen into this PNG.")
 
 
@@ -164,7 +164,7 @@ def import_run(weights_dir: str, data_dir: str, run_dir: str, model: str) -> dic
     import tensorflow as tf
 
     from gpt_tf import preset_io
-    from gpt_tf.config import get_preset
+    from gpt_tf.config import get_size
     from gpt_tf.training.lm_objective import Pretrainer, TrainConfig
     from gpt_tf.weights import load_hf_state_dict
     from pipelines.records import read_manifest
@@ -178,7 +178,7 @@ def import_run(weights_dir: str, data_dir: str, run_dir: str, model: str) -> dic
     if trained_on != tokenizer_digests(manifest["tokenizer"]):
         raise ValueError(f"{weights_dir} was trained on tokenizer files {trained_on}, but {data_dir} was built with "
                          f"{tokenizer_digests(manifest['tokenizer'])}: rebuild it with the run's BPE files")
-    config = get_preset(model, vocab_size=manifest["tokenizer"]["vocab_size"], n_ctx=manifest["config"]["n_ctx"])
+    config = get_size(model, vocab_size=manifest["tokenizer"]["vocab_size"], n_ctx=manifest["config"]["n_ctx"])
     lstm = config.model_type == "lstm"  # trained in float32 (bench.torch_pretrain.train), loaded by load_torch_lstm
     steps = checkpoint_steps(weights_dir, setting["steps"])
     train_config = TrainConfig(

@@ -53,9 +53,9 @@ from absl import app, flags
 from bench.torch_pretrain.pieces import PIECE_EXIT, load_state, remove_state, save_state, save_weights
 from bench.torch_pretrain.streams import load_streams
 
-# The presets of gpt_tf/config.py that this script can build (GPT-1's d_ff is always 4 * n_embd,
+# The model sizes of gpt_tf/config.py that this script can build (GPT-1's d_ff is always 4 * n_embd,
 # which is also what transformers' OpenAIGPT hard-codes). Kept equal by tests/test_torch_pretrain.py.
-PRESETS = {
+SIZES = {
     "gpt1": dict(n_ctx=512, n_embd=768, n_layer=12, n_head=12),
     "small": dict(n_ctx=256, n_embd=384, n_layer=6, n_head=6),
     "tiny": dict(n_ctx=128, n_embd=256, n_layer=4, n_head=4),
@@ -81,7 +81,7 @@ RESUMABLE = ("model", "batch_size", "learning_rate", "warmup_fraction", "epochs"
 def define_flags():
     flags.DEFINE_string("tokens", None, "npz of bench.torch_pretrain.convert export (train / valid streams + meta).")
     flags.DEFINE_string("out_dir", None, "Where log.jsonl and weights-<step>.part<k>.npz go.")
-    flags.DEFINE_enum("model", "tiny", sorted(PRESETS), "Preset sizes (gpt_tf/config.py).")
+    flags.DEFINE_enum("model", "tiny", sorted(SIZES), "Model size (gpt_tf/config.py).")
     flags.DEFINE_integer("batch_size", 128, "Sequences per update.")
     flags.DEFINE_float("learning_rate", 1e-3, "Peak learning rate.")
     flags.DEFINE_float("warmup_fraction", 0.02, "Warm-up updates as a fraction of all updates.")
@@ -128,7 +128,7 @@ def is_lstm(preset: str) -> bool:
 def build_model(torch, transformers, preset: str, vocab_size: int, dropout: float):
     """The preset's model: ``transformers``' ``OpenAIGPTLMHeadModel``, or for ``lstm_*`` the LSTM baseline
     (``lstm_model.LSTMLanguageModel``; ``transformers`` may then be None)."""
-    sizes = PRESETS[preset]
+    sizes = SIZES[preset]
     if is_lstm(preset):
         from bench.torch_pretrain.lstm_model import LSTMLanguageModel
 
@@ -157,7 +157,7 @@ class Run:
         torch.manual_seed(FLAGS.seed)
         self.device = "cuda" if torch.cuda.is_available() else "cpu"
         self.meta, data = load_streams(FLAGS.tokens)
-        self.n_ctx = PRESETS[FLAGS.model]["n_ctx"]
+        self.n_ctx = SIZES[FLAGS.model]["n_ctx"]
         self.train = windows(data["train"].astype(np.int64), self.n_ctx)
         valid = windows(data["valid"].astype(np.int64), self.n_ctx)
         if FLAGS.eval_windows:

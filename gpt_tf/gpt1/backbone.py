@@ -63,7 +63,7 @@ class GPT1Backbone(FindsPresets, keras_hub.models.Backbone, GPTBackbone):
 
     @classmethod
     def from_gpt_config(cls, config, **kwargs) -> "GPT1Backbone":
-        """A backbone for a ``GPTConfig`` (e.g. ``gpt_tf.config.get_preset("tiny")``)."""
+        """A backbone for a ``GPTConfig`` (e.g. ``gpt_tf.config.get_size("tiny")``)."""
         return cls(**backbone_kwargs(config), **kwargs)
 
     @property

@@ -104,22 +104,22 @@ def task_from(model, spec, tokenizer_dir: str):
 
 
 def preset_from_gpt1_shards(params_dir: str, tokenizer_dir: str, preset_dir: str, model: str = "gpt1") -> str:
-    """GPT-1's released ``params_{0..9}.npy`` (+ ``params_shapes.json``) as a preset (the ``model`` config's
+    """GPT-1's released ``params_{0..9}.npy`` (+ ``params_shapes.json``) as a preset (the ``model`` size's
     shape, ``gpt1`` for the release; n_ctx from the position table)."""
-    from gpt_tf.config import get_preset  # pylint: disable=import-outside-toplevel
+    from gpt_tf.config import get_size  # pylint: disable=import-outside-toplevel
     from gpt_tf.weights import load_gpt1_release  # pylint: disable=import-outside-toplevel
 
     vocab_size = GPT1Tokenizer(tokenizer_dir).bpe_vocabulary_size
-    backbone = GPT1Backbone.from_gpt_config(get_preset(model, vocab_size=vocab_size))
+    backbone = GPT1Backbone.from_gpt_config(get_size(model, vocab_size=vocab_size))
     load_gpt1_release(backbone, params_dir)
     return save_backbone_preset(backbone, tokenizer_dir, preset_dir)
 
 
 def preset_from_hf_state_dict(paths, model: str, tokenizer_dir: str, preset_dir: str, n_ctx: int = 0) -> str:
-    """A ``transformers`` ``OpenAIGPT`` state dict (``.npz`` parts) as a preset of the ``model`` config."""
+    """A ``transformers`` ``OpenAIGPT`` state dict (``.npz`` parts) as a preset of the model size ``model``."""
     import numpy as np  # pylint: disable=import-outside-toplevel
 
-    from gpt_tf.config import get_preset  # pylint: disable=import-outside-toplevel
+    from gpt_tf.config import get_size  # pylint: disable=import-outside-toplevel
     from gpt_tf.weights import load_hf_state_dict  # pylint: disable=import-outside-toplevel
 
     state = {}
@@ -127,6 +127,6 @@ def preset_from_hf_state_dict(paths, model: str, tokenizer_dir: str, preset_dir:
         with np.load(path) as part:
             state.update({k: part[k].astype(np.float32) for k in part.files})
     overrides = {"vocab_size": GPT1Tokenizer(tokenizer_dir).bpe_vocabulary_size, **({"n_ctx": n_ctx} if n_ctx else {})}
-    backbone = GPT1Backbone.from_gpt_config(get_preset(model, **overrides))
+    backbone = GPT1Backbone.from_gpt_config(get_size(model, **overrides))
     load_hf_state_dict(backbone, state)
     return save_backbone_preset(backbone, tokenizer_dir, preset_dir)

@@ -20,7 +20,7 @@ import pytest
 import tensorflow as tf
 from tensorflow_serving.apis import get_model_status_pb2, model_service_pb2_grpc
 
-from gpt_tf.config import get_preset
+from gpt_tf.config import get_size
 from gpt_tf.model import GPTBackbone, GPTLanguageModel
 from gpt_tf.task_model import GPTTaskModel
 from gpt_tf.tasks import get_task
@@ -48,7 +48,7 @@ def tf_tokenizer(tokenizer):
 
 @pytest.fixture(scope="package")
 def config():
-    return get_preset("test", vocab_size=40478)
+    return get_size("test", vocab_size=40478)
 
 
 @pytest.fixture(scope="package")
