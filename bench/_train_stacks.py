@@ -71,7 +71,8 @@ def _tf_step(spec, config):
     import numpy as np
     import tensorflow as tf
 
-    from gpt_tf.model import GPTLanguageModel, lm_loss
+    from gpt_tf.model import GPTLanguageModel
+    from gpt_tf.objectives import lm_loss
     from gpt_tf.optim import make_optimizer
 
     keras.utils.set_random_seed(0)

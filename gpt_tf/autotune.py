@@ -78,7 +78,8 @@ def worker_main(settings: dict) -> None:
 
     from gpt_tf import kernels
     from gpt_tf.config import get_size
-    from gpt_tf.model import GPTLanguageModel, lm_loss
+    from gpt_tf.model import GPTLanguageModel
+    from gpt_tf.objectives import lm_loss
     from gpt_tf.optim import make_optimizer
 
     apply_threads(tf)

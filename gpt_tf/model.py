@@ -11,8 +11,6 @@ baseline (``gpt_tf/lstm.py``) from ``config.model_type``.
 from __future__ import annotations
 
 import keras
-import tensorflow as tf
-from keras import ops
 
 from gpt_tf.backbone import GPTBackbone
 from gpt_tf.config import GPTConfig
@@ -56,45 +54,3 @@ class GPTLanguageModel(keras.Model):
     @classmethod
     def from_config(cls, config):
         return cls(**config)
-
-
-def lm_loss(logits, targets, weights=None):
-    """Mean token cross-entropy (Eq. 1), computed in float32; ``weights`` masks tokens (e.g. padding).
-
-    Returns ``(sum_of_losses, sum_of_weights)`` so callers can average across replicas and
-    micro-batches exactly.
-    """
-    losses = token_cross_entropy(ops.cast(logits, "float32"), targets)
-    if weights is None:
-        weights = ops.ones_like(losses)
-    weights = ops.cast(weights, "float32")
-    return ops.sum(losses * weights), ops.sum(weights)
-
-
-def token_cross_entropy(logits, targets):
-    """``-log softmax(logits)[target]`` per position: float32 ``logits`` [..., V], int ``targets`` [...].
-
-    The values and gradient (``softmax - one_hot(target)``) of ``tf.nn.sparse_softmax_cross_entropy_with_logits``,
-    about 3x faster on CPU: that fused kernel spends ~3.6 ns per logit on one core (Eigen; at λ = 0.5 it
-    was a tenth of a fine-tuning step), while ``tf.nn.softmax`` runs oneDNN's kernel. The log-normaliser
-    comes from the softmax itself: ``p_max = exp(max - lse)``, so ``lse = max - log(p_max)``, and
-    ``p_max >= 1/V`` never underflows (``log p[target]`` could).
-    """
-    logits = tf.convert_to_tensor(logits, tf.float32)
-    targets = tf.cast(targets, tf.int32)
-    vocab = tf.shape(logits)[-1]
-    flat, flat_targets = tf.reshape(logits, [-1, vocab]), tf.reshape(targets, [-1])
-
-    @tf.custom_gradient
-    def xent(flat):
-        probs = tf.nn.softmax(flat)
-        lse = tf.reduce_max(flat, -1) - tf.math.log(tf.reduce_max(probs, -1))
-        loss = lse - tf.gather(flat, flat_targets, batch_dims=1)
-
-        def grad(upstream):
-            where = tf.stack([tf.range(tf.shape(flat_targets)[0]), flat_targets], 1)
-            return tf.tensor_scatter_nd_sub(probs, where, tf.ones_like(lse)) * upstream[:, None]
-
-        return loss, grad
-
-    return tf.reshape(xent(flat), tf.shape(targets))

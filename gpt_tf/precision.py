@@ -52,7 +52,8 @@ def _train_step(config, precision: str, batch: int, seq: int):
     import numpy as np
     import tensorflow as tf
 
-    from gpt_tf.model import GPTLanguageModel, lm_loss
+    from gpt_tf.model import GPTLanguageModel
+    from gpt_tf.objectives import lm_loss
     from gpt_tf.optim import make_optimizer
 
     model = GPTLanguageModel.from_config_preset(config, dtype=precision)

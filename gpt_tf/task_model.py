@@ -13,13 +13,11 @@ the final block's state at each view's extract token feeds the head:
   by the K candidates of an example, so they are compared under the same noise.
 
 The tied LM head gives ``outputs["lm"]`` ``[B, K, T, total_vocab]`` for the auxiliary objective
-L1 (Eq. 5: L3 = L2 + λ·L1). W_y is N(0, 0.02) with zero bias; with the special-token rows of the
+L1 (Eq. 5: L3 = L2 + λ·L1; the loss is ``gpt_tf/objectives.py``'s). W_y is N(0, 0.02) with zero bias; with the special-token rows of the
 token embedding it is the only new parameter (§3.2).
 """
 
 from __future__ import annotations
-
-from collections.abc import Mapping
 
 import keras
 import numpy as np
@@ -28,17 +26,7 @@ from keras import ops
 
 from gpt_tf.layers import PACKAGE, Conv1D
 from gpt_tf.backbone import GPTBackbone
-from gpt_tf.model import lm_loss
-from gpt_tf.tasks import TaskSpec
-
-
-def as_task_spec(task) -> TaskSpec:
-    """A ``TaskSpec`` from a spec or its dict form (``TaskSpec.to_dict()`` / a Keras config)."""
-    if isinstance(task, TaskSpec):
-        return task
-    if isinstance(task, Mapping):
-        return TaskSpec.from_dict(task)
-    raise TypeError(f"task must be a TaskSpec or a dict of its fields, got {type(task).__name__}")
+from gpt_tf.tasks import as_task_spec
 
 
 @keras.saving.register_keras_serializable(package=PACKAGE)
@@ -139,55 +127,6 @@ class GPTTaskModel(keras.Model):
     @classmethod
     def from_config(cls, config):
         return cls(**config)
-
-
-def task_loss(task, outputs, features, label, lm_coef) -> dict:
-    """Eq. 5, L3 = L2 + λ·L1, in float32, for one (per-replica) batch.
-
-    Returns ``total``, ``task`` (L2: mean cross-entropy for classification/choice, mean squared error
-    for regression) and ``lm`` (L1: ``sum(CE·lm_weights) / sum(lm_weights)`` with targets
-    ``input_ids[..., t+1]``; padding never counts). For exact averaging across replicas and
-    micro-batches it also returns the sums behind the means: ``task_sum`` and ``examples`` (so
-    ``task = task_sum / examples``) and ``lm_sum`` and ``lm_tokens`` (``lm = lm_sum / lm_tokens``,
-    0 when there are no tokens). A distributed loop all-reduces ``examples`` and ``lm_tokens``
-    first (they carry no gradient) and minimises ``task_sum / global_examples + λ·lm_sum /
-    global_lm_tokens`` on each replica; the replica gradients then sum to the global-batch gradient.
-    With ``lm_coef == 0`` the LM term is skipped and ``outputs`` need not hold ``"lm"``; outputs of
-    ``with_lm="targets"`` give the same L1 from the real targets alone.
-    """
-    task_sum, examples = _task_loss_sum(as_task_spec(task).head, outputs["task"], label)
-    if lm_coef:
-        if "lm" not in outputs:
-            raise ValueError("lm_coef is non-zero but outputs lack 'lm' (call the model with with_lm=True)")
-        if "lm_targets" in outputs:
-            lm_sum, lm_tokens = lm_loss(outputs["lm"], outputs["lm_targets"], outputs["lm_target_weights"])
-        else:
-            input_ids = ops.convert_to_tensor(features["input_ids"], "int32")
-            weights = ops.cast(features["lm_weights"], "float32")[..., :-1]
-            lm_sum, lm_tokens = lm_loss(outputs["lm"][..., :-1, :], input_ids[..., 1:], weights)
-    else:
-        lm_sum, lm_tokens = ops.zeros((), "float32"), ops.zeros((), "float32")
-    task_mean = task_sum / examples
-    lm_mean = lm_sum / ops.maximum(lm_tokens, 1e-9)
-    return {
-        "total": task_mean + float(lm_coef) * lm_mean,
-        "task": task_mean,
-        "lm": lm_mean,
-        "task_sum": task_sum,
-        "examples": examples,
-        "lm_sum": lm_sum,
-        "lm_tokens": lm_tokens,
-    }
-
-
-def _task_loss_sum(head: str, task_out, label):
-    """Sum over the batch of the per-example L2 terms, and the number of examples (float32)."""
-    task_out = ops.cast(task_out, "float32")
-    if head == "regression":
-        losses = ops.square(task_out - ops.cast(label, "float32"))
-    else:  # classification over classes, choice over the K candidates
-        losses = keras.losses.sparse_categorical_crossentropy(ops.cast(label, "int32"), task_out, from_logits=True)
-    return ops.sum(losses), ops.cast(ops.shape(losses)[0], "float32")
 
 
 def task_predictions(task, task_out) -> np.ndarray:

@@ -238,7 +238,7 @@ def test_token_cross_entropy_matches_tf_values_and_gradients():
     softmax cross-entropy in value and gradient, over leading dims, on logits spread wide enough that
     the target's probability underflows float32 (its log would be -inf), and inside a tf.function;
     `lm_loss` uses it."""
-    from gpt_tf.model import lm_loss, token_cross_entropy
+    from gpt_tf.objectives import lm_loss, token_cross_entropy
 
     rng = np.random.default_rng(0)
     logits = tf.constant(rng.normal(size=(2, 3, 5, 97)) * 8, tf.float32)

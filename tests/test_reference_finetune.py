@@ -19,7 +19,7 @@ from bench.experiments.reference_model import ReferenceTaskModel, learning_rate,
 from gpt_tf.checkpoints import build_task_models  # noqa: E402
 from gpt_tf.config import GPTConfig  # noqa: E402
 from gpt_tf.optim import WarmupDecay  # noqa: E402
-from gpt_tf.task_model import task_loss  # noqa: E402
+from gpt_tf.objectives import task_loss  # noqa: E402
 from pipelines.transforms import load_task_spec, special_ids_from_config, task_dataset  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]

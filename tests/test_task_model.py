@@ -8,7 +8,8 @@ import tensorflow as tf
 from gpt_tf import metrics
 from gpt_tf.config import get_size
 from gpt_tf.model import GPTBackbone, GPTLanguageModel
-from gpt_tf.task_model import GPTTaskModel, reset_special_embeddings, task_loss, task_predictions, transfer_layers
+from gpt_tf.objectives import task_loss
+from gpt_tf.task_model import GPTTaskModel, reset_special_embeddings, task_predictions, transfer_layers
 from gpt_tf.tasks import get_task
 
 CONFIG = get_size("test")

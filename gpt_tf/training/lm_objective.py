@@ -19,7 +19,8 @@ import tensorflow as tf
 from gpt_tf import inference_gelu
 from gpt_tf.checkpoints import continue_from_pretrained
 from gpt_tf.config import GPTConfig
-from gpt_tf.model import GPTLanguageModel, lm_loss
+from gpt_tf.model import GPTLanguageModel
+from gpt_tf.objectives import lm_loss
 from gpt_tf.optim import WarmupDecay, make_optimizer
 from gpt_tf.recipes import PAPER_FINETUNE
 from gpt_tf.run_dir import DATA_FILE, write_json_atomic
