@@ -34,10 +34,10 @@ def ours(jit: bool):
     import tensorflow as tf
 
     from gpt_tf.config import get_size
-    from gpt_tf.model import make_backbone
+    from gpt_tf.gpt1.build import backbone_for
     from gpt_tf.optim import make_optimizer
 
-    variables = make_backbone(get_size("tiny", n_ctx=64)).trainable_variables
+    variables = backbone_for(get_size("tiny", n_ctx=64)).trainable_variables
     grads = [tf.random.normal(v.shape, stddev=1e-2, seed=i) for i, v in enumerate(variables)]
     optimizer = make_optimizer(variables, 1e-4, weight_decay=0.01, clip_norm=1.0)
     update = tf.function(lambda g: optimizer.clip_and_apply(g, variables), jit_compile=jit)
@@ -70,9 +70,9 @@ def main(args) -> None:
     graph, n = ours(jit=False)
     xla, _ = ours(jit=True)
     from gpt_tf.config import get_size
-    from gpt_tf.model import make_backbone
+    from gpt_tf.gpt1.build import backbone_for
 
-    shapes = [tuple(v.shape) for v in make_backbone(get_size("tiny", n_ctx=64)).trainable_variables]
+    shapes = [tuple(v.shape) for v in backbone_for(get_size("tiny", n_ctx=64)).trainable_variables]
     stacks = {"gpt_tf graph": graph, "gpt_tf XLA": xla, "torch fused": torch_fused(shapes)}
     times = {name: [] for name in stacks}
     for step in stacks.values():

@@ -4,7 +4,7 @@
 backward, global-norm clipping, AdamW update) on a fixed random batch and returns the loss as a
 Python float (so the work has finished when it returns); ``info`` holds the parameter count.
 
-* ``ours``: ``GPTLanguageModel`` + ``make_optimizer`` in a ``tf.function`` (no XLA);
+* ``ours``: ``GPT1CausalLM`` + ``make_optimizer`` in a ``tf.function`` (no XLA);
 * ``keras_hub``: ``TokenAndPositionEmbedding`` + n × post-LN ``TransformerDecoder`` + the tied
   reverse embedding, the same loss (``lm_loss``) and a Keras AdamW in the same ``tf.function``;
 * ``torch``: ``transformers.OpenAIGPTLMHeadModel`` + ``torch.optim.AdamW`` (``fused=True`` by
@@ -71,7 +71,7 @@ def _tf_step(spec, config):
     import numpy as np
     import tensorflow as tf
 
-    from gpt_tf.model import GPTLanguageModel
+    from gpt_tf.gpt1.build import causal_lm_for
     from gpt_tf.objectives import lm_loss
     from gpt_tf.optim import make_optimizer
 
@@ -80,7 +80,7 @@ def _tf_step(spec, config):
     if mixed:
         keras.mixed_precision.set_global_policy("mixed_bfloat16")
     if spec["stack"] == "ours":
-        model = GPTLanguageModel.from_config_preset(config, dtype="mixed_bfloat16" if mixed else None)
+        model = causal_lm_for(config, dtype="mixed_bfloat16" if mixed else None)
         variables = model.trainable_variables
         optimizer = make_optimizer(variables, LEARNING_RATE, WEIGHT_DECAY, CLIP_NORM)
     else:

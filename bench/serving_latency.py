@@ -216,7 +216,7 @@ def prepare(args):
 
     tf = import_tensorflow(serving=True)
     from gpt_tf.config import get_size
-    from gpt_tf.model import GPTBackbone
+    from gpt_tf.gpt1.backbone import GPT1Backbone
     from gpt_tf.task_model import GPTTaskModel
     from gpt_tf.tasks import get_task
     from gpt_tf.text.tokenizer import GPTTokenizer
@@ -228,7 +228,7 @@ def prepare(args):
     config = get_size(args.preset, vocab_size=tokenizer.vocab_size)
     base = Path(tempfile.mkdtemp(prefix="serving_bench_"))
     task = get_task("sst2")
-    export_task_model(GPTTaskModel(GPTBackbone(config, name="backbone"), task), task, str(DATA / "gpt1_bpe"),
+    export_task_model(GPTTaskModel(GPT1Backbone.from_gpt_config(config, name="backbone"), task), task, str(DATA / "gpt1_bpe"),
                       str(base), "sst2")
     return SimpleNamespace(tf=tf, texts=texts, config=config, base=base, low=low, high=high,
                            concurrency=[int(c) for c in args.concurrency.split(",")])

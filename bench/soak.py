@@ -208,13 +208,13 @@ def hold_partial_headers(port: int, pid: int, count: int) -> dict:
 def export_model(base: Path, tokenizer_dir: str) -> None:
     """Version 1 of ``sst2``: the ``test`` preset, random weights, GPT-1's BPE."""
     from gpt_tf.config import get_size
-    from gpt_tf.model import GPTBackbone
+    from gpt_tf.gpt1.backbone import GPT1Backbone
     from gpt_tf.task_model import GPTTaskModel
     from gpt_tf.tasks import get_task
     from serving.export import export_task_model
 
     task = get_task("sst2")
-    model = GPTTaskModel(GPTBackbone(get_size("test", vocab_size=40478), name="backbone"), task)
+    model = GPTTaskModel(GPT1Backbone.from_gpt_config(get_size("test", vocab_size=40478), name="backbone"), task)
     export_task_model(model, task, tokenizer_dir, str(base), "sst2", version=1)
 
 

@@ -78,7 +78,7 @@ def worker_main(settings: dict) -> None:
 
     from gpt_tf import kernels
     from gpt_tf.config import get_size
-    from gpt_tf.model import GPTLanguageModel
+    from gpt_tf.gpt1.build import causal_lm_for
     from gpt_tf.objectives import lm_loss
     from gpt_tf.optim import make_optimizer
 
@@ -88,7 +88,7 @@ def worker_main(settings: dict) -> None:
     tokens = tf.constant(ids, tf.int32)
 
     def build():
-        model = GPTLanguageModel.from_config_preset(config)
+        model = causal_lm_for(config)
         variables = model.trainable_variables
         optimizer = make_optimizer(variables, 1e-4)
 

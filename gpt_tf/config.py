@@ -7,7 +7,7 @@ so that they train on a 2-core CPU. (A *preset*, as in keras-hub, is a saved mod
 folder; ``gpt_tf/preset_io.py``.)
 
 ``model_type="lstm"`` is the paper's LSTM baseline (§5, Table 5) in the same framework: the same
-embeddings and tied LM head around ``n_layer`` LSTM layers of ``d_ff`` units (``gpt_tf/lstm.py``).
+embeddings and tied LM head around ``n_layer`` LSTM layers of ``d_ff`` units (``gpt_tf/gpt1/lstm.py``).
 The ``lstm_<size>`` sizes have one LSTM layer with the embedding width of ``<size>`` and
 about as many non-embedding parameters as its transformer blocks.
 """

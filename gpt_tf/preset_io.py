@@ -4,10 +4,10 @@ A preset folder (``GPT1Backbone.save_to_preset``, ``python -m gpt_tf.gpt1.conver
 ``config.json`` (the backbone's Keras config: keras-hub's field names), ``model.weights.h5`` (the
 backbone's weights), ``tokenizer.json`` + ``assets/tokenizer/`` (GPT-1's two BPE files) and
 ``metadata.json``; a task adds ``task.json`` / ``task.weights.h5``. The presets shipped in the package are
-``gpt_tf/presets/<name>``; ``FindsPresets`` gives the family's ``from_preset`` a clear error for one not found. The backbone's variables are
-``GPTBackbone``'s, so the core restores a preset into any GPT model (``--init_checkpoint=<preset>``)
-with no keras-hub in the process. ``backbone_kwargs`` / ``config_from_kwargs`` are the one mapping
-between ``GPTConfig``'s fields and keras-hub's.
+``gpt_tf/presets/<name>``; ``FindsPresets`` gives the family's ``from_preset`` a clear error for one not found.
+The core reads a preset's ``config.json`` and weights file itself (``--init_checkpoint=<preset>``: a run
+folder's model config, weights restored into the run's backbone). ``backbone_kwargs`` /
+``config_from_kwargs`` are the one mapping between ``GPTConfig``'s fields and keras-hub's.
 """
 
 from __future__ import annotations
@@ -30,17 +30,16 @@ _NAMES = {"n_special": "num_special_tokens", "n_ctx": "max_sequence_length", "n_
 
 
 def backbone_kwargs(config: GPTConfig) -> dict:
-    """``GPT1Backbone``'s arguments for ``config``: ``vocabulary_size`` counts the special-token rows."""
-    if config.model_type != "gpt":
-        raise ValueError(f"a GPT-1 preset holds a transformer, not model_type={config.model_type!r}")
+    """``GPT1Backbone``'s arguments for ``config``: ``vocabulary_size`` counts the special-token rows (the model
+    type is the class's: ``GPT1Backbone`` or the LSTM baseline's subclass)."""
     return {"vocabulary_size": config.total_vocab, **{new: getattr(config, old) for old, new in _NAMES.items()}}
 
 
-def config_from_kwargs(kwargs: dict) -> GPTConfig:
+def config_from_kwargs(kwargs: dict, model_type: str = "gpt") -> GPTConfig:
     """The ``GPTConfig`` of ``GPT1Backbone`` arguments (``backbone_kwargs``'s inverse)."""
     fields = {old: kwargs[new] for old, new in _NAMES.items() if new in kwargs}
     n_special = fields.get("n_special", GPTConfig.n_special)
-    return GPTConfig(vocab_size=int(kwargs["vocabulary_size"]) - n_special, **fields)
+    return GPTConfig(vocab_size=int(kwargs["vocabulary_size"]) - n_special, model_type=model_type, **fields)
 
 
 def is_preset(path: str) -> bool:
@@ -60,7 +59,7 @@ def preset_config(path: str) -> GPTConfig:
 
 
 def load_preset_weights(backbone, path: str) -> str:
-    """The preset's backbone weights into ``backbone`` (a ``GPTBackbone`` of the same shape); returns the file."""
+    """The preset's backbone weights into ``backbone`` (a ``GPT1Backbone`` of the same shape); returns the file."""
     weights = os.path.join(path, WEIGHTS_FILE)
     backbone.load_weights(weights)
     return weights

@@ -25,7 +25,6 @@ import tensorflow as tf
 from keras import ops
 
 from gpt_tf.layers import PACKAGE, Conv1D
-from gpt_tf.backbone import GPTBackbone
 from gpt_tf.tasks import as_task_spec
 
 
@@ -38,7 +37,8 @@ class GPTTaskModel(keras.Model):
     largest matmul) when the auxiliary loss is off or for evaluation; ``"lm"`` is then absent.
     """
 
-    def __init__(self, backbone: GPTBackbone | dict, task, clf_pdrop: float = 0.1, **kwargs):
+    def __init__(self, backbone, task, clf_pdrop: float = 0.1, **kwargs):
+        """``backbone``: a ``GPT1Backbone`` (or its Keras config); ``task``: a ``TaskSpec`` (or its dict)."""
         super().__init__(**kwargs)
         if isinstance(backbone, dict):
             backbone = keras.saving.deserialize_keras_object(backbone)
@@ -72,7 +72,7 @@ class GPTTaskModel(keras.Model):
     def extract_states(self, features, training=False, all_states=True):
         """Final-block states ``[B, K, T, d]`` (None unless ``all_states``) and the states at the
         extract tokens ``[B, K, d]``. Without ``all_states`` the last block runs only at the extract
-        tokens (``GPTBackbone.call(positions=...)``): the same values, a fraction of its work."""
+        tokens (``GPT1Backbone.call(positions=...)``): the same values, a fraction of its work."""
         input_ids = ops.convert_to_tensor(features["input_ids"], "int32")
         self._check_views(input_ids)
         batch, views, length = ops.shape(input_ids)[0], ops.shape(input_ids)[1], ops.shape(input_ids)[2]
@@ -135,8 +135,8 @@ def task_predictions(task, task_out) -> np.ndarray:
     return values if as_task_spec(task).head == "regression" else values.argmax(axis=-1)
 
 
-def _backbone_of(model) -> GPTBackbone:
-    """The backbone of a ``GPTLanguageModel`` / ``GPTTaskModel``, or the backbone itself (GPT or LSTM)."""
+def _backbone_of(model):
+    """The backbone of a ``GPT1CausalLM`` / ``GPTTaskModel`` / keras-hub task, or the backbone itself (GPT or LSTM)."""
     return getattr(model, "backbone", model)
 
 

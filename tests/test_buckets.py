@@ -124,13 +124,13 @@ def per_example_losses(model, task, features, label):
 
 @pytest.mark.parametrize("task", list(TASKS))
 def test_bucketed_epoch_gives_the_padded_losses_and_views_share_a_bucket(built, task):
-    from gpt_tf.model import GPTBackbone
+    from gpt_tf.gpt1.backbone import GPT1Backbone
     from gpt_tf.task_model import GPTTaskModel
 
     spec = get_task(task)
     keras.utils.set_random_seed(0)
     config = get_size("test", vocab_size=40478, n_ctx=64)
-    model = GPTTaskModel(GPTBackbone(config), spec, clf_pdrop=0.0)
+    model = GPTTaskModel(GPT1Backbone.from_gpt_config(config), spec, clf_pdrop=0.0)
     losses, per_epoch = {}, transforms.num_examples(str(built / task), "train") // 8
     for buckets in (None, (64,)):
         got = {}

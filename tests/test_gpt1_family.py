@@ -48,11 +48,11 @@ def test_import_is_light_and_keras_hub_resolves_gpt1_presets():
 
 
 def test_backbone_and_classifier_compute_what_the_projects_model_computes(tokenizer):
-    from gpt_tf.backbone import GPTBackbone
+    from gpt_tf.gpt1.backbone import GPT1Backbone
     from gpt_tf.task_model import GPTTaskModel
 
     classifier = _classifier(tokenizer, "pair_symmetric")
-    reference = GPTTaskModel(GPTBackbone(classifier.backbone.config), classifier.task_spec, clf_pdrop=0.0)
+    reference = GPTTaskModel(GPT1Backbone.from_gpt_config(classifier.backbone.config), classifier.task_spec, clf_pdrop=0.0)
     for a, b in zip(classifier.task_model.weights, reference.weights):
         b.assign(a)
     features = classifier.preprocessor({"sentence1": TEXTS, "sentence2": TEXTS[::-1]})  # a tuple would be (x, y)
@@ -104,13 +104,13 @@ def test_task_presets_round_trip_with_identical_logits(tokenizer, tmp_path):
     np.testing.assert_array_equal(backbone(np.array([[1, 2, 3]])), classifier.backbone(np.array([[1, 2, 3]])))
 
 
-def test_core_restores_a_preset_without_keras_hub_classes(tmp_path):
+def test_the_loops_language_model_starts_from_a_preset(tmp_path):
     from gpt_tf.checkpoints import pretrained_model_config, restore_pretrained_lm
-    from gpt_tf.model import GPTLanguageModel
+    from gpt_tf.gpt1.build import causal_lm_for
 
     backbone = _backbone(seed=4)
     backbone.save_to_preset(str(tmp_path))
-    lm = GPTLanguageModel.from_config_preset(pretrained_model_config(str(tmp_path)))
+    lm = causal_lm_for(pretrained_model_config(str(tmp_path)))
     restore_pretrained_lm(lm, str(tmp_path))
     x = np.array([[5, 6, 7, 8]])
     np.testing.assert_array_equal(lm(x), backbone.embed.logits(backbone(x)))
@@ -120,10 +120,10 @@ def test_release_shards_and_runs_convert_to_presets(tokenizer, tmp_path):
     import keras_hub
 
     from gpt_tf.gpt1 import presets
-    from gpt_tf.model import GPTLanguageModel
+    from gpt_tf.gpt1.causal_lm import GPT1CausalLM
     from gpt_tf.weights import save_gpt1_release
 
-    lm = GPTLanguageModel(_backbone(seed=5))  # random weights, written in the release's format
+    lm = GPT1CausalLM(_backbone(seed=5))  # random weights, written in the release's format
     save_gpt1_release(lm, tmp_path / "shards")
     presets.preset_from_gpt1_shards(str(tmp_path / "shards"), str(BPE), str(tmp_path / "p"), model="test")
     converted = keras_hub.models.Backbone.from_preset(str(tmp_path / "p"))

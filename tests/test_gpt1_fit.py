@@ -137,7 +137,7 @@ def test_fit_under_mirrored_strategy_on_two_cpus_matches_one_device(loop_run, tm
 def test_a_finetuning_run_converts_to_a_task_preset_with_the_runs_logits(loop_run, data, tmp_path):
     import keras_hub
 
-    from gpt_tf.backbone import GPTBackbone
+    from gpt_tf.gpt1.backbone import GPT1Backbone
     from gpt_tf.gpt1.presets import preset_from_run
     from gpt_tf.task_model import GPTTaskModel
 
@@ -148,7 +148,7 @@ def test_a_finetuning_run_converts_to_a_task_preset_with_the_runs_logits(loop_ru
                                                                     "clf_pdrop": 0.0}))
     preset_from_run(run_dir, str(tmp_path / "preset"))
     task = keras_hub.models.TextClassifier.from_preset(str(tmp_path / "preset"))
-    reference = GPTTaskModel(GPTBackbone(_config()), task.task_spec, clf_pdrop=0.0)
+    reference = GPTTaskModel(GPT1Backbone.from_gpt_config(_config()), task.task_spec, clf_pdrop=0.0)
     for variable, value in zip(reference.weights, end):
         variable.assign(value)
     features = {k: batches[0][0][k] for k in ("input_ids", "extract_index", "lm_weights")}

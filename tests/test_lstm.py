@@ -16,8 +16,8 @@ import tensorflow as tf
 
 from gpt_tf.config import GPTConfig, get_size
 from gpt_tf.training.task_objective import FinetuneConfig, Finetuner
-from gpt_tf.lstm import LSTMBackbone
-from gpt_tf.model import GPTLanguageModel, make_backbone
+from gpt_tf.gpt1.build import backbone_for, causal_lm_for
+from gpt_tf.gpt1.lstm import LSTMBackbone
 from gpt_tf.task_model import GPTTaskModel, transfer_layers
 from gpt_tf.tasks import get_task
 from gpt_tf.checkpoints import variables_by_key
@@ -28,7 +28,7 @@ CONFIG = get_size("lstm_test")
 
 def _lm(config=CONFIG, seed=0):
     keras.utils.set_random_seed(seed)
-    return GPTLanguageModel.from_config_preset(config)
+    return causal_lm_for(config)
 
 
 def test_config_type_and_parameter_count():
@@ -61,7 +61,7 @@ def test_lm_is_causal_and_tied():
 
 @pytest.mark.parametrize("task, views", [("sst2", 1), ("story_cloze", 2), ("stsb", 2)])
 def test_task_heads_run_on_the_lstm(task, views):
-    backbone = make_backbone(CONFIG)
+    backbone = backbone_for(CONFIG)
     model = GPTTaskModel(backbone, get_task(task))
     feats = {"input_ids": np.random.default_rng(1).integers(0, CONFIG.vocab_size, (3, views, 16)),
              "extract_index": np.full((3, views), 9)}
@@ -73,7 +73,7 @@ def test_task_heads_run_on_the_lstm(task, views):
 
 
 def test_layer_transfer_between_lstms_and_only_embeddings_from_a_transformer():
-    src, dst = _lm(seed=1), make_backbone(CONFIG.replace(n_ctx=16))
+    src, dst = _lm(seed=1), backbone_for(CONFIG.replace(n_ctx=16))
     transfer_layers(src, dst, 1)
     for a, b in zip(src.backbone.blocks[0].weights, dst.blocks[0].weights):
         np.testing.assert_array_equal(np.asarray(a), np.asarray(b))

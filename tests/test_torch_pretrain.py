@@ -117,7 +117,7 @@ def test_reference_run_round_trip(records, tmp_path, model):
     from bench.torch_pretrain.convert import export, import_run
     from bench.torch_pretrain.streams import load_streams
     from gpt_tf.config import GPTConfig
-    from gpt_tf.model import GPTLanguageModel
+    from gpt_tf.gpt1.build import causal_lm_for
     from gpt_tf.checkpoints import initialise_from_pretrained, restore_pretrained_lm
     from pipelines.records import COMPRESSION, PRETRAIN_FEATURE as FEATURE
 
@@ -164,7 +164,7 @@ def test_reference_run_round_trip(records, tmp_path, model):
     config = GPTConfig(**json.loads((run_dir / "model_config.json").read_text()))
     assert config.n_ctx == SIZES[model]["n_ctx"] and config.vocab_size == meta["vocab_size"]
     assert config.model_type == ("lstm" if model.startswith("lstm_") else "gpt")
-    ours = GPTLanguageModel.from_config_preset(config)
+    ours = causal_lm_for(config)
     restore_pretrained_lm(ours, str(run_dir))
     ids = streams["valid"][:32].astype(np.int32)[None]
     with torch.no_grad():
@@ -172,7 +172,7 @@ def test_reference_run_round_trip(records, tmp_path, model):
     theirs = getattr(out_, "logits", out_).numpy()
     np.testing.assert_allclose(np.asarray(ours(ids))[..., : meta["vocab_size"]], theirs, atol=1e-4)
     # Fine-tuning's start (--init_checkpoint=<the run>) reads the same weights into a fresh model.
-    fresh = GPTLanguageModel.from_config_preset(config)
+    fresh = causal_lm_for(config)
     initialise_from_pretrained(fresh, str(run_dir), config.n_layer)
     np.testing.assert_allclose(np.asarray(fresh(ids))[..., : meta["vocab_size"]], theirs, atol=1e-4)
 

@@ -23,7 +23,7 @@ Everything goes to one ledger, ``bench/results/lstm_table5.jsonl`` (the GPU rout
 The GPU route: the same books and tokens as the transformer (issue #32 item 3). A 2-core CPU manages 16 updates
 of 256 x 128 tokens an hour; books_tiny had 7,158 (234.6M tokens), trained on a lent GPU machine with PyTorch but
 no TensorFlow. The LSTM goes the same way: ``bench.torch_pretrain.train --model=lstm_tiny`` trains
-``bench/torch_pretrain/lstm_model.py`` (this LSTM in torch, proven equal to ``gpt_tf.lstm`` by
+``bench/torch_pretrain/lstm_model.py`` (this LSTM in torch, proven equal to ``gpt_tf.gpt1.lstm`` by
 ``tests/test_torch_lstm.py``) with books_tiny's recipe on exactly books_tiny's windows, in float32::
 
     # here: books_tiny's records (all 389 train books, its BPE; slow on 2 cores) and their streams

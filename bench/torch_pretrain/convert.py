@@ -121,7 +121,7 @@ def tokenizer_digests(tokenizer: dict) -> dict:
 
 
 def load_torch_lstm(model, state: dict) -> None:
-    """``bench.torch_pretrain.lstm_model``'s state dict into a gpt_tf LSTM model (``GPTLanguageModel`` or
+    """``bench.torch_pretrain.lstm_model``'s state dict into a gpt_tf LSTM model (``GPT1CausalLM`` or
     ``LSTMBackbone``): the embeddings as ``gpt_tf.weights`` loads them (``vocab_size`` rows: the special tokens
     keep their init); per block, Keras's LSTM ``kernel`` = ``weight_ih_l0.T`` and ``recurrent_kernel`` =
     ``weight_hh_l0.T`` (torch's gate rows (i, f, g, o) are Keras's columns [i, f, c, o], the same order), its one

@@ -7,7 +7,7 @@ Why it exists: the lent GPU machines (see README "Pre-training on a lent GPU") r
 PyTorch and `transformers` but no TensorFlow, and reach no package registry; TensorFlow's wheel is far
 over what can be carried there. The model trained here is `transformers`' ``OpenAIGPTLMHeadModel`` with
 the preset's sizes: the reference implementation that ``tests/test_weights.py`` proves equal to
-``gpt_tf.model.GPTLanguageModel`` (logits to 1e-5 on the same weights). The recipe is the project's
+``gpt_tf.gpt1.causal_lm.GPT1CausalLM`` (logits to 1e-5 on the same weights). The recipe is the project's
 pre-training recipe (``gpt_tf.optim``): AdamW with decoupled weight decay 0.01 on rank >= 2 weights only,
 global-norm clipping 1.0, linear warm-up then cosine decay to 0, dropout 0.1, N(0, 0.02) init, the LM
 loss over (n_ctx + 1)-token windows at stride n_ctx of the token stream, exactly the records that
@@ -16,7 +16,7 @@ stream). Each epoch visits every window once in a seeded order; ``--updates=N`` 
 (another run's token count) instead of ``--epochs``' worth.
 
 ``--model=lstm_<preset>`` trains Table 5's LSTM baseline instead (``lstm_model.py``: the network of
-``gpt_tf.lstm.LSTMBackbone`` with the tied head, Keras's initialisation; ``tests/test_torch_lstm.py``) by the
+``gpt_tf.gpt1.lstm.LSTMBackbone`` with the tied head, Keras's initialisation; ``tests/test_torch_lstm.py``) by the
 same code path: the same recipe, windows, order, evaluations, pieces and files; float32 and eager (no bf16
 autocast, no ``torch.compile``; PyTorch's default ``torch.backends.cudnn.allow_tf32`` lets cuDNN's LSTM use TF32),
 and ``transformers`` is not needed.

@@ -1,4 +1,10 @@
-"""``GPT1CausalLM``: the pre-trained language model (backbone + tied LM head) as a keras-hub ``CausalLM``."""
+"""``GPT1CausalLM``: GPT-1's language model (backbone + tied LM head) as a keras-hub ``CausalLM``.
+
+The project's one language model: what pre-training trains (``gpt_tf.training.lm_objective``, built by
+``gpt_tf.gpt1.build.causal_lm_for`` with ``preprocessor=None``: the loop feeds token ids), what the monitor
+samples from, what zero-shot scoring, the LM export and the conversions read, and the Python API's
+``generate()`` on strings.
+"""
 
 from __future__ import annotations
 
@@ -8,7 +14,7 @@ import tensorflow as tf
 from keras import ops
 
 from gpt_tf.gpt1.backbone import GPT1Backbone
-from gpt_tf.gpt1.preprocessor import GPT1CausalLMPreprocessor
+from gpt_tf.gpt1.causal_lm_preprocessor import GPT1CausalLMPreprocessor
 from gpt_tf.layers import PACKAGE
 from gpt_tf.preset_io import FindsPresets
 
@@ -38,7 +44,7 @@ class GPT1CausalLM(FindsPresets, keras_hub.models.CausalLM):
     backbone_cls = GPT1Backbone
     preprocessor_cls = GPT1CausalLMPreprocessor
 
-    def __init__(self, backbone, preprocessor=None, **kwargs):
+    def __init__(self, backbone, preprocessor=None, compile=True, **kwargs):  # pylint: disable=redefined-builtin
         super().__init__(compile=False, **kwargs)
         if preprocessor is not None and preprocessor.sequence_length is None:
             preprocessor.sequence_length = backbone.config.n_ctx
@@ -46,7 +52,8 @@ class GPT1CausalLM(FindsPresets, keras_hub.models.CausalLM):
         self.preprocessor = preprocessor
         self.dtype_policy = backbone.dtype_policy
         self.built = True
-        self.compile()
+        if compile:
+            self.compile()
 
     def call(self, inputs, training=False):
         token_ids = inputs["token_ids"] if isinstance(inputs, dict) else inputs

@@ -1,4 +1,4 @@
-"""GPT-1 presets: the ones shipped in ``gpt_tf/presets/`` (registered by name) and conversions into
+"""GPT-1 presets: the ones shipped in ``gpt_tf/presets/`` (registered by name with keras-hub) and conversions into
 keras-hub's layout from a pre-training or fine-tuning run folder, GPT-1's released ``params_*.npy``
 shards, or a ``transformers`` state dict (``python -m gpt_tf.gpt1.convert`` is their command line).
 """
@@ -21,7 +21,7 @@ DESCRIPTIONS = {
 }
 
 
-def register_builtin_presets() -> None:
+def register_shipped_presets() -> None:
     """Registers each shipped preset with keras-hub, so ``from_preset("books_tiny")`` finds its folder
     (no network: keras-hub reads a local folder as the preset's handle)."""
     presets = {}
@@ -33,16 +33,8 @@ def register_builtin_presets() -> None:
     keras_hub.src.utils.preset_utils.register_presets(presets, GPT1Backbone)
 
 
-def backbone_from(model) -> GPT1Backbone:
-    """A ``GPT1Backbone`` holding a copy of the weights of a ``GPTBackbone`` (or a model holding one)."""
-    source = getattr(model, "backbone", model)
-    backbone = GPT1Backbone.from_gpt_config(source.config)
-    copy_weights(source, backbone)
-    return backbone
-
-
 def copy_weights(source, target) -> None:
-    """Variable by variable (the two share ``GPTBackbone``'s layout); ValueError on any shape mismatch."""
+    """Variable by variable (two layers of one layout); ValueError on any shape mismatch."""
     if len(source.weights) != len(target.weights):
         raise ValueError(f"{len(source.weights)} weights vs {len(target.weights)}: not the same model")
     for a, b in zip(source.weights, target.weights):
@@ -67,16 +59,18 @@ def preset_from_run(run_dir: str, preset_dir: str, tokenizer_dir: str = "") -> s
     is read once by ``pipelines.run_folder.RunFolder`` (``tokenizer_dir``: else the one its data names)."""
     # pylint: disable=import-outside-toplevel
     from gpt_tf.checkpoints import load_task_model, restore_pretrained_lm
-    from gpt_tf.model import GPTLanguageModel
+    from gpt_tf.gpt1.build import causal_lm_for
     from pipelines.run_folder import RunFolder
 
     run = RunFolder.open(run_dir, tokenizer_dir=tokenizer_dir)
     if not run.tokenizer_dir:
         raise FileNotFoundError(f"{run_dir}: no tokenizer folder known (its data folder is gone): give one")
+    if run.model_config.model_type != GPT1Backbone.model_type:
+        raise ValueError(f"{run_dir}: a GPT-1 preset holds a transformer, not model_type={run.model_config.model_type!r}")
     if run.kind != "finetune":
-        lm = GPTLanguageModel.from_config_preset(run.model_config)
+        lm = causal_lm_for(run.model_config)
         restore_pretrained_lm(lm, run_dir)
-        return save_backbone_preset(backbone_from(lm), run.tokenizer_dir, preset_dir)
+        return save_backbone_preset(lm.backbone, run.tokenizer_dir, preset_dir)
     model, spec = load_task_model(run)
     task = task_from(model, spec, run.tokenizer_dir)
     task.save_to_preset(preset_dir)
@@ -84,12 +78,12 @@ def preset_from_run(run_dir: str, preset_dir: str, tokenizer_dir: str = "") -> s
 
 
 def task_from(model, spec, tokenizer_dir: str):
-    """The keras-hub task of a ``GPTTaskModel`` + ``TaskSpec`` (weights copied, head included)."""
+    """The keras-hub task of a ``GPTTaskModel`` + ``TaskSpec``: on its backbone, its head's weights copied."""
     from gpt_tf.gpt1.preprocessor import GPT1TaskPreprocessor  # pylint: disable=import-outside-toplevel
     from gpt_tf.gpt1.text_classifier import (  # pylint: disable=import-outside-toplevel
         GPT1MultipleChoice, GPT1TextClassifier, GPT1TextRegressor)
 
-    backbone = backbone_from(model)
+    backbone = model.backbone
     preprocessor = GPT1TaskPreprocessor(GPT1Tokenizer(tokenizer_dir), input_type=spec.input_type,
                                         num_choices=spec.num_choices)
     if spec.head == "regression":

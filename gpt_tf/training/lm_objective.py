@@ -19,7 +19,7 @@ import tensorflow as tf
 from gpt_tf import inference_gelu
 from gpt_tf.checkpoints import continue_from_pretrained
 from gpt_tf.config import GPTConfig
-from gpt_tf.model import GPTLanguageModel
+from gpt_tf.gpt1.build import causal_lm_for
 from gpt_tf.objectives import lm_loss
 from gpt_tf.optim import WarmupDecay, make_optimizer
 from gpt_tf.recipes import PAPER_FINETUNE
@@ -73,7 +73,7 @@ class Pretrainer:
             )
         keras.utils.set_random_seed(config.seed)
         with strategy.scope():
-            self.model = GPTLanguageModel.from_config_preset(model_config, dtype=config.precision)
+            self.model = causal_lm_for(model_config, dtype=config.precision)
             if config.init_checkpoint:  # a resumed run's own checkpoint overrides it in `restore`
                 copied = continue_from_pretrained(self.model, config.init_checkpoint)
                 log(f"initialised from {config.init_checkpoint}: embeddings + {model_config.n_layer} blocks "
