@@ -166,6 +166,29 @@ def test_public_classes_document_an_example_and_summarise(tokenizer):
     assert "gpt1_text_classifier" in text.lower() and "Total params" in text, text
 
 
+def test_lora_is_refused_with_what_is_supported_and_nothing_frozen():
+    backbone = _backbone()
+    with pytest.raises(NotImplementedError, match=r"does not support LoRA .*Conv1D c_attn, c_proj, c_fc.*Fine-tune every"):
+        backbone.enable_lora(4)
+    assert backbone.trainable and all(layer.trainable for layer in backbone.blocks)
+    assert len(backbone.trainable_weights) == len(backbone.weights) - len(backbone.non_trainable_weights) > 0
+
+
+def test_tokenizer_special_tokens_follow_the_bpe_ids(tokenizer):
+    bpe = tokenizer.bpe_vocabulary_size
+    assert tokenizer.special_tokens == ["_start_", "_delimiter_", "_classify_", "_pad_"]
+    assert tokenizer.special_token_ids == [bpe, bpe + 1, bpe + 2, bpe + 3] == [
+        tokenizer.start_token_id, tokenizer.delimiter_token_id, tokenizer.extract_token_id, tokenizer.pad_token_id]
+    assert tokenizer.token_to_id("_classify_") == bpe + 2 and tokenizer.id_to_token(bpe + 3) == "_pad_"
+    assert tokenizer.vocabulary_size() == len(tokenizer.get_vocabulary()) == bpe + 4
+    import gpt_tf
+
+    empty = gpt_tf.GPT1Tokenizer()
+    assert not empty.loaded and empty.start_token_id is None
+    with pytest.raises(ValueError, match="no vocabulary"):
+        empty.special_token_ids
+
+
 def test_regression_and_multiple_choice_fit_and_predict(tokenizer):
     import gpt_tf
 

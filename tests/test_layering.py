@@ -4,7 +4,7 @@ Layers, bottom up: the core (``gpt_tf/*.py`` but the CLI), ``pipelines/``, ``gpt
 ``gpt_tf/analysis/`` (§5), then the command lines on top (``gpt_tf/train.py`` and its flags, ``bench/``);
 ``serving/`` stands beside training on the core and ``pipelines`` only. The keras-hub family ``gpt_tf/gpt1/``
 *is* the model, so its files sit in those layers (``FAMILY``): its backbone (and the LSTM baseline's), causal
-LM, tokenizer and builders at the bottom with the core (the training code, serving and §5
+LM, tokenizer, builders and keras-hub adapter at the bottom with the core (the training code, serving and §5
 build on them); its task preprocessor and ``fit``'s batching on ``pipelines`` (the §3.3 transformations, the
 length buckets); its tasks, whose ``fit`` shares the loop's update, and the run conversions on ``training``;
 its converter's command line on top. One import goes up, named in ``LAZY``: the tasks' ``export`` loads
@@ -50,6 +50,7 @@ def graph() -> dict[str, set[str]]:
 FAMILY = {
     "gpt_tf.gpt1.backbone": "core", "gpt_tf.gpt1.lstm": "core", "gpt_tf.gpt1.causal_lm": "core",
     "gpt_tf.gpt1.causal_lm_preprocessor": "core", "gpt_tf.gpt1.tokenizer": "core", "gpt_tf.gpt1.build": "core",
+    "gpt_tf.gpt1.keras_hub_adapter": "core",
     "gpt_tf.gpt1.preprocessor": "pipelines", "gpt_tf.gpt1.batching": "pipelines",
     "gpt_tf.gpt1.task": "training", "gpt_tf.gpt1.text_classifier": "training", "gpt_tf.gpt1.presets": "training",
     "gpt_tf.gpt1": "training",  # the package: importing it registers every class and the shipped presets

@@ -14,6 +14,7 @@ from __future__ import annotations
 import keras
 import keras_hub
 
+from gpt_tf.gpt1.keras_hub_adapter import name_tasks_in_metadata
 from gpt_tf.layers import PACKAGE, GPTEmbedding, TransformerBlock
 from gpt_tf.preset_io import FindsPresets, backbone_kwargs, config_from_kwargs
 
@@ -33,6 +34,8 @@ class GPT1Backbone(FindsPresets, keras_hub.models.Backbone):
         dropout: residual dropout; ``attention_dropout`` and ``embedding_dropout`` likewise (0.1).
         layer_norm_epsilon, init_std: 1e-5 and N(0, 0.02).
         dtype: e.g. ``"float32"`` or ``"mixed_bfloat16"``.
+
+    LoRA (``enable_lora``) is not supported: fine-tune every weight, as the paper does, or freeze layers.
 
     Example:
 
@@ -102,6 +105,20 @@ class GPT1Backbone(FindsPresets, keras_hub.models.Backbone):
                 block(h, training=training)
             states.append(h)
         return states if return_all_states else h
+
+    def enable_lora(self, rank, target_layer_names=None):
+        """Not supported: keras-hub's LoRA adapts ``Dense`` / ``EinsumDense`` kernels, and GPT-1's attention and MLP
+        kernels are ``Conv1D`` layers (``c_attn``, ``c_proj``, ``c_fc``) without low-rank adapters. Raises."""
+        raise NotImplementedError(
+            f"{type(self).__name__} does not support LoRA (enable_lora(rank={rank})): its attention and MLP kernels "
+            "(Conv1D c_attn, c_proj, c_fc) have no low-rank adapters. Fine-tune every weight (the paper's recipe: "
+            "task.compile() then fit) or freeze layers with `layer.trainable = False`.")
+
+    def save_to_preset(self, preset_dir, max_shard_size=10):
+        """keras-hub's ``save_to_preset``; ``metadata.json`` then names the family's task classes
+        (``GPT1TextClassifier``, ...) that load this backbone."""
+        super().save_to_preset(preset_dir, max_shard_size=max_shard_size)
+        name_tasks_in_metadata(preset_dir, type(self))
 
     def get_config(self):
         return {**super().get_config(), **backbone_kwargs(self.config)}

@@ -8,6 +8,8 @@ samples from, what zero-shot scoring, the LM export and the conversions read, an
 
 from __future__ import annotations
 
+import functools
+
 import keras
 import keras_hub
 import tensorflow as tf
@@ -85,9 +87,10 @@ class GPT1CausalLM(FindsPresets, keras_hub.models.CausalLM):
         row_lengths = ops.sum(ops.cast(padding_mask, "int32"), axis=-1)
         token_ids = self.sampler(next=next, prompt=token_ids, cache=None, index=ops.min(row_lengths),
                                  mask=padding_mask, stop_token_ids=stop_token_ids, hidden_states=None, model=self)
-        if stop_token_ids is not None:
-            from keras_hub.src.utils.tensor_utils import any_equal  # pylint: disable=import-outside-toplevel
-            ends = ops.cast(any_equal(token_ids, stop_token_ids, ops.logical_not(padding_mask)), "int32")
+        if stop_token_ids is not None:  # generated positions holding a stop token
+            stops = [ops.equal(token_ids, stop) for stop in stop_token_ids]
+            ends = ops.cast(ops.logical_and(functools.reduce(ops.logical_or, stops), ops.logical_not(padding_mask)),
+                            "int32")
             padding_mask = ops.logical_not(ops.cast(ops.cumsum(ends, axis=-1) - ends, "bool"))
         else:
             padding_mask = ops.ones_like(token_ids, dtype="bool")

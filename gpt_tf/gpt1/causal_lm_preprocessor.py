@@ -10,9 +10,9 @@ from __future__ import annotations
 import keras
 import keras_hub
 import tensorflow as tf
-from keras_hub.src.utils.tensor_utils import preprocessing_function
 
 from gpt_tf.gpt1.backbone import GPT1Backbone
+from gpt_tf.gpt1.keras_hub_adapter import preprocessing_function
 from gpt_tf.gpt1.tokenizer import GPT1Tokenizer
 from gpt_tf.layers import PACKAGE
 from gpt_tf.preset_io import FindsPresets

@@ -8,8 +8,7 @@ from __future__ import annotations
 import json
 import os
 
-import keras_hub
-
+from gpt_tf.gpt1.keras_hub_adapter import register_presets
 from gpt_tf.gpt1.backbone import GPT1Backbone
 from gpt_tf.gpt1.tokenizer import GPT1Tokenizer
 from gpt_tf.preset_io import shipped_presets
@@ -22,15 +21,16 @@ DESCRIPTIONS = {
 
 
 def register_shipped_presets() -> None:
-    """Registers each shipped preset with keras-hub, so ``from_preset("books_tiny")`` finds its folder
-    (no network: keras-hub reads a local folder as the preset's handle)."""
+    """Registers each shipped preset with keras-hub (``keras_hub_adapter.register_presets``), so
+    ``from_preset("books_tiny")`` finds its folder (no network: keras-hub reads a local folder as the preset's
+    handle)."""
     presets = {}
     for name, folder in shipped_presets().items():
         with open(os.path.join(folder, "metadata.json")) as f:
             params = json.load(f).get("parameter_count")
         presets[name] = {"metadata": {"description": DESCRIPTIONS.get(name, name), "params": params,
                                       "path": "gpt1"}, "kaggle_handle": folder}
-    keras_hub.src.utils.preset_utils.register_presets(presets, GPT1Backbone)
+    register_presets(presets, GPT1Backbone)
 
 
 def copy_weights(source, target) -> None:

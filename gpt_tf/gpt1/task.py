@@ -46,7 +46,7 @@ class GPT1TaskMixin(FindsPresets):
             if preprocessor.sequence_length > n_ctx:
                 raise ValueError(f"preprocessor sequence_length={preprocessor.sequence_length} is longer than the "
                                  f"backbone's max_sequence_length={n_ctx}")
-            loaded = getattr(preprocessor.tokenizer, "_offline", None) is not None  # else: assets come later
+            loaded = preprocessor.tokenizer.loaded  # else: its assets come later (from_preset)
             vocab = preprocessor.tokenizer.vocabulary_size() if loaded else backbone.config.total_vocab
             if vocab != backbone.config.total_vocab:
                 raise ValueError(f"the tokenizer has {vocab} ids (BPE + specials) but the backbone "
