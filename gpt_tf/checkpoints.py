@@ -139,7 +139,7 @@ def restore_pretrained_lm(lm, path: str) -> str:
 
     ``path``: a pre-training run dir (its latest checkpoint), a checkpoint prefix, a directory of
     the GPT-1 release shards (``params_0.npy`` … with ``params_shapes.json``) or a preset folder
-    (``config.json`` + ``model.weights.h5``, e.g. ``gpt_tf/presets/books_tiny``).
+    (``config.json`` + ``model.weights.h5``, e.g. ``gpt_tf/presets/gpt1_tiny_books_en``).
     """
     if preset_io.is_preset(path):
         return preset_io.load_preset_weights(lm.backbone, path)

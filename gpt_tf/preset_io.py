@@ -21,6 +21,7 @@ CONFIG_FILE = "config.json"
 WEIGHTS_FILE = "model.weights.h5"
 TOKENIZER_ASSETS = os.path.join("assets", "tokenizer")
 SHIPPED_DIR = os.path.join(os.path.dirname(os.path.abspath(__file__)), "presets")  # package data: named presets
+PRESET_ALIASES = {"books_tiny": "gpt1_tiny_books_en"}  # earlier names of shipped presets -> their names
 
 # GPTConfig field -> keras-hub argument (vocab_size is derived: keras-hub counts the special rows).
 _NAMES = {"n_special": "num_special_tokens", "n_ctx": "max_sequence_length", "n_embd": "hidden_dim",
@@ -66,11 +67,13 @@ def load_preset_weights(backbone, path: str) -> str:
 
 
 def shipped_presets() -> dict:
-    """``{name: folder}`` of the presets shipped inside the package (``gpt_tf/presets/<name>``)."""
+    """``{name: folder}`` of the presets shipped inside the package (``gpt_tf/presets/<name>``), their aliases
+    (``PRESET_ALIASES``) included."""
     if not os.path.isdir(SHIPPED_DIR):
         return {}
-    return {name: os.path.join(SHIPPED_DIR, name) for name in sorted(os.listdir(SHIPPED_DIR))
-            if os.path.isfile(os.path.join(SHIPPED_DIR, name, CONFIG_FILE))}
+    folders = {name: os.path.join(SHIPPED_DIR, name) for name in sorted(os.listdir(SHIPPED_DIR))
+               if os.path.isfile(os.path.join(SHIPPED_DIR, name, CONFIG_FILE))}
+    return {**folders, **{alias: folders[name] for alias, name in PRESET_ALIASES.items() if name in folders}}
 
 
 def preset_problem(preset) -> str:

@@ -157,7 +157,7 @@ def build_data(shared_data: Path, root: Path, tokenizer_copy: bool = False, toke
 
 # The keras-hub family's tests (tests/test_gpt1_family.py, test_gpt1_batching.py): the `test` shape on books_tiny's
 # 8k BPE (fast), a few SST-2-like texts.
-BOOKS_TINY = ROOT / "gpt_tf" / "presets" / "books_tiny"
+BOOKS_TINY = ROOT / "gpt_tf" / "presets" / "gpt1_tiny_books_en"
 BOOKS_TINY_BPE = BOOKS_TINY / "assets" / "tokenizer"
 GPT1_TEXTS = ["a gripping , beautifully acted film .", "a dull mess", "it is what it is , no more and no less ."]
 

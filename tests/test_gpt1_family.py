@@ -11,6 +11,7 @@ import json
 import subprocess
 import sys
 import textwrap
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -36,10 +37,10 @@ def test_import_is_light_and_keras_hub_resolves_gpt1_presets():
         assert "tensorflow" not in sys.modules and "keras_hub" not in sys.modules, "import gpt_tf must stay light"
         import keras_hub
         backbone = keras_hub.models.Backbone.from_preset("{BOOKS}")
-        classifier = keras_hub.models.TextClassifier.from_preset("{BOOKS}", num_classes=2)
-        named = gpt_tf.GPT1TextClassifier.from_preset("books_tiny", num_classes=2)
+        classifier = keras_hub.models.TextClassifier.from_preset("gpt1_tiny_books_en", num_classes=2)
+        named = gpt_tf.GPT1TextClassifier.from_preset("books_tiny", num_classes=2)  # the preset's earlier name
         print(type(backbone).__name__, type(classifier).__name__, type(named).__name__,
-              "books_tiny" in keras_hub.models.Backbone.presets)
+              {{"gpt1_tiny_books_en", "books_tiny"}} <= set(keras_hub.models.Backbone.presets))
     """)
     proc = subprocess.run([sys.executable, "-c", script], cwd="/", env=ENV, capture_output=True, text=True,
                           timeout=600, check=False)
@@ -138,7 +139,7 @@ def test_clear_errors_for_num_classes_labels_and_unknown_presets(tokenizer, tmp_
     for bad in (0, 1, 2.0):
         with pytest.raises(ValueError, match=f"num_classes must be an integer >= 2, got {bad!r}"):
             gpt_tf.GPT1TextClassifier(_backbone(), num_classes=bad)
-    with pytest.raises(ValueError, match=r"GPT-1 preset 'no_such_preset' not found: .*shipped preset \(books_tiny\)"):
+    with pytest.raises(ValueError, match=r"GPT-1 preset 'no_such_preset' not found: .*shipped preset \(gpt1_tiny_books_en, books_tiny\)"):
         gpt_tf.GPT1TextClassifier.from_preset("no_such_preset", num_classes=2)
     with pytest.raises(ValueError, match=f"not found: .*{tmp_path / 'gone'} does not exist"):
         gpt_tf.GPT1Backbone.from_preset(str(tmp_path / "gone"))
@@ -164,6 +165,21 @@ def test_public_classes_document_an_example_and_summarise(tokenizer):
     _classifier(tokenizer).summary(print_fn=lambda line, **_: lines.append(line))
     text = "\n".join(lines)
     assert "gpt1_text_classifier" in text.lower() and "Total params" in text, text
+
+
+def test_each_shipped_preset_has_a_model_card_and_names_the_family_tasks():
+    from gpt_tf.preset_io import PRESET_ALIASES, shipped_presets
+
+    folders = {name: folder for name, folder in shipped_presets().items() if name not in PRESET_ALIASES}
+    assert "gpt1_tiny_books_en" in folders and shipped_presets()["books_tiny"] == folders["gpt1_tiny_books_en"]
+    for name, folder in folders.items():
+        card = (Path(folder) / "README.md").read_text()
+        for heading in ("## Model", "## Training data", "## Training", "## Quality", "## Intended use", "## Limits",
+                        "## License"):
+            assert f"\n{heading}\n" in card, (name, heading)
+        assert card.startswith(f"# {name}\n") and "Apache-2.0" in card and "TensorFlow backend" in card
+        tasks = json.loads((Path(folder) / "metadata.json").read_text())["tasks"]
+        assert tasks == ["GPT1CausalLM", "GPT1MultipleChoice", "GPT1TextClassifier", "GPT1TextRegressor"], name
 
 
 def test_lora_is_refused_with_what_is_supported_and_nothing_frozen():

@@ -17,7 +17,7 @@ import pytest
 
 from tests.small_runs import ENV, ROOT
 
-BOOKS_BPE = ROOT / "gpt_tf" / "presets" / "books_tiny" / "assets" / "tokenizer"
+BOOKS_BPE = ROOT / "gpt_tf" / "presets" / "gpt1_tiny_books_en" / "assets" / "tokenizer"
 STEPS, BATCH, N_CTX = 4, 8, 32
 TOL = 2e-5
 

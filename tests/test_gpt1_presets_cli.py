@@ -13,7 +13,7 @@ import pytest
 
 from tests.small_runs import BASE_FLAGS, ROOT, build_data, run_clis
 
-BPE = ROOT / "gpt_tf" / "presets" / "books_tiny" / "assets" / "tokenizer"
+BPE = ROOT / "gpt_tf" / "presets" / "gpt1_tiny_books_en" / "assets" / "tokenizer"
 TEXTS = ["a gripping , beautifully acted film .", "a dull mess", "it is what it is , no more and no less ."]
 PRETRAIN = [f for f in BASE_FLAGS if not f.startswith("--model=")]  # the model: --model's or --init_checkpoint's
 FINETUNE = ["--task=sst2", "--batch_size=8", "--epochs=1", "--seed=1", "--progress=false", "--json", "--deterministic"]

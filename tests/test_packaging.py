@@ -82,7 +82,8 @@ def test_the_wheel_holds_every_package_file_and_the_package_data(installed):
     names, _ = installed
     missing = sorted(_source_files() - NOT_SHIPPED - names)
     assert not missing, f"files of the packages missing from the wheel (pyproject.toml's package-data): {missing}"
-    for data in ("gpt_tf/text/spacy_en_rules.json", "gpt_tf/kernels/fused_ops.cc", "gpt_tf/kernels/common.h", PROBE):
+    for data in ("gpt_tf/text/spacy_en_rules.json", "gpt_tf/kernels/fused_ops.cc", "gpt_tf/kernels/common.h", PROBE,
+                 "gpt_tf/presets/gpt1_tiny_books_en/README.md"):  # the shipped preset's model card
         assert data in names
     assert not any("__pycache__" in n or n.endswith(".pyc") for n in names)
     top_level = {n.split("/")[0] for n in names if not n.split("/")[0].endswith(".dist-info")}

@@ -23,7 +23,7 @@ from gpt_tf.objectives import task_loss  # noqa: E402
 from pipelines.transforms import load_task_spec, special_ids_from_config, task_dataset  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
-BOOKS_BPE = ROOT / "gpt_tf" / "presets" / "books_tiny" / "assets" / "tokenizer"  # 8,000 BPE tokens: a small token table
+BOOKS_BPE = ROOT / "gpt_tf" / "presets" / "gpt1_tiny_books_en" / "assets" / "tokenizer"  # 8,000 BPE tokens: a small token table
 N_CTX = 48
 TASKS = {"cola": "glue/CoLA", "rte": "glue/RTE", "stsb": "glue/STS-B", "story_cloze": "story_cloze"}
 

@@ -178,11 +178,11 @@ def test_reference_run_round_trip(records, tmp_path, model):
 
 
 def test_the_shipped_books_preset_is_the_runs_last_checkpoint(tmp_path):
-    """`--weights_dir=gpt_tf/presets/books_tiny` (the README's walk-through): the preset, with the kept run's
+    """`--weights_dir=gpt_tf/presets/gpt1_tiny_books_en` (the README's walk-through): the preset, with the kept run's
     log beside its weights, is one checkpoint at the run's last step; a folder with neither is refused."""
     from bench.torch_pretrain.convert import checkpoint_steps, read_log
 
-    preset = ROOT / "gpt_tf" / "presets" / "books_tiny"
+    preset = ROOT / "gpt_tf" / "presets" / "gpt1_tiny_books_en"
     setting, rows = read_log(str(preset))
     assert setting["steps"] == 7158 and rows[-1]["step"] == 7158 and round(rows[-1]["valid_ppl"], 1) == 55.1
     assert checkpoint_steps(str(preset), setting["steps"]) == {7158: [str(preset)]}

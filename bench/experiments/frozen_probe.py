@@ -1,6 +1,6 @@
 """How much of a regression task the frozen model's states already hold: a ridge probe on dev.
 
-    python -m bench.experiments.frozen_probe --task_dir=data/tasks_books/stsb --pretrained=gpt_tf/presets/books_tiny   # ~2 min
+    python -m bench.experiments.frozen_probe --task_dir=data/tasks_books/stsb --pretrained=gpt_tf/presets/gpt1_tiny_books_en   # ~2 min
 
 The probe reads the final block's states at the extract tokens, as the fine-tuned head does (for a
 symmetric pair task the two orders' states added, §3.3), from the pre-trained model and from the same
@@ -26,7 +26,7 @@ FLAGS = flags.FLAGS
 
 def define_flags():
     flags.DEFINE_string("task_dir", "data/tasks_books/stsb", "task records built with the pre-trained run's BPE")
-    flags.DEFINE_string("pretrained", "gpt_tf/presets/books_tiny", "the pre-trained model (preset or run folder) probed")
+    flags.DEFINE_string("pretrained", "gpt_tf/presets/gpt1_tiny_books_en", "the pre-trained model (preset or run folder) probed")
     flags.DEFINE_integer("n_ctx", 96, "context of the views (the task's recipe's n_ctx)")
     flags.DEFINE_list("ridge", ["1", "10", "100", "1000"], "ridge penalties, each fitted and scored on dev")
     flags.DEFINE_integer("seed", 0, "seed of the random-weights model")

@@ -12,9 +12,9 @@ r"""Table 5's LSTM row on the books setup (issue #32 item 3), in pieces that res
 
 The LSTM is ``lstm_tiny`` (one layer of 744 units, about ``tiny``'s non-embedding parameters) pre-trained on
 ``books_tiny``'s books, BPE and 128-token windows (``pipelines.pretrain_data`` with the BPE of
-``gpt_tf/presets/books_tiny/assets/tokenizer``), from every ``--books_every``-th train book only: the LSTM sees a small part
+``gpt_tf/presets/gpt1_tiny_books_en/assets/tokenizer``), from every ``--books_every``-th train book only: the LSTM sees a small part
 of the corpus's tokens on a 2-core CPU, and tokenizing all 140 MB here takes longer than the run. Its recipe is
-``books_tiny``'s recipe (``gpt_tf/presets/books_tiny/log.jsonl``: batch 256, peak lr 1e-3, 2% warm-up
+``books_tiny``'s recipe (``gpt_tf/presets/gpt1_tiny_books_en/log.jsonl``: batch 256, peak lr 1e-3, 2% warm-up
 then cosine, decay 0.01, clip 1, seed 0), scaled to ``--steps`` updates by ``bench.experiments.study.lstm_pretrain_cmd``,
 in float32 (this CPU has no bf16). Fine-tuning uses each task's small-model recipe
 (``configs/finetune_<task>_tiny.flags``, chosen by ``bench/reproduction.py``) as in the reproduction table.
@@ -28,10 +28,10 @@ no TensorFlow. The LSTM goes the same way: ``bench.torch_pretrain.train --model=
 
     # here: books_tiny's records (all 389 train books, its BPE; slow on 2 cores) and their streams
     python -m pipelines.pretrain_data --input_dir=../shared/data/books/train --valid_dir=../shared/data/books/valid \
-        --output_dir=data/books_tiny --tokenizer_dir=gpt_tf/presets/books_tiny/assets/tokenizer --n_ctx=128
+        --output_dir=data/books_tiny --tokenizer_dir=gpt_tf/presets/gpt1_tiny_books_en/assets/tokenizer --n_ctx=128
     python -m bench.torch_pretrain.convert --action=export --data_dir=data/books_tiny --tokens=.gpu/books_tiny.npz.xz
     # there (device calls carrying .gpu/books_tiny.npz.xz, timeout 600 s), the same call until "the run is finished";
-    # books_tiny's recipe (gpt_tf/presets/books_tiny/log.jsonl) with its exact update count
+    # books_tiny's recipe (gpt_tf/presets/gpt1_tiny_books_en/log.jsonl) with its exact update count
     bash bench/torch_pretrain/piece.sh .gpu/books_tiny.npz.xz .gpu/lstm_tiny_run 7 --model=lstm_tiny \
         --batch_size=256 --learning_rate=1e-3 --warmup_fraction=0.02 --updates=7158
     # here: the run folder (runs/lstm_table5_books/lstm_tiny) and the ledger's pretrain_done, then stages 2-3

@@ -2,7 +2,7 @@
 of ``bench.torch_pretrain.train``, e.g. books_tiny's transformer and Table 5's LSTM on the same tokens).
 
     python -m bench.experiments.pretrain_curves --out=docs/lstm_vs_transformer_books.png \\
-        --logs="transformer (tiny)=gpt_tf/presets/books_tiny/log.jsonl,LSTM (lstm_tiny)=bench/results/lstm_table5_books_pretrain_log.jsonl"
+        --logs="transformer (tiny)=gpt_tf/presets/gpt1_tiny_books_en/log.jsonl,LSTM (lstm_tiny)=bench/results/lstm_table5_books_pretrain_log.jsonl"
 """
 
 from __future__ import annotations

@@ -57,7 +57,7 @@ def define_flags():
     flags.DEFINE_list("tasks", list(TASKS), "Tasks, in the order they run.")
     flags.DEFINE_enum("arm", "pretrained", ["pretrained", "scratch"], "Start from --pretrained, or from scratch in its shape.")
     flags.DEFINE_list("seeds", ["0", "1", "2"], "Seeds; every task's seed 0 runs before any seed 1.")
-    flags.DEFINE_string("pretrained", "gpt_tf/presets/books_tiny", "The pre-trained model (preset or run folder).")
+    flags.DEFINE_string("pretrained", "gpt_tf/presets/gpt1_tiny_books_en", "The pre-trained model (preset or run folder).")
     flags.DEFINE_string("tasks_dir", "data/tasks_books", "Task records built with the pre-trained model's BPE.")
     flags.DEFINE_string("recipe", "_tiny", "Recipe flagfiles: configs/finetune_<task><recipe>.flags.")
     flags.DEFINE_integer("epochs", 0, "Override the recipe's epochs (0: the recipe's; a dev curve: e.g. 10).")

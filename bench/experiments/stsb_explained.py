@@ -10,7 +10,7 @@ Each input is made by its own command, and the written section quotes each one:
   does not need the runs once they have been read):
 
       python -m gpt_tf.train --flagfile=configs/finetune_stsb_tiny.flags --data_dir=data/tasks_books/stsb \\
-          --init_checkpoint=gpt_tf/presets/books_tiny --epochs=10 --seed=0 --run_dir=runs/stsb_curve/pretrained_s0
+          --init_checkpoint=gpt_tf/presets/gpt1_tiny_books_en --epochs=10 --seed=0 --run_dir=runs/stsb_curve/pretrained_s0
       python -m gpt_tf.train --flagfile=configs/finetune_stsb_tiny.flags --data_dir=data/tasks_books/stsb \\
           --model=tiny --epochs=10 --seed=0 --run_dir=runs/stsb_curve/scratch_s0
 
@@ -118,7 +118,7 @@ def section_lines(data: dict, figure: str) -> list[str]:
     lines += [f"- {a['what']}: **{a['pearson']}**; {a['setup']}." for a in data["anchors"]]
     lines += ["", "Made by:", "", "```bash"]
     lines += [f"python -m gpt_tf.train --flagfile=configs/finetune_stsb_tiny.flags --data_dir=data/tasks_books/stsb "
-              f"{'--init_checkpoint=gpt_tf/presets/books_tiny' if arm == 'pretrained' else '--model=tiny'} "
+              f"{'--init_checkpoint=gpt_tf/presets/gpt1_tiny_books_en' if arm == 'pretrained' else '--model=tiny'} "
               f"--epochs=10 --seed=0 --run_dir=runs/stsb_curve/{arm}_s0" for arm in ARMS]
     if probe:
         lines.append(probe["command"])

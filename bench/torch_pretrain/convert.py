@@ -41,7 +41,7 @@ def define_flags():
     flags.DEFINE_string("data_dir", None, "A pipelines.pretrain_data output folder.")
     flags.DEFINE_string("tokens", "", "export: the file to write: .npz, or .npz.xz (smaller; bench/torch_pretrain/streams.py).")
     flags.DEFINE_string("weights_dir", "", "import: bench.torch_pretrain.train's --out_dir (log.jsonl, weights-*.npz), "
-                        "or a gpt_tf preset with its log.jsonl (gpt_tf/presets/books_tiny: one checkpoint, the last step).")
+                        "or a gpt_tf preset with its log.jsonl (gpt_tf/presets/gpt1_tiny_books_en: one checkpoint, the last step).")
     flags.DEFINE_string("run_dir", "", "import: the gpt_tf run folder to create.")
     flags.DEFINE_string("model", "tiny", "import: the model size the accelerator trained.")
     flags.DEFINE_string("plot", "", "import: also draw held-out perplexity against tokens seen into this PNG.")
@@ -100,7 +100,7 @@ def read_log_file(path: str) -> tuple[dict, list[dict]]:
 
 
 def checkpoint_steps(weights_dir: str, final_step: int) -> dict[int, list[str]]:
-    """step -> its weight part files, in step order; a gpt_tf preset folder (``gpt_tf/presets/books_tiny``: the
+    """step -> its weight part files, in step order; a gpt_tf preset folder (``gpt_tf/presets/gpt1_tiny_books_en``: the
     kept run's final weights, with its ``log.jsonl`` and ``sweep.jsonl``) is the one checkpoint ``final_step``."""
     from gpt_tf import preset_io
 

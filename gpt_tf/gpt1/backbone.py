@@ -41,8 +41,8 @@ class GPT1Backbone(FindsPresets, keras_hub.models.Backbone):
 
     ```python
     import gpt_tf, keras_hub, numpy as np
-    backbone = keras_hub.models.Backbone.from_preset("books_tiny")    # a GPT1Backbone
-    states = backbone(np.array([[1, 2, 3]]))                          # [1, 3, 256]
+    backbone = keras_hub.models.Backbone.from_preset("gpt1_tiny_books_en")    # a GPT1Backbone
+    states = backbone(np.array([[1, 2, 3]]))                                  # [1, 3, 256]
     small = gpt_tf.GPT1Backbone(vocabulary_size=1004, num_layers=2, num_heads=4, hidden_dim=32,
                                 intermediate_dim=128, max_sequence_length=32)
     small.summary()

@@ -36,7 +36,7 @@ class GPT1CausalLM(FindsPresets, keras_hub.models.CausalLM):
 
     ```python
     import gpt_tf
-    lm = gpt_tf.GPT1CausalLM.from_preset("books_tiny")
+    lm = gpt_tf.GPT1CausalLM.from_preset("gpt1_tiny_books_en")
     lm.generate("the man walked into the room and", max_length=24)
     lm.compile(sampler="greedy")
     lm.generate(["it was a dark night", "she said"], max_length=16)

@@ -46,7 +46,7 @@ class GPT1CausalLMPreprocessor(SequenceLength, keras_hub.models.CausalLMPreproce
 
     ```python
     import gpt_tf
-    pre = gpt_tf.GPT1CausalLMPreprocessor.from_preset("books_tiny", sequence_length=16)
+    pre = gpt_tf.GPT1CausalLMPreprocessor.from_preset("gpt1_tiny_books_en", sequence_length=16)
     x, y, sample_weight = pre(["the man walked into the room ."])   # y: x["token_ids"] shifted by one
     ```
     """

@@ -83,7 +83,7 @@ class GPT1TaskPreprocessor(SequenceLength, keras_hub.models.TextClassifierPrepro
 
     ```python
     import gpt_tf
-    pre = gpt_tf.GPT1TaskPreprocessor.from_preset("books_tiny", sequence_length=64, input_type="pair")
+    pre = gpt_tf.GPT1TaskPreprocessor.from_preset("gpt1_tiny_books_en", sequence_length=64, input_type="pair")
     features = pre({"premise": ["a man sleeps ."], "hypothesis": ["a person rests ."]})
     features["input_ids"]                          # [1, 1, 16]: <s> premise $ hypothesis <e>, padded
     ```

@@ -11,25 +11,27 @@ import os
 from gpt_tf.gpt1.keras_hub_adapter import register_presets
 from gpt_tf.gpt1.backbone import GPT1Backbone
 from gpt_tf.gpt1.tokenizer import GPT1Tokenizer
-from gpt_tf.preset_io import shipped_presets
+from gpt_tf.preset_io import PRESET_ALIASES, shipped_presets
 
+# keras-hub's preset names: family, size, data, language. Each folder's README.md is its model card.
 DESCRIPTIONS = {
-    "books_tiny": "The `tiny` GPT-1 (4 layers, 256 dims, 128 context, 8k BPE) pre-trained on 409 Gutenberg books "
-                  "(bench/torch_pretrain/train.py, 7,158 updates, held-out perplexity 55.1): the model the README's "
-                  "fine-tuning tables start from.",
+    "gpt1_tiny_books_en": "The `tiny` GPT-1 (4 layers, 256 dims, 128 context, 8k BPE) pre-trained on 409 Gutenberg "
+                          "books (bench/torch_pretrain/train.py, 7,158 updates, held-out perplexity 55.1): the model "
+                          "the README's fine-tuning tables start from.",
 }
 
 
 def register_shipped_presets() -> None:
     """Registers each shipped preset with keras-hub (``keras_hub_adapter.register_presets``), so
-    ``from_preset("books_tiny")`` finds its folder (no network: keras-hub reads a local folder as the preset's
-    handle)."""
+    ``from_preset("gpt1_tiny_books_en")`` (or its alias ``"books_tiny"``) finds its folder (no network: keras-hub
+    reads a local folder as the preset's handle)."""
     presets = {}
     for name, folder in shipped_presets().items():
         with open(os.path.join(folder, "metadata.json")) as f:
             params = json.load(f).get("parameter_count")
-        presets[name] = {"metadata": {"description": DESCRIPTIONS.get(name, name), "params": params,
-                                      "path": "gpt1"}, "kaggle_handle": folder}
+        description = f"{PRESET_ALIASES[name]}'s earlier name" if name in PRESET_ALIASES else DESCRIPTIONS.get(name, name)
+        presets[name] = {"metadata": {"description": description, "params": params, "path": "gpt1"},
+                         "kaggle_handle": folder}
     register_presets(presets, GPT1Backbone)
 
 

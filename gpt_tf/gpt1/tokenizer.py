@@ -47,7 +47,7 @@ class GPT1Tokenizer(FindsPresets, keras_hub.tokenizers.Tokenizer):
 
     ```python
     import gpt_tf
-    tokenizer = gpt_tf.GPT1Tokenizer.from_preset("books_tiny")
+    tokenizer = gpt_tf.GPT1Tokenizer.from_preset("gpt1_tiny_books_en")
     ids = tokenizer(["The man walked into the room."])     # ragged [1, None]
     tokenizer.detokenize(ids)                               # ["the man walked into the room ."]
     tokenizer.extract_token_id                              # the id after the BPE ids + 2
