@@ -67,7 +67,7 @@ from bench.experiments.finetune_runs import (ROOT, _child_env, append_ledger, de
 from bench.experiments.study import lstm_pretrain_cmd
 from gpt_tf.precision import cpu_name
 
-BOOKS_LOG = ROOT / "gpt_tf" / "presets" / "books_tiny" / "log.jsonl"
+BOOKS_LOG = ROOT / "gpt_tf" / "presets" / "gpt1_tiny_books_en" / "log.jsonl"
 LEDGER = ROOT / "bench" / "results" / "lstm_table5.jsonl"
 REPRODUCTION = ROOT / "bench" / "results" / "reproduction.jsonl"  # the transformer's cells with the same recipes
 TASKS = ("cola", "rte", "story_cloze")
