@@ -63,7 +63,8 @@ class GPT1Backbone(FindsPresets, keras_hub.models.Backbone):
         super().__init__(dtype=dtype, **kwargs)  # sets the dtype policy the layers below are built in
         self.config = config
         c, policy = config, self.dtype_policy
-        self.embed = GPTEmbedding(c.total_vocab, c.n_ctx, c.n_embd, c.embd_pdrop, c.init_std, name="embed", dtype=policy)
+        self.embed = GPTEmbedding(c.total_vocab, c.n_ctx, c.n_embd, c.embd_pdrop, c.init_std, name="embed",
+                                  dtype=policy)
         self.blocks = [self.make_block(i) for i in range(c.n_layer)]
         self.embed.build()
         for block in self.blocks:

@@ -4,7 +4,8 @@
 n_embd]``, ``.embed`` (the same ``GPTEmbedding``: token + position tables, dropout, and the tied LM
 head ``.embed.logits``), ``.config`` (``model_type="lstm"``) and ``.blocks`` (one ``LSTMBlock`` per layer, for
 layer transfer) — so ``GPT1CausalLM``, ``Pretrainer``, ``GPTTaskModel`` and ``Finetuner`` train it
-unchanged (``--model=lstm_tiny``; ``gpt_tf.gpt1.build.backbone_for`` picks it for an LSTM config). The learned position table is kept so that checkpoints, layer
+unchanged (``--model=lstm_tiny``; ``gpt_tf.gpt1.build.backbone_for`` picks it for an LSTM
+config). The learned position table is kept so that checkpoints, layer
 transfer and ``n_ctx`` work as for the transformer; the recurrence does not need it.
 
 A block is ``dropout(proj(LSTM(x)))``: a left-to-right LSTM of ``config.d_ff`` units (Keras's

@@ -8,8 +8,8 @@ from __future__ import annotations
 import json
 import os
 
-from gpt_tf.gpt1.keras_hub_adapter import register_presets
 from gpt_tf.gpt1.backbone import GPT1Backbone
+from gpt_tf.gpt1.keras_hub_adapter import register_presets
 from gpt_tf.gpt1.tokenizer import GPT1Tokenizer
 from gpt_tf.preset_io import PRESET_ALIASES, shipped_presets
 
@@ -29,7 +29,8 @@ def register_shipped_presets() -> None:
     for name, folder in shipped_presets().items():
         with open(os.path.join(folder, "metadata.json")) as f:
             params = json.load(f).get("parameter_count")
-        description = f"{PRESET_ALIASES[name]}'s earlier name" if name in PRESET_ALIASES else DESCRIPTIONS.get(name, name)
+        earlier_name_of = PRESET_ALIASES.get(name)
+        description = f"{earlier_name_of}'s earlier name" if earlier_name_of else DESCRIPTIONS.get(name, name)
         presets[name] = {"metadata": {"description": description, "params": params, "path": "gpt1"},
                          "kaggle_handle": folder}
     register_presets(presets, GPT1Backbone)
@@ -68,7 +69,8 @@ def preset_from_run(run_dir: str, preset_dir: str, tokenizer_dir: str = "") -> s
     if not run.tokenizer_dir:
         raise FileNotFoundError(f"{run_dir}: no tokenizer folder known (its data folder is gone): give one")
     if run.model_config.model_type != GPT1Backbone.model_type:
-        raise ValueError(f"{run_dir}: a GPT-1 preset holds a transformer, not model_type={run.model_config.model_type!r}")
+        raise ValueError(f"{run_dir}: a GPT-1 preset holds a transformer, not "
+                         f"model_type={run.model_config.model_type!r}")
     if run.kind != "finetune":
         lm = causal_lm_for(run.model_config)
         restore_pretrained_lm(lm, run_dir)

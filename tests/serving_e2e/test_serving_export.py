@@ -70,7 +70,8 @@ def test_in_graph_preprocessing_equals_the_offline_pipeline(loaded, exported, sh
         got = loaded(task_name).signatures["features"](**texts)
         got_ids, got_extract = got["input_ids"], got["extract_index"]
     else:
-        module = TaskServingModule(GPTTaskModel(GPT1Backbone.from_gpt_config(config, name="backbone"), task), task, tf_tokenizer)
+        backbone = GPT1Backbone.from_gpt_config(config, name="backbone")
+        module = TaskServingModule(GPTTaskModel(backbone, task), task, tf_tokenizer)
         got_ids, got_extract = tf.function(module.features)(texts)
     np.testing.assert_array_equal(got_extract.numpy(), extract)
     pad = config.special_id("pad")
