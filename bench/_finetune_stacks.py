@@ -74,10 +74,10 @@ def _views(task_dir: Path, split: str, n_ctx: int) -> dict:
     """The split's records as ``<s> a <e>`` id lists (single-input truncation) and labels, in file order."""
     import tensorflow as tf
 
-    from gpt_tf.config import get_preset
+    from gpt_tf.config import get_size
     from pipelines.transforms import parse_record, special_ids_from_config
 
-    special = special_ids_from_config(get_preset("tiny"))
+    special = special_ids_from_config(get_size("tiny"))
     ids, labels = [], []
     for s in tf.data.TFRecordDataset(str(task_dir / f"{split}.tfrecord.gz"), compression_type="GZIP"):
         record = parse_record(s)
@@ -130,7 +130,7 @@ class Ours:
         import keras
         import tensorflow as tf
 
-        from gpt_tf.config import get_preset
+        from gpt_tf.config import get_size
         from gpt_tf.training.task_objective import FinetuneConfig, Finetuner
         from pipelines.transforms import load_task_spec
 
@@ -139,7 +139,7 @@ class Ours:
         if spec["precision"] != "float32":
             keras.mixed_precision.set_dtype_policy(spec["precision"])
         task_dir = spec["task_dir"]
-        model_config = get_preset("tiny", n_ctx=spec["n_ctx"])
+        model_config = get_size("tiny", n_ctx=spec["n_ctx"])
         config = FinetuneConfig(data_dir=task_dir, run_dir=tempfile.mkdtemp(prefix="finetune_speed_"),
                                 batch_size=spec["batch_size"], lm_coef=spec["lm_coef"], precision=spec["precision"],
                                 seed=0, length_buckets=spec["buckets"])
@@ -177,7 +177,7 @@ class KerasFit:
         import tensorflow as tf
 
         import gpt_tf
-        from gpt_tf.config import get_preset
+        from gpt_tf.config import get_size
         from gpt_tf.optim import WarmupDecay, make_optimizer
         from pipelines.records import read_manifest
 
@@ -188,7 +188,7 @@ class KerasFit:
         keras.utils.set_random_seed(0)
         views = json.loads((Path(spec["task_dir"]) / VIEWS_FILE).read_text())
         tokenizer = gpt_tf.GPT1Tokenizer(read_manifest(spec["task_dir"])["tokenizer"]["dir"])
-        backbone = gpt_tf.GPT1Backbone.from_gpt_config(get_preset("tiny", n_ctx=spec["n_ctx"]), dtype=spec["precision"])
+        backbone = gpt_tf.GPT1Backbone.from_gpt_config(get_size("tiny", n_ctx=spec["n_ctx"]), dtype=spec["precision"])
         preprocessor = gpt_tf.GPT1TaskPreprocessor(tokenizer, sequence_length=spec["n_ctx"])
         self.model = gpt_tf.GPT1TextClassifier(backbone, 2, preprocessor, lm_coef=spec["lm_coef"], compile=False)
         schedule = WarmupDecay(6.25e-5, 10, 10**6, "linear")  # a fixed schedule: no retrace between fit calls
@@ -233,11 +233,11 @@ class HF:
         from transformers import OpenAIGPTConfig, OpenAIGPTForSequenceClassification, Trainer, TrainerCallback
         from transformers import TrainingArguments
 
-        from gpt_tf.config import get_preset
+        from gpt_tf.config import get_size
 
         torch.set_num_threads(spec["threads"])
         torch.manual_seed(0)
-        c = get_preset("tiny", n_ctx=spec["n_ctx"])
+        c = get_size("tiny", n_ctx=spec["n_ctx"])
         views = json.loads((Path(spec["task_dir"]) / VIEWS_FILE).read_text())
         self.pad = views["train"]["pad"]
         config = OpenAIGPTConfig(vocab_size=c.total_vocab, n_positions=c.n_ctx, n_embd=c.n_embd, n_layer=c.n_layer,

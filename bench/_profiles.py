@@ -192,11 +192,11 @@ def add_round(total: dict, result: dict) -> dict:
 def pretrain_row(spec: dict, result: dict) -> dict:
     """ms per 1,000 tokens by kind, the matmul column's GFLOP/s and the top op types (ms per 1,000 tokens), over
     the rounds ``result`` sums."""
-    from gpt_tf.config import get_preset
+    from gpt_tf.config import get_size
 
     tokens = result["rounds"] * spec["steps"] * spec["batch"] * spec["seq"]
     row = per_unit_ms(result["s"], result["op_s"], tokens / 1000, result["others_cpu_share"])
-    flops = get_preset(spec["preset"]).flops_per_token(spec["seq"]) * tokens  # 6N + attention: the matmuls
+    flops = get_size(spec["preset"]).flops_per_token(spec["seq"]) * tokens  # 6N + attention: the matmuls
     row["matmul GFLOP/s"] = round(flops / max(result["op_s"].get("matmul", 0.0), 1e-9) / 1e9, 1)
     row["tokens/s"] = round(tokens / result["s"], 1)
     top = sorted(result["op_types_s"].items(), key=lambda kv: -kv[1])[:TOP_OPS]

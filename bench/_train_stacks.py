@@ -6,7 +6,7 @@ one full training step (forward, backward, global-norm clipping, AdamW update; d
 and returns the loss as a Python float (so the work has finished when it returns); ``info`` holds the parameter
 count.
 
-* ``ours``: ``GPTLanguageModel`` + ``make_optimizer`` in a ``tf.function`` (no XLA);
+* ``ours``: ``GPT1CausalLM`` + ``make_optimizer`` in a ``tf.function`` (no XLA);
 * ``keras_hub``: ``TokenAndPositionEmbedding`` + n × post-LN ``TransformerDecoder`` + the tied
   reverse embedding, the same loss (``lm_loss``) and a Keras AdamW in the same ``tf.function``;
 * ``torch``: ``transformers.OpenAIGPTLMHeadModel`` + ``torch.optim.AdamW`` (``fused=True`` by
@@ -106,7 +106,8 @@ def _tf_step(spec, config):
     import numpy as np
     import tensorflow as tf
 
-    from gpt_tf.model import GPTLanguageModel, lm_loss
+    from gpt_tf.gpt1.build import causal_lm_for
+    from gpt_tf.objectives import lm_loss
     from gpt_tf.optim import make_optimizer
 
     keras.utils.set_random_seed(0)
@@ -114,7 +115,7 @@ def _tf_step(spec, config):
     if mixed:
         keras.mixed_precision.set_global_policy("mixed_bfloat16")
     if spec["stack"] == "ours":
-        model = GPTLanguageModel.from_config_preset(config, dtype="mixed_bfloat16" if mixed else None)
+        model = causal_lm_for(config, dtype="mixed_bfloat16" if mixed else None)
         variables = model.trainable_variables
         optimizer = make_optimizer(variables, LEARNING_RATE, WEIGHT_DECAY, CLIP_NORM)
     else:
@@ -192,9 +193,9 @@ def _torch_step(spec, config):
 
 def build_step(spec):
     """The training step of ``spec["stack"]`` for ``spec["preset"]`` at ``spec["precision"]``."""
-    from gpt_tf.config import get_preset
+    from gpt_tf.config import get_size
 
-    config = get_preset(spec["preset"])
+    config = get_size(spec["preset"])
     if spec["seq"] > config.n_ctx:
         raise ValueError(f"--seq={spec['seq']} exceeds n_ctx={config.n_ctx} of preset {spec['preset']}")
     if spec["stack"] == "torch":
@@ -255,14 +256,14 @@ def run_loop(args) -> dict:
     tf = import_tensorflow()
     import keras
 
-    from gpt_tf.config import get_preset
+    from gpt_tf.config import get_size
     from gpt_tf.strategy import make_strategy
     from gpt_tf.training.lm_objective import Pretrainer, TrainConfig
 
     strategy = make_strategy(args.strategy)
     if args.precision != "float32":
         keras.mixed_precision.set_dtype_policy(args.precision)
-    model_config = get_preset(args.model)
+    model_config = get_size(args.model)
     total = args.warmup + args.steps + 1  # the last step also saves a checkpoint: not timed
     load_start = os.getloadavg()
     with tempfile.TemporaryDirectory() as tmp:
@@ -338,11 +339,11 @@ def loop(args) -> None:
 def _ours_update(jit: bool):
     import tensorflow as tf
 
-    from gpt_tf.config import get_preset
-    from gpt_tf.model import make_backbone
+    from gpt_tf.config import get_size
+    from gpt_tf.gpt1.build import backbone_for
     from gpt_tf.optim import make_optimizer
 
-    variables = make_backbone(get_preset("tiny", n_ctx=64)).trainable_variables
+    variables = backbone_for(get_size("tiny", n_ctx=64)).trainable_variables
     grads = [tf.random.normal(v.shape, stddev=1e-2, seed=i) for i, v in enumerate(variables)]
     optimizer = make_optimizer(variables, LEARNING_RATE, weight_decay=WEIGHT_DECAY, clip_norm=CLIP_NORM)
     update = tf.function(lambda g: optimizer.clip_and_apply(g, variables), jit_compile=jit)
@@ -375,10 +376,10 @@ def run_optimizer(args) -> None:
     torch.set_num_threads(1)
     graph, n = _ours_update(jit=False)
     xla, _ = _ours_update(jit=True)
-    from gpt_tf.config import get_preset
-    from gpt_tf.model import make_backbone
+    from gpt_tf.config import get_size
+    from gpt_tf.gpt1.build import backbone_for
 
-    shapes = [tuple(v.shape) for v in make_backbone(get_preset("tiny", n_ctx=64)).trainable_variables]
+    shapes = [tuple(v.shape) for v in backbone_for(get_size("tiny", n_ctx=64)).trainable_variables]
     stacks = {"gpt_tf graph": graph, "gpt_tf XLA": xla, "torch fused": _torch_fused_update(shapes)}
     times = {name: [] for name in stacks}
     for step in stacks.values():

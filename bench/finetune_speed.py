@@ -285,7 +285,7 @@ def before_scorer(lm, bos_id, batch_size):
             return tf.reduce_sum(logp * mask[:, 1:], axis=1)
 
     scorer = Before(lm, bos_id=bos_id, batch_size=batch_size)
-    scorer.buckets = tuple(range(1, lm.config.n_ctx + 1))  # every length is a bucket: pad to the longest
+    scorer.buckets = tuple(range(1, lm.backbone.config.n_ctx + 1))  # every length is a bucket: pad to the longest
     return scorer
 
 
@@ -293,10 +293,10 @@ def run_zero_shot(args) -> tuple[dict, str]:
     """``--mode=zero_shot``: (the report, its markdown) of ``--rounds`` interleaved rounds of the two scorers."""
     import numpy as np
 
-    from gpt_tf.config import get_preset
+    from gpt_tf.config import get_size
     from gpt_tf.analysis.heuristics import HEURISTICS, load_examples, requests
     from gpt_tf.analysis.lm_scorer import LMScorer
-    from gpt_tf.model import GPTLanguageModel
+    from gpt_tf.gpt1.build import causal_lm_for
     from gpt_tf.text.tokenizer import GPTTokenizer
 
     tokenizer = GPTTokenizer.from_dir(train_bpe(Path(args.data_root), Path(args.shared_data), args.books, print))
@@ -304,7 +304,7 @@ def run_zero_shot(args) -> tuple[dict, str]:
     for task, folder in {"sst2": "glue/SST-2", "cola": "glue/CoLA", "story_cloze": "story_cloze"}.items():
         h = HEURISTICS[task]
         reqs += requests(h, load_examples(task, str(Path(args.shared_data) / folder), h.eval_split), tokenizer.encode)
-    lm = GPTLanguageModel.from_config_preset(get_preset("tiny", vocab_size=tokenizer.vocab_size))
+    lm = causal_lm_for(get_size("tiny", vocab_size=tokenizer.vocab_size))
     bos = tokenizer.vocab_size - 1
     scorers = {"before": before_scorer(lm, bos, args.batch_size), "after": LMScorer(lm, bos, args.batch_size)}
     tokens = sum(len(scorers["after"].sequence(p, c)[0]) - 1 for p, c in reqs)

@@ -91,7 +91,7 @@ def summarise(rows, peaks, quiet_share):
     Within one preset × precision, the medians are over the quiet steps if every row has at least
     half its steps quiet, else over all steps (the same rule for every stack, so ratios stay fair).
     """
-    from gpt_tf.config import get_preset
+    from gpt_tf.config import get_size
 
     groups = {}
     for row in rows:
@@ -105,7 +105,7 @@ def summarise(rows, peaks, quiet_share):
             row["ms_per_step"] = 1e3 * median([s["s"] for s in steps])
             row["cpu_s_per_step"] = median([s["cpu_s"] for s in steps])
             row["tokens_per_s"] = row["batch"] * row["seq"] / (row["ms_per_step"] / 1e3)
-            row["flops_per_token"] = get_preset(row["preset"]).flops_per_token(row["seq"])
+            row["flops_per_token"] = get_size(row["preset"]).flops_per_token(row["seq"])
             row["mfu"] = row["tokens_per_s"] * row["flops_per_token"] / peaks[row["precision"]]
             row["others_cpu_share"] = sum(s["others_cpu_share"] for s in row["steps_log"]) / len(row["steps_log"])
             row["final_loss"] = row["steps_log"][-1]["loss"]
@@ -239,7 +239,7 @@ def _quiet_count(row, quiet_share):
 
 def define_flags():
     flags.DEFINE_enum("mode", "stacks", ["stacks", "loop", "optimizer", "profile"], "what to measure (see the module doc)")
-    flags.DEFINE_string("presets", "gpt1,small", "comma-separated model presets")
+    flags.DEFINE_string("presets", "gpt1,small", "comma-separated model sizes (gpt_tf/config.py)")
     flags.DEFINE_string("precisions", "float32,bfloat16", "float32 and/or bfloat16")
     flags.DEFINE_string("stacks", ",".join(STACKS), "comma-separated subset of " + ",".join(STACKS))
     flags.DEFINE_integer("batch", None, "batch size (default: per preset)")
@@ -329,11 +329,11 @@ def main(argv):
                     max_rounds = max(args.max_rounds or 0, sizes["steps"])
                     report["rows"] += run_group(group, args.quiet_share, max_rounds, log, args.wait_quiet)
     summarise(report["rows"], report["peak_flops"], args.quiet_share)
-    from gpt_tf.config import get_preset
+    from gpt_tf.config import get_size
 
     for preset in args.presets.split(",") if stacks else ():
         counts = {row_name(r): r["n_params"] for r in report["rows"] if r["preset"] == preset}
-        log(f"{preset}: parameters {counts}; config.n_params = {get_preset(preset).n_params:,}")
+        log(f"{preset}: parameters {counts}; config.n_params = {get_size(preset).n_params:,}")
     save_report(report, markdown(report), Path(args.out or "bench/results/train_throughput.json"), log)
 
 

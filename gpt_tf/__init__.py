@@ -8,7 +8,7 @@ the GPT-1 classes and presets as soon as ``keras_hub`` is imported (before or af
 num_classes=2)`` resolve GPT-1 presets.
 
     import gpt_tf
-    classifier = gpt_tf.GPT1TextClassifier.from_preset("books_tiny", num_classes=2)
+    classifier = gpt_tf.GPT1TextClassifier.from_preset("gpt1_tiny_books_en", num_classes=2)
 """
 
 from __future__ import annotations

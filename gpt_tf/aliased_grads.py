@@ -113,7 +113,7 @@ def pads(nx: int, units: int, dtype, measure_fn=None) -> bool:
 
 def dense_shapes(config) -> list:
     """The ``(n_embd, units)`` of the model's ``Conv1D`` weights: a block's c_attn, attention c_proj, c_fc and
-    MLP c_proj; the LSTM's projection back to ``n_embd`` (``gpt_tf/lstm.py``)."""
+    MLP c_proj; the LSTM's projection back to ``n_embd`` (``gpt_tf/gpt1/lstm.py``)."""
     d, f = config.n_embd, config.d_ff
     if config.model_type == "lstm":
         return [(f, d)] if f != d else []

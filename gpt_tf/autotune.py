@@ -40,7 +40,7 @@ ONEDNN, FUSED = "TF_ENABLE_ONEDNN_OPTS", "GPT_TF_FUSED_KERNELS"
 INTRA, INTER = "TF_NUM_INTRAOP_THREADS", "TF_NUM_INTEROP_THREADS"
 SETTINGS = (ONEDNN, FUSED, INTRA, INTER)
 CACHE_FILE = "settings.json"
-PROBE = {"preset": "tiny", "n_layer": 1, "batch": 4, "seq": 64, "warmup": 1, "steps": 3}
+PROBE = {"size": "tiny", "n_layer": 1, "batch": 4, "seq": 64, "warmup": 1, "steps": 3}
 TAG = "@@autotune "
 # A candidate's process-wide settings (0 threads: TensorFlow's default, one per core for each pool).
 BASE = {ONEDNN: "0", FUSED: "1", INTRA: "0", INTER: "0"}  # the project's settings before (on an AVX2-only CPU)
@@ -77,17 +77,18 @@ def worker_main(settings: dict) -> None:
     import tensorflow as tf
 
     from gpt_tf import kernels
-    from gpt_tf.config import get_preset
-    from gpt_tf.model import GPTLanguageModel, lm_loss
+    from gpt_tf.config import get_size
+    from gpt_tf.gpt1.build import causal_lm_for
+    from gpt_tf.objectives import lm_loss
     from gpt_tf.optim import make_optimizer
 
     apply_threads(tf)
-    config = get_preset(PROBE["preset"], n_layer=PROBE["n_layer"])
+    config = get_size(PROBE["size"], n_layer=PROBE["n_layer"])
     ids = np.random.default_rng(0).integers(0, config.vocab_size, (PROBE["batch"], PROBE["seq"] + 1))
     tokens = tf.constant(ids, tf.int32)
 
     def build():
-        model = GPTLanguageModel.from_config_preset(config)
+        model = causal_lm_for(config)
         variables = model.trainable_variables
         optimizer = make_optimizer(variables, 1e-4)
 
@@ -241,7 +242,7 @@ def apply(environ=os.environ, path: str | None = None, measure_fn=measure) -> st
     before = seconds.get(candidate_name(BASE))
     gain = f", {before / seconds[entry['pick']]:.2f}x the speed with oneDNN off" if before else ""
     hand = f"; set by hand: {', '.join(f'{n}={environ[n]}' for n in by_hand)}" if by_hand else ""
-    probe = f"{PROBE['n_layer']}-layer {PROBE['preset']} {PROBE['batch']}x{PROBE['seq']}"
+    probe = f"{PROBE['n_layer']}-layer {PROBE['size']} {PROBE['batch']}x{PROBE['seq']}"
     return (f"settings auto: {candidate_name(effective)}{hand} (pick {how}: {1e3 * seconds[entry['pick']]:.0f} ms "
             f"per {probe} training step{gain}; precision: --precision=auto per model; {path})")
 

@@ -135,11 +135,11 @@ def kept_checkpoints(run_dir: str, step: int = 0) -> list[tuple[int, str]]:
 
 # ---------------------------------------------------------------------- the model a run implies
 def restore_pretrained_lm(lm, path: str) -> str:
-    """Loads pre-trained weights into the ``GPTLanguageModel`` ``lm``; returns what was read.
+    """Loads pre-trained weights into the ``GPT1CausalLM`` ``lm``; returns what was read.
 
     ``path``: a pre-training run dir (its latest checkpoint), a checkpoint prefix, a directory of
     the GPT-1 release shards (``params_0.npy`` … with ``params_shapes.json``) or a preset folder
-    (``config.json`` + ``model.weights.h5``, e.g. ``gpt_tf/presets/books_tiny``).
+    (``config.json`` + ``model.weights.h5``, e.g. ``gpt_tf/presets/gpt1_tiny_books_en``).
     """
     if preset_io.is_preset(path):
         return preset_io.load_preset_weights(lm.backbone, path)
@@ -160,10 +160,10 @@ def initialise_from_pretrained(model, path: str, n_layers: int, seed: int = 0) -
     """Fine-tuning's start (§3.2): the pre-trained LM at ``path`` (see ``restore_pretrained_lm``) into
     ``model``'s backbone: its embeddings and first ``n_layers`` blocks, then the special-token rows
     re-drawn (deterministic in ``seed``). Returns the paths of the variables overwritten."""
-    from gpt_tf.model import GPTLanguageModel
+    from gpt_tf.gpt1.build import causal_lm_for
     from gpt_tf.task_model import reset_special_embeddings, transfer_layers
 
-    lm = GPTLanguageModel.from_config_preset(pretrained_model_config(path))  # its own n_ctx
+    lm = causal_lm_for(pretrained_model_config(path))  # its own n_ctx
     restore_pretrained_lm(lm, path)
     copied = transfer_layers(lm, model.backbone, n_layers)
     reset_special_embeddings(model.backbone, seed=seed)
@@ -172,14 +172,14 @@ def initialise_from_pretrained(model, path: str, n_layers: int, seed: int = 0) -
 
 def continue_from_pretrained(lm, path: str) -> list[str]:
     """Continued pre-training's start: the pre-trained LM at ``path`` (see ``restore_pretrained_lm``) into the
-    ``GPTLanguageModel`` ``lm``: every block, the embeddings with their special-token rows, and the first
+    ``GPT1CausalLM`` ``lm``: every block, the embeddings with their special-token rows, and the first
     ``lm``'s n_ctx position rows (its context may be shorter). Returns the paths of the variables overwritten."""
-    from gpt_tf.model import GPTLanguageModel
+    from gpt_tf.gpt1.build import causal_lm_for
     from gpt_tf.task_model import transfer_layers
 
-    source = GPTLanguageModel.from_config_preset(pretrained_model_config(path))  # its own n_ctx
+    source = causal_lm_for(pretrained_model_config(path))  # its own n_ctx
     restore_pretrained_lm(source, path)
-    return transfer_layers(source, lm, lm.config.n_layer)
+    return transfer_layers(source, lm, lm.backbone.config.n_layer)
 
 
 def build_task_models(model_config: GPTConfig, tasks, clf_pdrop: float, precision: str) -> list:
@@ -187,10 +187,10 @@ def build_task_models(model_config: GPTConfig, tasks, clf_pdrop: float, precisio
 
     Fine-tuning and ``load_task_model`` build it here alike, so the checkpoint keys (variable order) match.
     """
-    from gpt_tf.model import make_backbone
+    from gpt_tf.gpt1.build import backbone_for
     from gpt_tf.task_model import GPTTaskModel
 
-    backbone = make_backbone(model_config, dtype=precision)
+    backbone = backbone_for(model_config, dtype=precision)
     return [GPTTaskModel(backbone, task, clf_pdrop=clf_pdrop, dtype=precision) for task in tasks]
 
 

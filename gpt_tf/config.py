@@ -1,13 +1,14 @@
-"""Model configuration: one dataclass and the named presets.
+"""Model configuration: one dataclass and the named model sizes (``SIZES``, ``get_size``: ``--model``'s values).
 
 ``gpt1`` is the paper's model (§4.1): 12 post-LN decoder blocks, 768 dims, 12 heads,
 3072-wide GELU feed-forward, 512 learned positions, 40,478 BPE tokens, dropout 0.1,
-N(0, 0.02) init. The smaller presets keep every design choice and only shrink sizes,
-so that they train on a 2-core CPU.
+N(0, 0.02) init. The smaller sizes keep every design choice and only shrink the model,
+so that they train on a 2-core CPU. (A *preset*, as in keras-hub, is a saved model: a shipped name or a
+folder; ``gpt_tf/preset_io.py``.)
 
 ``model_type="lstm"`` is the paper's LSTM baseline (§5, Table 5) in the same framework: the same
-embeddings and tied LM head around ``n_layer`` LSTM layers of ``d_ff`` units (``gpt_tf/lstm.py``).
-The ``lstm_<preset>`` presets have one LSTM layer with the embedding width of ``<preset>`` and
+embeddings and tied LM head around ``n_layer`` LSTM layers of ``d_ff`` units (``gpt_tf/gpt1/lstm.py``).
+The ``lstm_<size>`` sizes have one LSTM layer with the embedding width of ``<size>`` and
 about as many non-embedding parameters as its transformer blocks.
 """
 
@@ -95,7 +96,7 @@ class GPTConfig:
         return dataclasses.asdict(self)
 
 
-PRESETS: dict[str, GPTConfig] = {
+SIZES: dict[str, GPTConfig] = {
     # The paper's model.
     "gpt1": GPTConfig(),
     # ~19M parameters with a 16k vocab; a real small LM for books on CPU.
@@ -104,7 +105,7 @@ PRESETS: dict[str, GPTConfig] = {
     "tiny": GPTConfig(vocab_size=8000, n_ctx=128, n_embd=256, n_layer=4, n_head=4, d_ff=1024),
     # For unit tests: trains in seconds.
     "test": GPTConfig(vocab_size=1000, n_ctx=32, n_embd=32, n_layer=2, n_head=4, d_ff=128),
-    # The LSTM baseline, one layer, sized to a preset: its width and ~its non-embedding parameters
+    # The LSTM baseline, one layer, sized to a transformer size: its width and ~its non-embedding parameters
     # (lstm_small 10.64M vs small 10.65M; lstm_tiny 3.17M vs tiny 3.16M).
     "lstm_small": GPTConfig(vocab_size=16000, n_ctx=256, n_embd=384, n_layer=1, n_head=1, d_ff=1408, model_type="lstm"),
     "lstm_tiny": GPTConfig(vocab_size=8000, n_ctx=128, n_embd=256, n_layer=1, n_head=1, d_ff=744, model_type="lstm"),
@@ -112,8 +113,8 @@ PRESETS: dict[str, GPTConfig] = {
 }
 
 
-def get_preset(name: str, **overrides) -> GPTConfig:
-    """Returns a preset, with fields replaced by ``overrides`` (e.g. a tokenizer's vocab size)."""
-    if name not in PRESETS:
-        raise ValueError(f"unknown model preset {name!r}; choose one of {sorted(PRESETS)}")
-    return PRESETS[name].replace(**overrides) if overrides else PRESETS[name]
+def get_size(name: str, **overrides) -> GPTConfig:
+    """The model size ``name``'s config, with fields replaced by ``overrides`` (e.g. a tokenizer's vocab size)."""
+    if name not in SIZES:
+        raise ValueError(f"unknown model size {name!r}; choose one of {sorted(SIZES)}")
+    return SIZES[name].replace(**overrides) if overrides else SIZES[name]

@@ -32,7 +32,7 @@ class Rule:
     lo: Optional[float] = None
     hi: Optional[float] = None
     hi_open: bool = False
-    sentinel: Optional[float] = None  # a special value outside the range (e.g. -1: keep the preset's)
+    sentinel: Optional[float] = None  # a special value outside the range (e.g. -1: keep the model size's)
 
     def check(self, value) -> Optional[str]:
         """Why ``value`` is invalid, or None."""
@@ -79,9 +79,9 @@ NUMERIC = {
 
 
 def _known_models() -> tuple:
-    from gpt_tf.config import PRESETS
+    from gpt_tf.config import SIZES
 
-    return tuple(PRESETS)
+    return tuple(SIZES)
 
 
 def _known_tasks() -> tuple:

@@ -52,10 +52,11 @@ def _train_step(config, precision: str, batch: int, seq: int):
     import numpy as np
     import tensorflow as tf
 
-    from gpt_tf.model import GPTLanguageModel, lm_loss
+    from gpt_tf.gpt1.build import causal_lm_for
+    from gpt_tf.objectives import lm_loss
     from gpt_tf.optim import make_optimizer
 
-    model = GPTLanguageModel.from_config_preset(config, dtype=precision)
+    model = causal_lm_for(config, dtype=precision)
     variables = model.trainable_variables
     optimizer = make_optimizer(variables, 1e-4)
     tokens = tf.constant(np.random.default_rng(0).integers(0, config.vocab_size, (batch, seq + 1)), tf.int32)

@@ -4,10 +4,10 @@ A preset folder (``GPT1Backbone.save_to_preset``, ``python -m gpt_tf.gpt1.conver
 ``config.json`` (the backbone's Keras config: keras-hub's field names), ``model.weights.h5`` (the
 backbone's weights), ``tokenizer.json`` + ``assets/tokenizer/`` (GPT-1's two BPE files) and
 ``metadata.json``; a task adds ``task.json`` / ``task.weights.h5``. The presets shipped in the package are
-``gpt_tf/presets/<name>``; ``FindsPresets`` gives the family's ``from_preset`` a clear error for one not found. The backbone's variables are
-``GPTBackbone``'s, so the core restores a preset into any GPT model (``--init_checkpoint=<preset>``)
-with no keras-hub in the process. ``backbone_kwargs`` / ``config_from_kwargs`` are the one mapping
-between ``GPTConfig``'s fields and keras-hub's.
+``gpt_tf/presets/<name>``; ``FindsPresets`` gives the family's ``from_preset`` a clear error for one not found.
+The core reads a preset's ``config.json`` and weights file itself (``--init_checkpoint=<preset>``: a run
+folder's model config, weights restored into the run's backbone). ``backbone_kwargs`` /
+``config_from_kwargs`` are the one mapping between ``GPTConfig``'s fields and keras-hub's.
 """
 
 from __future__ import annotations
@@ -21,6 +21,7 @@ CONFIG_FILE = "config.json"
 WEIGHTS_FILE = "model.weights.h5"
 TOKENIZER_ASSETS = os.path.join("assets", "tokenizer")
 SHIPPED_DIR = os.path.join(os.path.dirname(os.path.abspath(__file__)), "presets")  # package data: named presets
+PRESET_ALIASES = {"books_tiny": "gpt1_tiny_books_en"}  # earlier names of shipped presets -> their names
 
 # GPTConfig field -> keras-hub argument (vocab_size is derived: keras-hub counts the special rows).
 _NAMES = {"n_special": "num_special_tokens", "n_ctx": "max_sequence_length", "n_embd": "hidden_dim",
@@ -30,17 +31,16 @@ _NAMES = {"n_special": "num_special_tokens", "n_ctx": "max_sequence_length", "n_
 
 
 def backbone_kwargs(config: GPTConfig) -> dict:
-    """``GPT1Backbone``'s arguments for ``config``: ``vocabulary_size`` counts the special-token rows."""
-    if config.model_type != "gpt":
-        raise ValueError(f"a GPT-1 preset holds a transformer, not model_type={config.model_type!r}")
+    """``GPT1Backbone``'s arguments for ``config``: ``vocabulary_size`` counts the special-token rows (the model
+    type is the class's: ``GPT1Backbone`` or the LSTM baseline's subclass)."""
     return {"vocabulary_size": config.total_vocab, **{new: getattr(config, old) for old, new in _NAMES.items()}}
 
 
-def config_from_kwargs(kwargs: dict) -> GPTConfig:
+def config_from_kwargs(kwargs: dict, model_type: str = "gpt") -> GPTConfig:
     """The ``GPTConfig`` of ``GPT1Backbone`` arguments (``backbone_kwargs``'s inverse)."""
     fields = {old: kwargs[new] for old, new in _NAMES.items() if new in kwargs}
     n_special = fields.get("n_special", GPTConfig.n_special)
-    return GPTConfig(vocab_size=int(kwargs["vocabulary_size"]) - n_special, **fields)
+    return GPTConfig(vocab_size=int(kwargs["vocabulary_size"]) - n_special, model_type=model_type, **fields)
 
 
 def is_preset(path: str) -> bool:
@@ -60,18 +60,20 @@ def preset_config(path: str) -> GPTConfig:
 
 
 def load_preset_weights(backbone, path: str) -> str:
-    """The preset's backbone weights into ``backbone`` (a ``GPTBackbone`` of the same shape); returns the file."""
+    """The preset's backbone weights into ``backbone`` (a ``GPT1Backbone`` of the same shape); returns the file."""
     weights = os.path.join(path, WEIGHTS_FILE)
     backbone.load_weights(weights)
     return weights
 
 
 def shipped_presets() -> dict:
-    """``{name: folder}`` of the presets shipped inside the package (``gpt_tf/presets/<name>``)."""
+    """``{name: folder}`` of the presets shipped inside the package (``gpt_tf/presets/<name>``), their aliases
+    (``PRESET_ALIASES``) included."""
     if not os.path.isdir(SHIPPED_DIR):
         return {}
-    return {name: os.path.join(SHIPPED_DIR, name) for name in sorted(os.listdir(SHIPPED_DIR))
-            if os.path.isfile(os.path.join(SHIPPED_DIR, name, CONFIG_FILE))}
+    folders = {name: os.path.join(SHIPPED_DIR, name) for name in sorted(os.listdir(SHIPPED_DIR))
+               if os.path.isfile(os.path.join(SHIPPED_DIR, name, CONFIG_FILE))}
+    return {**folders, **{alias: folders[name] for alias, name in PRESET_ALIASES.items() if name in folders}}
 
 
 def preset_problem(preset) -> str:

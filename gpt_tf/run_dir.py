@@ -33,7 +33,7 @@ import socket
 from typing import Optional
 
 from gpt_tf import preset_io
-from gpt_tf.config import GPTConfig, get_preset
+from gpt_tf.config import GPTConfig, get_size
 
 DATA_FILE = "data.json"
 MODEL_CONFIG = "model_config.json"
@@ -119,7 +119,7 @@ def pretrained_model_config(path: str) -> GPTConfig:
     """The GPTConfig of a pre-training (or fine-tuning) run dir, a checkpoint prefix, GPT-1 release shards or a
     keras-hub preset folder (``gpt_tf/preset_io.py``)."""
     if os.path.isfile(os.path.join(path, "params_0.npy")):
-        return get_preset("gpt1")
+        return get_size("gpt1")
     if preset_io.is_preset(path):
         return preset_io.preset_config(path)
     run_dir = path if os.path.isdir(path) else os.path.dirname(os.path.dirname(path))  # run/checkpoints/ckpt-N

@@ -13,13 +13,11 @@ the final block's state at each view's extract token feeds the head:
   by the K candidates of an example, so they are compared under the same noise.
 
 The tied LM head gives ``outputs["lm"]`` ``[B, K, T, total_vocab]`` for the auxiliary objective
-L1 (Eq. 5: L3 = L2 + λ·L1). W_y is N(0, 0.02) with zero bias; with the special-token rows of the
-token embedding it is the only new parameter (§3.2).
+L1 (Eq. 5: L3 = L2 + λ·L1; the loss is ``gpt_tf/objectives.py``'s). W_y is N(0, 0.02) with zero
+bias; with the special-token rows of the token embedding it is the only new parameter (§3.2).
 """
 
 from __future__ import annotations
-
-from collections.abc import Mapping
 
 import keras
 import numpy as np
@@ -27,18 +25,7 @@ import tensorflow as tf
 from keras import ops
 
 from gpt_tf.layers import PACKAGE, Conv1D
-from gpt_tf.backbone import GPTBackbone
-from gpt_tf.model import lm_loss
-from gpt_tf.tasks import TaskSpec
-
-
-def as_task_spec(task) -> TaskSpec:
-    """A ``TaskSpec`` from a spec or its dict form (``TaskSpec.to_dict()`` / a Keras config)."""
-    if isinstance(task, TaskSpec):
-        return task
-    if isinstance(task, Mapping):
-        return TaskSpec.from_dict(task)
-    raise TypeError(f"task must be a TaskSpec or a dict of its fields, got {type(task).__name__}")
+from gpt_tf.tasks import as_task_spec
 
 
 @keras.saving.register_keras_serializable(package=PACKAGE)
@@ -50,7 +37,8 @@ class GPTTaskModel(keras.Model):
     largest matmul) when the auxiliary loss is off or for evaluation; ``"lm"`` is then absent.
     """
 
-    def __init__(self, backbone: GPTBackbone | dict, task, clf_pdrop: float = 0.1, **kwargs):
+    def __init__(self, backbone, task, clf_pdrop: float = 0.1, **kwargs):
+        """``backbone``: a ``GPT1Backbone`` (or its Keras config); ``task``: a ``TaskSpec`` (or its dict)."""
         super().__init__(**kwargs)
         if isinstance(backbone, dict):
             backbone = keras.saving.deserialize_keras_object(backbone)
@@ -84,7 +72,7 @@ class GPTTaskModel(keras.Model):
     def extract_states(self, features, training=False, all_states=True):
         """Final-block states ``[B, K, T, d]`` (None unless ``all_states``) and the states at the
         extract tokens ``[B, K, d]``. Without ``all_states`` the last block runs only at the extract
-        tokens (``GPTBackbone.call(positions=...)``): the same values, a fraction of its work."""
+        tokens (``GPT1Backbone.call(positions=...)``): the same values, a fraction of its work."""
         input_ids = ops.convert_to_tensor(features["input_ids"], "int32")
         self._check_views(input_ids)
         batch, views, length = ops.shape(input_ids)[0], ops.shape(input_ids)[1], ops.shape(input_ids)[2]
@@ -141,63 +129,14 @@ class GPTTaskModel(keras.Model):
         return cls(**config)
 
 
-def task_loss(task, outputs, features, label, lm_coef) -> dict:
-    """Eq. 5, L3 = L2 + λ·L1, in float32, for one (per-replica) batch.
-
-    Returns ``total``, ``task`` (L2: mean cross-entropy for classification/choice, mean squared error
-    for regression) and ``lm`` (L1: ``sum(CE·lm_weights) / sum(lm_weights)`` with targets
-    ``input_ids[..., t+1]``; padding never counts). For exact averaging across replicas and
-    micro-batches it also returns the sums behind the means: ``task_sum`` and ``examples`` (so
-    ``task = task_sum / examples``) and ``lm_sum`` and ``lm_tokens`` (``lm = lm_sum / lm_tokens``,
-    0 when there are no tokens). A distributed loop all-reduces ``examples`` and ``lm_tokens``
-    first (they carry no gradient) and minimises ``task_sum / global_examples + λ·lm_sum /
-    global_lm_tokens`` on each replica; the replica gradients then sum to the global-batch gradient.
-    With ``lm_coef == 0`` the LM term is skipped and ``outputs`` need not hold ``"lm"``; outputs of
-    ``with_lm="targets"`` give the same L1 from the real targets alone.
-    """
-    task_sum, examples = _task_loss_sum(as_task_spec(task).head, outputs["task"], label)
-    if lm_coef:
-        if "lm" not in outputs:
-            raise ValueError("lm_coef is non-zero but outputs lack 'lm' (call the model with with_lm=True)")
-        if "lm_targets" in outputs:
-            lm_sum, lm_tokens = lm_loss(outputs["lm"], outputs["lm_targets"], outputs["lm_target_weights"])
-        else:
-            input_ids = ops.convert_to_tensor(features["input_ids"], "int32")
-            weights = ops.cast(features["lm_weights"], "float32")[..., :-1]
-            lm_sum, lm_tokens = lm_loss(outputs["lm"][..., :-1, :], input_ids[..., 1:], weights)
-    else:
-        lm_sum, lm_tokens = ops.zeros((), "float32"), ops.zeros((), "float32")
-    task_mean = task_sum / examples
-    lm_mean = lm_sum / ops.maximum(lm_tokens, 1e-9)
-    return {
-        "total": task_mean + float(lm_coef) * lm_mean,
-        "task": task_mean,
-        "lm": lm_mean,
-        "task_sum": task_sum,
-        "examples": examples,
-        "lm_sum": lm_sum,
-        "lm_tokens": lm_tokens,
-    }
-
-
-def _task_loss_sum(head: str, task_out, label):
-    """Sum over the batch of the per-example L2 terms, and the number of examples (float32)."""
-    task_out = ops.cast(task_out, "float32")
-    if head == "regression":
-        losses = ops.square(task_out - ops.cast(label, "float32"))
-    else:  # classification over classes, choice over the K candidates
-        losses = keras.losses.sparse_categorical_crossentropy(ops.cast(label, "int32"), task_out, from_logits=True)
-    return ops.sum(losses), ops.cast(ops.shape(losses)[0], "float32")
-
-
 def task_predictions(task, task_out) -> np.ndarray:
     """Class / candidate ids (argmax) or regression scores, as numpy, for ``gpt_tf.metrics``."""
     values = np.asarray(ops.convert_to_numpy(ops.cast(task_out, "float32")))
     return values if as_task_spec(task).head == "regression" else values.argmax(axis=-1)
 
 
-def _backbone_of(model) -> GPTBackbone:
-    """The backbone of a ``GPTLanguageModel`` / ``GPTTaskModel``, or the backbone itself (GPT or LSTM)."""
+def _backbone_of(model):
+    """The backbone of a ``GPT1CausalLM`` / ``GPTTaskModel`` / keras-hub task, or the backbone itself (GPT or LSTM)."""
     return getattr(model, "backbone", model)
 
 

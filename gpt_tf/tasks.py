@@ -123,6 +123,15 @@ class TaskSpec:
         return cls(**dict(data))
 
 
+def as_task_spec(task) -> TaskSpec:
+    """A ``TaskSpec`` from a spec or its dict form (``TaskSpec.to_dict()`` / a Keras config)."""
+    if isinstance(task, TaskSpec):
+        return task
+    if isinstance(task, Mapping):
+        return TaskSpec.from_dict(task)
+    raise TypeError(f"task must be a TaskSpec or a dict of its fields, got {type(task).__name__}")
+
+
 _ACC = ("accuracy",)
 _NLI3 = ("entailment", "neutral", "contradiction")
 

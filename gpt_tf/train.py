@@ -273,7 +273,7 @@ def _train_kwargs() -> dict:
 
 def _pretrain_setup(setup: Setup) -> Setup:
     """``setup`` with pre-training's tokenizer, model config and TrainConfig fields, checked against the run's saved ones."""
-    from gpt_tf.config import get_preset
+    from gpt_tf.config import get_size
     from gpt_tf.run_dir import continued_model_config
     from gpt_tf.text.tokenizer import GPTTokenizer
 
@@ -286,7 +286,7 @@ def _pretrain_setup(setup: Setup) -> Setup:
     if FLAGS.init_checkpoint:
         model_config, problems = continued_model_config(FLAGS.init_checkpoint, FLAGS.data_dir, overrides)
     else:
-        model_config = get_preset(FLAGS.model, **overrides)
+        model_config = get_size(FLAGS.model, **overrides)
     if model_config.n_ctx != int(manifest["n_ctx"]):
         problems.append(f"--n_ctx={model_config.n_ctx} but {FLAGS.data_dir} holds {manifest['n_ctx']}-token sequences")
     kwargs = _train_kwargs()
@@ -301,7 +301,7 @@ def _pretrain_setup(setup: Setup) -> Setup:
 def _finetune_model_config(tokenizer_vocab):
     """The backbone's config: the run's own (eval, predict, resume), the pre-trained run's, GPT-1's for
     release shards, else --model's."""
-    from gpt_tf.config import get_preset
+    from gpt_tf.config import get_size
     from gpt_tf.run_dir import pretrained_model_config
 
     if FLAGS.mode in ("eval", "predict") or os.path.isfile(os.path.join(FLAGS.run_dir, MODEL_CONFIG)):
@@ -313,7 +313,7 @@ def _finetune_model_config(tokenizer_vocab):
         if FLAGS.n_ctx:  # a shorter context for short-text tasks: the first n_ctx position rows are kept
             config = config.replace(n_ctx=FLAGS.n_ctx)
     else:
-        config = get_preset(FLAGS.model, vocab_size=tokenizer_vocab, **({"n_ctx": FLAGS.n_ctx} if FLAGS.n_ctx else {}))
+        config = get_size(FLAGS.model, vocab_size=tokenizer_vocab, **({"n_ctx": FLAGS.n_ctx} if FLAGS.n_ctx else {}))
     if FLAGS.dropout >= 0:
         config = config.replace(embd_pdrop=FLAGS.dropout, attn_pdrop=FLAGS.dropout, resid_pdrop=FLAGS.dropout)
     if config.vocab_size != tokenizer_vocab:

@@ -35,9 +35,9 @@ def define_flags() -> None:
                          "20, ...; 1: 8, 16, 32, ...). Each bucket is one XLA/TPU compilation; fewer pad more.")
     flags.DEFINE_string("predict_split", "", "--mode=predict: split to predict (default: the task's first eval split, "
                         "e.g. dev; `test` for a GLUE submission).")
-    flags.DEFINE_string("model", "tiny", "Model preset: gpt1, small, tiny or test; lstm_small, lstm_tiny or lstm_test "
-                        "for the LSTM baseline.")
-    flags.DEFINE_integer("n_ctx", 0, "Override the preset's context length (0: keep).")
+    flags.DEFINE_string("model", "tiny", "Model size (gpt_tf/config.py): gpt1, small, tiny or test; lstm_small, "
+                        "lstm_tiny or lstm_test for the LSTM baseline.")
+    flags.DEFINE_integer("n_ctx", 0, "Override the model size's context length (0: keep).")
     flags.DEFINE_float("dropout", -1.0, "Override embedding/attention/residual dropout (-1: keep 0.1).")
     flags.DEFINE_string("data_dir", None, "TFRecords from `python -m pipelines.pretrain_data` (has manifest.json).")
     flags.DEFINE_bool("verify_data", True, "Check every data file's sha256 against its manifest before training or "
@@ -54,8 +54,9 @@ def define_flags() -> None:
     flags.DEFINE_float("learning_rate", 2.5e-4, "Peak learning rate (the paper: 2.5e-4).")
     flags.DEFINE_integer("warmup_steps", 2000, "Linear warm-up updates (the paper: 2000).")
     flags.DEFINE_enum("lr_decay", "cosine", ["cosine", "linear", "constant"], "Decay after warm-up.")
-    flags.DEFINE_float("weight_decay", 0.01, "Decoupled weight decay on weight matrices (the paper: 0.01).")
-    flags.DEFINE_float("clip_norm", 1.0, "Clip gradients to this global norm (0: off).")
+    flags.DEFINE_float("weight_decay", PAPER_FINETUNE["weight_decay"], "Decoupled weight decay on weight matrices "
+                       "(the paper: 0.01).")
+    flags.DEFINE_float("clip_norm", PAPER_FINETUNE["clip_norm"], "Clip gradients to this global norm (0: off).")
     flags.DEFINE_enum("precision", "float32", ["float32", "mixed_bfloat16", "auto"], "Compute precision; auto: the faster "
                       "of the two for this model on this machine, timed once and cached (gpt_tf/precision.py).")
     flags.DEFINE_enum("strategy", "default", ["default", "one_device", "mirrored", "multi_worker", "tpu"], "tf.distribute.")

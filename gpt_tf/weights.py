@@ -51,7 +51,7 @@ def _all_block_slots(model):
 
 
 def _backbone(model):
-    """Accepts a ``GPTLanguageModel`` or a ``GPTBackbone``."""
+    """Accepts a ``GPT1CausalLM`` (any model holding a ``backbone``) or a ``GPT1Backbone``."""
     return getattr(model, "backbone", model)
 
 
@@ -163,7 +163,7 @@ def load_gpt1_release(model, params_dir, shapes_path=None, n_shards: int = 10) -
     """Loads the released GPT-1 weights (``params_*.npy`` + ``params_shapes.json``) into ``model``.
 
     Args:
-        model: a ``GPTLanguageModel`` or ``GPTBackbone`` whose ``vocab_size`` equals the
+        model: a ``GPT1CausalLM`` or ``GPT1Backbone`` whose ``vocab_size`` equals the
             release's token rows (40,478) and whose ``n_ctx`` is at most the release's 512.
         params_dir: folder holding the shards (and ``params_shapes.json`` unless given).
         shapes_path: the shapes file, if not in ``params_dir``.

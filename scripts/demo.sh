@@ -40,7 +40,7 @@ TensorBoard: .venv/bin/tensorboard --logdir $RUN/tb
 Next, the README's walk-through: fine-tune the shipped books model on SST-2, export it and serve it:
   source .venv/bin/activate
   python -m pipelines.pretrain_data --input_dir=data/shakespeare/valid --output_dir=data/plays_books_bpe \\
-      --tokenizer_dir=gpt_tf/presets/books_tiny/assets/tokenizer --n_ctx=128
-  python -m tools.torch_pretrain.convert --action=import --weights_dir=gpt_tf/presets/books_tiny \\
+      --tokenizer_dir=gpt_tf/presets/gpt1_tiny_books_en/assets/tokenizer --n_ctx=128
+  python -m tools.torch_pretrain.convert --action=import --weights_dir=gpt_tf/presets/gpt1_tiny_books_en \\
       --data_dir=data/plays_books_bpe --run_dir=runs/books_tiny --model=tiny
 EOF

@@ -58,11 +58,11 @@ def load_finetuned(run_dir: str, precision: str = "float32", data_dir: str = "")
 
 
 def load_lm(run, precision: str = "float32"):
-    """The ``GPTLanguageModel`` of a pre-training ``RunFolder`` (its latest checkpoint) or GPT-1 release shards."""
+    """The ``GPT1CausalLM`` of a pre-training ``RunFolder`` (its latest checkpoint) or GPT-1 release shards."""
     from gpt_tf.checkpoints import restore_pretrained_lm
-    from gpt_tf.model import GPTLanguageModel
+    from gpt_tf.gpt1.build import causal_lm_for
 
-    lm = GPTLanguageModel.from_config_preset(run.model_config, dtype=precision)
+    lm = causal_lm_for(run.model_config, dtype=precision)
     restore_pretrained_lm(lm, run.path)
     return lm
 
@@ -129,7 +129,7 @@ def _task_module(task):
 
 
 def export_lm(lm, tokenizer, base_path: str, model_name: str, version: int = 0, top_k: int = 10) -> str:
-    """Writes a ``GPTLanguageModel`` as a servable version; returns its folder. ``tokenizer``: a ``GPTTokenizer``
+    """Writes a ``GPT1CausalLM`` as a servable version; returns its folder. ``tokenizer``: a ``GPTTokenizer``
     or its folder."""
     from serving.lm_module import LMServingModule
     from serving.saved_model_io import predict_log, save_version, traced_signatures

@@ -27,11 +27,11 @@ from serving.task_module import check_batch, check_texts, check_tokens
 
 
 class LMServingModule(tf.Module):
-    """``lm`` (a ``GPTLanguageModel``) behind text and token-id signatures."""
+    """``lm`` (a ``GPT1CausalLM``) behind text and token-id signatures."""
 
     def __init__(self, lm, tokenizer, offline: GPTTokenizer, top_k: int = 10, name=None):
         super().__init__(name=name)
-        config = lm.config
+        config = lm.backbone.config
         if not 1 <= top_k <= config.vocab_size:
             raise ValueError(f"top_k must be in [1, {config.vocab_size}], got {top_k}")
         if tokenizer.vocab_size != config.vocab_size:

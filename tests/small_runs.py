@@ -163,7 +163,7 @@ def build_data(shared_data: Path, root: Path, tokenizer_copy: bool = False, toke
 
 # The keras-hub family's tests (tests/test_gpt1_family.py, test_gpt1_batching.py): the `test` shape on books_tiny's
 # 8k BPE (fast), a few SST-2-like texts.
-BOOKS_TINY = ROOT / "gpt_tf" / "presets" / "books_tiny"
+BOOKS_TINY = ROOT / "gpt_tf" / "presets" / "gpt1_tiny_books_en"
 BOOKS_TINY_BPE = BOOKS_TINY / "assets" / "tokenizer"
 GPT1_TEXTS = ["a gripping , beautifully acted film .", "a dull mess", "it is what it is , no more and no less ."]
 
@@ -176,14 +176,14 @@ def gpt1_tokenizer():
 
 
 def gpt1_backbone(seed=0, **overrides):
-    """A ``GPT1Backbone`` of the ``test`` preset for the 8k BPE, its weights from ``seed``."""
+    """A ``GPT1Backbone`` of the ``test`` model size for the 8k BPE, its weights from ``seed``."""
     import keras
 
     import gpt_tf
-    from gpt_tf.config import get_preset
+    from gpt_tf.config import get_size
 
     keras.utils.set_random_seed(seed)
-    return gpt_tf.GPT1Backbone.from_gpt_config(get_preset("test", vocab_size=8000, **overrides))
+    return gpt_tf.GPT1Backbone.from_gpt_config(get_size("test", vocab_size=8000, **overrides))
 
 
 def gpt1_classifier(tokenizer, input_type="single", num_classes=2):

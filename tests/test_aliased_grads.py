@@ -114,9 +114,9 @@ def test_conv1d_trains_through_the_padded_gradient_where_chosen_and_evaluates_pl
 
 
 def test_the_cli_line_names_the_padded_shapes(tuned, monkeypatch):
-    from gpt_tf.config import get_preset
+    from gpt_tf.config import get_size
 
-    tiny, small = get_preset("tiny"), get_preset("small")
+    tiny, small = get_size("tiny"), get_size("small")
     assert aliased_grads.dense_shapes(tiny) == [(256, 768), (256, 256), (256, 1024), (1024, 256)]
     monkeypatch.setattr(aliased_grads, "measure", lambda nx, units, dtype: {"plain": 1.0, "padded": 0.6})
     line = aliased_grads.status(tiny)

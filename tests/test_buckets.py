@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
-from gpt_tf.config import get_preset
+from gpt_tf.config import get_size
 from gpt_tf.tasks import get_task
 from pipelines import finetune_data as fd
 from pipelines import transforms
@@ -124,13 +124,13 @@ def per_example_losses(model, task, features, label):
 
 @pytest.mark.parametrize("task", list(TASKS))
 def test_bucketed_epoch_gives_the_padded_losses_and_views_share_a_bucket(built, task):
-    from gpt_tf.model import GPTBackbone
+    from gpt_tf.gpt1.backbone import GPT1Backbone
     from gpt_tf.task_model import GPTTaskModel
 
     spec = get_task(task)
     keras.utils.set_random_seed(0)
-    config = get_preset("test", vocab_size=40478, n_ctx=64)
-    model = GPTTaskModel(GPTBackbone(config), spec, clf_pdrop=0.0)
+    config = get_size("test", vocab_size=40478, n_ctx=64)
+    model = GPTTaskModel(GPT1Backbone.from_gpt_config(config), spec, clf_pdrop=0.0)
     losses, per_epoch = {}, transforms.num_examples(str(built / task), "train") // 8
     for buckets in (None, (64,)):
         got = {}
@@ -153,7 +153,7 @@ def test_predictions_come_back_in_file_order(built, tmp_path):
     from gpt_tf.training.task_objective import FinetuneConfig, Finetuner
 
     spec = get_task("story_cloze")
-    config = get_preset("test", vocab_size=40478, n_ctx=64)
+    config = get_size("test", vocab_size=40478, n_ctx=64)
     outs = {}
     for buckets in (True, False):
         ft = FinetuneConfig(data_dir=str(built / "story_cloze"), run_dir=str(tmp_path / str(buckets)), batch_size=4,

@@ -1,6 +1,6 @@
 """Fine-tuning CLI end to end on real task data: from a pre-trained run, from scratch, eval/predict modes.
 
-A `test`-preset LM is pre-trained for a few steps on two real books with GPT-1's BPE; tasks are
+A `test`-size LM is pre-trained for a few steps on two real books with GPT-1's BPE; tasks are
 small slices of the real RTE, STS-B and Story Cloze files in ../shared/data. The data are built in this
 process by the functions behind `pipelines.pretrain_data` and `pipelines.finetune_data` (their command
 lines run in test_pipelines.py, test_task_data.py and the walk-through): a process each would only add

@@ -2,7 +2,7 @@
 length-bucketed batches resumed at the next epoch), resume exactly; accumulation and two mirrored replicas
 equal the full batch on one device; a flag of the other kind of run is rejected by name.
 
-Each run is a subprocess of ``python -m gpt_tf.train --task=...`` on the ``test`` preset over small
+Each run is a subprocess of ``python -m gpt_tf.train --task=...`` on the ``test`` model size over small
 slices of the real SST-2 and STS-B files (GPT-1's BPE).
 """
 

@@ -144,7 +144,7 @@ def test_the_code_and_the_flagfile_hold_the_same_recipe():
 
     assert PAPER_FINETUNE == {k: PAPER_RECIPE[k] for k in PAPER_FINETUNE}
     assert set(PAPER_FINETUNE) == {"learning_rate", "batch_size", "epochs", "lr_decay", "warmup_fraction", "lm_coef",
-                                   "clf_pdrop"}
+                                   "clf_pdrop", "weight_decay", "clip_norm"}
 
 
 def resolved(flagfile: str) -> dict:

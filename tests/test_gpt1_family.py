@@ -11,6 +11,7 @@ import json
 import subprocess
 import sys
 import textwrap
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -36,10 +37,10 @@ def test_import_is_light_and_keras_hub_resolves_gpt1_presets():
         assert "tensorflow" not in sys.modules and "keras_hub" not in sys.modules, "import gpt_tf must stay light"
         import keras_hub
         backbone = keras_hub.models.Backbone.from_preset("{BOOKS}")
-        classifier = keras_hub.models.TextClassifier.from_preset("{BOOKS}", num_classes=2)
-        named = gpt_tf.GPT1TextClassifier.from_preset("books_tiny", num_classes=2)
+        classifier = keras_hub.models.TextClassifier.from_preset("gpt1_tiny_books_en", num_classes=2)
+        named = gpt_tf.GPT1TextClassifier.from_preset("books_tiny", num_classes=2)  # the preset's earlier name
         print(type(backbone).__name__, type(classifier).__name__, type(named).__name__,
-              "books_tiny" in keras_hub.models.Backbone.presets)
+              {{"gpt1_tiny_books_en", "books_tiny"}} <= set(keras_hub.models.Backbone.presets))
     """)
     proc = subprocess.run([sys.executable, "-c", script], cwd="/", env=ENV, capture_output=True, text=True,
                           timeout=600, check=False)
@@ -48,11 +49,12 @@ def test_import_is_light_and_keras_hub_resolves_gpt1_presets():
 
 
 def test_backbone_and_classifier_compute_what_the_projects_model_computes(tokenizer):
-    from gpt_tf.backbone import GPTBackbone
+    from gpt_tf.gpt1.backbone import GPT1Backbone
     from gpt_tf.task_model import GPTTaskModel
 
     classifier = _classifier(tokenizer, "pair_symmetric")
-    reference = GPTTaskModel(GPTBackbone(classifier.backbone.config), classifier.task_spec, clf_pdrop=0.0)
+    reference = GPTTaskModel(GPT1Backbone.from_gpt_config(classifier.backbone.config), classifier.task_spec,
+                             clf_pdrop=0.0)
     for a, b in zip(classifier.task_model.weights, reference.weights):
         b.assign(a)
     features = classifier.preprocessor({"sentence1": TEXTS, "sentence2": TEXTS[::-1]})  # a tuple would be (x, y)
@@ -107,13 +109,13 @@ def test_task_presets_round_trip_with_identical_logits(tokenizer, tmp_path):
     np.testing.assert_array_equal(backbone(np.array([[1, 2, 3]])), classifier.backbone(np.array([[1, 2, 3]])))
 
 
-def test_core_restores_a_preset_without_keras_hub_classes(tmp_path):
+def test_the_loops_language_model_starts_from_a_preset(tmp_path):
     from gpt_tf.checkpoints import pretrained_model_config, restore_pretrained_lm
-    from gpt_tf.model import GPTLanguageModel
+    from gpt_tf.gpt1.build import causal_lm_for
 
     backbone = _backbone(seed=4)
     backbone.save_to_preset(str(tmp_path))
-    lm = GPTLanguageModel.from_config_preset(pretrained_model_config(str(tmp_path)))
+    lm = causal_lm_for(pretrained_model_config(str(tmp_path)))
     restore_pretrained_lm(lm, str(tmp_path))
     x = np.array([[5, 6, 7, 8]])
     # Bit for bit on every CPU: exact weights, and the LM's call is these same eager ops on the same shapes.
@@ -124,10 +126,10 @@ def test_release_shards_and_runs_convert_to_presets(tokenizer, tmp_path):
     import keras_hub
 
     from gpt_tf.gpt1 import presets
-    from gpt_tf.model import GPTLanguageModel
+    from gpt_tf.gpt1.causal_lm import GPT1CausalLM
     from gpt_tf.weights import save_gpt1_release
 
-    lm = GPTLanguageModel(_backbone(seed=5))  # random weights, written in the release's format
+    lm = GPT1CausalLM(_backbone(seed=5))  # random weights, written in the release's format
     save_gpt1_release(lm, tmp_path / "shards")
     presets.preset_from_gpt1_shards(str(tmp_path / "shards"), str(BPE), str(tmp_path / "p"), model="test")
     converted = keras_hub.models.Backbone.from_preset(str(tmp_path / "p"))
@@ -143,7 +145,8 @@ def test_clear_errors_for_num_classes_labels_and_unknown_presets(tokenizer, tmp_
     for bad in (0, 1, 2.0):
         with pytest.raises(ValueError, match=f"num_classes must be an integer >= 2, got {bad!r}"):
             gpt_tf.GPT1TextClassifier(_backbone(), num_classes=bad)
-    with pytest.raises(ValueError, match=r"GPT-1 preset 'no_such_preset' not found: .*shipped preset \(books_tiny\)"):
+    shipped = r"shipped preset \(gpt1_tiny_books_en, books_tiny\)"
+    with pytest.raises(ValueError, match=r"GPT-1 preset 'no_such_preset' not found: .*" + shipped):
         gpt_tf.GPT1TextClassifier.from_preset("no_such_preset", num_classes=2)
     with pytest.raises(ValueError, match=f"not found: .*{tmp_path / 'gone'} does not exist"):
         gpt_tf.GPT1Backbone.from_preset(str(tmp_path / "gone"))
@@ -169,6 +172,44 @@ def test_public_classes_document_an_example_and_summarise(tokenizer):
     _classifier(tokenizer).summary(print_fn=lambda line, **_: lines.append(line))
     text = "\n".join(lines)
     assert "gpt1_text_classifier" in text.lower() and "Total params" in text, text
+
+
+def test_each_shipped_preset_has_a_model_card_and_names_the_family_tasks():
+    from gpt_tf.preset_io import PRESET_ALIASES, shipped_presets
+
+    folders = {name: folder for name, folder in shipped_presets().items() if name not in PRESET_ALIASES}
+    assert "gpt1_tiny_books_en" in folders and shipped_presets()["books_tiny"] == folders["gpt1_tiny_books_en"]
+    for name, folder in folders.items():
+        card = (Path(folder) / "README.md").read_text()
+        for heading in ("## Model", "## Training data", "## Training", "## Quality", "## Intended use", "## Limits",
+                        "## License"):
+            assert f"\n{heading}\n" in card, (name, heading)
+        assert card.startswith(f"# {name}\n") and "Apache-2.0" in card and "TensorFlow backend" in card
+        tasks = json.loads((Path(folder) / "metadata.json").read_text())["tasks"]
+        assert tasks == ["GPT1CausalLM", "GPT1MultipleChoice", "GPT1TextClassifier", "GPT1TextRegressor"], name
+
+
+def test_lora_is_refused_with_what_is_supported_and_nothing_frozen():
+    backbone = _backbone()
+    with pytest.raises(NotImplementedError, match=r"does not support LoRA .*Conv1D c_attn, c_proj, c_fc.*Fine-tune"):
+        backbone.enable_lora(4)
+    assert backbone.trainable and all(layer.trainable for layer in backbone.blocks)
+    assert len(backbone.trainable_weights) == len(backbone.weights) - len(backbone.non_trainable_weights) > 0
+
+
+def test_tokenizer_special_tokens_follow_the_bpe_ids(tokenizer):
+    bpe = tokenizer.bpe_vocabulary_size
+    assert tokenizer.special_tokens == ["_start_", "_delimiter_", "_classify_", "_pad_"]
+    assert tokenizer.special_token_ids == [bpe, bpe + 1, bpe + 2, bpe + 3] == [
+        tokenizer.start_token_id, tokenizer.delimiter_token_id, tokenizer.extract_token_id, tokenizer.pad_token_id]
+    assert tokenizer.token_to_id("_classify_") == bpe + 2 and tokenizer.id_to_token(bpe + 3) == "_pad_"
+    assert tokenizer.vocabulary_size() == len(tokenizer.get_vocabulary()) == bpe + 4
+    import gpt_tf
+
+    empty = gpt_tf.GPT1Tokenizer()
+    assert not empty.loaded and empty.start_token_id is None
+    with pytest.raises(ValueError, match="no vocabulary"):
+        empty.special_token_ids
 
 
 def test_regression_and_multiple_choice_fit_and_predict(tokenizer):

@@ -17,7 +17,7 @@ import pytest
 
 from tests.small_runs import ENV, ROOT
 
-BOOKS_BPE = ROOT / "gpt_tf" / "presets" / "books_tiny" / "assets" / "tokenizer"
+BOOKS_BPE = ROOT / "gpt_tf" / "presets" / "gpt1_tiny_books_en" / "assets" / "tokenizer"
 STEPS, BATCH, N_CTX = 4, 8, 32
 TOL = 2e-5
 
@@ -33,9 +33,9 @@ def data(shared_data, tmp_path_factory):
 
 
 def _config():
-    from gpt_tf.config import get_preset
+    from gpt_tf.config import get_size
 
-    return get_preset("test", vocab_size=8000, n_ctx=N_CTX, embd_pdrop=0.0, attn_pdrop=0.0, resid_pdrop=0.0)
+    return get_size("test", vocab_size=8000, n_ctx=N_CTX, embd_pdrop=0.0, attn_pdrop=0.0, resid_pdrop=0.0)
 
 
 @pytest.fixture(scope="module")
@@ -107,14 +107,14 @@ def test_fit_under_mirrored_strategy_on_two_cpus_matches_one_device(loop_run, tm
         from gpt_tf.strategy import split_cpu
         split_cpu(2)
         import gpt_tf
-        from gpt_tf.config import get_preset
+        from gpt_tf.config import get_size
         start = list(np.load("{tmp_path}/start.npz").values())
         raw = np.load("{tmp_path}/batches.npz")
         batches = [({{k: tf.constant(raw[f"{{i}}_{{k}}"]) for k in ("input_ids", "extract_index", "lm_weights")}},
                     tf.constant(raw[f"{{i}}_y"])) for i in range({STEPS})]
         strategy = tf.distribute.MirroredStrategy(["/cpu:0", "/cpu:1"])
         with strategy.scope():
-            config = get_preset("test", vocab_size=8000, n_ctx={N_CTX}, embd_pdrop=0.0, attn_pdrop=0.0, resid_pdrop=0.0)
+            config = get_size("test", vocab_size=8000, n_ctx={N_CTX}, embd_pdrop=0.0, attn_pdrop=0.0, resid_pdrop=0.0)
             classifier = gpt_tf.GPT1TextClassifier(gpt_tf.GPT1Backbone.from_gpt_config(config), num_classes=2,
                                                    preprocessor=None, dropout=0.0)
             for variable, value in zip(classifier.task_model.weights, start):
@@ -138,7 +138,7 @@ def test_fit_under_mirrored_strategy_on_two_cpus_matches_one_device(loop_run, tm
 def test_a_finetuning_run_converts_to_a_task_preset_with_the_runs_logits(loop_run, data, tmp_path):
     import keras_hub
 
-    from gpt_tf.backbone import GPTBackbone
+    from gpt_tf.gpt1.backbone import GPT1Backbone
     from gpt_tf.gpt1.presets import preset_from_run
     from gpt_tf.task_model import GPTTaskModel
 
@@ -149,7 +149,7 @@ def test_a_finetuning_run_converts_to_a_task_preset_with_the_runs_logits(loop_ru
                                                                     "clf_pdrop": 0.0}))
     preset_from_run(run_dir, str(tmp_path / "preset"))
     task = keras_hub.models.TextClassifier.from_preset(str(tmp_path / "preset"))
-    reference = GPTTaskModel(GPTBackbone(_config()), task.task_spec, clf_pdrop=0.0)
+    reference = GPTTaskModel(GPT1Backbone.from_gpt_config(_config()), task.task_spec, clf_pdrop=0.0)
     for variable, value in zip(reference.weights, end):
         variable.assign(value)
     features = {k: batches[0][0][k] for k in ("input_ids", "extract_index", "lm_weights")}

@@ -13,7 +13,7 @@ import pytest
 
 from tests.small_runs import BASE_FLAGS, ROOT, TWO_PATHS, build_data, run_clis
 
-BPE = ROOT / "gpt_tf" / "presets" / "books_tiny" / "assets" / "tokenizer"
+BPE = ROOT / "gpt_tf" / "presets" / "gpt1_tiny_books_en" / "assets" / "tokenizer"
 TEXTS = ["a gripping , beautifully acted film .", "a dull mess", "it is what it is , no more and no less ."]
 PRETRAIN = [f for f in BASE_FLAGS if not f.startswith("--model=")]  # the model: --model's or --init_checkpoint's
 FINETUNE = ["--task=sst2", "--batch_size=8", "--epochs=1", "--seed=1", "--progress=false", "--json", "--deterministic"]
@@ -39,12 +39,12 @@ def runs(shared_data, tmp_path_factory):
 
 
 def _lm(path):
-    """The ``GPTLanguageModel`` of a run, a checkpoint or a preset, restored by the core (no keras-hub)."""
+    """The ``GPT1CausalLM`` of a run, a checkpoint or a preset, restored by the core (no keras-hub)."""
     from gpt_tf.checkpoints import restore_pretrained_lm
-    from gpt_tf.model import GPTLanguageModel
+    from gpt_tf.gpt1.build import causal_lm_for
     from gpt_tf.run_dir import pretrained_model_config
 
-    lm = GPTLanguageModel.from_config_preset(pretrained_model_config(str(path)))
+    lm = causal_lm_for(pretrained_model_config(str(path)))
     restore_pretrained_lm(lm, str(path))
     return lm
 

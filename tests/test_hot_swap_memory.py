@@ -2,9 +2,9 @@
 
 ``tf.saved_model.load`` registers the gradients of a model's custom-gradient ops (Keras layers use
 ``tf.custom_gradient``) in TensorFlow's global gradient registry, under op types unique to that load;
-through them the registry held every function of every version ever loaded (258 for a ``test``-preset
+through them the registry held every function of every version ever loaded (258 for a ``test``-size
 GPT classifier, with their runtime instantiations: ~0.5 GB a swap). ``serving.servable`` unregisters
-them when the version goes. A random ``test``-preset classifier, exported once, is swapped in twice
+them when the version goes. A random ``test``-size classifier, exported once, is swapped in twice
 in a fresh process (RSS is the whole process's), served as ``serving.server`` serves it (batching on),
 two requests after each swap; its warm-up file is left out of the copies (it costs ~20 s a load here and
 is not what leaked).
@@ -29,13 +29,13 @@ def _rss_mb() -> float:
 
 def gpt_hot_swaps(folder: str, tokenizer_dir: str, swaps: int) -> list:
     """``[(RSS MB, functions in the eager context, registered gradients)]`` after each of ``swaps`` hot
-    swaps of one ``test``-preset GPT classifier export (run in a fresh process)."""
+    swaps of one ``test``-size GPT classifier export (run in a fresh process)."""
     import numpy as np
     from tensorflow.python.eager import context
     from tensorflow.python.framework import ops
 
-    from gpt_tf.config import get_preset
-    from gpt_tf.model import GPTBackbone
+    from gpt_tf.config import get_size
+    from gpt_tf.gpt1.backbone import GPT1Backbone
     from gpt_tf.task_model import GPTTaskModel
     from gpt_tf.tasks import get_task
     from serving.batcher import BatchingParameters
@@ -44,7 +44,7 @@ def gpt_hot_swaps(folder: str, tokenizer_dir: str, swaps: int) -> list:
     from serving.server_config import ModelConfig
 
     task = get_task("sst2")
-    model = GPTTaskModel(GPTBackbone(get_preset("test", vocab_size=40478), name="backbone"), task)
+    model = GPTTaskModel(GPT1Backbone.from_gpt_config(get_size("test", vocab_size=40478), name="backbone"), task)
     source = Path(export_task_model(model, task, tokenizer_dir, str(Path(folder) / "source"), "sst2", version=1))
     del model
     base = Path(folder) / "base"

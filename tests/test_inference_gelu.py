@@ -81,15 +81,15 @@ def test_the_measurement_times_both_ways(tuned):
 
 
 def test_status_says_what_evaluation_runs(tuned, monkeypatch):
-    from gpt_tf.config import get_preset
+    from gpt_tf.config import get_size
 
     monkeypatch.setenv(inference_gelu.ENV, "0")
-    line = inference_gelu.status(get_preset("test"))
+    line = inference_gelu.status(get_size("test"))
     assert line.startswith("GELU in evaluation: ") and "GPT_TF_INFERENCE_GELU=0" in line
     assert ("the stock ops (oneDNN" in line) if kernels.ops() is not None else ("do not run here" in line)
-    assert "no GELU layer" in inference_gelu.status(get_preset("lstm_test"))
+    assert "no GELU layer" in inference_gelu.status(get_size("lstm_test"))
     monkeypatch.setenv("GPT_TF_AUTOTUNE", "0")
-    assert "GPT_TF_AUTOTUNE=0" in inference_gelu.status(get_preset("test"))
+    assert "GPT_TF_AUTOTUNE=0" in inference_gelu.status(get_size("test"))
 
 
 def test_the_timed_stock_way_is_the_layers_gelu():

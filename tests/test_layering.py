@@ -3,12 +3,16 @@
 Layers, bottom up: the core (``gpt_tf/*.py`` but the CLI), ``pipelines/``, ``gpt_tf/training/``,
 ``gpt_tf/analysis/`` (§5), then the command lines on top (``gpt_tf/train.py`` and its flags), and above them
 ``bench/`` (the measuring scripts) and ``tools/`` (tools run by hand), which nothing below imports;
-``serving/`` stands beside training on the core and ``pipelines`` only. ``gpt_tf/gpt1/`` (the keras-hub
-family) sits on the core, ``pipelines`` (its §3.3 transformations), ``training`` (the update it shares
-with the loop) and ``serving`` (its tasks' ``export``); ``serving.export.export_task`` takes its tasks without
-importing it, and ``gpt_tf/__init__.py``
-loads it by name, lazily (no import statement: it is how ``import gpt_tf`` stays light). Every import counts, those
-inside functions too (they are how heavy modules are loaded lazily, not a way around the layers).
+``serving/`` stands beside training on the core and ``pipelines`` only. The keras-hub family ``gpt_tf/gpt1/``
+*is* the model, so its files sit in those layers (``FAMILY``): its backbone (and the LSTM baseline's), causal
+LM, tokenizer, builders and keras-hub adapter at the bottom with the core (the training code, serving and §5
+build on them); its task preprocessor and ``fit``'s batching on ``pipelines`` (the §3.3 transformations, the
+length buckets); its tasks, whose ``fit`` shares the loop's update, and the run conversions on ``training``;
+its converter's command line on top. One import goes up, named in ``LAZY``: the tasks' ``export`` loads
+``serving.export`` inside the method (the SavedModel the command line exports); ``serving.export.export_task``
+takes the tasks without importing them. ``gpt_tf/__init__.py`` loads the family by name, lazily (no import
+statement: it is how ``import gpt_tf`` stays light). Every other import counts, those inside functions too (they
+are how heavy modules are loaded lazily, not a way around the layers).
 """
 
 from __future__ import annotations
@@ -44,13 +48,29 @@ def graph() -> dict[str, set[str]]:
     return {m: {d for d in _imports(p, PACKAGES + TOP) if d in files and d != m} for m, p in files.items()}
 
 
+# The keras-hub family's files, each in its layer (a new file of the family needs its row).
+FAMILY = {
+    "gpt_tf.gpt1.backbone": "core", "gpt_tf.gpt1.lstm": "core", "gpt_tf.gpt1.causal_lm": "core",
+    "gpt_tf.gpt1.causal_lm_preprocessor": "core", "gpt_tf.gpt1.tokenizer": "core", "gpt_tf.gpt1.build": "core",
+    "gpt_tf.gpt1.keras_hub_adapter": "core",
+    "gpt_tf.gpt1.preprocessor": "pipelines", "gpt_tf.gpt1.batching": "pipelines",
+    "gpt_tf.gpt1.task": "training", "gpt_tf.gpt1.text_classifier": "training", "gpt_tf.gpt1.presets": "training",
+    "gpt_tf.gpt1": "training",  # the package: importing it registers every class and the shipped presets
+    "gpt_tf.gpt1.convert": "cli",
+}
+# Imports that go up a layer, each inside a function (never at module level): (importer, imported).
+LAZY = {("gpt_tf.gpt1.task", "serving.export")}
+
+
 def layer(module: str) -> str:
     if module.split(".")[0] in TOP:
         return "top"
     if module in ("gpt_tf.train", "gpt_tf.train_flags"):
         return "cli"
-    for prefix, name in (("gpt_tf.training", "training"), ("gpt_tf.analysis", "analysis"), ("gpt_tf.gpt1", "gpt1"),
-                         ("gpt_tf", "core"),
+    if module == "gpt_tf.gpt1" or module.startswith("gpt_tf.gpt1."):
+        assert module in FAMILY, f"{module}: give it its layer in FAMILY"
+        return FAMILY[module]
+    for prefix, name in (("gpt_tf.training", "training"), ("gpt_tf.analysis", "analysis"), ("gpt_tf", "core"),
                          ("pipelines", "pipelines"), ("serving", "serving")):
         if module == prefix or module.startswith(prefix + "."):
             return name
@@ -60,18 +80,47 @@ def layer(module: str) -> str:
 # What each layer may import (itself included).
 ALLOWED = {"core": {"core"}, "pipelines": {"core", "pipelines"}, "training": {"core", "pipelines", "training"},
            "analysis": {"core", "pipelines", "training", "analysis"}, "serving": {"core", "pipelines", "serving"},
-           "gpt1": {"core", "pipelines", "training", "serving", "gpt1"},
            "cli": {"core", "pipelines", "training", "analysis", "cli"},
-           "top": {"core", "pipelines", "training", "analysis", "serving", "gpt1", "cli", "top"}}
+           "top": {"core", "pipelines", "training", "analysis", "serving", "cli", "top"}}
+
+
+def _module_level_imports(path: Path) -> set[str]:
+    """The modules ``path`` imports outside any function or class (at import time)."""
+    tree = ast.parse(path.read_text(), str(path))
+    functions = (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef, ast.Lambda)
+    found, todo = set(), list(tree.body)
+    while todo:
+        node = todo.pop()
+        if isinstance(node, functions):
+            continue
+        if isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
+            found.update([node.module] + [f"{node.module}.{a.name}" for a in node.names])
+        elif isinstance(node, ast.Import):
+            found.update(a.name for a in node.names)
+        todo.extend(ast.iter_child_nodes(node))
+    return found
 
 
 def test_every_import_points_down_a_layer():
     g = graph()
     assert {"gpt_tf.training.loop", "gpt_tf.analysis.zero_shot", "gpt_tf.checkpoints", "serving.export",
-            "bench.harness", "bench.experiments.study", "tools.torch_pretrain.convert"} <= set(g)
+            "gpt_tf.gpt1.backbone", "gpt_tf.gpt1.task", "bench.harness", "bench.experiments.study",
+            "tools.torch_pretrain.convert"} <= set(g)
     upward = sorted(f"{m} ({layer(m)}) -> {d} ({layer(d)})" for m, deps in g.items() for d in deps
-                    if layer(d) not in ALLOWED[layer(m)])
+                    if layer(d) not in ALLOWED[layer(m)] and (m, d) not in LAZY)
     assert not upward, "\n".join(upward)
+    for importer, imported in sorted(LAZY):
+        assert imported in g[importer], f"{importer} no longer imports {imported}: drop it from LAZY"
+        path = ROOT / (importer.replace(".", "/") + ".py")
+        assert imported not in _module_level_imports(path), f"{importer} imports {imported} at module level"
+
+
+def test_the_model_is_the_keras_hub_family():
+    """One backbone and one language model: the core and the training code build the family's classes, and the
+    model files the family replaced are gone."""
+    g = graph()
+    assert not {"gpt_tf.model", "gpt_tf.backbone", "gpt_tf.lstm"} & set(g)
+    assert "gpt_tf.gpt1.build" in g["gpt_tf.training.lm_objective"] and "gpt_tf.gpt1.build" in g["gpt_tf.checkpoints"]
 
 
 def test_no_circle_of_files():

@@ -14,21 +14,21 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
-from gpt_tf.config import GPTConfig, get_preset
+from gpt_tf.config import GPTConfig, get_size
 from gpt_tf.training.task_objective import FinetuneConfig, Finetuner
-from gpt_tf.lstm import LSTMBackbone
-from gpt_tf.model import GPTLanguageModel, make_backbone
+from gpt_tf.gpt1.build import backbone_for, causal_lm_for
+from gpt_tf.gpt1.lstm import LSTMBackbone
 from gpt_tf.task_model import GPTTaskModel, transfer_layers
 from gpt_tf.tasks import get_task
 from gpt_tf.checkpoints import variables_by_key
 from pipelines.transforms import load_task_spec
 
-CONFIG = get_preset("lstm_test")
+CONFIG = get_size("lstm_test")
 
 
 def _lm(config=CONFIG, seed=0):
     keras.utils.set_random_seed(seed)
-    return GPTLanguageModel.from_config_preset(config)
+    return causal_lm_for(config)
 
 
 def test_config_type_and_parameter_count():
@@ -36,12 +36,12 @@ def test_config_type_and_parameter_count():
     assert isinstance(lm.backbone, LSTMBackbone) and len(lm.backbone.blocks) == 1
     assert sum(int(np.prod(v.shape)) for v in lm.trainable_variables) == CONFIG.n_params
     assert GPTConfig(**json.loads(json.dumps(CONFIG.to_dict()))) == CONFIG
-    old = {k: v for k, v in get_preset("test").to_dict().items() if k != "model_type"}  # a run from before the field
+    old = {k: v for k, v in get_size("test").to_dict().items() if k != "model_type"}  # a run from before the field
     assert GPTConfig(**old).model_type == "gpt"
     with pytest.raises(ValueError, match="model_type='rnn' is not one of"):
         CONFIG.replace(model_type="rnn")
-    for name in ("lstm_tiny", "lstm_small"):  # sized to the transformer preset's blocks (within 2%)
-        lstm, gpt = get_preset(name), get_preset(name[len("lstm_"):])
+    for name in ("lstm_tiny", "lstm_small"):  # sized to the transformer size's blocks (within 2%)
+        lstm, gpt = get_size(name), get_size(name[len("lstm_"):])
         embeddings = lambda c: c.total_vocab * c.n_embd + c.n_ctx * c.n_embd
         assert lstm.n_embd == gpt.n_embd
         assert abs((lstm.n_params - embeddings(lstm)) / (gpt.n_params - embeddings(gpt)) - 1) < 0.02
@@ -61,7 +61,7 @@ def test_lm_is_causal_and_tied():
 
 @pytest.mark.parametrize("task, views", [("sst2", 1), ("story_cloze", 2), ("stsb", 2)])
 def test_task_heads_run_on_the_lstm(task, views):
-    backbone = make_backbone(CONFIG)
+    backbone = backbone_for(CONFIG)
     model = GPTTaskModel(backbone, get_task(task))
     feats = {"input_ids": np.random.default_rng(1).integers(0, CONFIG.vocab_size, (3, views, 16)),
              "extract_index": np.full((3, views), 9)}
@@ -73,11 +73,11 @@ def test_task_heads_run_on_the_lstm(task, views):
 
 
 def test_layer_transfer_between_lstms_and_only_embeddings_from_a_transformer():
-    src, dst = _lm(seed=1), make_backbone(CONFIG.replace(n_ctx=16))
+    src, dst = _lm(seed=1), backbone_for(CONFIG.replace(n_ctx=16))
     transfer_layers(src, dst, 1)  # copies: bit for bit on every CPU
     for a, b in zip(src.backbone.blocks[0].weights, dst.blocks[0].weights):
         np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
-    gpt = _lm(get_preset("test"))
+    gpt = _lm(get_size("test"))
     transfer_layers(gpt, dst, 0)  # embeddings only: same vocabulary and width
     np.testing.assert_array_equal(np.asarray(gpt.backbone.embed.tokens_embed), np.asarray(dst.embed.tokens_embed))
     with pytest.raises(ValueError, match="block 0: source and destination weight shapes differ"):
@@ -90,7 +90,7 @@ def test_finetuner_fine_tunes_an_lstm_checkpoint(shared_data, tmp_path):
     bpe = shared_data / "gpt1_bpe"
     data = tmp_path / "sst2"
     build_task_data("sst2", shared_data / "glue" / "SST-2", bpe, data, max_examples=16, show_progress=False)
-    config = get_preset("lstm_test", vocab_size=40478)
+    config = get_size("lstm_test", vocab_size=40478)
     lm, run = _lm(config, seed=2), tmp_path / "lm"
     manager = tf.train.CheckpointManager(tf.train.Checkpoint(model=variables_by_key(lm.variables)), run / "checkpoints", 1)
     manager.save(checkpoint_number=1)

@@ -7,10 +7,11 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
-from gpt_tf.config import get_preset
-from gpt_tf.model import GPTLanguageModel
+from gpt_tf.config import get_size
+from gpt_tf.gpt1.build import causal_lm_for
+from gpt_tf.gpt1.causal_lm import GPT1CausalLM
 
-CONFIG = get_preset("test")
+CONFIG = get_size("test")
 
 
 def _np(x):
@@ -20,7 +21,7 @@ def _np(x):
 @pytest.fixture(scope="module")
 def model():
     keras.utils.set_random_seed(0)
-    return GPTLanguageModel.from_config_preset(CONFIG)
+    return causal_lm_for(CONFIG)
 
 
 @pytest.fixture(scope="module")
@@ -77,8 +78,8 @@ def test_lm_head_gradient_reaches_tokens_embed(model):
 
 
 def test_get_config_round_trip(model, ids):
-    clone = GPTLanguageModel.from_config(model.get_config())
-    assert clone.config == model.config
+    clone = GPT1CausalLM.from_config(model.get_config())
+    assert clone.backbone.config == model.backbone.config
     assert [tuple(v.shape) for v in clone.weights] == [tuple(v.shape) for v in model.weights]
     assert [v.path for v in clone.weights] == [v.path for v in model.weights]
     assert not np.allclose(_np(clone(ids)), _np(model(ids)))  # fresh init differs …
@@ -90,8 +91,8 @@ def test_keras_file_round_trip(model, ids, tmp_path):
     path = tmp_path / "gpt.keras"
     model.save(path)
     loaded = keras.saving.load_model(path)
-    assert isinstance(loaded, GPTLanguageModel)
-    assert loaded.config == model.config
+    assert isinstance(loaded, GPT1CausalLM)
+    assert loaded.backbone.config == model.backbone.config
     # the .keras file stores the float32 weights exactly and the same eager ops run: bit for bit on every CPU
     np.testing.assert_array_equal(_np(loaded(ids)), _np(model(ids)))
 
@@ -103,7 +104,7 @@ def test_checkpoint_keys_do_not_depend_on_what_the_process_built_before(model):
     first, second = (make_optimizer(model.trainable_variables, 1e-3) for _ in range(2))  # gpt_adam_w, gpt_adam_w_1
     assert second.variables[0].path != first.variables[0].path
     assert list(variables_by_key(first.variables)) == list(variables_by_key(second.variables))
-    other = GPTLanguageModel.from_config(model.get_config())  # new dropout seed generators
+    other = GPT1CausalLM.from_config(model.get_config())  # new dropout seed generators
     assert list(variables_by_key(other.variables)) == list(variables_by_key(model.variables))
 
 
@@ -242,7 +243,7 @@ def test_token_cross_entropy_matches_tf_values_and_gradients():
     softmax cross-entropy in value and gradient, over leading dims, on logits spread wide enough that
     the target's probability underflows float32 (its log would be -inf), and inside a tf.function;
     `lm_loss` uses it."""
-    from gpt_tf.model import lm_loss, token_cross_entropy
+    from gpt_tf.objectives import lm_loss, token_cross_entropy
 
     rng = np.random.default_rng(0)
     logits = tf.constant(rng.normal(size=(2, 3, 5, 97)) * 8, tf.float32)

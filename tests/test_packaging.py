@@ -87,7 +87,8 @@ def test_the_wheel_holds_every_package_file_and_the_package_data(installed):
     names, _ = installed
     missing = sorted(_source_files() - NOT_SHIPPED - names)
     assert not missing, f"files of the packages missing from the wheel (pyproject.toml's package-data): {missing}"
-    for data in ("gpt_tf/text/spacy_en_rules.json", "gpt_tf/kernels/fused_ops.cc", "gpt_tf/kernels/common.h", PROBE):
+    for data in ("gpt_tf/text/spacy_en_rules.json", "gpt_tf/kernels/fused_ops.cc", "gpt_tf/kernels/common.h", PROBE,
+                 "gpt_tf/presets/gpt1_tiny_books_en/README.md"):  # the shipped preset's model card
         assert data in names
     assert not any("__pycache__" in n or n.endswith(".pyc") for n in names)
     top_level = {n.split("/")[0] for n in names if not n.split("/")[0].endswith(".dist-info")}
@@ -114,7 +115,7 @@ def test_the_notice_names_every_file_it_attributes():
     notice = (ROOT / "NOTICE").read_text()
     paths = set(re.findall(r"\b((?:gpt_tf|bench|pipelines|serving)/[\w/.{}-]+)", notice))
     assert {"gpt_tf/text/spacy_en_rules.json", "gpt_tf/text/word_split.py", "gpt_tf/text/fix_encoding_rules.py",
-            "gpt_tf/text/tf_fix_encoding.py", "gpt_tf/text/text_clean.py", "gpt_tf/presets/books_tiny/"} <= paths, paths
+            "gpt_tf/text/tf_fix_encoding.py", "gpt_tf/text/text_clean.py", "gpt_tf/presets/gpt1_tiny_books_en/"} <= paths, paths
     missing = [p for p in sorted(paths) if "{" not in p and not (ROOT / p.rstrip(".")).exists()]
     assert not missing, f"NOTICE names files that do not exist: {missing}"
 

@@ -9,7 +9,7 @@ import sys
 import pytest
 
 from gpt_tf import precision
-from gpt_tf.config import get_preset
+from gpt_tf.config import get_size
 from gpt_tf.kernels.build import kernel_dir
 from tests.small_runs import ENV, ROOT
 
@@ -17,12 +17,12 @@ from tests.small_runs import ENV, ROOT
 def test_explicit_precision_is_kept_without_measuring(monkeypatch, tmp_path):
     monkeypatch.setattr(precision, "measure", lambda *a: pytest.fail("measured although a precision was given"))
     for name in precision.PRECISIONS:
-        assert precision.resolve_precision(name, get_preset("test"), 8, 32, str(tmp_path / "c.json"))[0] == name
+        assert precision.resolve_precision(name, get_size("test"), 8, 32, str(tmp_path / "c.json"))[0] == name
     assert not (tmp_path / "c.json").exists()
 
 
 def test_auto_measures_once_then_reads_the_cache(monkeypatch, tmp_path):
-    path, config = str(tmp_path / "gpt_tf" / "precision.json"), get_preset("test")
+    path, config = str(tmp_path / "gpt_tf" / "precision.json"), get_size("test")
     pick, reason = precision.resolve_precision("auto", config, 8, 32, path)
     entry = json.loads(open(path).read())[precision.cache_key(config, 8, 32)]
     assert pick == entry["pick"] == min(entry["s_per_step"], key=entry["s_per_step"].get)  # the faster one
@@ -31,7 +31,7 @@ def test_auto_measures_once_then_reads_the_cache(monkeypatch, tmp_path):
     again, reason = precision.resolve_precision("auto", config, 8, 32, path)
     assert again == pick and "cached" in reason and precision.cpu_name() in reason
     # Another shape is another entry; a planted entry decides for its key.
-    other = get_preset("test", n_layer=1)
+    other = get_size("test", n_layer=1)
     cache = json.loads(open(path).read())
     cache[precision.cache_key(other, 8, 32)] = {"pick": "mixed_bfloat16", "measured": "then",
                                                 "s_per_step": {"float32": 2.0, "mixed_bfloat16": 1.0}}

@@ -20,7 +20,7 @@ def snapshot(run_dir):
 
 @pytest.fixture(scope="module")
 def trained(shared_data, tmp_path_factory):
-    """A 4-step run of the ``test`` preset (checkpoints at 2 and 4), and its flags."""
+    """A 4-step run of the ``test`` model size (checkpoints at 2 and 4), and its flags."""
     root = tmp_path_factory.mktemp("runs")
     data = build_data(shared_data, root)
     flags = [*TRAIN_FLAGS, f"--data_dir={data}", f"--run_dir={root / 'run'}"]

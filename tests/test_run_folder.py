@@ -10,7 +10,7 @@ import json
 
 import pytest
 
-from gpt_tf.config import get_preset
+from gpt_tf.config import get_size
 from gpt_tf.tasks import get_task
 from pipelines import run_folder
 from pipelines.run_folder import RunFolder
@@ -30,7 +30,7 @@ def data_folder(path, tokenizer_dir, task=None, **extra):
 
 
 def run(path, kind, **run_config):
-    write(path / "model_config.json", dataclasses.asdict(get_preset("test", n_ctx=48)))
+    write(path / "model_config.json", dataclasses.asdict(get_size("test", n_ctx=48)))
     return write(path / ("finetune_config.json" if kind == "finetune" else "train_config.json"), run_config)
 
 
@@ -56,7 +56,7 @@ def test_a_pretraining_run_is_read_once(tmp_path, shared_data, counted, monkeypa
     path = run(tmp_path / "run", "pretrain", data_dir=str(data), seed=5)
     folder = RunFolder.open(path)
     assert (folder.kind, folder.data_dir, folder.seed, folder.bos_id) == ("pretrain", str(data), 5, 7)
-    assert folder.model_config == get_preset("test", n_ctx=48)
+    assert folder.model_config == get_size("test", n_ctx=48)
     assert folder.manifest["n_ctx"] == 48 and folder.tokenizer_dir == str(shared_data / "gpt1_bpe")
     assert folder.tokenizer_problems() == []
     from gpt_tf.text.tokenizer import GPTTokenizer
@@ -87,7 +87,7 @@ def test_release_shards_and_other_folders(tmp_path, shared_data):
     (tmp_path / "shards").mkdir()
     (tmp_path / "shards" / "params_0.npy").write_bytes(b"")
     shards = RunFolder.open(tmp_path / "shards")
-    assert shards.kind == "gpt1" and shards.model_config == get_preset("gpt1") and shards.manifest is None
+    assert shards.kind == "gpt1" and shards.model_config == get_size("gpt1") and shards.manifest is None
     assert shards.tokenizer_problems() == [f"{tmp_path / 'shards'}: GPT-1 release shards; give --tokenizer_dir"]
     assert RunFolder.open(tmp_path / "shards", tokenizer_dir=str(shared_data / "gpt1_bpe")).tokenizer_problems() == []
     with pytest.raises(FileNotFoundError, match="not a fine-tuning run"):

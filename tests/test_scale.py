@@ -1,6 +1,6 @@
 """Scaling out: multi-worker training, preemption (SIGTERM) and resume, XLA, per-worker data shards.
 
-The CLI runs are subprocesses of ``python -m gpt_tf.train`` on the ``test`` preset, over TFRecords
+The CLI runs are subprocesses of ``python -m gpt_tf.train`` on the ``test`` model size, over TFRecords
 built from three real Gutenberg books in several shards (so that each worker reads its own files).
 Reference runs are computed in this process with ``Pretrainer``, the loop the CLI drives.
 """
@@ -53,7 +53,7 @@ def reference_run(data_dir, run_dir, flags, pipelines=1, **overrides):
     """
     import tensorflow as tf
 
-    from gpt_tf.config import get_preset
+    from gpt_tf.config import get_size
     from gpt_tf.text.tokenizer import GPTTokenizer
     from gpt_tf.training.lm_objective import Pretrainer, TrainConfig
     from pipelines.reader import pretraining_dataset
@@ -61,7 +61,7 @@ def reference_run(data_dir, run_dir, flags, pipelines=1, **overrides):
     value = {f.split("=", 1)[0][2:]: f.split("=", 1)[1] for f in flags if "=" in f}
     manifest = json.loads((Path(data_dir) / "manifest.json").read_text())
     dropout = float(value.get("dropout", 0.1))
-    model_config = get_preset(value["model"], vocab_size=GPTTokenizer.from_dir(manifest["tokenizer"]["dir"]).vocab_size,
+    model_config = get_size(value["model"], vocab_size=GPTTokenizer.from_dir(manifest["tokenizer"]["dir"]).vocab_size,
                               n_ctx=int(manifest["n_ctx"]), embd_pdrop=dropout, attn_pdrop=dropout, resid_pdrop=dropout)
     config = TrainConfig(
         data_dir=str(data_dir), run_dir=str(run_dir), batch_size=int(value["batch_size"]),

@@ -1,5 +1,5 @@
 """``python -m bench.serving_latency --onednn=ab`` (issue #31 item 5): oneDNN's rewrites off and on measured in
-one run, interleaved, each value in its own processes. At the smallest size (the `test` preset, two requests,
+one run, interleaved, each value in its own processes. At the smallest size (the `test` model size, two requests,
 one round, concurrency 1) it checks what the comparison rests on, never a timing: every process saw its own
 value of ``TF_ENABLE_ONEDNN_OPTS`` (the in-process workers' ``IsMklEnabled()`` too), the values alternate slot
 by slot, the report has every row for both, and no server or worker outlives the run."""

@@ -6,12 +6,14 @@ import pytest
 import tensorflow as tf
 
 from gpt_tf import metrics
-from gpt_tf.config import get_preset
-from gpt_tf.model import GPTBackbone, GPTLanguageModel
-from gpt_tf.task_model import GPTTaskModel, reset_special_embeddings, task_loss, task_predictions, transfer_layers
+from gpt_tf.config import get_size
+from gpt_tf.gpt1.backbone import GPT1Backbone
+from gpt_tf.gpt1.build import causal_lm_for
+from gpt_tf.objectives import task_loss
+from gpt_tf.task_model import GPTTaskModel, reset_special_embeddings, task_predictions, transfer_layers
 from gpt_tf.tasks import get_task
 
-CONFIG = get_preset("test")
+CONFIG = get_size("test")
 S, D, E, PAD = (CONFIG.special_id(n) for n in ("start", "delimiter", "extract", "pad"))
 
 
@@ -43,7 +45,7 @@ def _pair_view(a, b):
 
 def _model(task, config=CONFIG, seed=0, **kwargs):
     keras.utils.set_random_seed(seed)
-    return GPTTaskModel(GPTBackbone(config), get_task(task), **kwargs)
+    return GPTTaskModel(GPT1Backbone.from_gpt_config(config), get_task(task), **kwargs)
 
 
 @pytest.fixture(scope="module")
@@ -271,7 +273,7 @@ def test_classifier_dropout_mask_is_shared_by_the_candidates(rng):
 
 def test_transfer_layers_copies_embeddings_and_first_blocks():
     keras.utils.set_random_seed(1)
-    source = GPTLanguageModel.from_config_preset(CONFIG)
+    source = causal_lm_for(CONFIG)
     equal = lambda a, b: np.array_equal(_np(a), _np(b))  # noqa: E731  (copies: bit for bit on every CPU)
     for n in (0, 1, CONFIG.n_layer):
         target = _model("sst2", seed=2 + n)

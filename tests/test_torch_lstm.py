@@ -14,12 +14,12 @@ torch = pytest.importorskip("torch")
 
 
 def keras_lm(vocab_size, n_ctx, n_embd, d_ff, n_layer=1):
-    from gpt_tf.config import get_preset
-    from gpt_tf.model import GPTLanguageModel
+    from gpt_tf.config import get_size
+    from gpt_tf.gpt1.build import causal_lm_for
 
-    config = get_preset("lstm_test", vocab_size=vocab_size, n_ctx=n_ctx, n_embd=n_embd, d_ff=d_ff, n_layer=n_layer,
+    config = get_size("lstm_test", vocab_size=vocab_size, n_ctx=n_ctx, n_embd=n_embd, d_ff=d_ff, n_layer=n_layer,
                         embd_pdrop=0.0, resid_pdrop=0.0)
-    return GPTLanguageModel.from_config_preset(config)
+    return causal_lm_for(config)
 
 
 @pytest.mark.parametrize("d_ff,n_layer", [(48, 2), (32, 1)])  # a projection back to n_embd; none (d_ff == n_embd)
@@ -39,7 +39,7 @@ def test_converted_keras_model_gives_the_torch_logits(d_ff, n_layer):
     with torch.no_grad():
         expected = theirs(torch.from_numpy(ids)).numpy()
     got = np.asarray(ours(ids.astype(np.int32)))
-    assert got.shape == (3, n_ctx, ours.config.total_vocab)
+    assert got.shape == (3, n_ctx, ours.backbone.config.total_vocab)
     np.testing.assert_allclose(got[..., :vocab], expected, atol=1e-5, rtol=1e-5)
     # A shorter input (fine-tuning's views) and the converted weights' layout, spelled out.
     with torch.no_grad():

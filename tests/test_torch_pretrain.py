@@ -24,13 +24,13 @@ def run_module(module, *args):
     return proc.stdout
 
 
-def test_presets_match_gpt_tf():
-    from tools.torch_pretrain.train import PRESETS
-    from gpt_tf.config import get_preset
+def test_sizes_match_gpt_tf():
+    from tools.torch_pretrain.train import SIZES
+    from gpt_tf.config import get_size
 
-    assert {name for name in PRESETS if name.startswith("lstm_")} == {"lstm_small", "lstm_tiny", "lstm_test"}
-    for name, sizes in PRESETS.items():
-        config = get_preset(name)
+    assert {name for name in SIZES if name.startswith("lstm_")} == {"lstm_small", "lstm_tiny", "lstm_test"}
+    for name, sizes in SIZES.items():
+        config = get_size(name)
         assert {k: getattr(config, k) for k in sizes} == sizes, name
         if config.model_type == "lstm":
             assert name.startswith("lstm_") and "d_ff" in sizes, name
@@ -113,11 +113,11 @@ def test_reference_run_round_trip(records, tmp_path, model):
     transformers = pytest.importorskip("transformers")
     import tensorflow as tf
 
-    from tools.torch_pretrain.train import PRESETS, build_model, windows
+    from tools.torch_pretrain.train import SIZES, build_model, windows
     from tools.torch_pretrain.convert import export, import_run
     from tools.torch_pretrain.streams import load_streams
     from gpt_tf.config import GPTConfig
-    from gpt_tf.model import GPTLanguageModel
+    from gpt_tf.gpt1.build import causal_lm_for
     from gpt_tf.checkpoints import initialise_from_pretrained, restore_pretrained_lm
     from pipelines.records import COMPRESSION, PRETRAIN_FEATURE as FEATURE
 
@@ -162,9 +162,9 @@ def test_reference_run_round_trip(records, tmp_path, model):
     if hasattr(reference, "tie_weights"):
         reference.tie_weights()
     config = GPTConfig(**json.loads((run_dir / "model_config.json").read_text()))
-    assert config.n_ctx == PRESETS[model]["n_ctx"] and config.vocab_size == meta["vocab_size"]
+    assert config.n_ctx == SIZES[model]["n_ctx"] and config.vocab_size == meta["vocab_size"]
     assert config.model_type == ("lstm" if model.startswith("lstm_") else "gpt")
-    ours = GPTLanguageModel.from_config_preset(config)
+    ours = causal_lm_for(config)
     restore_pretrained_lm(ours, str(run_dir))
     ids = streams["valid"][:32].astype(np.int32)[None]
     with torch.no_grad():
@@ -172,17 +172,17 @@ def test_reference_run_round_trip(records, tmp_path, model):
     theirs = getattr(out_, "logits", out_).numpy()
     np.testing.assert_allclose(np.asarray(ours(ids))[..., : meta["vocab_size"]], theirs, atol=1e-4)
     # Fine-tuning's start (--init_checkpoint=<the run>) reads the same weights into a fresh model.
-    fresh = GPTLanguageModel.from_config_preset(config)
+    fresh = causal_lm_for(config)
     initialise_from_pretrained(fresh, str(run_dir), config.n_layer)
     np.testing.assert_allclose(np.asarray(fresh(ids))[..., : meta["vocab_size"]], theirs, atol=1e-4)
 
 
 def test_the_shipped_books_preset_is_the_runs_last_checkpoint(tmp_path):
-    """`--weights_dir=gpt_tf/presets/books_tiny` (the README's walk-through): the preset, with the kept run's
+    """`--weights_dir=gpt_tf/presets/gpt1_tiny_books_en` (the README's walk-through): the preset, with the kept run's
     log beside its weights, is one checkpoint at the run's last step; a folder with neither is refused."""
     from tools.torch_pretrain.convert import checkpoint_steps, read_log
 
-    preset = ROOT / "gpt_tf" / "presets" / "books_tiny"
+    preset = ROOT / "gpt_tf" / "presets" / "gpt1_tiny_books_en"
     setting, rows = read_log(str(preset))
     assert setting["steps"] == 7158 and rows[-1]["step"] == 7158 and round(rows[-1]["valid_ppl"], 1) == 55.1
     assert checkpoint_steps(str(preset), setting["steps"]) == {7158: [str(preset)]}

@@ -1,6 +1,6 @@
 """The pre-training CLI end to end, on real books: resume after kill -9, strategies, accumulation, eval, bad flags.
 
-Each run is a subprocess of ``python -m gpt_tf.train`` (as a user runs it), on the ``test`` preset
+Each run is a subprocess of ``python -m gpt_tf.train`` (as a user runs it), on the ``test`` model size
 over TFRecords built from three real Gutenberg books with a small BPE trained on them (in this process, by
 the function behind ``python -m pipelines.pretrain_data``, whose command line test_torch_pretrain.py and
 the walk-through run).

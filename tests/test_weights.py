@@ -8,9 +8,9 @@ import numpy as np
 import pytest
 
 from gpt_tf import weights
-from gpt_tf.config import GPTConfig, get_preset
+from gpt_tf.config import GPTConfig, get_size
+from gpt_tf.gpt1.build import causal_lm_for
 from gpt_tf.layers import gelu
-from gpt_tf.model import GPTLanguageModel
 
 SMALL = GPTConfig(vocab_size=500, n_ctx=32, n_embd=64, n_layer=2, n_head=4, d_ff=256)
 # Our logits against transformers': two frameworks' kernels, compared within a tolerance. Measured on an AMD Zen 4,
@@ -42,7 +42,7 @@ def _np(x):
 
 def _fresh(config=SMALL, seed=0):
     keras.utils.set_random_seed(seed)
-    return GPTLanguageModel.from_config_preset(config)
+    return causal_lm_for(config)
 
 
 def _snapshot(model):
@@ -80,7 +80,7 @@ def _random_release(config, n_ctx_release, seed=1):
 @pytest.fixture(scope="module")
 def gpt1_model():
     """The paper-sized model (~117M parameters), built once."""
-    return _fresh(get_preset("gpt1"))
+    return _fresh(get_size("gpt1"))
 
 
 @pytest.fixture(scope="module")
@@ -158,16 +158,16 @@ def test_parity_check_detects_swapped_query_key(hf):
     assert diff > 10 * TOL
 
 
-def test_gpt1_preset_exports_to_transformers(hf, gpt1_model):
+def test_gpt1_size_exports_to_transformers(hf, gpt1_model):
     """Full paper size, other direction: our weights → to_hf_state_dict → HF model, same logits."""
     torch, transformers = hf
     reference = transformers.OpenAIGPTLMHeadModel(transformers.OpenAIGPTConfig(afn="gelu")).float().eval()
     state = {k: torch.from_numpy(v) for k, v in weights.to_hf_state_dict(gpt1_model).items()}
     reference.load_state_dict(state, strict=True)
-    config = gpt1_model.config
+    config = gpt1_model.backbone.config
     ids = np.random.default_rng(2).integers(0, config.vocab_size, (2, 16))
     diff = np.abs(_np(gpt1_model(ids))[..., : config.vocab_size] - _hf_logits(hf, reference, ids)).max()
-    print(f"parity gpt1 preset: max |diff| = {diff:.3g}")
+    print(f"parity gpt1 size: max |diff| = {diff:.3g}")
     assert diff <= TOL
 
 
@@ -232,7 +232,7 @@ def test_gpt1_preset_writes_the_released_layout(gpt1_model, shared_data, tmp_pat
     paths = weights.save_gpt1_release(gpt1_model, tmp_path)
     assert [p.name for p in paths] == [f"params_{n}.npy" for n in range(10)] + ["params_shapes.json"]
     assert json.loads((tmp_path / "params_shapes.json").read_text()) == released
-    assert weights.release_shapes(gpt1_model.config) == released
+    assert weights.release_shapes(gpt1_model.backbone.config) == released
     arrays = _read_release(tmp_path, released)
     blocks = gpt1_model.backbone.blocks
     np.testing.assert_array_equal(arrays[0], _np(gpt1_model.backbone.embed.positions_embed))

@@ -18,11 +18,11 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
-from gpt_tf.config import get_preset
+from gpt_tf.config import get_size
 from gpt_tf.analysis.heuristics import HEURISTICS, ZeroShotConfig, ZeroShotSuite, best_threshold, normalised
 from gpt_tf.analysis.lm_scorer import LMScorer
 from gpt_tf.metrics import matthews
-from gpt_tf.model import GPTLanguageModel
+from gpt_tf.gpt1.build import causal_lm_for
 from gpt_tf.text.tokenizer import GPTTokenizer
 from pipelines.task_rows import Example
 from pipelines.winograd import read_dpr
@@ -76,7 +76,7 @@ def _numpy_logprob(lm, tokens, scored):
 @pytest.mark.parametrize("bos", [None, 7])
 def test_scorer_equals_numpy_log_probs(preset, bos):
     keras.utils.set_random_seed(0)
-    lm = GPTLanguageModel.from_config_preset(get_preset(preset))
+    lm = causal_lm_for(get_size(preset))
     rng = np.random.default_rng(1)
     reqs = [(list(rng.integers(0, 1000, n)), list(rng.integers(0, 1000, m)))
             for n, m in [(0, 3), (5, 1), (12, 9), (0, 40), (30, 10), (3, 2), (60, 5)]]  # n_ctx = 32: some cut
@@ -184,10 +184,10 @@ def test_real_rows_through_the_suite_with_a_test_model(shared_data, bpe):
     glue, tasks = shared_data / "glue", ("cola", "sst2", "story_cloze")
     dirs = (str(glue / "CoLA"), str(glue / "SST-2"), str(shared_data / "story_cloze"))
     config = ZeroShotConfig(tasks=tasks, data_dirs=dirs, max_examples=12, reference={"sst2": 0.8})
-    model_config = get_preset("test", vocab_size=bpe.vocab_size, n_ctx=128)
+    model_config = get_size("test", vocab_size=bpe.vocab_size, n_ctx=128)
     suite = ZeroShotSuite(config, bpe, bos_id=model_config.special_id("start"))
     keras.utils.set_random_seed(0)
-    lm = GPTLanguageModel.from_config_preset(model_config)
+    lm = causal_lm_for(model_config)
     rows = {r["task"]: r for r in suite.evaluate(lm, step=5)}
     assert set(rows) == set(tasks) and all(r["examples"] == 12 for r in rows.values())
     assert np.isfinite(rows["cola"]["threshold"]) and -1.0 <= rows["cola"]["score"] <= 1.0

@@ -49,7 +49,7 @@ def define_flags():
     flags.DEFINE_list("seeds", ["0", "1", "2"], "--stage=table: seeds per cell.")
     flags.DEFINE_list("arms", list(ARMS), "--stage=table: the arms to run (several processes can share a table).")
     flags.DEFINE_string("pretrained", "runs/books_tiny", "The pre-training run the pretrained arm starts from.")
-    flags.DEFINE_string("model", "tiny", "The preset of the scratch arm (the pre-trained run's shape).")
+    flags.DEFINE_string("model", "tiny", "The model size of the scratch arm (the pre-trained run's shape).")
     flags.DEFINE_string("tasks_dir", "data/tasks_books", "Task TFRecords built with the pre-trained run's BPE.")
     flags.DEFINE_string("runs_root", "runs/reproduction", "Where the fine-tuning runs go.")
     flags.DEFINE_string("ledger", "bench/results/reproduction.jsonl", "The ledger; the report goes beside it (.md).")

@@ -42,8 +42,8 @@ from pathlib import Path
 from absl import app, flags
 
 from bench.experiments.finetune_runs import (ROOT, BackgroundCommand, append_ledger, finetune_spec, ledger_run,
-                                             load_ledger, preset_of, read_json, recipe_flags, run_command, run_one,
-                                             shown_command)
+                                             load_ledger, read_json, recipe_flags, run_command, run_one,
+                                             shown_command, size_of)
 
 FLAGS = flags.FLAGS
 # The study: every task with training data here, 1,000 training examples each (hash sample), 3 seeds, every layer
@@ -264,7 +264,7 @@ class Study:
         self.part, self.parts = parse_part(args.part)
         pre = Path(args.pretrained)
         model_config, self.train_config = read_json(pre / "model_config.json"), read_json(pre / "train_config.json")
-        self.preset = preset_of(args.pretrained)
+        self.preset = size_of(args.pretrained)
         self.plan = resolve_plan(args, model_config["n_layer"], self.train_config["train_steps"])
         self.plan["n_layer"] = model_config["n_layer"]
         self.runs_root, self.ledger = Path(args.runs_root), Path(args.runs_root) / "study.jsonl"

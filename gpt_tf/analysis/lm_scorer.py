@@ -34,17 +34,18 @@ from pipelines.task_batches import bucket_lengths
 class LMScorer:
     """Sums of continuation-token log-probabilities under ``lm``.
 
-    ``lm``: a ``GPTLanguageModel`` (its backbone's states, then the tied head at the scored positions
-    only) or any callable from token ids to logits ``[B, T, V]``.
+    ``lm``: a ``GPT1CausalLM`` (its backbone's states, then the tied head at the scored positions
+    only) or any callable from token ids to logits ``[B, T, V]`` with a ``config.n_ctx``.
     """
 
     def __init__(self, lm, bos_id: int | None = None, batch_size: int = 32):
         if batch_size <= 0:
             raise ValueError(f"batch_size must be positive, got {batch_size}")
         self.lm, self.bos_id, self.batch_size = lm, bos_id, batch_size
-        self.max_len = lm.config.n_ctx + 1  # tokens per sequence: n_ctx inputs, each with its next token
-        self.buckets = bucket_lengths(lm.config.n_ctx)  # model input lengths a batch is padded to
         backbone = getattr(lm, "backbone", None)
+        n_ctx = (backbone.config if backbone is not None else lm.config).n_ctx
+        self.max_len = n_ctx + 1  # tokens per sequence: n_ctx inputs, each with its next token
+        self.buckets = bucket_lengths(n_ctx)  # model input lengths a batch is padded to
         if backbone is not None and hasattr(backbone, "embed"):
             self._states, self._head = (lambda t: backbone(t, training=False)), backbone.embed.logits
         else:

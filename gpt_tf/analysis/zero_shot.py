@@ -95,7 +95,7 @@ def main(argv):
 
     from gpt_tf.checkpoints import restore_pretrained_lm
     from gpt_tf.analysis.heuristics import ZeroShotSuite, append_csv, write_summaries
-    from gpt_tf.model import GPTLanguageModel
+    from gpt_tf.gpt1.build import causal_lm_for
 
     bos_id = run.bos_id
     print(f"beginning-of-text token: {bos_id if bos_id is not None else 'none (first tokens are context only)'}",
@@ -105,7 +105,7 @@ def main(argv):
     if not checkpoints:
         sys.exit(f"gpt_tf.analysis.zero_shot: {FLAGS.run_dir}/checkpoints: no kept checkpoint at step {FLAGS.step}")
     keras.utils.set_random_seed(run.seed)
-    lm = GPTLanguageModel.from_config_preset(run.model_config)
+    lm = causal_lm_for(run.model_config)
     writer = tf.summary.create_file_writer(FLAGS.tb_dir) if FLAGS.tb_dir else None
     points = ([(0, None)] if FLAGS.include_init else []) + checkpoints
     for step, prefix in points:

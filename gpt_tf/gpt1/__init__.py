@@ -1,19 +1,23 @@
-"""GPT-1 as a keras-hub model family: backbone, tokenizer, preprocessors, tasks, presets.
+"""GPT-1 as a keras-hub model family: backbone, tokenizer, preprocessors, language model, tasks, presets.
 
-Importing this package registers the classes with Keras (so ``keras_hub.models.Backbone.from_preset``
-and ``keras_hub.models.TextClassifier.from_preset`` resolve GPT-1 presets to them) and the presets
-shipped inside ``gpt_tf`` (``books_tiny``). ``import gpt_tf`` imports it as soon as keras-hub is
-imported (``gpt_tf/__init__.py``).
+The project's model lives here: ``GPT1Backbone`` (its one backbone; ``LSTMBackbone``, Table 5's LSTM baseline,
+a subclass) and ``GPT1CausalLM`` (its one language model), which the command lines train too
+(``build.py``). Importing this package registers the classes with Keras (so
+``keras_hub.models.Backbone.from_preset`` and ``keras_hub.models.TextClassifier.from_preset`` resolve GPT-1
+presets to them) and the presets shipped inside ``gpt_tf`` (``gpt1_tiny_books_en``, alias ``books_tiny``).
+``import gpt_tf`` imports it as soon as keras-hub is imported (``gpt_tf/__init__.py``).
 """
 
 from gpt_tf.gpt1.backbone import GPT1Backbone
 from gpt_tf.gpt1.causal_lm import GPT1CausalLM
-from gpt_tf.gpt1.preprocessor import GPT1CausalLMPreprocessor, GPT1TaskPreprocessor
-from gpt_tf.gpt1.presets import register_builtin_presets
+from gpt_tf.gpt1.causal_lm_preprocessor import GPT1CausalLMPreprocessor
+from gpt_tf.gpt1.lstm import LSTMBackbone
+from gpt_tf.gpt1.preprocessor import GPT1TaskPreprocessor
+from gpt_tf.gpt1.presets import register_shipped_presets
 from gpt_tf.gpt1.text_classifier import GPT1MultipleChoice, GPT1TextClassifier, GPT1TextRegressor
 from gpt_tf.gpt1.tokenizer import GPT1Tokenizer
 
-register_builtin_presets()
+register_shipped_presets()
 
 __all__ = ["GPT1Backbone", "GPT1Tokenizer", "GPT1TaskPreprocessor", "GPT1CausalLMPreprocessor", "GPT1CausalLM",
-           "GPT1TextClassifier", "GPT1TextRegressor", "GPT1MultipleChoice"]
+           "GPT1TextClassifier", "GPT1TextRegressor", "GPT1MultipleChoice", "LSTMBackbone"]

@@ -1,6 +1,14 @@
-"""``GPT1CausalLM``: the pre-trained language model (backbone + tied LM head) as a keras-hub ``CausalLM``."""
+"""``GPT1CausalLM``: GPT-1's language model (backbone + tied LM head) as a keras-hub ``CausalLM``.
+
+The project's one language model: what pre-training trains (``gpt_tf.training.lm_objective``, built by
+``gpt_tf.gpt1.build.causal_lm_for`` with ``preprocessor=None``: the loop feeds token ids), what the monitor
+samples from, what zero-shot scoring, the LM export and the conversions read, and the Python API's
+``generate()`` on strings.
+"""
 
 from __future__ import annotations
+
+import functools
 
 import keras
 import keras_hub
@@ -8,7 +16,7 @@ import tensorflow as tf
 from keras import ops
 
 from gpt_tf.gpt1.backbone import GPT1Backbone
-from gpt_tf.gpt1.preprocessor import GPT1CausalLMPreprocessor
+from gpt_tf.gpt1.causal_lm_preprocessor import GPT1CausalLMPreprocessor
 from gpt_tf.layers import PACKAGE
 from gpt_tf.preset_io import FindsPresets
 
@@ -28,7 +36,7 @@ class GPT1CausalLM(FindsPresets, keras_hub.models.CausalLM):
 
     ```python
     import gpt_tf
-    lm = gpt_tf.GPT1CausalLM.from_preset("books_tiny")
+    lm = gpt_tf.GPT1CausalLM.from_preset("gpt1_tiny_books_en")
     lm.generate("the man walked into the room and", max_length=24)
     lm.compile(sampler="greedy")
     lm.generate(["it was a dark night", "she said"], max_length=16)
@@ -38,7 +46,7 @@ class GPT1CausalLM(FindsPresets, keras_hub.models.CausalLM):
     backbone_cls = GPT1Backbone
     preprocessor_cls = GPT1CausalLMPreprocessor
 
-    def __init__(self, backbone, preprocessor=None, **kwargs):
+    def __init__(self, backbone, preprocessor=None, compile=True, **kwargs):  # pylint: disable=redefined-builtin
         super().__init__(compile=False, **kwargs)
         if preprocessor is not None and preprocessor.sequence_length is None:
             preprocessor.sequence_length = backbone.config.n_ctx
@@ -46,7 +54,8 @@ class GPT1CausalLM(FindsPresets, keras_hub.models.CausalLM):
         self.preprocessor = preprocessor
         self.dtype_policy = backbone.dtype_policy
         self.built = True
-        self.compile()
+        if compile:
+            self.compile()
 
     def call(self, inputs, training=False):
         token_ids = inputs["token_ids"] if isinstance(inputs, dict) else inputs
@@ -78,9 +87,10 @@ class GPT1CausalLM(FindsPresets, keras_hub.models.CausalLM):
         row_lengths = ops.sum(ops.cast(padding_mask, "int32"), axis=-1)
         token_ids = self.sampler(next=next, prompt=token_ids, cache=None, index=ops.min(row_lengths),
                                  mask=padding_mask, stop_token_ids=stop_token_ids, hidden_states=None, model=self)
-        if stop_token_ids is not None:
-            from keras_hub.src.utils.tensor_utils import any_equal  # pylint: disable=import-outside-toplevel
-            ends = ops.cast(any_equal(token_ids, stop_token_ids, ops.logical_not(padding_mask)), "int32")
+        if stop_token_ids is not None:  # generated positions holding a stop token
+            stops = [ops.equal(token_ids, stop) for stop in stop_token_ids]
+            ends = ops.cast(ops.logical_and(functools.reduce(ops.logical_or, stops), ops.logical_not(padding_mask)),
+                            "int32")
             padding_mask = ops.logical_not(ops.cast(ops.cumsum(ends, axis=-1) - ends, "bool"))
         else:
             padding_mask = ops.ones_like(token_ids, dtype="bool")

@@ -23,8 +23,8 @@ def define_flags() -> None:
     flags.DEFINE_string("run_dir", "", "A pre-training or fine-tuning run folder.")
     flags.DEFINE_string("gpt1_shards", "", "A folder of GPT-1's params_{0..9}.npy + params_shapes.json.")
     flags.DEFINE_list("hf_state_dict", [], "transformers OpenAIGPT state dict parts (.npz).")
-    flags.DEFINE_string("model", "tiny", "--hf_state_dict: the gpt_tf.config preset it has the shape of.")
-    flags.DEFINE_integer("n_ctx", 0, "--hf_state_dict: the context length (0: the model preset's).")
+    flags.DEFINE_string("model", "tiny", "--hf_state_dict: the model size (gpt_tf/config.py) it has the shape of.")
+    flags.DEFINE_integer("n_ctx", 0, "--hf_state_dict: the context length (0: the model size's).")
     flags.DEFINE_string("tokenizer_dir", "", "The BPE files (default for a run: the folder its data manifest names).")
     flags.DEFINE_string("preset_dir", None, "Where the preset goes.")
 

@@ -5,7 +5,7 @@ views with ``pipelines.transforms.transform_record``, the one definition the dat
 served SavedModels use (truncation rule included). A batch is padded to the smallest length bucket
 (``pipelines.task_batches.bucket_lengths``: 8, 16, 24, 32, 48, …, ``sequence_length``) that holds
 its longest view, so ``fit`` on short texts does not pay for ``n_ctx`` of padding and Keras traces
-few shapes. ``GPT1CausalLMPreprocessor`` feeds the language model and ``generate``.
+few shapes. (``GPT1CausalLMPreprocessor``, the language model's, is ``gpt_tf/gpt1/causal_lm_preprocessor.py``.)
 """
 
 from __future__ import annotations
@@ -13,12 +13,12 @@ from __future__ import annotations
 import keras
 import keras_hub
 import tensorflow as tf
-from keras_hub.src.utils.tensor_utils import preprocessing_function
 
 from gpt_tf.gpt1.backbone import GPT1Backbone
+from gpt_tf.gpt1.causal_lm_preprocessor import SequenceLength
+from gpt_tf.gpt1.keras_hub_adapter import preprocessing_function
 from gpt_tf.gpt1.tokenizer import GPT1Tokenizer
 from gpt_tf.layers import PACKAGE
-from gpt_tf.preset_io import FindsPresets
 from gpt_tf.tasks import INPUT_FIELDS, INPUT_TYPES
 from pipelines.task_batches import bucket_lengths
 from pipelines.transforms import transform_record
@@ -64,25 +64,8 @@ def pretokenize(x, tokenizer, input_type: str):
     return out
 
 
-class _SequenceLength(FindsPresets):
-    """What both preprocessors share: a settable ``sequence_length`` (keras-hub's packer is not used), a
-    ``build`` with nothing to build, and ``from_preset``'s error for a preset not found (``FindsPresets``)."""
-
-    @property
-    def sequence_length(self):
-        """The views' (or sequences') length: the backbone's ``max_sequence_length`` unless set shorter."""
-        return self._sequence_length
-
-    @sequence_length.setter
-    def sequence_length(self, value):
-        self._sequence_length = None if value is None else int(value)
-
-    def build(self, input_shape=None):
-        self.built = True
-
-
 @keras.saving.register_keras_serializable(package=PACKAGE)
-class GPT1TaskPreprocessor(_SequenceLength, keras_hub.models.TextClassifierPreprocessor):
+class GPT1TaskPreprocessor(SequenceLength, keras_hub.models.TextClassifierPreprocessor):
     """Texts → ``{"input_ids" [B, K, L], "extract_index" [B, K], "lm_weights" [B, K, L]}`` (§3.3).
 
     Args:
@@ -100,7 +83,7 @@ class GPT1TaskPreprocessor(_SequenceLength, keras_hub.models.TextClassifierPrepr
 
     ```python
     import gpt_tf
-    pre = gpt_tf.GPT1TaskPreprocessor.from_preset("books_tiny", sequence_length=64, input_type="pair")
+    pre = gpt_tf.GPT1TaskPreprocessor.from_preset("gpt1_tiny_books_en", sequence_length=64, input_type="pair")
     features = pre({"premise": ["a man sleeps ."], "hypothesis": ["a person rests ."]})
     features["input_ids"]                          # [1, 1, 16]: <s> premise $ hypothesis <e>, padded
     ```
@@ -183,65 +166,4 @@ class GPT1TaskPreprocessor(_SequenceLength, keras_hub.models.TextClassifierPrepr
     def get_config(self):
         config = keras_hub.models.Preprocessor.get_config(self)
         config.update(sequence_length=self.sequence_length, input_type=self.input_type, num_choices=self.num_choices)
-        return config
-
-
-@keras.saving.register_keras_serializable(package=PACKAGE)
-class GPT1CausalLMPreprocessor(_SequenceLength, keras_hub.models.CausalLMPreprocessor):
-    """Texts → ``({"token_ids", "padding_mask"}, next ids, mask)`` for the LM, and ``generate``'s prompts.
-
-    GPT-1 pre-trained on a plain token stream (no start or end token), so none is added; padding
-    uses the pad id and comes last.
-
-    Example:
-
-    ```python
-    import gpt_tf
-    pre = gpt_tf.GPT1CausalLMPreprocessor.from_preset("books_tiny", sequence_length=16)
-    x, y, sample_weight = pre(["the man walked into the room ."])   # y: x["token_ids"] shifted by one
-    ```
-    """
-
-    backbone_cls = GPT1Backbone
-    tokenizer_cls = GPT1Tokenizer
-
-    def __init__(self, tokenizer, sequence_length=None, **kwargs):
-        keras_hub.models.Preprocessor.__init__(self, **kwargs)
-        self.packer = None
-        self.tokenizer = tokenizer
-        self.sequence_length = sequence_length
-        self.add_start_token = self.add_end_token = False
-
-    def _pack(self, x, length):
-        ids = self.tokenizer.tokenize(tf.convert_to_tensor(x, tf.string))
-        scalar = ids.shape.rank == 1
-        if scalar:
-            ids = ids[tf.newaxis]
-        ids = ids[:, :length]
-        token_ids = ids.to_tensor(default_value=self.tokenizer.pad_token_id, shape=[None, length])
-        mask = tf.sequence_mask(ids.row_lengths(), length)
-        return token_ids, mask, scalar
-
-    @preprocessing_function
-    def call(self, x, y=None, sample_weight=None, sequence_length=None):
-        length = int(sequence_length or self.sequence_length)
-        token_ids, mask, _ = self._pack(x, length + 1)
-        x = {"token_ids": token_ids[:, :-1], "padding_mask": mask[:, :-1]}
-        return keras.utils.pack_x_y_sample_weight(x, token_ids[:, 1:], mask[:, 1:])
-
-    @preprocessing_function
-    def generate_preprocess(self, x, sequence_length=None):
-        token_ids, mask, scalar = self._pack(x, int(sequence_length or self.sequence_length))
-        if scalar:
-            return {"token_ids": token_ids[0], "padding_mask": mask[0]}
-        return {"token_ids": token_ids, "padding_mask": mask}
-
-    @preprocessing_function
-    def generate_postprocess(self, x):
-        ids = tf.ragged.boolean_mask(x["token_ids"], tf.cast(x["padding_mask"], tf.bool))
-        return self.tokenizer.detokenize(ids)
-
-    def get_config(self):
-        config = keras_hub.models.Preprocessor.get_config(self)
-        config.update(sequence_length=self.sequence_length)
         return config

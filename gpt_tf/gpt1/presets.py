@@ -1,4 +1,4 @@
-"""GPT-1 presets: the ones shipped in ``gpt_tf/presets/`` (registered by name) and conversions into
+"""GPT-1 presets: the ones shipped in ``gpt_tf/presets/`` (registered by name with keras-hub) and conversions into
 keras-hub's layout from a pre-training or fine-tuning run folder, GPT-1's released ``params_*.npy``
 shards, or a ``transformers`` state dict (``python -m gpt_tf.gpt1.convert`` is their command line).
 """
@@ -8,41 +8,36 @@ from __future__ import annotations
 import json
 import os
 
-import keras_hub
-
 from gpt_tf.gpt1.backbone import GPT1Backbone
+from gpt_tf.gpt1.keras_hub_adapter import register_presets
 from gpt_tf.gpt1.tokenizer import GPT1Tokenizer
-from gpt_tf.preset_io import shipped_presets
+from gpt_tf.preset_io import PRESET_ALIASES, shipped_presets
 
+# keras-hub's preset names: family, size, data, language. Each folder's README.md is its model card.
 DESCRIPTIONS = {
-    "books_tiny": "The `tiny` GPT-1 (4 layers, 256 dims, 128 context, 8k BPE) pre-trained on 409 Gutenberg books "
-                  "(tools/torch_pretrain/train.py, 7,158 updates, held-out perplexity 55.1): the model the README's "
-                  "fine-tuning tables start from.",
+    "gpt1_tiny_books_en": "The `tiny` GPT-1 (4 layers, 256 dims, 128 context, 8k BPE) pre-trained on 409 Gutenberg "
+                          "books (tools/torch_pretrain/train.py, 7,158 updates, held-out perplexity 55.1): the model "
+                          "the README's fine-tuning tables start from.",
 }
 
 
-def register_builtin_presets() -> None:
-    """Registers each shipped preset with keras-hub, so ``from_preset("books_tiny")`` finds its folder
-    (no network: keras-hub reads a local folder as the preset's handle)."""
+def register_shipped_presets() -> None:
+    """Registers each shipped preset with keras-hub (``keras_hub_adapter.register_presets``), so
+    ``from_preset("gpt1_tiny_books_en")`` (or its alias ``"books_tiny"``) finds its folder (no network: keras-hub
+    reads a local folder as the preset's handle)."""
     presets = {}
     for name, folder in shipped_presets().items():
         with open(os.path.join(folder, "metadata.json")) as f:
             params = json.load(f).get("parameter_count")
-        presets[name] = {"metadata": {"description": DESCRIPTIONS.get(name, name), "params": params,
-                                      "path": "gpt1"}, "kaggle_handle": folder}
-    keras_hub.src.utils.preset_utils.register_presets(presets, GPT1Backbone)
-
-
-def backbone_from(model) -> GPT1Backbone:
-    """A ``GPT1Backbone`` holding a copy of the weights of a ``GPTBackbone`` (or a model holding one)."""
-    source = getattr(model, "backbone", model)
-    backbone = GPT1Backbone.from_gpt_config(source.config)
-    copy_weights(source, backbone)
-    return backbone
+        earlier_name_of = PRESET_ALIASES.get(name)
+        description = f"{earlier_name_of}'s earlier name" if earlier_name_of else DESCRIPTIONS.get(name, name)
+        presets[name] = {"metadata": {"description": description, "params": params, "path": "gpt1"},
+                         "kaggle_handle": folder}
+    register_presets(presets, GPT1Backbone)
 
 
 def copy_weights(source, target) -> None:
-    """Variable by variable (the two share ``GPTBackbone``'s layout); ValueError on any shape mismatch."""
+    """Variable by variable (two layers of one layout); ValueError on any shape mismatch."""
     if len(source.weights) != len(target.weights):
         raise ValueError(f"{len(source.weights)} weights vs {len(target.weights)}: not the same model")
     for a, b in zip(source.weights, target.weights):
@@ -67,16 +62,19 @@ def preset_from_run(run_dir: str, preset_dir: str, tokenizer_dir: str = "") -> s
     is read once by ``pipelines.run_folder.RunFolder`` (``tokenizer_dir``: else the one its data names)."""
     # pylint: disable=import-outside-toplevel
     from gpt_tf.checkpoints import load_task_model, restore_pretrained_lm
-    from gpt_tf.model import GPTLanguageModel
+    from gpt_tf.gpt1.build import causal_lm_for
     from pipelines.run_folder import RunFolder
 
     run = RunFolder.open(run_dir, tokenizer_dir=tokenizer_dir)
     if not run.tokenizer_dir:
         raise FileNotFoundError(f"{run_dir}: no tokenizer folder known (its data folder is gone): give one")
+    if run.model_config.model_type != GPT1Backbone.model_type:
+        raise ValueError(f"{run_dir}: a GPT-1 preset holds a transformer, not "
+                         f"model_type={run.model_config.model_type!r}")
     if run.kind != "finetune":
-        lm = GPTLanguageModel.from_config_preset(run.model_config)
+        lm = causal_lm_for(run.model_config)
         restore_pretrained_lm(lm, run_dir)
-        return save_backbone_preset(backbone_from(lm), run.tokenizer_dir, preset_dir)
+        return save_backbone_preset(lm.backbone, run.tokenizer_dir, preset_dir)
     model, spec = load_task_model(run)
     task = task_from(model, spec, run.tokenizer_dir)
     task.save_to_preset(preset_dir)
@@ -84,12 +82,12 @@ def preset_from_run(run_dir: str, preset_dir: str, tokenizer_dir: str = "") -> s
 
 
 def task_from(model, spec, tokenizer_dir: str):
-    """The keras-hub task of a ``GPTTaskModel`` + ``TaskSpec`` (weights copied, head included)."""
+    """The keras-hub task of a ``GPTTaskModel`` + ``TaskSpec``: on its backbone, its head's weights copied."""
     from gpt_tf.gpt1.preprocessor import GPT1TaskPreprocessor  # pylint: disable=import-outside-toplevel
     from gpt_tf.gpt1.text_classifier import (  # pylint: disable=import-outside-toplevel
         GPT1MultipleChoice, GPT1TextClassifier, GPT1TextRegressor)
 
-    backbone = backbone_from(model)
+    backbone = model.backbone
     preprocessor = GPT1TaskPreprocessor(GPT1Tokenizer(tokenizer_dir), input_type=spec.input_type,
                                         num_choices=spec.num_choices)
     if spec.head == "regression":
@@ -104,22 +102,22 @@ def task_from(model, spec, tokenizer_dir: str):
 
 
 def preset_from_gpt1_shards(params_dir: str, tokenizer_dir: str, preset_dir: str, model: str = "gpt1") -> str:
-    """GPT-1's released ``params_{0..9}.npy`` (+ ``params_shapes.json``) as a preset (the ``model`` config's
+    """GPT-1's released ``params_{0..9}.npy`` (+ ``params_shapes.json``) as a preset (the ``model`` size's
     shape, ``gpt1`` for the release; n_ctx from the position table)."""
-    from gpt_tf.config import get_preset  # pylint: disable=import-outside-toplevel
+    from gpt_tf.config import get_size  # pylint: disable=import-outside-toplevel
     from gpt_tf.weights import load_gpt1_release  # pylint: disable=import-outside-toplevel
 
     vocab_size = GPT1Tokenizer(tokenizer_dir).bpe_vocabulary_size
-    backbone = GPT1Backbone.from_gpt_config(get_preset(model, vocab_size=vocab_size))
+    backbone = GPT1Backbone.from_gpt_config(get_size(model, vocab_size=vocab_size))
     load_gpt1_release(backbone, params_dir)
     return save_backbone_preset(backbone, tokenizer_dir, preset_dir)
 
 
 def preset_from_hf_state_dict(paths, model: str, tokenizer_dir: str, preset_dir: str, n_ctx: int = 0) -> str:
-    """A ``transformers`` ``OpenAIGPT`` state dict (``.npz`` parts) as a preset of the ``model`` config."""
+    """A ``transformers`` ``OpenAIGPT`` state dict (``.npz`` parts) as a preset of the model size ``model``."""
     import numpy as np  # pylint: disable=import-outside-toplevel
 
-    from gpt_tf.config import get_preset  # pylint: disable=import-outside-toplevel
+    from gpt_tf.config import get_size  # pylint: disable=import-outside-toplevel
     from gpt_tf.weights import load_hf_state_dict  # pylint: disable=import-outside-toplevel
 
     state = {}
@@ -127,6 +125,6 @@ def preset_from_hf_state_dict(paths, model: str, tokenizer_dir: str, preset_dir:
         with np.load(path) as part:
             state.update({k: part[k].astype(np.float32) for k in part.files})
     overrides = {"vocab_size": GPT1Tokenizer(tokenizer_dir).bpe_vocabulary_size, **({"n_ctx": n_ctx} if n_ctx else {})}
-    backbone = GPT1Backbone.from_gpt_config(get_preset(model, **overrides))
+    backbone = GPT1Backbone.from_gpt_config(get_size(model, **overrides))
     load_hf_state_dict(backbone, state)
     return save_backbone_preset(backbone, tokenizer_dir, preset_dir)

@@ -2,11 +2,12 @@
 
 Each task holds a ``GPTTaskModel`` (``gpt_tf/task_model.py``: W_y on the extract-token state, the
 symmetric sum, multiple choice) on its ``GPT1Backbone``, so a task computes what the CLI's fine-tuning
-computes. ``compute_loss`` is Eq. 5, L3 = L2 + λ·L1 (``task_loss``; λ = ``lm_coef``, 0.5 by default),
-L1 at the real next tokens only. ``train_step`` normalises by the global batch's examples and LM
-tokens and sums the replicas' gradients once before clipping, as the project's loop does
-(``gpt_tf.training.loop.all_reduce_and_apply``): on one device or under ``MirroredStrategy`` the
-update is the loop's. ``compile()``'s defaults are the paper's (§4.1, §3.2): ``GPTAdamW`` (decay
+computes. The loss is the fine-tuning objective of ``gpt_tf/objectives.py``, the one the CLI's loop
+minimises: ``compute_loss`` is Eq. 5, L3 = L2 + λ·L1 (λ = ``lm_coef``, 0.5 by default), L1 at the real
+next tokens only; ``train_step`` normalises it by the global batch's examples and LM tokens
+(``global_counts``, ``finetune_update_loss``) and sums the replicas' gradients once before clipping, as
+the loop does (``gpt_tf.training.loop.all_reduce_and_apply``): on one device or under ``MirroredStrategy``
+the update is the loop's. ``compile()``'s defaults are the paper's (§4.1, §3.2): ``GPTAdamW`` (decay
 0.01 on matrices only, clipping at norm 1, the fused kernel where it runs), a linear warm-up over
 0.2% of the updates then linear decay to 0 over the updates ``fit`` will run.
 """
@@ -22,11 +23,14 @@ import tensorflow as tf
 import gpt_tf.gpt1.batching as batching
 from gpt_tf.optim import GPTAdamW, WarmupDecay, make_optimizer
 from gpt_tf.preset_io import FindsPresets
-from gpt_tf.task_model import GPTTaskModel, task_loss
+from gpt_tf.recipes import PAPER_FINETUNE
+from gpt_tf.objectives import finetune_loss, finetune_update_loss, global_counts
+from gpt_tf.task_model import GPTTaskModel
 from gpt_tf.tasks import TaskSpec
 from gpt_tf.training.loop import all_reduce_and_apply
 
-PAPER = {"learning_rate": 6.25e-5, "warmup_fraction": 0.002, "weight_decay": 0.01, "clip_norm": 1.0, "lm_coef": 0.5}
+# compile()'s keywords and their defaults: the paper's recipe (gpt_tf/recipes.py).
+COMPILE_RECIPE = ("learning_rate", "warmup_fraction", "weight_decay", "clip_norm", "lm_coef")
 
 
 class GPT1TaskMixin(FindsPresets):
@@ -42,7 +46,7 @@ class GPT1TaskMixin(FindsPresets):
             if preprocessor.sequence_length > n_ctx:
                 raise ValueError(f"preprocessor sequence_length={preprocessor.sequence_length} is longer than the "
                                  f"backbone's max_sequence_length={n_ctx}")
-            loaded = getattr(preprocessor.tokenizer, "_offline", None) is not None  # else: assets come later
+            loaded = preprocessor.tokenizer.loaded  # else: its assets come later (from_preset)
             vocab = preprocessor.tokenizer.vocabulary_size() if loaded else backbone.config.total_vocab
             if vocab != backbone.config.total_vocab:
                 raise ValueError(f"the tokenizer has {vocab} ids (BPE + specials) but the backbone "
@@ -61,16 +65,12 @@ class GPT1TaskMixin(FindsPresets):
         """The task output: class logits ``[B, C]``, scores ``[B]`` or candidate logits ``[B, K]``."""
         return self.task_model(inputs, training=training, with_lm=False)["task"]
 
-    def compute_loss(self, x=None, y=None, y_pred=None, sample_weight=None, training=True, counts=None):
-        """Eq. 5. ``y_pred``: the task output, or ``GPTTaskModel``'s outputs dict (with the LM's, in training).
-        ``counts``: the global batch's ``examples`` and ``lm_tokens`` (default: this batch's)."""
+    def compute_loss(self, x=None, y=None, y_pred=None, sample_weight=None, training=True):
+        """Eq. 5 on this batch (``finetune_loss``). ``y_pred``: the task output, or ``GPTTaskModel``'s outputs dict
+        (with the LM's, in training)."""
         outputs = y_pred if isinstance(y_pred, dict) else {"task": y_pred}
         lm_coef = self.lm_coef if "lm" in outputs else 0.0
-        y = self._checked_labels(y)
-        parts = task_loss(self.task_spec, outputs, x, y, lm_coef)
-        if counts is None:
-            return parts["total"]
-        return parts["task_sum"] / counts["examples"] + lm_coef * (parts["lm_sum"] / counts["lm_tokens"])
+        return finetune_loss(self.task_spec, outputs, x, self._checked_labels(y), lm_coef)[0]
 
     def _checked_labels(self, y):
         """``y``, after checks (a clear error, before the loss's own) that class labels are in 0..num_classes-1."""
@@ -86,25 +86,24 @@ class GPT1TaskMixin(FindsPresets):
     def train_step(self, data):
         x, y, _ = keras.utils.unpack_x_y_sample_weight(data)
         ctx = tf.distribute.get_replica_context()
-        lm_coef = self.lm_coef
-        lm = tf.reduce_sum(tf.cast(x["lm_weights"], tf.float32)) if lm_coef else tf.constant(0.0)
-        counts = {"examples": ctx.all_reduce(tf.distribute.ReduceOp.SUM, tf.cast(tf.shape(y)[0], tf.float32)),
-                  "lm_tokens": tf.maximum(ctx.all_reduce(tf.distribute.ReduceOp.SUM, lm), 1.0)}
+        counts = global_counts(x, y, self.lm_coef)
         variables = self.trainable_variables
         with tf.GradientTape() as tape:
-            outputs = self.task_model(x, training=True, with_lm="targets" if lm_coef else False)
-            loss = self.compute_loss(x, y, outputs, counts=counts)
+            loss, _, outputs = finetune_update_loss(self.task_model, self.task_spec, x, self._checked_labels(y), counts,
+                                                    self.lm_coef)
         grads = tape.gradient(loss, variables)
         if isinstance(self.optimizer, GPTAdamW):
             all_reduce_and_apply(grads, variables, self.optimizer)
         else:  # a Keras optimizer sums the replicas' gradients itself
             self.optimizer.apply(grads, variables)
-        self._loss_tracker.update_state(ctx.all_reduce(tf.distribute.ReduceOp.SUM, loss))
+        loss_metric = next(m for m in self.metrics if m.name == "loss")  # compile()'s loss tracker (Keras's first)
+        loss_metric.update_state(ctx.all_reduce(tf.distribute.ReduceOp.SUM, loss))
         return self.compute_metrics(x, y, outputs["task"])
 
     # ------------------------------------------------------------------ optimiser
     def compile(self, optimizer="auto", loss="auto", *, metrics="auto", **kwargs):
-        """The paper's recipe by default (``PAPER``'s keywords override it); the loss is ``compute_loss``'s."""
+        """The paper's recipe by default (``gpt_tf/recipes.py``; the ``COMPILE_RECIPE`` keywords override it); the
+        loss is ``compute_loss``'s."""
         optimizer = self._paper_compile(optimizer, kwargs)
         if metrics == "auto":
             metrics = self._default_metrics()
@@ -112,7 +111,7 @@ class GPT1TaskMixin(FindsPresets):
 
     def _paper_compile(self, optimizer, kwargs):
         """Pops the recipe's arguments from ``kwargs``; for ``optimizer="auto"`` builds the paper's."""
-        recipe = {k: kwargs.pop(k, v) for k, v in PAPER.items()}
+        recipe = {k: kwargs.pop(k, PAPER_FINETUNE[k]) for k in COMPILE_RECIPE}
         self.lm_coef = float(recipe["lm_coef"])
         kwargs.setdefault("jit_compile", False)
         self._auto_schedule = None

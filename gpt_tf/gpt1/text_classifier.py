@@ -45,11 +45,11 @@ class GPT1TextClassifier(GPT1TaskMixin, keras_hub.models.TextClassifier):
 
     ```python
     import gpt_tf, keras_hub
-    classifier = keras_hub.models.TextClassifier.from_preset("books_tiny", num_classes=2)
+    classifier = keras_hub.models.TextClassifier.from_preset("gpt1_tiny_books_en", num_classes=2)
     classifier.compile(learning_rate=5e-4, warmup_fraction=0.05)
     classifier.fit(["a great film", "a dull mess"], [1, 0], batch_size=2)
     classifier.predict(["what a joy"])                     # logits [1, 2]
-    pairs = gpt_tf.GPT1TextClassifier.from_preset("books_tiny", num_classes=3, input_type="pair")
+    pairs = gpt_tf.GPT1TextClassifier.from_preset("gpt1_tiny_books_en", num_classes=3, input_type="pair")
     pairs.predict((["a man sleeps"], ["a person rests"]))
     ```
     """
@@ -92,7 +92,7 @@ class GPT1TextRegressor(GPT1TaskMixin, keras_hub.models.Task):
 
     ```python
     import gpt_tf
-    sts = gpt_tf.GPT1TextRegressor.from_preset("books_tiny")
+    sts = gpt_tf.GPT1TextRegressor.from_preset("gpt1_tiny_books_en")
     sts.fit((["a man sings"], ["a man is singing"]), [4.8], batch_size=1)
     sts.predict((["a cat"], ["a dog"]))
     ```
@@ -130,7 +130,7 @@ class GPT1MultipleChoice(GPT1TaskMixin, keras_hub.models.Task):
 
     ```python
     import gpt_tf
-    cloze = gpt_tf.GPT1MultipleChoice.from_preset("books_tiny", num_choices=2)
+    cloze = gpt_tf.GPT1MultipleChoice.from_preset("gpt1_tiny_books_en", num_choices=2)
     cloze.predict((["She opened the door."], [["She walked in.", "The door ate her."]]))
     ```
     """

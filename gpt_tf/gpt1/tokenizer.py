@@ -15,15 +15,24 @@ import shutil
 import keras
 import keras_hub
 import tensorflow as tf
-from keras_hub.src.utils.tensor_utils import preprocessing_function
 
 from gpt_tf.config import SPECIAL_TOKENS
+from gpt_tf.gpt1.backbone import GPT1Backbone
+from gpt_tf.gpt1.keras_hub_adapter import preprocessing_function
 from gpt_tf.layers import PACKAGE
 from gpt_tf.preset_io import FindsPresets
 from gpt_tf.text.tokenizer import ENCODER_FILE, MERGES_FILE, GPTTokenizer
 from gpt_tf.text.word_split import END_OF_WORD
 
 SPECIAL_TOKEN_NAMES = {"start": "_start_", "delimiter": "_delimiter_", "extract": "_classify_", "pad": "_pad_"}
+
+
+class _BPE:
+    """The tokenizer's BPE files as loaded: the offline ``GPTTokenizer`` and, once built, the core-TF one. A plain
+    object, so Keras tracks neither (the layer holds this holder, set once; loading replaces what it holds)."""
+
+    def __init__(self):
+        self.offline, self.graph = None, None
 
 
 @keras.saving.register_keras_serializable(package=PACKAGE)
@@ -38,20 +47,22 @@ class GPT1Tokenizer(FindsPresets, keras_hub.tokenizers.Tokenizer):
 
     ```python
     import gpt_tf
-    tokenizer = gpt_tf.GPT1Tokenizer.from_preset("books_tiny")
+    tokenizer = gpt_tf.GPT1Tokenizer.from_preset("gpt1_tiny_books_en")
     ids = tokenizer(["The man walked into the room."])     # ragged [1, None]
     tokenizer.detokenize(ids)                               # ["the man walked into the room ."]
     tokenizer.extract_token_id                              # the id after the BPE ids + 2
     ```
     """
 
+    backbone_cls = GPT1Backbone  # keras_hub.tokenizers.Tokenizer.from_preset finds this class for a GPT-1 preset
+
     def __init__(self, vocabulary=None, merges=None, **kwargs):
         super().__init__(**kwargs)
         self.file_assets = [ENCODER_FILE, MERGES_FILE]
-        object.__setattr__(self, "_offline", None)
-        object.__setattr__(self, "_graph", None)
-        for name, token in SPECIAL_TOKEN_NAMES.items():
-            self._add_special_token(token, f"{name}_token")
+        self._bpe = _BPE()
+        for name, token in SPECIAL_TOKEN_NAMES.items():  # start_token = "_start_", start_token_id (None until loaded)
+            setattr(self, f"{name}_token", token)
+            setattr(self, f"{name}_token_id", None)
         if vocabulary is not None:
             self.set_vocabulary_and_merges(vocabulary, merges)
 
@@ -61,26 +72,41 @@ class GPT1Tokenizer(FindsPresets, keras_hub.tokenizers.Tokenizer):
             offline = GPTTokenizer.from_dir(vocabulary)
         else:
             offline = GPTTokenizer.from_files(vocabulary, merges)
-        object.__setattr__(self, "_offline", offline)
-        object.__setattr__(self, "_graph", None)
-        self._update_special_token_ids()
+        self._bpe.offline, self._bpe.graph = offline, None
+        for name, token_id in self.special_ids().items():
+            setattr(self, f"{name}_token_id", token_id)
 
     # ------------------------------------------------------------------ vocabulary
     @property
+    def loaded(self) -> bool:
+        """Whether the BPE files are loaded (a tokenizer built from a config gets them with its assets)."""
+        return self._bpe.offline is not None
+
+    @property
     def offline(self) -> GPTTokenizer:
         """The offline ``GPTTokenizer`` (Python; what ``pipelines`` build records with)."""
-        if self._offline is None:
+        if self._bpe.offline is None:
             raise ValueError("GPT1Tokenizer has no vocabulary: pass vocabulary= and merges= or load it with "
                              "GPT1Tokenizer.from_preset(...)")
-        return self._offline
+        return self._bpe.offline
 
     @property
     def tf_tokenizer(self):
         """The core-TF tokenizer (``TFGPTTokenizer``), built on first use (a few seconds for GPT-1's 40k)."""
-        if self._graph is None:
+        if self._bpe.graph is None:
             with tf.init_scope():  # its tables are built eagerly, also when first used inside tf.data / tf.function
-                object.__setattr__(self, "_graph", self.offline.tf_tokenizer())
-        return self._graph
+                self._bpe.graph = self.offline.tf_tokenizer()
+        return self._bpe.graph
+
+    @property
+    def special_tokens(self) -> list:
+        """The paper's special tokens (§3.3), in id order: ``_start_``, ``_delimiter_``, ``_classify_``, ``_pad_``."""
+        return [SPECIAL_TOKEN_NAMES[name] for name in SPECIAL_TOKENS]
+
+    @property
+    def special_token_ids(self) -> list:
+        """Their ids, after the BPE ids."""
+        return list(self.special_ids().values())
 
     @property
     def bpe_vocabulary_size(self) -> int:
@@ -91,8 +117,7 @@ class GPT1Tokenizer(FindsPresets, keras_hub.tokenizers.Tokenizer):
         return self.offline.vocab_size + len(SPECIAL_TOKENS)
 
     def get_vocabulary(self):
-        specials = [SPECIAL_TOKEN_NAMES[n] for n in SPECIAL_TOKENS]
-        return list(self.offline._decoder) + specials  # pylint: disable=protected-access
+        return self.offline.tokens + self.special_tokens
 
     def id_to_token(self, id):  # pylint: disable=redefined-builtin
         vocabulary = self.get_vocabulary()
@@ -101,14 +126,12 @@ class GPT1Tokenizer(FindsPresets, keras_hub.tokenizers.Tokenizer):
         return vocabulary[int(id)]
 
     def token_to_id(self, token):
-        if self._offline is None:
-            raise ValueError("no vocabulary yet")
-        specials = {SPECIAL_TOKEN_NAMES[n]: self._offline.vocab_size + i for i, n in enumerate(SPECIAL_TOKENS)}
+        specials = dict(zip(self.special_tokens, self.special_token_ids))  # ValueError without a vocabulary
         if token in specials:
             return specials[token]
-        if token not in self._offline.encoder:
+        if token not in self.offline.encoder:
             raise ValueError(f"token {token!r} is not in the vocabulary")
-        return self._offline.encoder[token]
+        return self.offline.encoder[token]
 
     def special_ids(self) -> dict:
         """``{"start", "delimiter", "extract", "pad"} -> id`` (what ``pipelines/transforms.py`` takes)."""
@@ -149,7 +172,7 @@ class GPT1Tokenizer(FindsPresets, keras_hub.tokenizers.Tokenizer):
             ids = tf.RaggedTensor.from_tensor(ids)
         ids = tf.cast(ids, tf.int32)
         ids = tf.ragged.boolean_mask(ids, (ids >= 0) & (ids < self.offline.vocab_size))
-        tokens = tf.gather(tf.constant(list(self.offline._decoder)), ids)  # pylint: disable=protected-access
+        tokens = tf.gather(tf.constant(self.offline.tokens), ids)
         text = tf.strings.regex_replace(tf.strings.reduce_join(tokens, axis=-1), END_OF_WORD, " ")
         text = tf.strings.regex_replace(text, " +$", "")
         return text[0] if scalar else text

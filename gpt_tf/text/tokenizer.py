@@ -171,6 +171,11 @@ class GPTTokenizer:
         return len(self.encoder)
 
     @property
+    def tokens(self) -> list:
+        """The BPE tokens in id order (a copy)."""
+        return list(self._decoder)
+
+    @property
     def unk_id(self):
         """Id of ``<unk>``, given to characters outside the vocabulary."""
         return self.encoder[UNK]

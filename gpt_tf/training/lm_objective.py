@@ -19,8 +19,10 @@ import tensorflow as tf
 from gpt_tf import inference_gelu
 from gpt_tf.checkpoints import continue_from_pretrained
 from gpt_tf.config import GPTConfig
-from gpt_tf.model import GPTLanguageModel, lm_loss
+from gpt_tf.gpt1.build import causal_lm_for
+from gpt_tf.objectives import lm_loss
 from gpt_tf.optim import WarmupDecay, make_optimizer
+from gpt_tf.recipes import PAPER_FINETUNE
 from gpt_tf.run_dir import DATA_FILE, write_json_atomic
 from gpt_tf.training.loop import TrainLoop, named_data_error
 from pipelines.reader import batches_per_pipeline, pretraining_dataset
@@ -38,8 +40,8 @@ class TrainConfig:
     learning_rate: float = 2.5e-4
     warmup_steps: int = 2000
     lr_decay: str = "cosine"
-    weight_decay: float = 0.01
-    clip_norm: float = 1.0
+    weight_decay: float = PAPER_FINETUNE["weight_decay"]  # the paper's, shared with fine-tuning
+    clip_norm: float = PAPER_FINETUNE["clip_norm"]
     adam_beta_1: float = 0.9
     adam_beta_2: float = 0.999
     adam_epsilon: float = 1e-8
@@ -71,7 +73,7 @@ class Pretrainer:
             )
         keras.utils.set_random_seed(config.seed)
         with strategy.scope():
-            self.model = GPTLanguageModel.from_config_preset(model_config, dtype=config.precision)
+            self.model = causal_lm_for(model_config, dtype=config.precision)
             if config.init_checkpoint:  # a resumed run's own checkpoint overrides it in `restore`
                 copied = continue_from_pretrained(self.model, config.init_checkpoint)
                 log(f"initialised from {config.init_checkpoint}: embeddings + {model_config.n_layer} blocks "

@@ -33,9 +33,10 @@ from gpt_tf import console, inference_gelu
 from gpt_tf.checkpoints import build_task_models, initialise_from_pretrained, unique_variables
 from gpt_tf.config import GPTConfig
 from gpt_tf.metrics import compute_metrics
+from gpt_tf.objectives import finetune_update_loss, global_counts
 from gpt_tf.optim import WarmupDecay, make_optimizer
 from gpt_tf.recipes import PAPER_FINETUNE
-from gpt_tf.task_model import GPTTaskModel, task_loss, task_predictions
+from gpt_tf.task_model import GPTTaskModel, task_predictions
 from gpt_tf.tasks import TaskSpec
 from gpt_tf.training.loop import TrainLoop
 from pipelines.task_batches import bucket_lengths
@@ -56,8 +57,8 @@ class FinetuneConfig:
     warmup_fraction: float = PAPER_FINETUNE["warmup_fraction"]
     lm_coef: float = PAPER_FINETUNE["lm_coef"]
     clf_pdrop: float = PAPER_FINETUNE["clf_pdrop"]
-    weight_decay: float = 0.01
-    clip_norm: float = 1.0
+    weight_decay: float = PAPER_FINETUNE["weight_decay"]
+    clip_norm: float = PAPER_FINETUNE["clip_norm"]
     precision: str = "float32"
     seed: int = 0
     log_every: int = 10
@@ -178,25 +179,21 @@ class Finetuner:
     def _make_train_step(self, head: _Head):
         """One update on a batch of ``head``'s task: backbone + that head (``TrainLoop.make_update``, one per task).
 
-        L3 = task_sum / examples + λ·lm_sum / lm_tokens with the GLOBAL batch's counts, taken from the
-        features before the micro-batches run, so their gradients sum to the full batch's.
+        The fine-tuning objective of ``gpt_tf/objectives.py`` (the one ``fit`` minimises too): Eq. 5 with the
+        GLOBAL batch's counts, taken from the features before the micro-batches run, so their gradients sum to
+        the full batch's.
         """
         lm_coef, model, task = self.config.lm_coef, head.model, head.task
 
         def counts(batch):
             features, label = batch
-            ctx = tf.distribute.get_replica_context()
-            lm = tf.reduce_sum(tf.cast(features["lm_weights"], tf.float32)) if lm_coef else tf.constant(0.0)
-            return {"examples": ctx.all_reduce(tf.distribute.ReduceOp.SUM, tf.cast(tf.shape(label)[0], tf.float32)),
-                    "lm_tokens": tf.maximum(ctx.all_reduce(tf.distribute.ReduceOp.SUM, lm), 1.0)}
+            return global_counts(features, label, lm_coef)
 
         def grads(batch, counts):
             features, label = batch
             variables = model.trainable_variables
             with tf.GradientTape() as tape:
-                outputs = model(features, training=True, with_lm="targets" if lm_coef else False)
-                parts = task_loss(task, outputs, features, label, lm_coef)
-                loss = parts["task_sum"] / counts["examples"] + lm_coef * (parts["lm_sum"] / counts["lm_tokens"])
+                loss, parts, _ = finetune_update_loss(model, task, features, label, counts, lm_coef)
             return tape.gradient(loss, variables), [parts["task_sum"], parts["lm_sum"]]
 
         return self.loop.make_update(model.trainable_variables, grads, counts, n_sums=2)

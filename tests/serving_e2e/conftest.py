@@ -20,8 +20,9 @@ import pytest
 import tensorflow as tf
 from tensorflow_serving.apis import get_model_status_pb2, model_service_pb2_grpc
 
-from gpt_tf.config import get_preset
-from gpt_tf.model import GPTBackbone, GPTLanguageModel
+from gpt_tf.config import get_size
+from gpt_tf.gpt1.backbone import GPT1Backbone
+from gpt_tf.gpt1.build import causal_lm_for
 from gpt_tf.task_model import GPTTaskModel
 from gpt_tf.tasks import get_task
 from gpt_tf.text.tokenizer import GPTTokenizer
@@ -48,7 +49,7 @@ def tf_tokenizer(tokenizer):
 
 @pytest.fixture(scope="package")
 def config():
-    return get_preset("test", vocab_size=40478)
+    return get_size("test", vocab_size=40478)
 
 
 @pytest.fixture(scope="package")
@@ -111,9 +112,9 @@ def exported(server, base, sst2_run, tokenizer, tf_tokenizer, config):
     export_run(sst2_run, str(base), "sst2")
     shared = copy.copy(tokenizer)
     shared.tf_tokenizer = lambda: tf_tokenizer
-    stsb = GPTTaskModel(GPTBackbone(config, name="backbone"), get_task("stsb"))
+    stsb = GPTTaskModel(GPT1Backbone.from_gpt_config(config, name="backbone"), get_task("stsb"))
     export_task_model(stsb, get_task("stsb"), shared, str(base), "stsb")
-    lm = GPTLanguageModel.from_config_preset(config)
+    lm = causal_lm_for(config)
     export_lm(lm, shared, str(base), "lm", top_k=5)
     sst2_model, _, _ = load_finetuned(sst2_run)  # float32, as exported
     return {"sst2": sst2_model, "stsb": stsb, "lm": lm}

@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
-from gpt_tf.model import GPTBackbone
+from gpt_tf.gpt1.backbone import GPT1Backbone
 from gpt_tf.task_model import GPTTaskModel
 from gpt_tf.tasks import get_task
 from serving.task_module import TaskServingModule, input_specs
@@ -70,7 +70,8 @@ def test_in_graph_preprocessing_equals_the_offline_pipeline(loaded, exported, sh
         got = loaded(task_name).signatures["features"](**texts)
         got_ids, got_extract = got["input_ids"], got["extract_index"]
     else:
-        module = TaskServingModule(GPTTaskModel(GPTBackbone(config, name="backbone"), task), task, tf_tokenizer)
+        backbone = GPT1Backbone.from_gpt_config(config, name="backbone")
+        module = TaskServingModule(GPTTaskModel(backbone, task), task, tf_tokenizer)
         got_ids, got_extract = tf.function(module.features)(texts)
     np.testing.assert_array_equal(got_extract.numpy(), extract)
     pad = config.special_id("pad")

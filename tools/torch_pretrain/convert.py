@@ -41,7 +41,7 @@ def define_flags():
     flags.DEFINE_string("data_dir", None, "A pipelines.pretrain_data output folder.")
     flags.DEFINE_string("tokens", "", "export: the file to write: .npz, or .npz.xz (smaller; tools/torch_pretrain/streams.py).")
     flags.DEFINE_string("weights_dir", "", "import: tools.torch_pretrain.train's --out_dir (log.jsonl, weights-*.npz), "
-                        "or a gpt_tf preset with its log.jsonl (gpt_tf/presets/books_tiny: one checkpoint, the last step).")
+                        "or a gpt_tf preset with its log.jsonl (gpt_tf/presets/gpt1_tiny_books_en: one checkpoint, the last step).")
     flags.DEFINE_string("run_dir", "", "import: the gpt_tf run folder to create.")
     flags.DEFINE_string("model", "tiny", "import: the preset the accelerator trained.")
     flags.DEFINE_string("plot", "", "import: also draw held-out perplexity against tokens seen into this PNG.")
@@ -100,7 +100,7 @@ def read_log_file(path: str) -> tuple[dict, list[dict]]:
 
 
 def checkpoint_steps(weights_dir: str, final_step: int) -> dict[int, list[str]]:
-    """step -> its weight part files, in step order; a gpt_tf preset folder (``gpt_tf/presets/books_tiny``: the
+    """step -> its weight part files, in step order; a gpt_tf preset folder (``gpt_tf/presets/gpt1_tiny_books_en``: the
     kept run's final weights, with its ``log.jsonl`` and ``sweep.jsonl``) is the one checkpoint ``final_step``."""
     from gpt_tf import preset_io
 
@@ -121,7 +121,7 @@ def tokenizer_digests(tokenizer: dict) -> dict:
 
 
 def load_torch_lstm(model, state: dict) -> None:
-    """``tools.torch_pretrain.lstm_model``'s state dict into a gpt_tf LSTM model (``GPTLanguageModel`` or
+    """``tools.torch_pretrain.lstm_model``'s state dict into a gpt_tf LSTM model (``GPT1CausalLM`` or
     ``LSTMBackbone``): the embeddings as ``gpt_tf.weights`` loads them (``vocab_size`` rows: the special tokens
     keep their init); per block, Keras's LSTM ``kernel`` = ``weight_ih_l0.T`` and ``recurrent_kernel`` =
     ``weight_hh_l0.T`` (torch's gate rows (i, f, g, o) are Keras's columns [i, f, c, o], the same order), its one
@@ -164,7 +164,7 @@ def import_run(weights_dir: str, data_dir: str, run_dir: str, model: str) -> dic
     import tensorflow as tf
 
     from gpt_tf import preset_io
-    from gpt_tf.config import get_preset
+    from gpt_tf.config import get_size
     from gpt_tf.training.lm_objective import Pretrainer, TrainConfig
     from gpt_tf.weights import load_hf_state_dict
     from pipelines.records import read_manifest
@@ -178,7 +178,7 @@ def import_run(weights_dir: str, data_dir: str, run_dir: str, model: str) -> dic
     if trained_on != tokenizer_digests(manifest["tokenizer"]):
         raise ValueError(f"{weights_dir} was trained on tokenizer files {trained_on}, but {data_dir} was built with "
                          f"{tokenizer_digests(manifest['tokenizer'])}: rebuild it with the run's BPE files")
-    config = get_preset(model, vocab_size=manifest["tokenizer"]["vocab_size"], n_ctx=manifest["config"]["n_ctx"])
+    config = get_size(model, vocab_size=manifest["tokenizer"]["vocab_size"], n_ctx=manifest["config"]["n_ctx"])
     lstm = config.model_type == "lstm"  # trained in float32 (tools.torch_pretrain.train), loaded by load_torch_lstm
     steps = checkpoint_steps(weights_dir, setting["steps"])
     train_config = TrainConfig(

@@ -1,7 +1,7 @@
 """Table 5's LSTM baseline in PyTorch, for `tools.torch_pretrain.train --model=lstm_<preset>` on a GPU machine
 without TensorFlow. Imports torch only (no TensorFlow, no gpt_tf, no transformers).
 
-The same network as ``gpt_tf.lstm.LSTMBackbone`` inside ``gpt_tf.model.GPTLanguageModel`` (the converted Keras
+The same network as ``gpt_tf.gpt1.lstm.LSTMBackbone`` inside ``gpt_tf.gpt1.causal_lm.GPT1CausalLM`` (the converted Keras
 model gives these logits to ~1e-5: ``tests/test_torch_lstm.py``):
 
 * token + learned position embeddings (``tokens_embed``, ``positions_embed``), summed, embedding dropout;
@@ -48,7 +48,7 @@ def init_keras_style(lstm: nn.LSTM) -> None:
 
 
 class LSTMBlock(nn.Module):
-    """``dropout(proj(LSTM(x)))``: ``[batch, length, n_embd]`` → the same shape (``gpt_tf.lstm.LSTMBlock``)."""
+    """``dropout(proj(LSTM(x)))``: ``[batch, length, n_embd]`` → the same shape (``gpt_tf.gpt1.lstm.LSTMBlock``)."""
 
     def __init__(self, n_embd: int, units: int, dropout: float, init_std: float):
         super().__init__()

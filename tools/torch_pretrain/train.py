@@ -6,7 +6,7 @@
 Why it exists: a GPU machine may offer PyTorch and `transformers` but no TensorFlow (a fixed image, no
 package registry, too little room to carry TensorFlow's wheel there): ``tools/torch_pretrain/README.md``. The model trained here is `transformers`' ``OpenAIGPTLMHeadModel`` with
 the preset's sizes: the reference implementation that ``tests/test_weights.py`` proves equal to
-``gpt_tf.model.GPTLanguageModel`` (logits to 1e-5 on the same weights). The recipe is the project's
+``gpt_tf.gpt1.causal_lm.GPT1CausalLM`` (logits to 1e-5 on the same weights). The recipe is the project's
 pre-training recipe (``gpt_tf.optim``): AdamW with decoupled weight decay 0.01 on rank >= 2 weights only,
 global-norm clipping 1.0, linear warm-up then cosine decay to 0, dropout 0.1, N(0, 0.02) init, the LM
 loss over (n_ctx + 1)-token windows at stride n_ctx of the token stream, exactly the records that
@@ -15,7 +15,7 @@ stream). Each epoch visits every window once in a seeded order; ``--updates=N`` 
 (another run's token count) instead of ``--epochs``' worth.
 
 ``--model=lstm_<preset>`` trains Table 5's LSTM baseline instead (``lstm_model.py``: the network of
-``gpt_tf.lstm.LSTMBackbone`` with the tied head, Keras's initialisation; ``tests/test_torch_lstm.py``) by the
+``gpt_tf.gpt1.lstm.LSTMBackbone`` with the tied head, Keras's initialisation; ``tests/test_torch_lstm.py``) by the
 same code path: the same recipe, windows, order, evaluations, pieces and files; float32 and eager (no bf16
 autocast, no ``torch.compile``; PyTorch's default ``torch.backends.cudnn.allow_tf32`` lets cuDNN's LSTM use TF32),
 and ``transformers`` is not needed.
@@ -52,9 +52,9 @@ from absl import app, flags
 from tools.torch_pretrain.pieces import PIECE_EXIT, load_state, remove_state, save_state, save_weights
 from tools.torch_pretrain.streams import load_streams
 
-# The presets of gpt_tf/config.py that this script can build (GPT-1's d_ff is always 4 * n_embd,
+# The model sizes of gpt_tf/config.py that this script can build (GPT-1's d_ff is always 4 * n_embd,
 # which is also what transformers' OpenAIGPT hard-codes). Kept equal by tests/test_torch_pretrain.py.
-PRESETS = {
+SIZES = {
     "gpt1": dict(n_ctx=512, n_embd=768, n_layer=12, n_head=12),
     "small": dict(n_ctx=256, n_embd=384, n_layer=6, n_head=6),
     "tiny": dict(n_ctx=128, n_embd=256, n_layer=4, n_head=4),
@@ -80,7 +80,7 @@ RESUMABLE = ("model", "batch_size", "learning_rate", "warmup_fraction", "epochs"
 def define_flags():
     flags.DEFINE_string("tokens", None, "npz of tools.torch_pretrain.convert export (train / valid streams + meta).")
     flags.DEFINE_string("out_dir", None, "Where log.jsonl and weights-<step>.part<k>.npz go.")
-    flags.DEFINE_enum("model", "tiny", sorted(PRESETS), "Preset sizes (gpt_tf/config.py).")
+    flags.DEFINE_enum("model", "tiny", sorted(SIZES), "Model size (gpt_tf/config.py).")
     flags.DEFINE_integer("batch_size", 128, "Sequences per update.")
     flags.DEFINE_float("learning_rate", 1e-3, "Peak learning rate.")
     flags.DEFINE_float("warmup_fraction", 0.02, "Warm-up updates as a fraction of all updates.")
@@ -127,7 +127,7 @@ def is_lstm(preset: str) -> bool:
 def build_model(torch, transformers, preset: str, vocab_size: int, dropout: float):
     """The preset's model: ``transformers``' ``OpenAIGPTLMHeadModel``, or for ``lstm_*`` the LSTM baseline
     (``lstm_model.LSTMLanguageModel``; ``transformers`` may then be None)."""
-    sizes = PRESETS[preset]
+    sizes = SIZES[preset]
     if is_lstm(preset):
         from tools.torch_pretrain.lstm_model import LSTMLanguageModel
 
@@ -156,7 +156,7 @@ class Run:
         torch.manual_seed(FLAGS.seed)
         self.device = "cuda" if torch.cuda.is_available() else "cpu"
         self.meta, data = load_streams(FLAGS.tokens)
-        self.n_ctx = PRESETS[FLAGS.model]["n_ctx"]
+        self.n_ctx = SIZES[FLAGS.model]["n_ctx"]
         self.train = windows(data["train"].astype(np.int64), self.n_ctx)
         valid = windows(data["valid"].astype(np.int64), self.n_ctx)
         if FLAGS.eval_windows:

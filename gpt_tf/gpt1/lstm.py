@@ -1,10 +1,11 @@
 """The LSTM baseline of the paper's ablations (§5, Table 5) in the same framework as the transformer.
 
-``LSTMBackbone`` has the interface of ``GPTBackbone`` — ``call(ids)`` → states ``[batch, length,
+``LSTMBackbone`` is a ``GPT1Backbone`` whose blocks are LSTM layers: ``call(ids)`` → states ``[batch, length,
 n_embd]``, ``.embed`` (the same ``GPTEmbedding``: token + position tables, dropout, and the tied LM
-head ``.embed.logits``), ``.config`` and ``.blocks`` (one ``LSTMBlock`` per layer, for layer
-transfer) — so ``GPTLanguageModel``, ``Pretrainer``, ``GPTTaskModel`` and ``Finetuner`` train it
-unchanged (``--model=lstm_tiny``). The learned position table is kept so that checkpoints, layer
+head ``.embed.logits``), ``.config`` (``model_type="lstm"``) and ``.blocks`` (one ``LSTMBlock`` per layer, for
+layer transfer) — so ``GPT1CausalLM``, ``Pretrainer``, ``GPTTaskModel`` and ``Finetuner`` train it
+unchanged (``--model=lstm_tiny``; ``gpt_tf.gpt1.build.backbone_for`` picks it for an LSTM
+config). The learned position table is kept so that checkpoints, layer
 transfer and ``n_ctx`` work as for the transformer; the recurrence does not need it.
 
 A block is ``dropout(proj(LSTM(x)))``: a left-to-right LSTM of ``config.d_ff`` units (Keras's
@@ -18,9 +19,8 @@ from __future__ import annotations
 import keras
 import tensorflow as tf
 
-from gpt_tf.config import GPTConfig
+from gpt_tf.gpt1.backbone import GPT1Backbone
 from gpt_tf.layers import PACKAGE, Conv1D, Dropout16
-from gpt_tf.backbone import GPTBackbone
 
 
 @keras.saving.register_keras_serializable(package=PACKAGE)
@@ -55,14 +55,21 @@ class LSTMBlock(keras.layers.Layer):
 
 
 @keras.saving.register_keras_serializable(package=PACKAGE)
-class LSTMBackbone(GPTBackbone):
-    """Token ids ``[batch, length]`` (length ≤ n_ctx) → states ``[batch, length, n_embd]`` through LSTM layers."""
+class LSTMBackbone(GPT1Backbone):
+    """Token ids ``[batch, length]`` (length ≤ n_ctx) → states ``[batch, length, n_embd]`` through LSTM layers.
 
-    def __init__(self, config: GPTConfig | dict, **kwargs):
-        config = config if isinstance(config, GPTConfig) else GPTConfig(**config)
-        if config.model_type != "lstm":
-            raise ValueError(f"LSTMBackbone needs model_type='lstm', got {config.model_type!r}")
-        super().__init__(config, **kwargs)
+    ``GPT1Backbone``'s arguments; ``intermediate_dim`` is the LSTM's units, ``num_heads`` is unused (1).
+
+    Example:
+
+    ```python
+    from gpt_tf.config import get_size
+    from gpt_tf.gpt1.lstm import LSTMBackbone
+    lstm = LSTMBackbone.from_gpt_config(get_size("lstm_test"))    # no from_preset: no LSTM preset is shipped
+    ```
+    """
+
+    model_type = "lstm"
 
     def make_block(self, i):
         c = self.config

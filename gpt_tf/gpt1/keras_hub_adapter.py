@@ -1,0 +1,73 @@
+"""What the GPT-1 family needs from keras-hub beyond its public API, in one place.
+
+Everything else in ``gpt_tf`` uses keras-hub's public names only (``keras_hub.models``, ``keras_hub.tokenizers``).
+Each item here says what keras-hub lacks; ``tests/test_keras_hub_adapter.py`` checks every one against the
+installed keras-hub and fails with "keras-hub <version> changed: <what>; update
+gpt_tf/gpt1/keras_hub_adapter.py" when an upgrade breaks it.
+
+1. ``register_presets``: keras-hub resolves a preset *name* (``from_preset("gpt1_tiny_books_en")``) only
+   through its table of built-in presets, filled by ``keras_hub.src.utils.preset_utils.register_presets``
+   (documented as meant for presets shipped inside keras-hub itself). The family registers the presets
+   shipped inside ``gpt_tf`` there, their folders as handles (a local folder needs no download).
+2. ``preprocessing_function``: the decorator keras-hub's own tokenizers and preprocessors wear
+   (``keras_hub.src.utils.tensor_utils``): eager inputs become tensors, outputs called eagerly become
+   Python lists (ragged, strings) or backend tensors, calls nested in one another convert once.
+3. ``name_tasks_in_metadata``: ``save_to_preset`` writes ``metadata.json``'s ``tasks`` from each task
+   class's first base class (``__base__``), which for the family's tasks (a mixin first) names the mixin.
+   The family's task classes that load the backbone are written instead.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+
+import keras_hub
+
+FIX = "update gpt_tf/gpt1/keras_hub_adapter.py"
+
+
+def changed(what: str) -> str:
+    """The message for a keras-hub that no longer does what this module relies on."""
+    return f"keras-hub {keras_hub.__version__} changed: {what}; {FIX}"
+
+
+try:
+    from keras_hub.src.utils.preset_utils import METADATA_FILE  # noqa: E402
+    from keras_hub.src.utils.preset_utils import register_presets as _register_presets  # noqa: E402
+    from keras_hub.src.utils.tensor_utils import preprocessing_function  # noqa: E402,F401
+except ImportError as err:  # pragma: no cover - only with another keras-hub
+    raise ImportError(changed(f"an import failed ({err})")) from err
+
+
+def register_presets(presets: dict, backbone_cls) -> None:
+    """Registers ``{name: {"metadata": {...}, "kaggle_handle": folder}}`` as built-in presets of ``backbone_cls``:
+    ``from_preset(name)`` of the backbone, its tasks, tokenizer and preprocessors then loads the folder."""
+    _register_presets(presets, backbone_cls)
+
+
+def task_classes(backbone_cls) -> list:
+    """The keras-hub task classes (subclasses of ``keras_hub.models.Task``, at any depth) built on ``backbone_cls``."""
+    found, todo = [], list(keras_hub.models.Task.__subclasses__())
+    while todo:
+        cls = todo.pop()
+        todo.extend(cls.__subclasses__())
+        if getattr(cls, "backbone_cls", None) is backbone_cls and cls not in found:
+            found.append(cls)
+    return found
+
+
+def name_tasks_in_metadata(preset_dir: str, backbone_cls) -> list:
+    """Rewrites ``tasks`` in the preset's ``metadata.json`` as the names of ``task_classes(backbone_cls)``
+    (sorted); returns them."""
+    path = os.path.join(preset_dir, METADATA_FILE)
+    if not os.path.isfile(path):
+        raise FileNotFoundError(changed(f"save_to_preset wrote no {METADATA_FILE} in {preset_dir}"))
+    with open(path) as f:
+        metadata = json.load(f)
+    if "tasks" not in metadata:
+        raise ValueError(changed(f"{METADATA_FILE} has no 'tasks' field"))
+    metadata["tasks"] = sorted(cls.__name__ for cls in task_classes(backbone_cls))
+    with open(path, "w") as f:
+        f.write(json.dumps(metadata, indent=4))
+    return metadata["tasks"]

@@ -1,0 +1,88 @@
+"""What ``gpt_tf/gpt1/keras_hub_adapter.py`` relies on in keras-hub, checked against the installed keras-hub: a
+failure says "keras-hub <version> changed: <what>; update gpt_tf/gpt1/keras_hub_adapter.py". And the rest of the
+family keeps to keras-hub's public API: no ``keras_hub.src`` import outside the adapter."""
+
+from __future__ import annotations
+
+import json
+import re
+from pathlib import Path
+
+import pytest
+
+from tests.small_runs import ROOT
+from tests.small_runs import gpt1_backbone as _backbone
+
+FAMILY_TASKS = ["GPT1CausalLM", "GPT1MultipleChoice", "GPT1TextClassifier", "GPT1TextRegressor"]
+
+
+def expect(condition: bool, what: str) -> None:
+    from gpt_tf.gpt1.keras_hub_adapter import changed
+
+    if not condition:
+        pytest.fail(changed(what), pytrace=False)
+
+
+def test_shipped_presets_resolve_by_name_through_keras_hub():
+    """``register_presets``: keras-hub's built-in preset table takes the shipped presets' folders as handles."""
+    import keras_hub
+
+    import gpt_tf
+    from gpt_tf.preset_io import shipped_presets
+
+    shipped = shipped_presets()
+    expect(set(shipped) <= set(keras_hub.models.Backbone.presets), "registered presets are not listed in "
+           "keras_hub.models.Backbone.presets")
+    expect(set(shipped) <= set(gpt_tf.GPT1Backbone.presets), "registered presets are not the GPT1Backbone's")
+    for name in shipped:
+        backbone = keras_hub.models.Backbone.from_preset(name, load_weights=False)
+        expect(type(backbone) is gpt_tf.GPT1Backbone, f"from_preset({name!r}) built a {type(backbone).__name__}")
+        tokenizer = keras_hub.tokenizers.Tokenizer.from_preset(name)
+        expect(type(tokenizer) is gpt_tf.GPT1Tokenizer and tokenizer.loaded,
+               f"Tokenizer.from_preset({name!r}) did not load the preset's BPE files")
+
+
+def test_preprocessing_function_converts_once_and_only_eagerly():
+    """``preprocessing_function``: eager calls get tensors and give Python lists for ragged outputs; a decorated call
+    inside another (a preprocessor calling its tokenizer) and calls in a graph (tf.data) keep tensors."""
+    import tensorflow as tf
+
+    from gpt_tf.gpt1.keras_hub_adapter import preprocessing_function
+
+    class Toy:
+        @preprocessing_function
+        def inner(self, x):
+            assert isinstance(x, tf.Tensor) and x.dtype == tf.string, type(x)
+            return tf.RaggedTensor.from_row_lengths(tf.constant([1, 2, 3]), [2, 1])
+
+        @preprocessing_function
+        def outer(self, x):
+            return {"inner_is_ragged": isinstance(self.inner(x), tf.RaggedTensor), "ids": self.inner(x)}
+
+    toy = Toy()
+    expect(toy.inner(["a", "b"]) == [[1, 2], [3]], "an eager call no longer returns ragged outputs as lists")
+    out = toy.outer(["a", "b"])
+    expect(out["inner_is_ragged"] is True, "a decorated call inside another converts its outputs")
+    expect(out["ids"] == [[1, 2], [3]], "the outer call no longer converts its outputs")
+    graph = tf.data.Dataset.from_tensors(tf.constant(["a", "b"])).map(toy.inner)
+    expect(isinstance(next(iter(graph)), tf.RaggedTensor), "a call in tf.data converts its outputs")
+
+
+def test_saved_presets_name_the_family_task_classes(tmp_path):
+    """``name_tasks_in_metadata``: ``metadata.json`` has a ``tasks`` list, which ``save_to_preset`` then holds as the
+    family's task classes (keras-hub writes each task's first base class: the family's mixins)."""
+    _backbone().save_to_preset(str(tmp_path))
+    path = tmp_path / "metadata.json"
+    expect(path.is_file(), "Backbone.save_to_preset writes no metadata.json")
+    tasks = json.loads(path.read_text()).get("tasks")
+    expect(tasks is not None, "metadata.json has no 'tasks'")
+    assert tasks == FAMILY_TASKS
+
+
+def test_keras_hub_is_used_through_its_public_api_elsewhere():
+    """No ``keras_hub.src`` (keras-hub's private modules) in the project's code but the adapter."""
+    files = [p for pkg in ("gpt_tf", "pipelines", "serving") for p in (ROOT / pkg).rglob("*.py")]
+    users = sorted(str(p.relative_to(ROOT)) for p in files
+                   if re.search(r"keras_hub\.src", p.read_text()) and p.name != "keras_hub_adapter.py")
+    assert users == []
+    assert Path(ROOT / "gpt_tf" / "gpt1" / "keras_hub_adapter.py").is_file()
