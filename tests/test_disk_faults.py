@@ -1,0 +1,249 @@
+"""The machine's own faults under the commands that write: a full disk (checkpoints, TFRecord shards of both
+builders, an export, a submission, the run's small files), a run folder made read-only or removed mid-run.
+
+Each ends with one line naming the path (and, for a full disk, the free space) and a non-zero status, leaves
+the previous good output as it was and no half-written file where a reader would take it for a whole one;
+the same command, once space is freed, resumes (training: bit for bit from the last good checkpoint) or
+finishes the build. The full disk is a real one, a small tmpfs, and the read-only folder a read-only bind
+mount (``tests/small_runs.py``): both need root or CAP_SYS_ADMIN and skip, saying so, without it. The
+writes that Python makes are also failed at chosen bytes by a wrapper around ``open`` (SQLite's way of
+testing its I/O errors), which needs nothing.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import errno
+import json
+import os
+import re
+import shutil
+import time
+from pathlib import Path
+
+import pytest
+
+from gpt_tf import run_dir as run_dir_module
+from gpt_tf.write_errors import WriteError, as_write_error, writing
+from tests.small_runs import (TRAIN_FLAGS, build_data, finish, max_abs_diff, model_weights, read_only, run_cli,
+                              small_disk, start)
+
+# Checkpoints every 10 steps: a fault made just after one lands takes effect before the next save.
+FLAGS = [f for f in TRAIN_FLAGS if not f.startswith("--checkpoint_every")] + ["--checkpoint_every=10",
+                                                                             "--deterministic"]
+ONE_LINE = re.compile(r"^gpt_tf\.train: (.*)$")
+
+
+def last_line(stderr: str) -> str:
+    assert "Traceback" not in stderr, stderr[-3000:]
+    return stderr.strip().splitlines()[-1]
+
+
+def wait_listed(run_dir: Path, name: str, proc, timeout: float = 240) -> None:
+    state = run_dir / "checkpoints" / "checkpoint"
+    deadline = time.monotonic() + timeout
+    while not (state.exists() and f'"{name}"' in state.read_text()):
+        assert proc.poll() is None and time.monotonic() < deadline, f"the run ended or stalled before {name}"
+        time.sleep(0.02)
+
+
+def fill(disk: Path, leave: int = 256 << 10) -> Path:
+    """Takes all of ``disk``'s free space but ``leave`` bytes (a file to delete to free it)."""
+    filler = disk / "filler"
+    with open(filler, "ab") as f:
+        f.write(b"\0" * max(0, shutil.disk_usage(disk).free - leave))
+    return filler
+
+
+def files(folder: Path, skip=("tb",)) -> dict:
+    """{relative path: bytes} of every file under ``folder`` but those under ``skip`` folders and checkpoint temps."""
+    return {str(p.relative_to(folder)): p.read_bytes() for p in sorted(folder.rglob("*"))
+            if p.is_file() and p.relative_to(folder).parts[0] not in skip and "_temp" not in str(p)}
+
+
+# ---------------------------------------------------------------------------------------------- training
+@pytest.fixture(scope="module")
+def data(shared_data, tmp_path_factory):
+    return build_data(shared_data, tmp_path_factory.mktemp("fault_data"))
+
+
+@pytest.fixture(scope="module")
+def faulted(data, tmp_path_factory):
+    """Four runs at once: one uninterrupted (30 steps); one whose disk is filled once its step-10 checkpoint is
+    listed; one whose folder is made read-only then, and one whose folder is removed then (400 steps each: the
+    fault stops them at their next save, step 20)."""
+    root = tmp_path_factory.mktemp("faulted")
+    with contextlib.ExitStack() as stack:
+        disk = stack.enter_context(small_disk(root / "disk", "64m"))
+        runs = {"straight": root / "straight", "full": disk / "run", "read_only": root / "ro", "removed": root / "gone"}
+        steps = {"straight": 30, "full": 30, "read_only": 400, "removed": 400}
+        flags = {name: [*FLAGS, f"--data_dir={data}", f"--run_dir={path}", f"--train_steps={steps[name]}"]
+                 for name, path in runs.items()}
+        procs = {name: start(flags[name]) for name in runs}
+        seen = {}
+        for name in ("full", "read_only", "removed"):
+            wait_listed(runs[name], "ckpt-10", procs[name])
+            if name == "full":
+                seen["filler"] = fill(disk)
+            elif name == "read_only":
+                stack.enter_context(read_only(runs[name]))
+                seen["before"] = files(runs[name])
+            else:
+                shutil.rmtree(runs[name])
+        results = dict(zip(procs, finish(list(procs.values()))))
+        yield {"runs": runs, "flags": flags, "results": results, "disk": disk, **seen}
+
+
+def test_a_full_disk_stops_training_in_one_line_and_the_same_command_resumes_bit_for_bit(faulted):
+    run, (code, _, err) = faulted["runs"]["full"], faulted["results"]["full"]
+    assert code == 1, err[-3000:]
+    line = last_line(err)
+    run_, disk = re.escape(str(run)), re.escape(str(faulted["disk"]))
+    match = re.fullmatch(rf"gpt_tf\.train: no space left on device writing {run_}/checkpoints/ckpt-(\d+) "
+                         rf"\(free: (\d+\.\d) MB on {disk}\); the run is intact up to its checkpoint at "
+                         rf"step 10 \({run_}/checkpoints/ckpt-10\): free some space and run the same command to "
+                         r"resume", line)
+    assert match, line
+    assert float(match.group(2)) < 1.0
+    # Nothing of the failed checkpoint is left, and the state file still names step 10 as the newest.
+    assert sorted(p.name for p in (run / "checkpoints").iterdir()) == [
+        "checkpoint", "ckpt-10.data-00000-of-00001", "ckpt-10.index"]
+    assert 'model_checkpoint_path: "ckpt-10"' in (run / "checkpoints" / "checkpoint").read_text()
+    straight_code = faulted["results"]["straight"][0]
+    assert straight_code == 0, faulted["results"]["straight"][2][-3000:]
+
+    faulted["filler"].unlink(missing_ok=True)  # space freed
+    proc = run_cli("gpt_tf.train", *faulted["flags"]["full"])
+    assert f"resumed from {run}/checkpoints/ckpt-10 at step 10" in proc.stderr
+    assert max_abs_diff(model_weights(faulted["runs"]["straight"], 30), model_weights(run, 30)) == 0.0
+
+
+def test_a_run_folder_made_read_only_stops_training_in_one_line_and_nothing_in_it_changes(faulted):
+    run, (code, _, err) = faulted["runs"]["read_only"], faulted["results"]["read_only"]
+    assert code == 1, err[-3000:]
+    line, run_ = last_line(err), re.escape(str(run))
+    assert re.fullmatch(rf"gpt_tf\.train: read-only file system: cannot write {run_}/checkpoints/ckpt-\d+ \({run_} is "
+                        rf"mounted read-only\); the run is intact up to its checkpoint at step 10 "
+                        rf"\({run_}/checkpoints/ckpt-10\): make it writable and run the same command to resume",
+                        line), line
+    assert files(run) == faulted["before"]  # configs, the lock, the state file and every checkpoint, byte for byte
+
+
+def test_a_run_folder_removed_mid_run_stops_training_in_one_line_and_is_not_made_again(faulted):
+    run, (code, _, err) = faulted["runs"]["removed"], faulted["results"]["removed"]
+    assert code == 1, err[-3000:]
+    line = last_line(err)
+    assert re.fullmatch(rf"gpt_tf\.train: the run folder {re.escape(str(run))} was removed or replaced while training: step \d+ was "
+                        r"not saved, and nothing more is written; put the folder back to resume it, or run the "
+                        r"command again to train anew", line), line
+    assert not run.exists()  # before: TensorFlow made it again and training went on into an empty folder, exit 0
+
+
+def test_a_run_folder_read_only_from_the_start_is_one_line_before_anything_runs(data, tmp_path):
+    run = tmp_path / "run"
+    run.mkdir()
+    with read_only(run):
+        proc = run_cli("gpt_tf.train", *FLAGS, f"--data_dir={data}", f"--run_dir={run}", "--train_steps=2",
+                       check=False)
+    assert proc.returncode == 2, proc.stderr[-3000:]
+    assert f"read-only file system: cannot write {run}/.lock" in proc.stderr and "Traceback" not in proc.stderr
+    assert list(run.iterdir()) == []
+
+
+# ---------------------------------------------------------------------------------------------- Python's own writes
+class FailingOpen:
+    """``open`` whose files opened for writing raise ENOSPC once ``budget`` bytes are written (the point the disk
+    fills), as SQLite's I/O-error tests fail its writes at chosen points."""
+
+    def __init__(self, budget: int):
+        self.budget = budget
+
+    def __call__(self, path, mode="r", *args, **kwargs):
+        handle = open(path, mode, *args, **kwargs)  # noqa: SIM115 -- returned wrapped
+        return handle if not any(c in mode for c in "wax+") else _Failing(handle, self, str(path))
+
+
+class _Failing:
+    def __init__(self, handle, budget: FailingOpen, path: str):
+        self.handle, self.budget, self.path = handle, budget, path
+
+    def write(self, data):
+        if len(data) > self.budget.budget:
+            self.handle.write(data[:self.budget.budget])
+            self.budget.budget = 0
+            raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC), self.path)
+        self.budget.budget -= len(data)
+        return self.handle.write(data)
+
+    def __getattr__(self, name):  # flush, fileno, close, ...
+        return getattr(self.handle, name)
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.handle.close()
+        return False
+
+
+@pytest.mark.parametrize("budget", [0, 1, 40, 200])
+def test_atomic_files_on_a_full_disk_keep_the_old_file_whole(tmp_path, monkeypatch, budget):
+    """``write_json_atomic`` / ``write_text_atomic`` (run configs, metrics.json, eval JSON, submissions, the
+    zero-shot CSV) failed at byte ``budget``: the old file stays, whole, no temporary file is left, and the
+    error is a ``WriteError`` naming the file."""
+    path = tmp_path / "metrics.json"
+    run_dir_module.write_json_atomic(str(path), {"old": True})
+    old = path.read_bytes()
+    monkeypatch.setattr(run_dir_module, "open", FailingOpen(budget), raising=False)
+    with pytest.raises(WriteError) as caught:
+        run_dir_module.write_json_atomic(str(path), {"new": "x" * 300})
+    assert str(caught.value).startswith(f"no space left on device writing {path} (free: ")
+    assert path.read_bytes() == old and os.listdir(tmp_path) == ["metrics.json"]
+
+
+def test_a_submission_is_written_whole_or_not_at_all(tmp_path, monkeypatch):
+    """``write_submission`` writes the file in one rename: a full disk leaves the previous submission as it was."""
+    from types import SimpleNamespace
+
+    import numpy as np
+
+    from gpt_tf.tasks import get_task
+    from gpt_tf.training import finetune_io
+
+    task = get_task("sst2")
+    tuner = SimpleNamespace(task=task, config=SimpleNamespace(data_dir="d"),
+                            predict=lambda split: ({"logits": np.array([[0.0, 1.0]] * 3)}, None))
+    monkeypatch.setattr(finetune_io, "task_predictions", lambda task, outs: np.array([1, 0, 1]))
+    monkeypatch.setattr("pipelines.transforms.split_guids", lambda data_dir, split: ["test-0", "test-1", "test-2"])
+    path = finetune_io.write_submission(tuner, "test", str(tmp_path))
+    assert Path(path).read_text() == "index\tprediction\n0\t1\n1\t0\n2\t1\n"
+    old = Path(path).read_bytes()
+    monkeypatch.setattr(finetune_io, "task_predictions", lambda task, outs: np.array([0, 0, 0]))
+    monkeypatch.setattr(run_dir_module, "open", FailingOpen(10), raising=False)
+    with pytest.raises(WriteError, match=f"no space left on device writing {re.escape(path)}"):
+        finetune_io.write_submission(tuner, "test", str(tmp_path))
+    assert Path(path).read_bytes() == old and os.listdir(tmp_path) == ["SST-2.test.tsv"]
+
+
+def test_write_errors_are_told_apart_from_other_errors(tmp_path):
+    """Only the storage's refusals become ``WriteError`` (TensorFlow's too, by the C library's text); a
+    missing file or a refused permission only where the caller was writing."""
+    class OpError(Exception):  # what TensorFlow's errors carry
+        def __init__(self, message):
+            super().__init__(message)
+            self.message = message
+
+    full = OpError("{{function_node __wrapped__SaveV2}} /data/run/checkpoints/ckpt-6_temp/part-0; No space left on "
+                   "device [Op:SaveV2]")
+    assert as_write_error(full).errno == errno.ENOSPC and as_write_error(full).path == "/data/run/checkpoints/ckpt-6_temp/part-0"
+    assert as_write_error(OpError("x; Read-only file system")).errno == errno.EROFS
+    assert as_write_error(OSError(errno.EDQUOT, "quota", "/q")).errno == errno.EDQUOT
+    missing = OSError(errno.ENOENT, "No such file or directory", "/in")
+    assert as_write_error(missing) is None and as_write_error(missing, "/out", strict=True).errno == errno.ENOENT
+    assert as_write_error(ValueError("No space left on device")) is None  # not an OS error nor TensorFlow's
+    with pytest.raises(WriteError, match=f"read-only file system: cannot write {tmp_path}/x"):
+        with writing(tmp_path / "x"):
+            raise OSError(errno.EROFS, "Read-only file system")
+    with pytest.raises(KeyError):
+        with writing(tmp_path / "x"):
+            raise KeyError("not the storage")
