@@ -150,6 +150,95 @@ def test_a_run_folder_read_only_from_the_start_is_one_line_before_anything_runs(
     assert list(run.iterdir()) == []
 
 
+# ---------------------------------------------------------------------------------------------- the builders
+def test_pretraining_shards_on_a_full_disk(shared_data, tmp_path):
+    """A rebuild that runs out of space: one line, the previous build intact (manifest and every shard's sha256),
+    no temporary folder; with the space freed the same command finishes the build."""
+    from pipelines.records import data_file_problems, read_manifest
+    from tests.small_runs import books_folder
+
+    from pipelines.pretrain_data import PretrainConfig, build_pretraining_data
+
+    train, valid = books_folder(shared_data, tmp_path / "books")
+    with small_disk(tmp_path / "disk", "2m") as disk:
+        out = disk / "data"
+        args = [f"--input_dir={train}", f"--valid_dir={valid}", f"--output_dir={out}", "--n_ctx=32",
+                f"--tokenizer_dir={shared_data / 'gpt1_bpe'}", "--progress=false"]
+        build_pretraining_data(PretrainConfig(input_dir=str(train), valid_dir=str(valid), output_dir=str(out),
+                                              tokenizer_dir=str(shared_data / "gpt1_bpe"), n_ctx=32, shard_size=16,
+                                              show_progress=False))
+        before = (out / "manifest.json").read_bytes()
+        filler = fill(disk, leave=64 << 10)
+        proc = run_cli("pipelines.pretrain_data", *args, "--shard_size=8", "--overwrite", check=False)
+        assert proc.returncode == 1, proc.stderr[-3000:]
+        line = proc.stderr.strip().splitlines()[-1]
+        disk_, out_ = re.escape(str(disk)), re.escape(str(out))
+        assert re.fullmatch(rf"error: no space left on device writing {disk_}/\.data\.tmp-\d+/\S+\.tfrecord\.gz "
+                            rf"\(free: 0\.\d MB on {disk_}\); {out_} is as it was \(the partial build was removed\): "
+                            r"free some space and run the same command", line), line
+        assert (out / "manifest.json").read_bytes() == before and data_file_problems(out, json.loads(before)) == []
+        assert sorted(p.name for p in disk.iterdir()) == ["data", "filler"]
+        filler.unlink()
+        run_cli("pipelines.pretrain_data", *args, "--shard_size=8", "--overwrite")
+        manifest = read_manifest(out)
+        assert manifest["config"]["shard_size"] == 8 and data_file_problems(out, manifest) == []
+
+
+def test_fine_tuning_records_on_a_full_disk(shared_data, tmp_path):
+    from pipelines.finetune_data import build_task_data
+    from pipelines.records import data_file_problems, read_manifest
+
+    bpe = shared_data / "gpt1_bpe"
+    with small_disk(tmp_path / "disk", "1m") as disk:
+        out = disk / "sst2"
+        build_task_data("sst2", shared_data / "glue" / "SST-2", bpe, out, splits=["dev"], max_examples=50,
+                        show_progress=False)
+        before = (out / "manifest.json").read_bytes()
+        filler = fill(disk, leave=16 << 10)
+        args = ["--task=sst2", f"--data_dir={shared_data / 'glue' / 'SST-2'}", f"--tokenizer_dir={bpe}",
+                f"--output_dir={out}", "--splits=dev", "--progress=false", "--overwrite"]
+        proc = run_cli("pipelines.finetune_data", *args, check=False)
+        assert proc.returncode == 1, proc.stderr[-3000:]
+        line = proc.stderr.strip().splitlines()[-1]
+        disk_, out_ = re.escape(str(disk)), re.escape(str(out))
+        assert re.fullmatch(rf"error: no space left on device writing {disk_}/\.sst2\.tmp-\d+/dev\.tfrecord\.gz "
+                            rf"\(free: 0\.\d MB on {disk_}\); {out_} is as it was \(the partial build was removed\): "
+                            r"free some space and run the same command", line), line
+        assert (out / "manifest.json").read_bytes() == before and data_file_problems(out, json.loads(before)) == []
+        assert sorted(p.name for p in disk.iterdir()) == ["filler", "sst2"]
+        filler.unlink()
+        run_cli("pipelines.finetune_data", *args)
+        manifest = read_manifest(out)
+        assert manifest["counts"] == {"dev": 872} and data_file_problems(out, manifest) == []
+
+
+# ---------------------------------------------------------------------------------------------- an export
+def test_an_export_on_a_full_disk_adds_no_version(faulted, tmp_path):
+    """A version that does not fit: one line, the versions already there untouched, no new version and no
+    temporary folder; once space is freed the next version is written (in process, a small model)."""
+    from serving.saved_model_io import save_version
+    from tests.small_runs import save_length_model
+
+    with small_disk(tmp_path / "disk", "8m") as disk:
+        base = disk / "exported"
+        save_length_model(base / "lm" / "1")
+        first = files(base / "lm" / "1")
+        filler = fill(disk, leave=1 << 20)
+        proc = run_cli("serving.export", f"--run_dir={faulted['runs']['straight']}", f"--export_base={base}",
+                       "--model_name=lm", check=False)
+        assert proc.returncode == 1, proc.stderr[-3000:]
+        line = proc.stderr.strip().splitlines()[-1]
+        base_, disk_ = re.escape(str(base)), re.escape(str(disk))
+        assert re.fullmatch(rf"serving\.export: no space left on device writing {base_}/lm/2 \(free: \d\.\d MB on "
+                            rf"{disk_}\); no version was added, those already in {base_}/lm are untouched: fix "
+                            r"the storage and run the same command", line), line
+        assert sorted(p.name for p in (base / "lm").iterdir()) == ["1"] and files(base / "lm" / "1") == first
+        filler.unlink()
+        import tensorflow as tf
+
+        assert save_version(tf.Module(), {}, str(base), "lm") == f"{base}/lm/2"
+
+
 # ---------------------------------------------------------------------------------------------- Python's own writes
 class FailingOpen:
     """``open`` whose files opened for writing raise ENOSPC once ``budget`` bytes are written (the point the disk
