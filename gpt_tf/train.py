@@ -18,7 +18,9 @@ result (``--json``: the result as one JSON line instead, for scripts).
 
 Faults of the machine end a command with one line and a non-zero status, never a traceback: SIGTERM (143,
 the step reached saved); a write the storage refuses (1: a full disk, a read-only or removed run folder,
-``gpt_tf.write_errors``; nothing half-written is left and the checkpoints before it stay). The same
+``gpt_tf.write_errors``; nothing half-written is left and the checkpoints before it stay); a worker of a
+``--strategy=multi_worker`` cluster lost (1: TensorFlow's coordination service stops hearing its heartbeats,
+or its address stops answering, and aborts the collectives of the others within seconds). The same
 command resumes from the newest checkpoint after each.
 """
 
@@ -201,6 +203,10 @@ def main(argv):
         sys.exit(PREEMPTED_EXIT_CODE)
     except (DataError, CheckpointError) as err:
         sys.exit(f"gpt_tf.train: {err}")
+    except tf.errors.UnavailableError as err:
+        if FLAGS.strategy != "multi_worker":
+            raise
+        sys.exit(f"gpt_tf.train: {_worker_lost(err)}")
     except (OSError, tf.errors.OpError) as err:
         fault = as_write_error(err)
         if fault is None:
@@ -230,6 +236,23 @@ def _resume_hint(fault: WriteError) -> str:
     kept = f"the run is intact up to {newest}" if newest else "the run has no checkpoint yet"
     fix = {errno.ENOSPC: "free some space", errno.EDQUOT: "free some space", errno.EROFS: "make it writable"}
     return f"{kept}: {fix.get(fault.errno, 'fix the storage')} and run the same command to resume"
+
+
+def _worker_lost(err) -> str:
+    """One line for a ``multi_worker`` cluster that lost a worker (TensorFlow aborted the collectives)."""
+    import re
+
+    text = err.message
+    try:
+        cluster = json.loads(os.environ.get("TF_CONFIG") or "{}").get("cluster", {})
+    except ValueError:
+        cluster = {}
+    tasks = sorted({(job, int(t)) for job, t in re.findall(r"/job:(\w+)/replica:\d+/task:(\d+)", text)})
+    named = [f"{job} {t}" + (f" ({cluster[job][t]})" if t < len(cluster.get(job, ())) else "") for job, t in tasks]
+    lost = ", ".join(named) or "a worker"
+    newest = _newest_checkpoint() or "no checkpoint yet"
+    return (f"the cluster lost {lost}: it stopped answering, and TensorFlow aborted this worker's collectives; training "
+            f"stopped, the run holds {newest}: restart every worker with the same command to resume from it")
 
 
 def _setup() -> Setup:
