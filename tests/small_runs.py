@@ -250,3 +250,16 @@ def read_only(folder: Path):
         yield folder
     finally:
         subprocess.run(["umount", "-l", str(folder)], check=False)
+
+
+# The property-based tests (tests/test_fuzz_*.py): each runs a bounded number of generated examples, about a
+# minute for them all; GPT_TF_FUZZ_EXAMPLES=N runs N per test instead (a longer search, by hand).
+def fuzz_settings(examples: int, **more):
+    """``hypothesis.settings`` of a property test: ``examples`` cases (or ``GPT_TF_FUZZ_EXAMPLES``), no deadline
+    (the machine is shared), no example database written into the checkout."""
+    from hypothesis import HealthCheck, settings
+
+    count = int(os.environ.get("GPT_TF_FUZZ_EXAMPLES") or examples)
+    return settings(max_examples=count, deadline=None, database=None, print_blob=True,
+                    suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large,
+                                           HealthCheck.function_scoped_fixture], **more)
