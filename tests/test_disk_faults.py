@@ -39,12 +39,13 @@ def last_line(stderr: str) -> str:
     return stderr.strip().splitlines()[-1]
 
 
-def wait_listed(run_dir: Path, name: str, proc, timeout: float = 240) -> None:
+def newest_listed(run_dir: Path) -> int:
+    """The step of the newest checkpoint a run's state file lists (0: none yet)."""
     state = run_dir / "checkpoints" / "checkpoint"
-    deadline = time.monotonic() + timeout
-    while not (state.exists() and f'"{name}"' in state.read_text()):
-        assert proc.poll() is None and time.monotonic() < deadline, f"the run ended or stalled before {name}"
-        time.sleep(0.02)
+    try:
+        return max((int(s) for s in re.findall(r'"ckpt-(\d+)"', state.read_text())), default=0)
+    except OSError:
+        return 0
 
 
 def fill(disk: Path, leave: int = 256 << 10) -> Path:
@@ -69,9 +70,9 @@ def data(shared_data, tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def faulted(data, tmp_path_factory):
-    """Four runs at once: one uninterrupted (30 steps); one whose disk is filled once its step-10 checkpoint is
-    listed; one whose folder is made read-only then, and one whose folder is removed then (400 steps each: the
-    fault stops them at their next save, step 20)."""
+    """Four runs at once: one uninterrupted (30 steps); one whose disk is filled once its first checkpoint (step
+    10) is listed; one whose folder is made read-only then, and one whose folder is removed then (400 steps: the
+    fault stops them at their next save)."""
     root = tmp_path_factory.mktemp("faulted")
     with contextlib.ExitStack() as stack:
         disk = stack.enter_context(small_disk(root / "disk", "64m"))
@@ -80,16 +81,20 @@ def faulted(data, tmp_path_factory):
         flags = {name: [*FLAGS, f"--data_dir={data}", f"--run_dir={path}", f"--train_steps={steps[name]}"]
                  for name, path in runs.items()}
         procs = {name: start(flags[name]) for name in runs}
-        seen = {}
-        for name in ("full", "read_only", "removed"):
-            wait_listed(runs[name], "ckpt-10", procs[name])
-            if name == "full":
-                seen["filler"] = fill(disk)
-            elif name == "read_only":
-                stack.enter_context(read_only(runs[name]))
-                seen["before"] = files(runs[name])
-            else:
-                shutil.rmtree(runs[name])
+        seen, waiting, deadline = {}, ["full", "read_only", "removed"], time.monotonic() + 240
+        while waiting:  # each fault as soon as its run lists a checkpoint (runs start seconds apart under load)
+            for name in [n for n in waiting if newest_listed(runs[n])]:
+                seen[f"{name}_step"] = newest_listed(runs[name])
+                if name == "full":
+                    seen["filler"] = fill(disk)
+                elif name == "read_only":
+                    stack.enter_context(read_only(runs[name]))
+                    seen["before"] = files(runs[name])
+                else:
+                    shutil.rmtree(runs[name])
+                waiting.remove(name)
+            assert all(procs[n].poll() is None for n in waiting) and time.monotonic() < deadline, waiting
+            time.sleep(0.02)
         results = dict(zip(procs, finish(list(procs.values()))))
         yield {"runs": runs, "flags": flags, "results": results, "disk": disk, **seen}
 
@@ -98,33 +103,33 @@ def test_a_full_disk_stops_training_in_one_line_and_the_same_command_resumes_bit
     run, (code, _, err) = faulted["runs"]["full"], faulted["results"]["full"]
     assert code == 1, err[-3000:]
     line = last_line(err)
-    run_, disk = re.escape(str(run)), re.escape(str(faulted["disk"]))
+    run_, disk, step = re.escape(str(run)), re.escape(str(faulted["disk"])), faulted["full_step"]
     match = re.fullmatch(rf"gpt_tf\.train: no space left on device writing {run_}/checkpoints/ckpt-(\d+) "
                          rf"\(free: (\d+\.\d) MB on {disk}\); the run is intact up to its checkpoint at "
-                         rf"step 10 \({run_}/checkpoints/ckpt-10\): free some space and run the same command to "
-                         r"resume", line)
+                         rf"step {step} \({run_}/checkpoints/ckpt-{step}\): free some space and run the same "
+                         r"command to resume", line)
     assert match, line
     assert float(match.group(2)) < 1.0
-    # Nothing of the failed checkpoint is left, and the state file still names step 10 as the newest.
+    # Nothing of the failed checkpoint is left, and the state file still names the last good one as the newest.
     assert sorted(p.name for p in (run / "checkpoints").iterdir()) == [
-        "checkpoint", "ckpt-10.data-00000-of-00001", "ckpt-10.index"]
-    assert 'model_checkpoint_path: "ckpt-10"' in (run / "checkpoints" / "checkpoint").read_text()
+        "checkpoint", f"ckpt-{step}.data-00000-of-00001", f"ckpt-{step}.index"]
+    assert f'model_checkpoint_path: "ckpt-{step}"' in (run / "checkpoints" / "checkpoint").read_text()
     straight_code = faulted["results"]["straight"][0]
     assert straight_code == 0, faulted["results"]["straight"][2][-3000:]
 
     faulted["filler"].unlink(missing_ok=True)  # space freed
     proc = run_cli("gpt_tf.train", *faulted["flags"]["full"])
-    assert f"resumed from {run}/checkpoints/ckpt-10 at step 10" in proc.stderr
+    assert f"resumed from {run}/checkpoints/ckpt-{step} at step {step}" in proc.stderr
     assert max_abs_diff(model_weights(faulted["runs"]["straight"], 30), model_weights(run, 30)) == 0.0
 
 
 def test_a_run_folder_made_read_only_stops_training_in_one_line_and_nothing_in_it_changes(faulted):
     run, (code, _, err) = faulted["runs"]["read_only"], faulted["results"]["read_only"]
     assert code == 1, err[-3000:]
-    line, run_ = last_line(err), re.escape(str(run))
+    line, run_, step = last_line(err), re.escape(str(run)), faulted["read_only_step"]
     assert re.fullmatch(rf"gpt_tf\.train: read-only file system: cannot write {run_}/checkpoints/ckpt-\d+ \({run_} is "
-                        rf"mounted read-only\); the run is intact up to its checkpoint at step 10 "
-                        rf"\({run_}/checkpoints/ckpt-10\): make it writable and run the same command to resume",
+                        rf"mounted read-only\); the run is intact up to its checkpoint at step {step} "
+                        rf"\({run_}/checkpoints/ckpt-{step}\): make it writable and run the same command to resume",
                         line), line
     assert files(run) == faulted["before"]  # configs, the lock, the state file and every checkpoint, byte for byte
 
