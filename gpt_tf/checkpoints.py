@@ -3,8 +3,9 @@
 A checkpoint holds ``model`` and ``optimizer`` (each a ``variables_by_key`` dict) and ``step``.
 Only the chief writes into ``run_dir/checkpoints``; under multi-worker every worker must still call
 ``save`` (TF's collective save), so the others save to a private scratch folder
-(``checkpoint_managers``) and every worker restores from the chief's folder, which must therefore
-be on storage all workers read (a shared file system or ``gs://``).
+(``checkpoint_managers``; one a killed worker left is removed by the next worker to start on that
+machine) and every worker restores from the chief's folder, which must therefore be on storage all
+workers read (a shared file system or ``gs://``).
 
 Readers of finished runs (``serving/export.py``, ``gpt_tf/analysis/zero_shot.py``) build models here
 without any optimizer or training data: ``load_task_model`` (a fine-tuning run, as
@@ -15,6 +16,7 @@ Nothing here imports training code or ``pipelines``.
 
 from __future__ import annotations
 
+import glob
 import os
 import re
 import shutil
@@ -57,8 +59,28 @@ def checkpoint_dirs(run_dir: str, strategy) -> tuple[str, str]:
     shared = os.path.join(run_dir, CHECKPOINTS)
     if is_chief(strategy):
         return shared, shared
-    scratch = tempfile.mkdtemp(prefix=f"gpt_tf_worker{strategy.cluster_resolver.task_id}_ckpt_")
+    remove_dead_scratch()
+    scratch = tempfile.mkdtemp(prefix=f"gpt_tf_worker{strategy.cluster_resolver.task_id}_ckpt_{os.getpid()}_")
     return shared, scratch
+
+
+def remove_dead_scratch() -> None:
+    """Removes the scratch checkpoint folders of workers that are gone without cleaning up (``kill -9``, a lost
+    machine): each is a whole checkpoint. Folders of running processes, or of another machine's, are kept."""
+    for path in glob.glob(os.path.join(tempfile.gettempdir(), "gpt_tf_worker*_ckpt_*_*")):
+        match = re.fullmatch(r"gpt_tf_worker\d+_ckpt_(\d+)_\w+", os.path.basename(path))
+        if match and not _pid_alive(int(match.group(1))):
+            shutil.rmtree(path, ignore_errors=True)
+
+
+def _pid_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        pass
+    return True
 
 
 def checkpoint_managers(checkpoint: tf.train.Checkpoint, run_dir: str, strategy,

@@ -18,9 +18,9 @@ process: a second trainer on the same folder stops with a clear message instead 
 checkpoints (and one resuming from the other's). The kernel drops the lock when the process ends,
 however it ends (``kill -9`` included), so a stale lock cannot stop the next run.
 
-Nothing here imports TensorFlow: the checks run before it starts. ``write_json_atomic`` writes a
-temporary file beside the target and renames it over, so a killed command leaves the old file or
-the new one, never half of one.
+Nothing here imports TensorFlow: the checks run before it starts. ``write_json_atomic`` (and
+``write_text_atomic``) writes a temporary file beside the target and renames it over, so a killed command,
+or one the disk ran out under, leaves the old file or the new one, never half of one.
 """
 
 from __future__ import annotations
@@ -34,6 +34,7 @@ from typing import Optional
 
 from gpt_tf import preset_io
 from gpt_tf.config import GPTConfig, get_size
+from gpt_tf.write_errors import writing
 
 DATA_FILE = "data.json"
 MODEL_CONFIG = "model_config.json"
@@ -52,19 +53,26 @@ RESUMABLE = {
 
 def write_json_atomic(path: str, obj) -> None:
     """``obj`` as indented, key-sorted JSON at ``path``, replacing any old file in one rename."""
+    write_text_atomic(path, json.dumps(obj, indent=2, sort_keys=True) + "\n")
+
+
+def write_text_atomic(path: str, text: str) -> None:
+    """``text`` (UTF-8) at ``path``, written beside it and renamed over any old file: a failed or killed write
+    leaves the old file (or none) and no temporary one. A write the storage refuses is a ``WriteError``
+    naming ``path`` (``gpt_tf.write_errors``)."""
     folder = os.path.dirname(path) or "."
-    os.makedirs(folder, exist_ok=True)
     tmp = os.path.join(folder, f".{os.path.basename(path)}.tmp-{os.getpid()}")
-    try:
-        with open(tmp, "w") as f:
-            json.dump(obj, f, indent=2, sort_keys=True)
-            f.write("\n")
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-    finally:
-        if os.path.exists(tmp):
-            os.remove(tmp)
+    with writing(path):
+        os.makedirs(folder, exist_ok=True)
+        try:
+            with open(tmp, "w", encoding="utf-8", newline="") as f:
+                f.write(text)
+                f.flush()
+                os.fsync(f.fileno())
+            os.replace(tmp, path)
+        finally:
+            if os.path.exists(tmp):
+                os.remove(tmp)
 
 
 def _plain(obj) -> dict:

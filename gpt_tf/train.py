@@ -15,11 +15,19 @@ Both run the one training loop (``gpt_tf/training``); a flag of the other kind o
 Flags (``gpt_tf/train_flags.py``) are read here only; everything below takes dataclasses. Re-running the same command
 resumes from the run directory's latest checkpoint. Each mode ends with a one-line summary of its
 result (``--json``: the result as one JSON line instead, for scripts).
+
+Faults of the machine end a command with one line and a non-zero status, never a traceback: SIGTERM (143,
+the step reached saved); a write the storage refuses (1: a full disk, a read-only or removed run folder,
+``gpt_tf.write_errors``; nothing half-written is left and the checkpoints before it stay); a worker of a
+``--strategy=multi_worker`` cluster lost (1: TensorFlow's coordination service stops hearing its heartbeats,
+or its address stops answering, and aborts the collectives of the others within seconds). The same
+command resumes from the newest checkpoint after each.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import errno
 import json
 import os
 import sys
@@ -33,6 +41,7 @@ from gpt_tf.recipes import PAPER_FINETUNE
 from gpt_tf.run_dir import (DATA_FILE, MODEL_CONFIG, RUN_CONFIGS, RunDirLocked, chief_task, data_identity,
                             lock_run_dir, resume_problems, write_json_atomic)
 from gpt_tf.train_flags import define_flags
+from gpt_tf.write_errors import WriteError, as_write_error, writing
 from pipelines.records import has_manifest
 
 FLAGS = flags.FLAGS  # defined by train_flags.define_flags() when run() starts
@@ -128,8 +137,9 @@ def _lock_run_dir() -> None:
     if not chief_task(FLAGS.workers, FLAGS.worker_index):
         return
     try:
-        _RUN_LOCK.append(lock_run_dir(FLAGS.run_dir))
-    except RunDirLocked as err:
+        with writing(os.path.join(FLAGS.run_dir, ".lock")):
+            _RUN_LOCK.append(lock_run_dir(FLAGS.run_dir))
+    except (RunDirLocked, WriteError) as err:
         flag_checks.fail("gpt_tf.train", [str(err)], "cannot start, nothing was written")
 
 
@@ -193,7 +203,56 @@ def main(argv):
         sys.exit(PREEMPTED_EXIT_CODE)
     except (DataError, CheckpointError) as err:
         sys.exit(f"gpt_tf.train: {err}")
+    except tf.errors.UnavailableError as err:
+        if FLAGS.strategy != "multi_worker":
+            raise
+        sys.exit(f"gpt_tf.train: {_worker_lost(err)}")
+    except (OSError, tf.errors.OpError) as err:
+        fault = as_write_error(err)
+        if fault is None:
+            raise
+        sys.exit(f"gpt_tf.train: {fault}; {_resume_hint(fault)}")
     print(json.dumps(summary.result) if FLAGS.json and summary.result is not None else summary.line, flush=True)
+
+
+def _newest_checkpoint() -> str:
+    """The run's newest listed checkpoint, as a phrase ("its checkpoint at step N (prefix)"), or "" when none."""
+    import tensorflow as tf
+
+    try:
+        prefix = tf.train.latest_checkpoint(os.path.join(FLAGS.run_dir, "checkpoints"))
+    except (tf.errors.OpError, OSError):
+        prefix = None
+    return f"its checkpoint at step {prefix.rsplit('-', 1)[-1]} ({prefix})" if prefix else ""
+
+
+def _resume_hint(fault: WriteError) -> str:
+    """What the operator does after a write the storage refused (what the run still holds, and how to go on)."""
+    if FLAGS.mode != "train":
+        return "the run folder is as it was: fix the storage and run the same command again"
+    if fault.errno == errno.ENOENT:
+        return "put the folder back to resume it, or run the command again to train anew"
+    newest = _newest_checkpoint()
+    kept = f"the run is intact up to {newest}" if newest else "the run has no checkpoint yet"
+    fix = {errno.ENOSPC: "free some space", errno.EDQUOT: "free some space", errno.EROFS: "make it writable"}
+    return f"{kept}: {fix.get(fault.errno, 'fix the storage')} and run the same command to resume"
+
+
+def _worker_lost(err) -> str:
+    """One line for a ``multi_worker`` cluster that lost a worker (TensorFlow aborted the collectives)."""
+    import re
+
+    text = err.message
+    try:
+        cluster = json.loads(os.environ.get("TF_CONFIG") or "{}").get("cluster", {})
+    except ValueError:
+        cluster = {}
+    tasks = sorted({(job, int(t)) for job, t in re.findall(r"/job:(\w+)/replica:\d+/task:(\d+)", text)})
+    named = [f"{job} {t}" + (f" ({cluster[job][t]})" if t < len(cluster.get(job, ())) else "") for job, t in tasks]
+    lost = ", ".join(named) or "a worker"
+    newest = _newest_checkpoint() or "no checkpoint yet"
+    return (f"the cluster lost {lost}: it stopped answering, and TensorFlow aborted this worker's collectives; training "
+            f"stopped, the run holds {newest}: restart every worker with the same command to resume from it")
 
 
 def _setup() -> Setup:
@@ -244,8 +303,13 @@ def _pretrain(setup: Setup, keras) -> Summary:
         callbacks = TrainCallbacks(trainer, tokenizer, progress=FLAGS.progress, zero_shot=zero_shot)
         try:
             result = trainer.train(callbacks)
-        finally:  # also when preempted: the bar ends and TensorBoard is flushed
-            callbacks.close()
+        except BaseException:  # also when preempted: the bar ends and TensorBoard is flushed, if the disk lets it
+            try:
+                callbacks.close()
+            except Exception:  # noqa: BLE001 -- the error in flight is the one to report
+                pass
+            raise
+        callbacks.close()
         loss = "" if result["loss"] is None else f", loss {result['loss']:.4f}"
         return Summary(result, f"trained to step {result['step']}{loss}; the run is in {FLAGS.run_dir} "
                                f"(checkpoints/, TensorBoard logs in tb/)")

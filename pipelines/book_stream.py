@@ -25,6 +25,7 @@ from typing import Sequence
 import numpy as np
 
 from gpt_tf.console import import_tensorflow, progress
+from gpt_tf.write_errors import writing
 from pipelines.books import Book
 from pipelines.common import encode_pieces
 from pipelines.records import COMPRESSION, PRETRAIN_FEATURE, sha256_file, shard_file
@@ -119,7 +120,7 @@ def write_split(stream: np.ndarray, cfg, name: str, out_dir: Path) -> list[dict]
         for k in range(n_shards):
             path = out_dir / shard_file(name, k, n_shards)
             first, last = k * cfg.shard_size, min(n_seq, (k + 1) * cfg.shard_size)
-            with tf.io.TFRecordWriter(str(path), options) as writer:
+            with writing(path), tf.io.TFRecordWriter(str(path), options) as writer:  # a full disk: WriteError
                 for i in range(first, last):
                     window = stream[i * n_ctx: i * n_ctx + n_ctx + 1].tolist()
                     feature = tf.train.Feature(int64_list=tf.train.Int64List(value=window))

@@ -11,6 +11,8 @@ import shutil
 import sys
 from pathlib import Path
 
+from gpt_tf.write_errors import writing
+
 MAX_PIECE_CHARS = 1 << 15  # longer texts are tokenized in pieces cut at spaces
 _ENCODE_BUDGET_CHARS = 1 << 18  # characters per encode_batch call (~30 MB of tokenizer memory)
 
@@ -97,9 +99,15 @@ def pid_alive(pid: int) -> bool:
 def commit_dir(tmp: Path, out: Path) -> None:
     """Move a finished temp folder into place (replacing an old output) with renames."""
     old = out.parent / f".{out.name}.old-{os.getpid()}"
-    if out.exists():
-        os.rename(out, old)
-    os.rename(tmp, out)
+    with writing(out):
+        if out.exists():
+            os.rename(out, old)
+        try:
+            os.rename(tmp, out)
+        except OSError:
+            if old.exists() and not out.exists():
+                os.rename(old, out)  # the previous output back in place
+            raise
     shutil.rmtree(old, ignore_errors=True)
 
 

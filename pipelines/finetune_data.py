@@ -39,6 +39,7 @@ from __future__ import annotations
 
 import collections
 import dataclasses
+import errno
 import hashlib
 import json
 import logging
@@ -52,6 +53,7 @@ import numpy as np
 
 from gpt_tf.text import word_split
 from gpt_tf.console import import_tensorflow, progress
+from gpt_tf.write_errors import as_write_error, writing
 from gpt_tf.tasks import TaskSpec, csv_task, get_task
 from pipelines.common import command_line, commit_dir, encode_texts, remove_stale_temps, run_cli, tokenizer_files
 from pipelines.records import COMPRESSION, MISSING_LABEL, TASK_FEATURES, find_manifest, record_file, sha256_file, \
@@ -131,7 +133,7 @@ def serialize(rec: dict) -> bytes:
 def write_records(records: Sequence[dict], path: Path, show_progress: bool = False) -> None:
     """GZIP TFRecord file of the records, in order."""
     tf = import_tensorflow()
-    with tf.io.TFRecordWriter(str(path), tf.io.TFRecordOptions(compression_type=COMPRESSION)) as writer:
+    with writing(path), tf.io.TFRecordWriter(str(path), tf.io.TFRecordOptions(compression_type=COMPRESSION)) as writer:
         for rec in progress(records, desc=f"write {path.name}", unit="rec", disable=not show_progress):
             writer.write(serialize(rec))
 
@@ -356,6 +358,12 @@ def main(argv) -> None:
     except (ValueError, FileNotFoundError) as err:
         print(f"error: {err}", file=sys.stderr)
         sys.exit(2)
+    except OSError as err:
+        fault = as_write_error(err)
+        if fault is None:
+            raise
+        sys.exit(f"error: {fault}; {f.output_dir} is as it was (the partial build was removed): "
+                 f"{'free some space' if fault.errno != errno.EROFS else 'make it writable'} and run the same command")
     counts = ", ".join(f"{s}={n}" for s, n in manifest["counts"].items())
     print(f"{f.output_dir}: {manifest['task']} {counts} ({manifest['skipped_count']} rows skipped)")
 

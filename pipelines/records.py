@@ -22,6 +22,8 @@ import os
 from pathlib import Path
 from typing import Optional
 
+from gpt_tf.write_errors import writing
+
 MANIFEST = "manifest.json"
 COMPRESSION = "GZIP"
 PRETRAIN_FEATURE = "input_ids"
@@ -186,6 +188,7 @@ def tokenizer_entry(tokenizer, tokenizer_dir, **extra) -> dict:
 
 def write_manifest(folder: Path, manifest: dict) -> None:
     """``folder/manifest.json`` as both builders write it (indent 1, UTF-8 kept, final newline)."""
-    with open(Path(folder) / MANIFEST, "w", encoding="utf-8") as f:
+    path = Path(folder) / MANIFEST
+    with writing(path), open(path, "w", encoding="utf-8") as f:
         json.dump(manifest, f, indent=1, ensure_ascii=False)
         f.write("\n")

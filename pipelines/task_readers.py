@@ -23,7 +23,8 @@ Formats (`path_or_dir` is the dataset's folder, or one file to read for any spli
 Conventions (rows are read by `pipelines.task_rows`). Labels are class indices into
 `task.label_names` (a float score for STS-B / regression csv). A gold label '-' (SNLI/MNLI: no
 annotator consensus) is always skipped, as the official evaluation does, and counted in `skipped`. A malformed row (wrong column count, unknown label, empty
-text, non-numeric or out-of-range score, bad JSON, bytes that are not UTF-8) raises `ValueError("{file}:{line}: ...")`, or with
+text, non-numeric or out-of-range score, bad JSON, JSON too deep or with an integer too long to read, a JSON
+value where text belongs, a lone surrogate, bytes that are not UTF-8) raises `ValueError("{file}:{line}: ...")`, or with
 `skip_malformed=True` is skipped and counted. Nothing is dropped silently.
 """
 
@@ -31,13 +32,12 @@ from __future__ import annotations
 
 import csv
 import dataclasses
-import json
 from pathlib import Path
 from typing import Optional
 
 from gpt_tf.tasks import TaskSpec
 from pipelines.task_rows import BadRow, Example, Rows, bad_utf8, first_file, iter_table, label_index, label_map, \
-    parse_score, peek_header, read_table, require_columns, text_field
+    parse_json, parse_score, peek_header, read_table, require_columns, text_field
 
 GLUE_TASKS = ("cola", "sst2", "mrpc", "stsb", "qqp", "mnli", "qnli", "rte")
 STS_RANGE = (0.0, 5.0)
@@ -123,7 +123,7 @@ def _read_nli_jsonl(task: TaskSpec, path: Path, split: str, rows: Rows) -> list[
                 bad = bad_utf8([text])
                 if bad:
                     raise BadRow(bad.replace(" in field 1", ""))
-                rec = json.loads(text)
+                rec = parse_json(text)
                 if not isinstance(rec, dict):
                     raise BadRow("not a JSON object")
                 gold = rec.get("gold_label")
@@ -134,8 +134,6 @@ def _read_nli_jsonl(task: TaskSpec, path: Path, split: str, rows: Rows) -> list[
                 guid = f"{split}-{rec.get('pairID', line)}"
                 out.append(Example(guid, text_field(rec.get("sentence1"), "sentence1"),
                                    text_field(rec.get("sentence2"), "sentence2"), None, label))
-            except json.JSONDecodeError as err:
-                rows.bad(path, line, f"invalid JSON: {err.msg}")
             except BadRow as err:
                 rows.bad(path, line, str(err))
     return out
@@ -192,8 +190,10 @@ def _race_questions(rec: dict, guid: str, mapping: dict, num_choices: int, path:
             if not isinstance(opts, list) or len(opts) != num_choices:
                 raise BadRow(f"expected {num_choices} options, got {opts!r}")
             choices = tuple(text_field(o, f"option {i}") for i, o in enumerate(opts, start=1))
-            out.append(Example(f"{guid}#{q}", article, str(question).strip() or None, choices,
-                               label_index(answer, mapping, "answer")))
+            if not isinstance(question, str):
+                raise BadRow(f"the question is {'null' if question is None else 'not a string'}")
+            out.append(Example(f"{guid}#{q}", article, text_field(question, "question") if question.strip() else None,
+                               choices, label_index(answer, mapping, "answer")))
         except BadRow as err:
             rows.bad(path, 1, f"question {q}: {err}")
     return out
@@ -209,12 +209,10 @@ def _read_race(task: TaskSpec, files: list[Path], split: str, rows: Rows) -> lis
                 text = data.decode("utf-8-sig")
             except UnicodeDecodeError as err:
                 raise BadRow(f"invalid UTF-8: byte 0x{data[err.start]:02x}", data[:err.start].count(b"\n") + 1) from None
-            rec = json.loads(text)
+            rec = parse_json(text)
             if not isinstance(rec, dict):
                 raise BadRow("not a JSON object")
             out.extend(_race_questions(rec, guid, label_map(task), task.num_choices, path, rows))
-        except json.JSONDecodeError as err:
-            rows.bad(path, err.lineno, f"invalid JSON: {err.msg}")
         except BadRow as err:
             rows.bad(path, err.line, str(err))
     return out

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import csv
 import dataclasses
+import json
 import math
 import re
 from pathlib import Path
@@ -18,6 +19,7 @@ from typing import Optional, Union
 from gpt_tf.tasks import TaskSpec
 
 _ESCAPED_BYTE = re.compile("[\udc80-\udcff]")  # a byte that is not UTF-8, read with errors="surrogateescape"
+_SURROGATE = re.compile("[\ud800-\udfff]")  # a lone surrogate, as a JSON "\\ud800" escape decodes
 
 
 @dataclasses.dataclass(frozen=True)
@@ -59,17 +61,47 @@ class BadRow(Exception):
 
 
 def text_field(value: Optional[str], what: str) -> str:
-    """A non-empty text field, or BadRow."""
-    if value is None or not str(value).strip():
+    """A non-empty text field, or BadRow: empty, not a string (a JSON number, list, ...), or holding a lone
+    surrogate (a JSON ``"\\ud800"``: not Unicode text, the tokenizer refuses it)."""
+    if value is not None and not isinstance(value, str):
+        raise BadRow(f"{what} is {_json_kind(value)}, not a string")
+    if value is None or not value.strip():
         raise BadRow(f"empty {what}")
-    return str(value)
+    surrogate = _SURROGATE.search(value)
+    if surrogate:
+        raise BadRow(f"{what} holds a lone surrogate U+{ord(surrogate.group()):04X} at character {surrogate.start()}: "
+                     "not Unicode text")
+    return value
+
+
+def parse_json(text: str):
+    """``json.loads(text)``, or BadRow (at the error's line) for text that is not JSON a row can hold: a syntax
+    error, nesting deeper than the parser's recursion limit, an integer of more than 4300 digits."""
+    try:
+        return json.loads(text)
+    except json.JSONDecodeError as err:
+        raise BadRow(f"invalid JSON: {err.msg}", err.lineno) from None
+    except (ValueError, RecursionError) as err:
+        raise BadRow(f"invalid JSON: {str(err).split(';')[0][:200]}") from None
 
 
 def label_index(raw: str, mapping: dict, what: str = "label") -> int:
     """Index of a raw label value, or BadRow listing the known values."""
-    if raw not in mapping:
-        raise BadRow(f"unknown {what} {raw!r}; expected one of {sorted(mapping)}")
+    if not isinstance(raw, str) or raw not in mapping:
+        shown = repr(raw) if isinstance(raw, str) else _json_kind(raw)
+        raise BadRow(f"unknown {what} {shown[:100]}; expected one of {sorted(mapping)}")
     return mapping[raw]
+
+
+def _json_kind(value) -> str:
+    """What a JSON value is, for a message (``a number (3)``, ``a list``, ``null``)."""
+    if value is None:
+        return "null"
+    if isinstance(value, bool):
+        return f"a boolean ({str(value).lower()})"
+    if isinstance(value, (int, float)):
+        return f"a number ({str(value)[:20]})"
+    return {list: "a list", dict: "an object", str: "a string"}.get(type(value), type(value).__name__)
 
 
 def parse_score(raw: str, lo: float = -math.inf, hi: float = math.inf) -> float:

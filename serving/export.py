@@ -182,6 +182,14 @@ def main(argv):
                           FLAGS.tokenizer_dir, FLAGS.data_dir, FLAGS.lm_top_k)
     except (FileNotFoundError, FileExistsError, ValueError) as err:
         sys.exit(f"serving.export: {err}")
+    except OSError as err:
+        from gpt_tf.write_errors import as_write_error
+
+        fault = as_write_error(err)
+        if fault is None:
+            raise
+        sys.exit(f"serving.export: {fault}; no version was added, those already in {os.path.dirname(fault.path)} "
+                 "are untouched: fix the storage and run the same command")
     print(path, flush=True)
 
 

@@ -149,7 +149,10 @@ def to_array(value, dtype: tf.DType) -> np.ndarray:
     kind = object if dtype == tf.string else dtype.as_numpy_dtype
     array = np.empty(len(leaves), dtype=kind)
     array[:] = leaves
-    return array.reshape(shape)
+    try:
+        return array.reshape(shape)
+    except ValueError as err:  # more dimensions than NumPy holds (64): JSON within the nesting limit can say so
+        raise invalid(f"JSON Value: a tensor of {len(shape)} dimensions cannot be made ({err})") from None
 
 
 def predict_inputs(doc: dict, infos: dict) -> tuple[dict, str]:

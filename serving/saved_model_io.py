@@ -3,7 +3,9 @@
 * ``save_version`` writes the SavedModel into a hidden temporary folder beside the target
   (``.<version>.tmp-<pid>``) and renames it into place, so a model server polling the base path
   never sees half a version; the temporary folders of killed exports are removed as the data
-  builders remove theirs (``pipelines.common.remove_stale_temps``).
+  builders remove theirs (``pipelines.common.remove_stale_temps``). A save the storage refuses (a full
+  disk, a read-only folder) removes its temporary folder and raises ``gpt_tf.write_errors.WriteError``
+  naming the version: the versions already there are untouched.
 * TF2's ``tf.saved_model.save`` marks every signature ``tensorflow/serving/predict``; TF Serving's
   Classify and Regress APIs refuse signatures without their own method name, so the names in
   ``METHOD_NAMES`` are written into ``saved_model.pb`` afterwards (and ``fingerprint.pb`` is
@@ -24,6 +26,7 @@ from tensorflow.python.saved_model.pywrap_saved_model import fingerprinting
 from tensorflow_serving.apis import (classification_pb2, input_pb2, model_pb2, predict_pb2, prediction_log_pb2,
                                      regression_pb2)
 
+from gpt_tf.write_errors import writing
 from pipelines.common import remove_stale_temps
 
 METHOD_NAMES = {"classify": "tensorflow/serving/classify", "regress": "tensorflow/serving/regress"}
@@ -127,14 +130,15 @@ def save_at(module: tf.Module, signatures: dict, target: str, warmup=()) -> str:
     tmp = os.path.join(folder, f".{os.path.basename(target)}.tmp-{os.getpid()}")
     shutil.rmtree(tmp, ignore_errors=True)
     try:
-        tf.saved_model.save(module, tmp, signatures=signatures, options=SAVE_OPTIONS)
-        set_method_names(tmp, {k: v for k, v in METHOD_NAMES.items() if k in signatures})
-        if warmup:
-            os.makedirs(os.path.join(tmp, "assets.extra"), exist_ok=True)
-            with tf.io.TFRecordWriter(os.path.join(tmp, WARMUP_FILE)) as writer:
-                for record in warmup:
-                    writer.write(record.SerializeToString())
-        os.rename(tmp, target)
+        with writing(target):  # a full disk or a read-only folder: WriteError, and no part of the version stays
+            tf.saved_model.save(module, tmp, signatures=signatures, options=SAVE_OPTIONS)
+            set_method_names(tmp, {k: v for k, v in METHOD_NAMES.items() if k in signatures})
+            if warmup:
+                os.makedirs(os.path.join(tmp, "assets.extra"), exist_ok=True)
+                with tf.io.TFRecordWriter(os.path.join(tmp, WARMUP_FILE)) as writer:
+                    for record in warmup:
+                        writer.write(record.SerializeToString())
+            os.rename(tmp, target)
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
     return target

@@ -7,6 +7,7 @@ these imports it from here rather than from another test file.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import shutil
 import socket
@@ -209,3 +210,62 @@ for name in [m for m in sys.modules if m.split(".")[0] in BLOCKED]:
     del sys.modules[name]
 sys.meta_path.insert(0, Block())
 """
+
+
+# The machine's own faults (tests/test_disk_faults.py): a file system of a chosen size, a folder made read-only.
+# Both are mounts (a tmpfs, a read-only bind mount), so they need root or CAP_SYS_ADMIN; where mounting is refused
+# the tests that need them skip, saying so. Permissions cannot stand in: root writes through them.
+@contextlib.contextmanager
+def small_disk(folder: Path, size: str):
+    """``folder`` as a tmpfs of ``size`` (``mount -o size=``: 40m, 200k) for the block; a real ENOSPC past it."""
+    import pytest
+
+    folder.mkdir(parents=True, exist_ok=True)
+    proc = subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={size}", "tmpfs", str(folder)], capture_output=True,
+                          text=True)
+    if proc.returncode != 0:
+        pytest.skip(f"a size-limited tmpfs cannot be mounted here (root or CAP_SYS_ADMIN needed): "
+                    f"{(proc.stderr or proc.stdout).strip()[:200]}")
+    try:
+        yield folder
+    finally:
+        subprocess.run(["umount", "-l", str(folder)], check=False)
+
+
+def resize_disk(folder: Path, size: str) -> None:
+    """A ``small_disk`` given another size (space freed, or taken)."""
+    subprocess.run(["mount", "-o", f"remount,size={size}", str(folder)], check=True)
+
+
+@contextlib.contextmanager
+def read_only(folder: Path):
+    """``folder`` read-only for the block (a read-only bind mount over itself: EROFS for root too). Files already
+    open for writing stay writable, as on a real remount."""
+    import pytest
+
+    proc = subprocess.run(["mount", "--bind", str(folder), str(folder)], capture_output=True, text=True)
+    if proc.returncode != 0:
+        pytest.skip(f"a read-only bind mount cannot be made here (root or CAP_SYS_ADMIN needed): {proc.stderr.strip()[:200]}")
+    try:
+        for _ in range(200):  # EBUSY while a file is being opened for writing through the new mount: try again
+            if subprocess.run(["mount", "-o", "remount,bind,ro", str(folder)], capture_output=True).returncode == 0:
+                break
+            time.sleep(0.01)
+        else:
+            raise AssertionError(f"{folder} could not be made read-only")
+        yield folder
+    finally:
+        subprocess.run(["umount", "-l", str(folder)], check=False)
+
+
+# The property-based tests (tests/test_fuzz_*.py): each runs a bounded number of generated examples, about a
+# minute for them all; GPT_TF_FUZZ_EXAMPLES=N runs N per test instead (a longer search, by hand).
+def fuzz_settings(examples: int, **more):
+    """``hypothesis.settings`` of a property test: ``examples`` cases (or ``GPT_TF_FUZZ_EXAMPLES``), no deadline
+    (the machine is shared), no example database written into the checkout."""
+    from hypothesis import HealthCheck, settings
+
+    count = int(os.environ.get("GPT_TF_FUZZ_EXAMPLES") or examples)
+    return settings(max_examples=count, deadline=None, database=None, print_blob=True,
+                    suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large,
+                                           HealthCheck.function_scoped_fixture], **more)

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -148,6 +149,66 @@ def test_two_workers_preempted_and_resumed_equal_one_worker_on_the_global_batch(
     assert not list(scratch.glob("gpt_tf_worker*")), "the non-chief worker left its scratch checkpoints"
     reference = reference_run(data_dir, tmp_path / "reference", args, pipelines=2)
     assert max_abs_diff(reference, model_weights(run_dir, STEPS)) < 1e-5
+
+
+def newest_listed(run_dir: Path) -> int:
+    """The step of the newest checkpoint a run's state file lists (0: none)."""
+    state = run_dir / "checkpoints" / "checkpoint"
+    steps = [int(s) for s in re.findall(r'"ckpt-(\d+)"', state.read_text())] if state.exists() else []
+    return max(steps, default=0)
+
+
+def kill_9_once_past(step: int, run_dir: Path, victim, survivor):
+    """SIGKILLs ``victim`` once the run lists a checkpoint past ``step``; the survivor's (code, stderr, seconds
+    it took to stop after the kill)."""
+    deadline = time.monotonic() + 240
+    while newest_listed(run_dir) <= step:
+        assert victim.poll() is None and survivor.poll() is None and time.monotonic() < deadline, "the run stalled"
+        time.sleep(0.02)
+    victim.kill()
+    victim.wait()
+    killed_at = time.monotonic()
+    code, _, err = finish([survivor], timeout=120)[0]
+    return code, err, time.monotonic() - killed_at
+
+
+def test_a_worker_killed_mid_run_stops_the_other_and_both_restarted_resume_bit_for_bit(data_dir, tmp_path):
+    """MWMS on 127.0.0.1: worker 1 killed with -9 mid-run, then (after both are restarted) the chief. Each time
+    the other worker stops within seconds (TensorFlow's coordination service: heartbeats, or the chief's
+    address refusing) with one line naming the lost worker and the checkpoint to resume from, never a hang
+    or a traceback; restarted once more, the pair ends with the weights of a pair never interrupted."""
+    ports = free_ports(2)
+    workers = ",".join(f"127.0.0.1:{p}" for p in ports)
+    scratch = tmp_path / "scratch"
+    scratch.mkdir()
+    env = {**ENV, "TMPDIR": str(scratch)}
+
+    def pair(run_dir):
+        args = [*FLAGS, "--dropout=0", f"--data_dir={data_dir}", f"--run_dir={run_dir}", "--strategy=multi_worker",
+                f"--workers={workers}"]
+        return [start([*args, f"--worker_index={i}"], env) for i in range(2)]
+
+    straight = tmp_path / "straight"
+    assert [code for code, _, _ in finish(pair(straight))] == [0, 0]
+
+    run_dir = tmp_path / "run"
+    for victim, lost in ((1, "worker 1"), (0, "worker 0")):
+        procs = pair(run_dir)
+        code, err, seconds = kill_9_once_past(newest_listed(run_dir), run_dir, procs[victim], procs[1 - victim])
+        assert code == 1 and "Traceback" not in err, err[-3000:]
+        line = err.strip().splitlines()[-1]
+        step = newest_listed(run_dir)
+        assert line == (f"gpt_tf.train: the cluster lost {lost} (127.0.0.1:{ports[victim]}): it stopped answering, "
+                        "and TensorFlow aborted this worker's "
+                        f"collectives; training stopped, the run holds its checkpoint at step {step} "
+                        f"({run_dir}/checkpoints/ckpt-{step}): restart every worker with the same command to resume "
+                        "from it"), line
+        assert 0 < step < STEPS and seconds < 60, (step, seconds)
+    results = finish(pair(run_dir))
+    for code, _, err in results:
+        assert code == 0 and f"at step {step}" in err, err[-3000:]
+    assert max_abs_diff(model_weights(straight, STEPS), model_weights(run_dir, STEPS)) == 0.0
+    assert not list(scratch.glob("gpt_tf_worker*")), "the killed worker's scratch checkpoints were left"
 
 
 def test_jit_compile_and_accumulation_give_the_full_batch_update(data_dir, tmp_path):

@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import csv
 import dataclasses
+import io
 import os
 
 import numpy as np
@@ -208,14 +209,20 @@ class ZeroShotSuite:
 
 
 def append_csv(path: str, rows: list[dict]) -> None:
-    """Appends ``rows`` to a CSV with ``CSV_COLUMNS`` (the header is written when the file is new)."""
-    new = not os.path.isfile(path) or os.path.getsize(path) == 0
-    os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
-    with open(path, "a", newline="") as f:
-        writer = csv.DictWriter(f, fieldnames=CSV_COLUMNS, lineterminator="\n")
-        if new:
-            writer.writeheader()
-        writer.writerows({k: ("" if row.get(k) is None else row[k]) for k in CSV_COLUMNS} for row in rows)
+    """Appends ``rows`` to a CSV with ``CSV_COLUMNS`` (the header is written when the file is new). The file is
+    rewritten whole and renamed into place (``write_text_atomic``): a full disk never leaves a torn last row."""
+    from gpt_tf.run_dir import write_text_atomic
+
+    old = ""
+    if os.path.isfile(path):
+        with open(path, encoding="utf-8", newline="") as f:
+            old = f.read()
+    out = io.StringIO()
+    writer = csv.DictWriter(out, fieldnames=CSV_COLUMNS, lineterminator="\n")
+    if not old:
+        writer.writeheader()
+    writer.writerows({k: ("" if row.get(k) is None else row[k]) for k in CSV_COLUMNS} for row in rows)
+    write_text_atomic(path, old + out.getvalue())
 
 
 def write_summaries(writer, rows: list[dict], step: int) -> None:

@@ -96,6 +96,7 @@ def main(argv):
     from gpt_tf.checkpoints import restore_pretrained_lm
     from gpt_tf.analysis.heuristics import ZeroShotSuite, append_csv, write_summaries
     from gpt_tf.gpt1.build import causal_lm_for
+    from gpt_tf.write_errors import WriteError
 
     bos_id = run.bos_id
     print(f"beginning-of-text token: {bos_id if bos_id is not None else 'none (first tokens are context only)'}",
@@ -112,7 +113,10 @@ def main(argv):
         if prefix is not None:
             restore_pretrained_lm(lm, prefix)
         rows = suite.evaluate(lm, step=step)
-        append_csv(FLAGS.output_csv, rows)
+        try:
+            append_csv(FLAGS.output_csv, rows)
+        except WriteError as err:  # the file keeps the rows of the steps before, whole
+            sys.exit(f"gpt_tf.analysis.zero_shot: {err}; {FLAGS.output_csv} holds the steps before {step}")
         if writer:
             write_summaries(writer, rows, step)
         for row in rows:

@@ -155,7 +155,7 @@ class GPT1Tokenizer(FindsPresets, keras_hub.tokenizers.Tokenizer):
     def encode_eagerly(self, texts) -> tf.RaggedTensor:
         """Eager path: the offline tokenizer (the same ids; no graph to trace, which for the in-graph
         tokenizer takes a while on first use): any strings → ``int32`` ragged ``[N, None]``, flattened."""
-        flat = [t.decode("utf-8") if isinstance(t, bytes) else str(t)
+        flat = [t.decode("utf-8", errors="replace") if isinstance(t, bytes) else str(t)  # as the graph: U+FFFD
                 for t in tf.reshape(tf.convert_to_tensor(texts, tf.string), [-1]).numpy()]
         ids = self.offline.encode_batch(flat)
         return tf.RaggedTensor.from_row_lengths(tf.constant([i for row in ids for i in row], tf.int32),

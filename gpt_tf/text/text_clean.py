@@ -14,7 +14,8 @@ This module holds the text side of it:
   pattern strings run in RE2 inside TensorFlow.
 * :func:`clean_text` = ``text_standardize(fix_text(text))``: what the word
   splitter (``gpt_tf/text/word_split.py``) sees.
-* :func:`graph_char_map`, :func:`nfc_pairs`, :func:`html_entities`,
+* :func:`graph_char_map`, :func:`nfc_pairs`, :func:`combining_classes`,
+  :func:`canonical_decompositions`, :func:`full_nfc_pattern`, :func:`html_entities`,
   :func:`charref_specials`, :func:`ansi_escape_pattern`: ftfy's per-character
   fixes, NFC, HTML unescaping and terminal escapes as tables and patterns,
   derived from ftfy, ``unicodedata`` and ``html`` themselves, for
@@ -156,6 +157,20 @@ def clean_text(text):
     return text_standardize(fix_text(text))
 
 
+_SURROGATE = re.compile("[\ud800-\udfff]")
+
+
+def refuse_surrogates(text):
+    """``text``, or ValueError when it holds a lone surrogate: such a ``str`` is not Unicode text and has no
+    UTF-8 form, so the in-graph tokenizer can never be given it (TensorFlow refuses to make a string tensor of
+    it) and the offline one refuses it the same way instead of guessing (ftfy would make it U+FFFD)."""
+    match = _SURROGATE.search(text)
+    if match:
+        raise ValueError(f"the text holds a lone surrogate U+{ord(match.group()):04X} at character {match.start()}: "
+                         "it is not Unicode text (decode its bytes with errors='replace', or drop it)")
+    return text
+
+
 def _canonical_pair(code):
     """The two characters a precomposed character decomposes into, canonically, or None."""
     if 0xAC00 <= code <= 0xD7A3:  # Hangul syllables: algorithmic (L V) or (LV T)
@@ -193,6 +208,35 @@ def nfc_pairs():
     marks in canonical order; not on unordered marks or blocked compositions.
     """
     return dict(_unicode_scan()[2])
+
+
+@functools.lru_cache(maxsize=None)
+def combining_classes():
+    """``{char: canonical combining class}`` of every non-starter (class > 0): what NFC reorders and blocks on."""
+    return {chr(c): unicodedata.combining(chr(c)) for c in range(0x110000)
+            if not 0xD800 <= c <= 0xDFFF and unicodedata.combining(chr(c))}
+
+
+@functools.lru_cache(maxsize=None)
+def canonical_decompositions():
+    """``{char: NFD(char)}`` for every character NFD changes (precomposed letters, Hangul syllables, singletons)."""
+    out = {}
+    for code in range(_SCAN_LIMIT):
+        char = chr(code)
+        if not 0xD800 <= code <= 0xDFFF and (unicodedata.decomposition(char) or 0xAC00 <= code <= 0xD7A3):
+            nfd = unicodedata.normalize("NFD", char)
+            if nfd != char:
+                out[char] = nfd
+    return out
+
+
+def full_nfc_pattern():
+    """A pattern matching texts whose NFC needs more than composing neighbours pairwise (``nfc_pairs``): a
+    non-starter right after another, or after a character whose decomposition ends with one (``à`` + U+0323).
+    There marks are reordered by combining class and a composition may be blocked or reach past a mark."""
+    marks = combining_classes()
+    tails = [c for c, d in canonical_decompositions().items() if d[-1] in marks]
+    return "(?s).*" + regex_char_class([*marks, *tails]) + regex_char_class(marks) + ".*"
 
 
 def ansi_escape_pattern():

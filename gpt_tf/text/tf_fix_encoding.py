@@ -15,8 +15,8 @@ of ftfy's ``_fix_encoding_one_step_and_explain``:
 
 Only texts holding a non-ASCII character that the heuristic calls bad pay for it. Not
 reproduced (such a line is left as it is): ftfy's ``utf-8-variants`` decoding (CESU-8
-surrogate pairs, ``C0 80``), and steps 2 and 3 on a line holding a NUL character, which the
-marks used here would confuse (``restore_byte_a0`` and step 3 are skipped there).
+surrogate pairs, ``C0 80``). Lines are cut into pieces at a byte no UTF-8 text holds (``\xff``),
+so a NUL in a line changes nothing.
 """
 
 import tensorflow as tf
@@ -24,7 +24,7 @@ import tensorflow as tf
 from gpt_tf.text import fix_encoding_rules as rules
 from gpt_tf.text.tf_strings import StringMap, odd_positions, replace_where
 
-_MARK = "\x00"
+_MARK = b"\xff"  # cuts lines into pieces: a byte no UTF-8 text holds (the cleaner made every text UTF-8 first)
 _ASCII = "(?s)[\\x{0}-\\x{7f}]*"
 _C1 = "(?s).*[\\x{80}-\\x{9f}].*"
 
@@ -39,12 +39,12 @@ class _Encoding(tf.Module):
         self.a_grave, self.byte_a0 = spec["a_grave"], spec["byte_a0"]
         self._bytes = StringMap({char: byte for char, byte in spec["bytes"].items()})
 
-    def decode(self, lines, no_nul):
+    def decode(self, lines):
         """``(repaired, ok, stop)``: the re-decoded lines, whether that worked, whether ftfy stops here."""
         possible = tf.strings.regex_full_match(lines, self.possible)
         text = lines
         if self.restore_a0:
-            text = tf.where(no_nul, self._restore_byte_a0(text), text)
+            text = self._restore_byte_a0(text)
         if self.lossy:
             text = tf.strings.regex_replace(text, self.lossy, self.replacement)
         variants = tf.strings.regex_full_match(text, self.variants)
@@ -54,17 +54,18 @@ class _Encoding(tf.Module):
 
 
     def _restore_byte_a0(self, text):
-        """ftfy's ``restore_byte_a0`` over text (lines without NUL): byte 20 back to A0."""
+        """ftfy's ``restore_byte_a0`` over text: byte 20 back to A0."""
         a_grave, exceptions = self.a_grave
-        text = tf.strings.regex_replace(text, f"({a_grave}) ({exceptions})", rf"\1{_MARK}\2")  # hide them
+        text = tf.strings.regex_replace(text, f"({a_grave}) ({exceptions})", b"\\1" + _MARK + b"\\2")  # hide them
         text = tf.strings.regex_replace(text, f"({a_grave}) ", rf"\1{self.byte_a0} ")
-        text = tf.strings.regex_replace(text, _MARK, " ")
+        # The marks back to spaces: the one byte of the text that is not UTF-8, replaced by U+0020.
+        text = tf.strings.unicode_transcode(text, "UTF-8", "UTF-8", errors="replace", replacement_char=0x20)
         return _replace_in_matches(text, self.restore_a0, " ", self.byte_a0)
 
 
 def _replace_in_matches(texts, pattern, old, new):
-    """Replaces ``old`` by ``new`` inside every match of ``pattern`` (texts without NUL)."""
-    parts = tf.strings.split(tf.strings.regex_replace(texts, pattern, rf"{_MARK}\0{_MARK}"), _MARK)
+    """Replaces ``old`` by ``new`` inside every match of ``pattern``."""
+    parts = tf.strings.split(tf.strings.regex_replace(texts, pattern, _MARK + b"\\0" + _MARK), _MARK)
     flat = parts.flat_values
     flat = tf.where(odd_positions(parts), tf.strings.regex_replace(flat, old, new), flat)
     return tf.strings.reduce_join(parts.with_flat_values(flat), axis=1)
@@ -96,14 +97,13 @@ class TFFixEncoding(tf.Module):
     def _step(self, lines, inconsistent):
         """One ``_fix_encoding_one_step_and_explain`` on every line."""
         active = ~tf.strings.regex_full_match(lines, _ASCII) & tf.strings.regex_full_match(lines, self._bad)
-        no_nul = ~tf.strings.regex_full_match(lines, f"(?s).*{_MARK}.*")
         result, done = lines, ~active
         for encoding in self._encodings:
-            decoded, ok, stop = encoding.decode(lines, no_nul)
+            decoded, ok, stop = encoding.decode(lines)
             result = tf.where(~done & ok, decoded, result)
             done |= ok | stop
         if inconsistent:
-            pieces = replace_where(lines, ~done & no_nul, self._decode_inconsistent)
+            pieces = replace_where(lines, ~done, self._decode_inconsistent)
             changed = tf.not_equal(pieces, lines)
             result = tf.where(~done & changed, pieces, result)
             done |= changed
@@ -112,7 +112,8 @@ class TFFixEncoding(tf.Module):
 
     def _decode_inconsistent(self, lines):
         """ftfy's ``decode_inconsistent_utf8``: repairs the bad, shorter UTF-8-looking pieces alone."""
-        parts = tf.strings.split(tf.strings.regex_replace(lines, self._detector, rf"\1{_MARK}\2{_MARK}"), _MARK)
+        marked = tf.strings.regex_replace(lines, self._detector, b"\\1" + _MARK + b"\\2" + _MARK)
+        parts = tf.strings.split(marked, _MARK)
         flat = parts.flat_values
         line_length = tf.gather(tf.strings.length(lines, unit="UTF8_CHAR"), parts.value_rowids())
         candidate = (odd_positions(parts) & (tf.strings.length(flat, unit="UTF8_CHAR") < line_length)

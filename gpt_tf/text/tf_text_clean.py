@@ -13,24 +13,26 @@
    ``fix_character_width``, ``uncurl_quotes``, ``fix_line_breaks``,
    ``remove_control_chars``, NFC of single characters, and text_standardize's
    ``— – ― … ´`` (only strings holding such a character pay for it);
-   then NFC's pairwise compositions (``e`` + U+0301 -> ``é``, Hangul jamo),
-   leftmost first, until none applies;
+   then NFC, all of it, on the strings holding a character that may compose
+   with the one before it or marks NFC may reorder: canonical decomposition,
+   marks in canonical order, composition with blocking (``e`` + U+0301 -> ``é``,
+   ``à`` + U+0323 -> ``ạ`` + U+0300, Hangul jamo);
 6. text_standardize's regexes (RE2).
 
 What ftfy does that the graph does not (text differs only where these apply):
-the mojibake cases listed in ``gpt_tf/text/tf_fix_encoding.py``; the parts of NFC
-beyond pairwise composition (reordering combining marks given out of
-canonical order, composing past a blocking mark); lone surrogates
-(cannot occur in UTF-8 input); and the interplay of steps inside ftfy's
-repeat-until-stable loop (e.g. a full-width ``＆amp;`` that ftfy turns into
-``&amp;`` and then ``&``).
+the mojibake cases listed in ``gpt_tf/text/tf_fix_encoding.py``; a UTF-8-looking
+piece of a line that ftfy repairs with a repair of its own pieces (mojibake of
+mojibake beside text no encoding holds, ``Ã…Â‹Â™›``: the graph repairs one level);
+lone surrogates (cannot occur in UTF-8 input; the offline tokenizer refuses them);
+and the interplay of steps inside ftfy's repeat-until-stable loop (e.g. a full-width
+``＆amp;`` that ftfy turns into ``&amp;`` and then ``&``).
 """
 
 import tensorflow as tf
 
 from gpt_tf.text import text_clean
 from gpt_tf.text.tf_fix_encoding import TFFixEncoding
-from gpt_tf.text.tf_strings import StringMap, replace_where
+from gpt_tf.text.tf_strings import StringMap, lookup_table, replace_where
 
 _HEAD_PATTERN = "(?s)^((?:[^<\n]*\n)*)[^\n]*<.*$"  # lines before the first line with '<'
 _MARK = "\x00"  # entity delimiter; NUL is a control character ftfy deletes anyway
@@ -52,6 +54,11 @@ class TFTextCleaner(tf.Module):
         pairs = text_clean.nfc_pairs()
         self._pairs = StringMap(pairs)
         self._pair_pattern = "(?s).*" + text_clean.regex_char_class({k[1] for k in pairs}) + ".*"
+        classes = text_clean.combining_classes()
+        self._classes = lookup_table(list(classes), list(classes.values()), tf.string, 0)
+        self._decompose = StringMap(text_clean.canonical_decompositions())
+        self._seconds = StringMap({k[1]: "" for k in pairs if k[1] not in classes})  # starters that compose backwards
+        self._full_nfc_pattern = text_clean.full_nfc_pattern()
         self._ansi = text_clean.ansi_escape_pattern()
         self._fix_encoding = TFFixEncoding()
 
@@ -74,7 +81,9 @@ class TFTextCleaner(tf.Module):
             self._chars, self._char_pattern)
         texts = tf.strings.regex_replace(texts, self._ansi, "")
         texts = replace_where(texts, tf.strings.regex_full_match(texts, pattern), chars.map_chars)
-        return replace_where(texts, tf.strings.regex_full_match(texts, self._pair_pattern), self._compose)
+        composes = (tf.strings.regex_full_match(texts, self._pair_pattern)
+                    | tf.strings.regex_full_match(texts, self._full_nfc_pattern))
+        return replace_where(texts, composes, self._nfc)
 
     def _fix_mojibake(self, texts):
         """ftfy's mojibake repair on the texts its heuristic flags, now or after one round of fixes."""
@@ -94,28 +103,54 @@ class TFTextCleaner(tf.Module):
         lines, _ = tf.while_loop(lambda _, changed: changed, body, (segments.flat_values, tf.constant(True)))
         return tf.strings.reduce_join(segments.with_flat_values(lines), axis=1, separator="\n")
 
-    def _compose(self, texts):
-        """NFC composition: joins composable pairs, leftmost first, until none is left."""
-        chars = tf.strings.unicode_split(texts, "UTF-8")
+    def _nfc(self, texts):
+        """Unicode NFC (of the texts holding a character that may compose with the one before it, or marks
+        that NFC may reorder: ``text_clean.full_nfc_pattern``): canonical decomposition, marks in canonical
+        order (stably, by combining class), then canonical composition left to right, each mark composing with
+        the last starter unless a mark of the same or a higher class stands between.
 
-        def step(symbols, splits, _):
-            size = tf.size(symbols, tf.int64)
-            rows = tf.ragged.row_splits_to_segment_ids(splits)
-            following = tf.concat([symbols[1:], [""]], axis=0)[:size]
-            has_next = tf.range(size) + 1 < tf.gather(splits[1:], rows)
-            match = has_next & self._pairs.contains(symbols + following)
-            take = match & ~tf.concat([[False], match[:-1]], axis=0)[:size]
-            keep = ~tf.concat([[False], take[:-1]], axis=0)[:size]
-            composed = self._pairs.get(symbols + following, symbols)
-            symbols = tf.boolean_mask(tf.where(take, composed, symbols), keep)
-            lengths = tf.math.unsorted_segment_sum(
-                tf.cast(keep, tf.int64), rows, tf.size(splits, tf.int64) - 1)
-            return symbols, tf.concat([[0], tf.cumsum(lengths)], axis=0), tf.reduce_any(take)
+        Composition runs over *pieces*: a piece starts at the text's start and at each starter that composes
+        with nothing before it, so no composition crosses one; every piece advances one character a step (as
+        many steps as the longest piece), all pieces at once.
+        """
+        chars = tf.strings.unicode_split(self._decompose.map_chars(texts), "UTF-8")
+        flat, rows, n = chars.flat_values, chars.value_rowids(), tf.size(chars.flat_values, tf.int64)
+        position = tf.range(n)
+        row_start = tf.equal(position, tf.gather(chars.row_splits[:-1], rows))
+        classes = self._classes.lookup(flat)
+        # Canonical order: within each run of non-starters (a run ends at a starter or a text's start), by class.
+        runs = tf.cumsum(tf.cast((classes == 0) | row_start, tf.int64))
+        order = tf.argsort(runs * 256 + classes, stable=True)
+        flat, classes = tf.gather(flat, order), tf.gather(classes, order)
+        starts = row_start | ((classes == 0) & ~self._seconds.contains(flat))
+        piece = tf.cumsum(tf.cast(starts, tf.int64)) - 1
+        n_pieces = tf.reduce_sum(tf.cast(starts, tf.int64))
+        step = position - tf.gather(tf.where(starts)[:, 0], piece)  # the character's place in its piece
+        by_step = tf.cast(tf.argsort(step, stable=True), tf.int64)  # step 0 of every piece, then step 1, ...
+        counts = tf.math.bincount(step, dtype=tf.int64, minlength=1)
+        offsets = tf.concat([[0], tf.cumsum(counts)], axis=0)
 
-        symbols, splits, _ = tf.while_loop(
-            lambda s, r, go: go, step, (chars.flat_values, chars.row_splits, tf.constant(True)),
-            shape_invariants=(tf.TensorShape([None]), tf.TensorShape([None]), tf.TensorShape([])))
-        return tf.strings.reduce_join(tf.RaggedTensor.from_row_splits(symbols, splits), axis=1)
+        def body(k, starter_at, starter, last, out, keep):
+            at = by_step[offsets[k]:offsets[k + 1]]  # the characters at step k, one per piece long enough
+            p = tf.gather(piece, at)[:, None]
+            char, cls = tf.gather(flat, at), tf.gather(classes, at)
+            s_at, s, s_last = tf.gather(starter_at, p[:, 0]), tf.gather(starter, p[:, 0]), tf.gather(last, p[:, 0])
+            composed = self._pairs.get(s + char, "")
+            join = (s_at >= 0) & ((s_last < 0) | (s_last < cls)) & tf.not_equal(composed, "")
+            new = ~join & (cls == 0)  # a starter that composes with nothing before it
+            starter = tf.tensor_scatter_nd_update(starter, p, tf.where(join, composed, tf.where(new, char, s)))
+            starter_at = tf.tensor_scatter_nd_update(starter_at, p, tf.where(new, at, s_at))
+            last = tf.tensor_scatter_nd_update(last, p, tf.where(join, s_last, tf.where(new, tf.constant(-1, tf.int64), cls)))
+            out = tf.tensor_scatter_nd_update(out, tf.where(join, s_at, at)[:, None], tf.where(join, composed, char))
+            keep = tf.tensor_scatter_nd_update(keep, at[:, None], ~join)
+            return k + 1, starter_at, starter, last, out, keep
+
+        state = (tf.constant(0, tf.int64), tf.fill([n_pieces], tf.constant(-1, tf.int64)), tf.fill([n_pieces], ""),
+                 tf.fill([n_pieces], tf.constant(-1, tf.int64)), flat, tf.ones([n], tf.bool))
+        _, _, _, _, out, keep = tf.while_loop(lambda k, *_: k < tf.size(counts, tf.int64), body, state)
+        nfc = tf.RaggedTensor.from_value_rowids(tf.boolean_mask(out, keep), tf.boolean_mask(rows, keep),
+                                                nrows=tf.size(texts, tf.int64))
+        return tf.strings.reduce_join(nfc, axis=1)
 
     def _unescape_html(self, texts):
         """ftfy's unescape_html, repeated until stable, before the first line with '<'."""

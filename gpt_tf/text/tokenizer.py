@@ -181,8 +181,9 @@ class GPTTokenizer:
         return self.encoder[UNK]
 
     def prepare(self, text):
-        """The words BPE runs on, joined by spaces: cleaned, split, lower-cased."""
-        return self._split(text_clean.clean_text(text))
+        """The words BPE runs on, joined by spaces: cleaned, split, lower-cased. A lone surrogate is a ValueError
+        (``text_clean.refuse_surrogates``), as for the in-graph twin, which only takes UTF-8."""
+        return self._split(text_clean.clean_text(text_clean.refuse_surrogates(text)))
 
     def words(self, text):
         """The words BPE runs on, as a list."""

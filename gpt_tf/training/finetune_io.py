@@ -4,12 +4,13 @@ from __future__ import annotations
 
 import csv
 import dataclasses
+import io
 import os
 
 from typing import Optional
 
 from gpt_tf.config import GPTConfig
-from gpt_tf.run_dir import DATA_FILE, write_json_atomic
+from gpt_tf.run_dir import DATA_FILE, write_json_atomic, write_text_atomic
 from gpt_tf.task_model import task_predictions
 
 # GLUE's submission files: name per task (and eval split) and whether labels are written as ids.
@@ -58,13 +59,14 @@ def write_submission(tuner, split: str, run_dir: str, write: bool = True) -> str
     path = os.path.join(run_dir, f"{name}.{split}.tsv")
     if not write:
         return path
-    with open(path, "w", newline="") as f:
-        writer = csv.writer(f, delimiter="\t", lineterminator="\n")
-        writer.writerow(SUBMISSION_HEADER.get(task.name, ("index", "prediction")))
-        for guid, p in zip(guids, preds):
-            key = submission_key(guid, split)
-            if task.head == "regression":
-                writer.writerow([key, f"{float(p):.3f}"])
-            else:
-                writer.writerow([key, int(p) if as_ids else task.label_names[int(p)]])
+    text = io.StringIO()
+    writer = csv.writer(text, delimiter="\t", lineterminator="\n")
+    writer.writerow(SUBMISSION_HEADER.get(task.name, ("index", "prediction")))
+    for guid, p in zip(guids, preds):
+        key = submission_key(guid, split)
+        if task.head == "regression":
+            writer.writerow([key, f"{float(p):.3f}"])
+        else:
+            writer.writerow([key, int(p) if as_ids else task.label_names[int(p)]])
+    write_text_atomic(path, text.getvalue())  # whole or not at all: an older submission stays until replaced
     return path

@@ -17,10 +17,17 @@ works under every strategy (distributed iterators cannot be checkpointed), and a
 bit-for-bit where its last checkpoint was taken. On SIGTERM (``gpt_tf.preemption``) the stop request
 is all-reduced with the update's losses, so every worker finishes the same update, saves it and
 raises ``Preempted``: a preempted run loses no update and repeats no batch.
+
+A checkpoint the storage refuses (a full disk, a read-only folder: ``gpt_tf.write_errors``) leaves no file of
+itself behind and raises ``WriteError``; the checkpoints before it stay as they were, so the same command
+resumes from the newest of them once the storage is fixed. The run folder is checked before each save:
+removed (or replaced) while training, the run stops with a ``WriteError`` instead of saving into a new,
+empty folder.
 """
 
 from __future__ import annotations
 
+import errno
 import os
 
 import tensorflow as tf
@@ -28,6 +35,7 @@ import tensorflow as tf
 from gpt_tf.checkpoints import checkpoint_managers, remove_scratch, restore_latest, variables_by_key
 from gpt_tf.preemption import Preempted, StopRequest
 from gpt_tf.strategy import is_chief
+from gpt_tf.write_errors import WriteError, writing
 
 
 class DataError(RuntimeError):
@@ -78,10 +86,28 @@ class TrainLoop:
         self.checkpoint = tf.train.Checkpoint(model=variables_by_key(model_variables),
                                               optimizer=variables_by_key(optimizer.variables), step=self.step)
         self.manager, self.read_manager = checkpoint_managers(self.checkpoint, run_dir, strategy, keep_checkpoints)
+        self.run_dir = run_dir
+        self._run_dir_id = folder_identity(run_dir)  # None until it exists (the first save makes it)
 
     def restore(self, resuming: bool = True) -> int:
         """Restores the chief's latest checkpoint if any; returns the step reached (``restore_latest``)."""
         return restore_latest(self.read_manager, self.step, self.log, resuming)
+
+    def save(self, step: int) -> None:
+        """Checkpoint ``step`` (collective: every worker calls it). ``WriteError`` when the storage refuses it
+        (no file of it is left) or when the chief's run folder was removed or replaced since the last save."""
+        prefix = os.path.join(self.manager.directory, f"ckpt-{step}")
+        if self.chief and self._run_dir_id is not None and folder_identity(self.run_dir) != self._run_dir_id:
+            raise WriteError(errno.ENOENT, prefix, f"the run folder {self.run_dir} was removed or replaced while "
+                                                   f"training: step {step} was not saved, and nothing more is written")
+        try:
+            with writing(prefix):
+                self.manager.save(checkpoint_number=step)
+        except WriteError:
+            remove_unlisted(self.manager.directory, prefix)
+            raise
+        if self._run_dir_id is None:
+            self._run_dir_id = folder_identity(self.run_dir)
 
     # ------------------------------------------------------------------ one update
     def make_update(self, variables, grads_fn, counts_fn, n_sums: int):
@@ -152,7 +178,36 @@ class TrainLoop:
             stopping = float(outputs[-1]) > 0 and step < end
             every = self.checkpoint_every and step % self.checkpoint_every == 0
             if due or every or step == end or stopping:
-                self.manager.save(checkpoint_number=step)
+                self.save(step)
             if stopping:
                 raise Preempted(step, os.path.join(self.read_manager.directory, f"ckpt-{step}"))
             objective.after_save(step)
+
+
+def folder_identity(path: str):
+    """(device, inode) of a local folder, None when it does not exist or is remote: a folder removed, or removed and
+    made again, has another."""
+    if "://" in str(path):
+        return None
+    try:
+        stat = os.stat(path)
+    except OSError:
+        return None
+    return stat.st_dev, stat.st_ino
+
+
+def remove_unlisted(directory: str, prefix: str) -> None:
+    """Removes the files of checkpoint ``prefix`` (``.index``, ``.data-*``, the ``_temp`` folder of a save in
+    progress) unless ``directory``'s checkpoint state lists it: what a save that failed part-way leaves."""
+    try:
+        state = tf.train.get_checkpoint_state(directory)
+        listed = {os.path.basename(p) for p in state.all_model_checkpoint_paths} if state else set()
+        if os.path.basename(prefix) in listed:
+            return
+        for path in tf.io.gfile.glob(prefix + ".*") + tf.io.gfile.glob(prefix + "_temp"):
+            if tf.io.gfile.isdir(path):
+                tf.io.gfile.rmtree(path)
+            else:
+                tf.io.gfile.remove(path)
+    except (tf.errors.OpError, OSError):  # a read-only or vanished folder: nothing could have been written there
+        pass
