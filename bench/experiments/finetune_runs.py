@@ -83,9 +83,15 @@ class BackgroundCommand:
         return self.out.read_text(), seconds
 
 
+def relative(arg: str) -> str:
+    """``arg`` with this checkout's absolute path taken out (a path under the repository root, or a flag's value that
+    is one, as a user types it from the root): what the ledgers and docs record works on any machine."""
+    return arg.replace(f"{ROOT}{os.sep}", "")
+
+
 def shown_command(cmd: list[str]) -> str:
-    """The command as a user types it from the repository root (``python -m ...``)."""
-    return shlex.join(cmd[1:]).replace("-m ", "python -m ", 1)
+    """The command as a user types it from the repository root (``python -m ...``), paths relative to the root."""
+    return shlex.join(relative(a) for a in cmd[1:]).replace("-m ", "python -m ", 1)
 
 
 def run_one(spec: dict) -> dict:

@@ -42,7 +42,7 @@ from pathlib import Path
 from absl import app, flags
 
 from bench.experiments.finetune_runs import (ROOT, BackgroundCommand, append_ledger, finetune_spec, ledger_run,
-                                             load_ledger, read_json, recipe_flags, run_command, run_one,
+                                             load_ledger, read_json, recipe_flags, relative, run_command, run_one,
                                              shown_command, size_of)
 
 FLAGS = flags.FLAGS
@@ -275,7 +275,7 @@ class Study:
         self.reuse = load_ledger(Path(args.reuse_ledger)) if args.reuse_ledger else []
         self.have = {self.key(r) for r in load_ledger(self.ledger)}
         self.command = shlex.join(["python", "-m", "bench.experiments.study",  # the runs' command: --report_only runs none
-                                   *(a for a in sys.argv[1:] if a != "--report_only")])
+                                   *(relative(a) for a in sys.argv[1:] if a != "--report_only")])
         tokenizer_dir = read_json(Path(self.train_config["data_dir"]) / "manifest.json")["tokenizer"]["dir"]
         self.tasks_dir = task_data(self.plan, args, tokenizer_dir, self.ledger,
                                    build=self.part == 0 and not args.report_only)

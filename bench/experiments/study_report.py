@@ -19,7 +19,6 @@ import datetime
 import json
 import os
 import re
-import subprocess
 from pathlib import Path
 
 from bench.experiments.finetune_runs import dev_score, main_metric, median_spread
@@ -199,15 +198,6 @@ def departures(config, train_config, model_config, sizes) -> list[str]:
             "- Hardware: 2 shared CPU cores (other jobs ran at the same time), so times are contended."]
 
 
-def _git_revision() -> str:
-    try:
-        rev = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True, check=True).stdout.strip()
-        dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], capture_output=True, text=True).stdout
-        return rev + (" (with uncommitted changes)" if dirty.strip() else "")
-    except (OSError, subprocess.CalledProcessError):
-        return "unknown"
-
-
 def wall_clock(records) -> str:
     """The fine-tuning runs' span of wall-clock time (runs overlap with --part and the LSTM's pre-training)."""
     spans = [(datetime.datetime.fromisoformat(r["finished"]) - datetime.timedelta(seconds=r["seconds"]),
@@ -242,7 +232,7 @@ def write_report(records, config, out_dir: Path, command: str, seconds: float, t
         by_kind[r["kind"]] = by_kind.get(r["kind"], 0.0) + r.get("seconds", 0.0)
     now = datetime.datetime.now().isoformat(timespec="seconds")
     lines = ["# The paper's §5 analysis at a small, CPU scale", "",
-             f"Produced by `{command}` (last written {now}, revision {_git_revision()}, {os.cpu_count()} CPU cores, "
+             f"Produced by `{command}` (last written {now}, {os.cpu_count()} CPU cores, "
              f"load average {os.getloadavg()[0]:.1f} at writing). Recorded compute: "
              + ", ".join(f"{k} {v / 3600:.2f} h" for k, v in sorted(by_kind.items()))
              + f" (total {sum(by_kind.values()) / 3600:.2f} h, excluding the transformer's own pre-training)"
