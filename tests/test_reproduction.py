@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import sys
+
 from bench.experiments.reproduction import best_recipes, cell_runs
 
 
@@ -20,3 +22,13 @@ def test_a_cell_takes_the_best_seed0_sweep_recipe_and_only_that_recipes_seeds():
     cell = cell_runs(records, "rte", "pretrained", {"learning_rate": "5e-4"})
     assert sorted(cell) == [0, 1] and {r["metrics"]["dev"]["accuracy"] for r in cell.values()} == {0.60, 0.58}
     assert cell_runs(records, "cola", "pretrained", {"learning_rate": "5e-4"}) == {}
+
+
+def test_recorded_commands_hold_no_path_of_this_machine():
+    """Ledgers and the generated docs record commands as a user types them from the repository root."""
+    from bench.experiments.finetune_runs import ROOT, shown_command
+
+    cmd = [sys.executable, "-m", "gpt_tf.train", f"--data_dir={ROOT / 'data' / 'tasks' / 'rte'}",
+           f"--init_checkpoint={ROOT / 'runs' / 'books'}", "--run_dir=/elsewhere/run"]
+    assert shown_command(cmd) == ("python -m gpt_tf.train --data_dir=data/tasks/rte --init_checkpoint=runs/books "
+                                  "--run_dir=/elsewhere/run")
