@@ -166,7 +166,7 @@ def restore_pretrained_lm(lm, path: str) -> str:
     if preset_io.is_preset(path):
         return preset_io.load_preset_weights(lm.backbone, path)
     if os.path.isfile(os.path.join(path, "params_0.npy")):
-        from gpt_tf.weights import load_gpt1_release
+        from gpt_tf.convert.release import load_gpt1_release
 
         load_gpt1_release(lm, path)
         return path

@@ -127,7 +127,7 @@ def test_release_shards_and_runs_convert_to_presets(tokenizer, tmp_path):
 
     from gpt_tf.gpt1 import presets
     from gpt_tf.gpt1.causal_lm import GPT1CausalLM
-    from gpt_tf.weights import save_gpt1_release
+    from gpt_tf.convert.release import save_gpt1_release
 
     lm = GPT1CausalLM(_backbone(seed=5))  # random weights, written in the release's format
     save_gpt1_release(lm, tmp_path / "shards")

@@ -98,13 +98,20 @@ def test_weight_parts_stay_within_the_part_size_and_join_back(tmp_path, monkeypa
             assert sum(part[k].nbytes for k in part.files) <= 4096, path
             state.update({k: part[k] for k in part.files})
     assert sorted(k for k in state if k.startswith("big.weight")) == [f"big.weight{pieces.ROWS}{i}" for i in range(3)]
-    joined = pieces.join_rows(state)
+    # gpt_tf reads them back (gpt_tf.convert.state_dicts; the GPU side writes them without gpt_tf installed)
+    from gpt_tf.convert.state_dicts import ROWS, read_state_dict
+
+    assert ROWS == pieces.ROWS
+    joined = read_state_dict(paths)
     assert set(joined) == set(model.state_dict())
     for key, value in model.state_dict().items():  # rows split and joined again, no arithmetic: exact
         np.testing.assert_array_equal(joined[key], value.numpy())
     del state[f"big.weight{pieces.ROWS}1"]
+    np.savez(tmp_path / "gap.npz", **state)
     with pytest.raises(ValueError, match="big.weight: row blocks"):
-        pieces.join_rows(state)
+        read_state_dict([tmp_path / "gap.npz"])
+    with pytest.raises(ValueError, match="key 'tokens_embed.weight' is also in an earlier part"):
+        read_state_dict([tmp_path / "gap.npz", tmp_path / "gap.npz"])
 
 
 @pytest.mark.parametrize("model", ["test", "lstm_test"])

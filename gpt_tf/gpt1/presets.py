@@ -105,7 +105,7 @@ def preset_from_gpt1_shards(params_dir: str, tokenizer_dir: str, preset_dir: str
     """GPT-1's released ``params_{0..9}.npy`` (+ ``params_shapes.json``) as a preset (the ``model`` size's
     shape, ``gpt1`` for the release; n_ctx from the position table)."""
     from gpt_tf.config import get_size  # pylint: disable=import-outside-toplevel
-    from gpt_tf.weights import load_gpt1_release  # pylint: disable=import-outside-toplevel
+    from gpt_tf.convert.release import load_gpt1_release  # pylint: disable=import-outside-toplevel
 
     vocab_size = GPT1Tokenizer(tokenizer_dir).bpe_vocabulary_size
     backbone = GPT1Backbone.from_gpt_config(get_size(model, vocab_size=vocab_size))
@@ -118,7 +118,7 @@ def preset_from_hf_state_dict(paths, model: str, tokenizer_dir: str, preset_dir:
     import numpy as np  # pylint: disable=import-outside-toplevel
 
     from gpt_tf.config import get_size  # pylint: disable=import-outside-toplevel
-    from gpt_tf.weights import load_hf_state_dict  # pylint: disable=import-outside-toplevel
+    from gpt_tf.convert.state_dicts import load_hf_state_dict  # pylint: disable=import-outside-toplevel
 
     state = {}
     for path in paths:

@@ -1,0 +1,10 @@
+"""Weight conversion, in one place: every format a GPT-1 model's weights come in or go out as.
+
+``layout``       where each weight of a ``GPT1Backbone`` sits in GPT-1's release and in ``transformers``' naming,
+                 and what the formats share (arrays in, checked, then assigned all at once);
+``release``      GPT-1's released shards (``params_{0..9}.npy`` + ``params_shapes.json``), both ways;
+``state_dicts``  PyTorch state dicts: ``transformers``' ``OpenAIGPT*`` (both ways), Table 5's LSTM of
+                 ``tools/torch_pretrain/lstm_model.py``, and state dicts saved as ``.npz`` parts.
+
+Nothing is imported here, so importing one of the files loads only what it needs.
+"""
