@@ -3,9 +3,9 @@ r"""Export trained models as TF Serving versions: ``<export_base>/<model_name>/<
     python -m serving.export --run_dir=runs/finetune_sst2 --export_base=exported
     python -m serving.export --run_dir=runs/books_tiny --export_base=exported --model_name=books_lm
 
-The run folder is read once, by ``pipelines.run_folder.RunFolder``. A fine-tuning run dir
+The run folder is read once, by ``gpt_tf.runs.folder.RunFolder``. A fine-tuning run dir
 (``finetune_config.json``) gives a task model (``serving/task_module.py``: text -> probabilities,
-label ids and names, or the score), restored by ``gpt_tf.checkpoints.load_task_model`` (no
+label ids and names, or the score), restored by ``gpt_tf.runs.checkpoints.load_task_model`` (no
 training code); its task and tokenizer come from the task data's ``manifest.json``. A
 pre-training run dir (``train_config.json``) or a folder of GPT-1 release shards gives a language
 model (``serving/lm_module.py``). The version is one above the newest
@@ -32,9 +32,9 @@ WARMUP_TEXT = "a warm-up request."
 
 
 def open_run(run_dir: str, tokenizer_dir: str = "", data_dir: str = ""):
-    """The ``RunFolder`` of ``run_dir`` (``pipelines.run_folder``), its tokenizer checked against the
+    """The ``RunFolder`` of ``run_dir`` (``gpt_tf.runs.folder``), its tokenizer checked against the
     data it was built with; ValueError / FileNotFoundError naming the problem."""
-    from pipelines.run_folder import RunFolder
+    from gpt_tf.runs.folder import RunFolder
 
     run = RunFolder.open(run_dir, data_dir=data_dir, tokenizer_dir=tokenizer_dir)
     problems = run.tokenizer_problems()
@@ -46,12 +46,12 @@ def open_run(run_dir: str, tokenizer_dir: str = "", data_dir: str = ""):
 def load_finetuned(run_dir: str, precision: str = "float32", data_dir: str = ""):
     """(``GPTTaskModel``, ``TaskSpec``, tokenizer dir) of a fine-tuning run's latest checkpoint.
 
-    ``gpt_tf.checkpoints.load_task_model`` builds the model the run implies (a multi-task run gets
+    ``gpt_tf.runs.checkpoints.load_task_model`` builds the model the run implies (a multi-task run gets
     its shared backbone and every head; the primary task's is returned) and restores only its
     weights: no optimizer, no training data.
     """
-    from gpt_tf.checkpoints import load_task_model
-    from pipelines.run_folder import RunFolder
+    from gpt_tf.runs.checkpoints import load_task_model
+    from gpt_tf.runs.folder import RunFolder
 
     run = RunFolder.open(run_dir, data_dir=data_dir)
     return (*load_task_model(run, precision), run.tokenizer_dir)
@@ -59,7 +59,7 @@ def load_finetuned(run_dir: str, precision: str = "float32", data_dir: str = "")
 
 def load_lm(run, precision: str = "float32"):
     """The ``GPT1CausalLM`` of a pre-training ``RunFolder`` (its latest checkpoint) or GPT-1 release shards."""
-    from gpt_tf.checkpoints import restore_pretrained_lm
+    from gpt_tf.convert.pretrained import restore_pretrained_lm
     from gpt_tf.gpt1.build import causal_lm_for
 
     lm = causal_lm_for(run.model_config, dtype=precision)
@@ -143,7 +143,7 @@ def export_lm(lm, tokenizer, base_path: str, model_name: str, version: int = 0, 
 def export_run(run_dir: str, base_path: str, model_name: str = "", version: int = 0, precision: str = "float32",
                tokenizer_dir: str = "", data_dir: str = "", top_k: int = 10) -> str:
     """Exports a fine-tuning run, a pre-training run or GPT-1 release shards; returns the version folder."""
-    from gpt_tf.checkpoints import load_task_model
+    from gpt_tf.runs.checkpoints import load_task_model
 
     run = open_run(run_dir, tokenizer_dir, data_dir)
     if run.kind == "finetune":

@@ -110,7 +110,7 @@ def test_task_presets_round_trip_with_identical_logits(tokenizer, tmp_path):
 
 
 def test_the_loops_language_model_starts_from_a_preset(tmp_path):
-    from gpt_tf.checkpoints import pretrained_model_config, restore_pretrained_lm
+    from gpt_tf.convert.pretrained import pretrained_model_config, restore_pretrained_lm
     from gpt_tf.gpt1.build import causal_lm_for
 
     backbone = _backbone(seed=4)

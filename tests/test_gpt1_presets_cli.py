@@ -40,9 +40,8 @@ def runs(shared_data, tmp_path_factory):
 
 def _lm(path):
     """The ``GPT1CausalLM`` of a run, a checkpoint or a preset, restored by the core (no keras-hub)."""
-    from gpt_tf.checkpoints import restore_pretrained_lm
+    from gpt_tf.convert.pretrained import pretrained_model_config, restore_pretrained_lm
     from gpt_tf.gpt1.build import causal_lm_for
-    from gpt_tf.run_dir import pretrained_model_config
 
     lm = causal_lm_for(pretrained_model_config(str(path)))
     restore_pretrained_lm(lm, str(path))
@@ -69,8 +68,8 @@ def test_a_pretraining_run_converts_by_the_cli_to_a_preset_with_the_runs_logits(
 def test_a_finetuning_run_converts_by_the_cli_to_a_task_preset_with_the_runs_logits(runs):
     import keras_hub
 
-    from gpt_tf.checkpoints import load_task_model
-    from pipelines.run_folder import RunFolder
+    from gpt_tf.runs.checkpoints import load_task_model
+    from gpt_tf.runs.folder import RunFolder
 
     model, spec = load_task_model(RunFolder.open(str(runs / "ft")))
     task = keras_hub.models.TextClassifier.from_preset(str(runs / "ft_preset"))
@@ -82,8 +81,8 @@ def test_a_finetuning_run_converts_by_the_cli_to_a_task_preset_with_the_runs_log
 
 
 def test_train_continues_pretraining_and_fine_tunes_from_a_preset_starting_at_its_weights(runs, tmp_path):
-    from gpt_tf.checkpoints import load_task_model
-    from pipelines.run_folder import RunFolder
+    from gpt_tf.runs.checkpoints import load_task_model
+    from gpt_tf.runs.folder import RunFolder
 
     preset = runs / "lm_preset"
     procs = run_clis(("gpt_tf.train", *PRETRAIN, *FROZEN, f"--init_checkpoint={preset}", f"--data_dir={runs / 'data'}",
@@ -106,7 +105,7 @@ def test_train_continues_pretraining_and_fine_tunes_from_a_preset_starting_at_it
 
 
 def test_continued_pretraining_names_what_does_not_fit_the_preset(runs):
-    from gpt_tf.run_dir import continued_model_config
+    from gpt_tf.convert.pretrained import continued_model_config
 
     preset = str(runs / "lm_preset")
     config, problems = continued_model_config(preset, "data/x", {"vocab_size": 8000, "n_ctx": 16, "resid_pdrop": 0.0})

@@ -4,7 +4,12 @@
                  and what the formats share (arrays in, checked, then assigned all at once);
 ``release``      GPT-1's released shards (``params_{0..9}.npy`` + ``params_shapes.json``), both ways;
 ``state_dicts``  PyTorch state dicts: ``transformers``' ``OpenAIGPT*`` (both ways), Table 5's LSTM of
-                 ``tools/torch_pretrain/lstm_model.py``, and state dicts saved as ``.npz`` parts.
+                 ``tools/torch_pretrain/lstm_model.py``, and state dicts saved as ``.npz`` parts;
+``pretrained``   the pre-trained weights training and export start from (a pre-training run, a checkpoint
+                 prefix, the release shards, a preset folder): their model config, and their weights into a
+                 language model (fine-tuning's and continued pre-training's starts).
 
-Nothing is imported here, so importing one of the files loads only what it needs.
+The files sit in the layers their imports allow (``tests/test_layering.py``): the formats in the core,
+``pretrained`` beside the run folders it reads (``gpt_tf/runs/``). Nothing is imported here, so importing one of
+the files loads only what it needs.
 """

@@ -59,11 +59,12 @@ def save_backbone_preset(backbone, tokenizer_dir: str, preset_dir: str) -> str:
 
 def preset_from_run(run_dir: str, preset_dir: str, tokenizer_dir: str = "") -> str:
     """A pre-training run (→ backbone + tokenizer) or a fine-tuning run (→ its task too) as a preset; the run
-    is read once by ``pipelines.run_folder.RunFolder`` (``tokenizer_dir``: else the one its data names)."""
+    is read once by ``gpt_tf.runs.folder.RunFolder`` (``tokenizer_dir``: else the one its data names)."""
     # pylint: disable=import-outside-toplevel
-    from gpt_tf.checkpoints import load_task_model, restore_pretrained_lm
+    from gpt_tf.convert.pretrained import restore_pretrained_lm
     from gpt_tf.gpt1.build import causal_lm_for
-    from pipelines.run_folder import RunFolder
+    from gpt_tf.runs.checkpoints import load_task_model
+    from gpt_tf.runs.folder import RunFolder
 
     run = RunFolder.open(run_dir, tokenizer_dir=tokenizer_dir)
     if not run.tokenizer_dir:
