@@ -1,6 +1,6 @@
 """keras-hub's preset layout as the core reads it, without importing keras-hub.
 
-A preset folder (``GPT1Backbone.save_to_preset``, ``python -m gpt_tf.gpt1.convert``) holds
+A preset folder (``GPT1Backbone.save_to_preset``, ``python -m gpt_tf.convert``) holds
 ``config.json`` (the backbone's Keras config: keras-hub's field names), ``model.weights.h5`` (the
 backbone's weights), ``tokenizer.json`` + ``assets/tokenizer/`` (GPT-1's two BPE files) and
 ``metadata.json``; a task adds ``task.json`` / ``task.weights.h5``. The presets shipped in the package are
@@ -88,10 +88,10 @@ def preset_problem(preset) -> str:
     where = os.path.abspath(os.path.expanduser(preset))
     if not os.path.isdir(where):
         return (f"GPT-1 preset {preset!r} not found: it is neither a shipped preset ({shipped}) nor a folder "
-                f"({where} does not exist); save_to_preset or `python -m gpt_tf.gpt1.convert` writes one")
+                f"({where} does not exist); save_to_preset or `python -m gpt_tf.convert` writes one")
     if not os.path.isfile(os.path.join(where, CONFIG_FILE)):
         return (f"{where} is not a preset folder: it holds no {CONFIG_FILE} (shipped presets: {shipped}; "
-                "save_to_preset or `python -m gpt_tf.gpt1.convert` writes one)")
+                "save_to_preset or `python -m gpt_tf.convert` writes one)")
     return ""
 
 

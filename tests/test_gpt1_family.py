@@ -125,7 +125,7 @@ def test_the_loops_language_model_starts_from_a_preset(tmp_path):
 def test_release_shards_and_runs_convert_to_presets(tokenizer, tmp_path):
     import keras_hub
 
-    from gpt_tf.gpt1 import presets
+    from gpt_tf.convert import presets
     from gpt_tf.gpt1.causal_lm import GPT1CausalLM
     from gpt_tf.convert.release import save_gpt1_release
 

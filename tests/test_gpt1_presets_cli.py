@@ -1,5 +1,5 @@
 """GPT-1 presets through the command lines, end to end: a pre-training run and a fine-tuning run convert to
-presets with ``python -m gpt_tf.gpt1.convert`` (a subprocess, as a user runs it) whose models give the runs'
+presets with ``python -m gpt_tf.convert`` (a subprocess, as a user runs it) whose models give the runs'
 logits, and ``python -m gpt_tf.train --init_checkpoint=<preset>`` continues pre-training and fine-tunes from
 one, starting from the preset's weights.
 
@@ -33,8 +33,8 @@ def runs(shared_data, tmp_path_factory):
               "--checkpoint_every=3", f"--run_dir={root / 'lm'}"),
              ("gpt_tf.train", *FINETUNE, "--model=test", "--n_ctx=32", f"--data_dir={root / 'sst2'}",
               f"--run_dir={root / 'ft'}"))
-    run_clis(("gpt_tf.gpt1.convert", f"--run_dir={root / 'lm'}", f"--preset_dir={root / 'lm_preset'}"),
-             ("gpt_tf.gpt1.convert", f"--run_dir={root / 'ft'}", f"--preset_dir={root / 'ft_preset'}"))
+    run_clis(("gpt_tf.convert", f"--run_dir={root / 'lm'}", f"--preset_dir={root / 'lm_preset'}"),
+             ("gpt_tf.convert", f"--run_dir={root / 'ft'}", f"--preset_dir={root / 'ft_preset'}"))
     return root
 
 
@@ -78,6 +78,37 @@ def test_a_finetuning_run_converts_by_the_cli_to_a_task_preset_with_the_runs_log
     want = model(features, with_lm=False)["task"].numpy()
     np.testing.assert_array_equal(task(features).numpy(), want)  # exact weights, the same eager ops: bit for bit
     np.testing.assert_allclose(task.predict(TEXTS, verbose=0), want, **TWO_PATHS)  # the same, traced in a graph
+
+
+def test_a_state_dict_in_parts_converts_by_the_cli_to_a_preset_with_its_logits(tmp_path):
+    """``--state_dict``: ``transformers`` weights saved as ``.npz`` parts, the token table in row blocks (as
+    ``tools/torch_pretrain`` brings a GPU run's weights back), become a backbone preset computing what the model
+    they came from computes; an LSTM's size is refused by name."""
+    import keras
+    import keras_hub
+
+    from gpt_tf.config import get_size
+    from gpt_tf.convert.state_dicts import ROWS, to_hf_state_dict
+    from gpt_tf.gpt1.build import causal_lm_for
+    from tests.small_runs import run_cli
+
+    keras.utils.set_random_seed(7)
+    lm = causal_lm_for(get_size("test", vocab_size=8000, n_ctx=32))
+    state = to_hf_state_dict(lm)
+    blocks = np.array_split(state.pop("transformer.tokens_embed.weight"), 3)
+    np.savez(tmp_path / "part0.npz", **{f"transformer.tokens_embed.weight{ROWS}{i}": b for i, b in enumerate(blocks)})
+    np.savez(tmp_path / "part1.npz", **state)
+    given = (f"--state_dict={tmp_path / 'part0.npz'},{tmp_path / 'part1.npz'}", "--n_ctx=32", f"--tokenizer_dir={BPE}")
+    run_clis(("gpt_tf.convert", *given, "--model=test", f"--preset_dir={tmp_path / 'preset'}"))
+    backbone = keras_hub.models.Backbone.from_preset(str(tmp_path / "preset"))
+    x = np.array([[5, 6, 7, 8, 9]])
+    # the state dict has no special-token rows (they keep the preset's init): the BPE tokens' logits are equal, bit for
+    # bit on every CPU (the parts hold the exact float32 values; both sides run the same eager ops on the same shapes)
+    np.testing.assert_array_equal(backbone.embed.logits(backbone(x))[..., :8000], lm(x)[..., :8000])
+    refused = run_cli("gpt_tf.convert", *given, "--model=lstm_test", f"--preset_dir={tmp_path / 'lstm'}", check=False)
+    assert refused.returncode == 1 and "--model=lstm_test: a GPT-1 preset holds a transformer, not model_type='lstm'" \
+        in refused.stderr, refused.stderr
+    assert not (tmp_path / "lstm").exists()
 
 
 def test_train_continues_pretraining_and_fine_tunes_from_a_preset_starting_at_its_weights(runs, tmp_path):

@@ -1,17 +1,17 @@
 """The package's layers only point down, and no two files import each other in a circle.
 
 Layers, bottom up: the core (``gpt_tf/*.py`` but the CLI), ``pipelines/``, ``gpt_tf/runs/`` (the run folder: it
-reads data manifests, so it sits on ``pipelines``), ``gpt_tf/training/``, ``gpt_tf/analysis/`` (§5), then the command
-lines on top (``gpt_tf/train.py`` and its flags), and above them ``bench/`` (the measuring scripts) and ``tools/``
-(tools run by hand), which nothing below imports; ``serving/`` stands beside training on the core, ``pipelines``
-and the run folder only. The weight conversions ``gpt_tf/convert/`` sit where their imports put them
-(``CONVERT``): the formats in the core, the pre-trained weights a path names beside the run folders it reads,
-the presets written from runs on ``training`` (the family's tasks), the command line on top. The keras-hub family ``gpt_tf/gpt1/``
-*is* the model, so its files sit in those layers (``FAMILY``): its backbone (and the LSTM baseline's), causal
-LM, tokenizer, builders and keras-hub adapter at the bottom with the core (the training code, serving and §5
-build on them); its task preprocessor and ``fit``'s batching on ``pipelines`` (the §3.3 transformations, the
-length buckets); its tasks, whose ``fit`` shares the loop's update, and the run conversions on ``training``;
-its converter's command line on top. One import goes up, named in ``LAZY``: the tasks' ``export`` loads
+reads data manifests, so it sits on ``pipelines``), ``gpt_tf/training/``, ``gpt_tf/analysis/`` (§5), then the
+command lines on top (``gpt_tf/train.py`` and its flags), and above them ``bench/`` (the measuring scripts) and
+``tools/`` (tools run by hand), which nothing below imports; ``serving/`` stands beside training on the core,
+``pipelines`` and the run folder only. The weight conversions ``gpt_tf/convert/`` sit where their imports put
+them (``CONVERT``): the formats in the core, the pre-trained weights a path names beside the run folders it
+reads, the presets written from runs on ``training`` (the family's tasks), the command line on top. The
+keras-hub family ``gpt_tf/gpt1/`` *is* the model, so its files sit in those layers (``FAMILY``): its backbone
+(and the LSTM baseline's), causal LM, tokenizer, builders, keras-hub adapter and shipped presets' registration
+at the bottom with the core (the training code, serving and §5 build on them); its task preprocessor and
+``fit``'s batching on ``pipelines`` (the §3.3 transformations, the length buckets); its tasks, whose ``fit``
+shares the loop's update, on ``training``. One import goes up, named in ``LAZY``: the tasks' ``export`` loads
 ``serving.export`` inside the method (the SavedModel the command line exports); ``serving.export.export_task``
 takes the tasks without importing them. ``gpt_tf/__init__.py`` loads the family by name, lazily (no import
 statement: it is how ``import gpt_tf`` stays light). Every other import counts, those inside functions too (they
@@ -57,15 +57,17 @@ FAMILY = {
     "gpt_tf.gpt1.causal_lm_preprocessor": "core", "gpt_tf.gpt1.tokenizer": "core", "gpt_tf.gpt1.build": "core",
     "gpt_tf.gpt1.keras_hub_adapter": "core",
     "gpt_tf.gpt1.preprocessor": "pipelines", "gpt_tf.gpt1.batching": "pipelines",
-    "gpt_tf.gpt1.task": "training", "gpt_tf.gpt1.text_classifier": "training", "gpt_tf.gpt1.presets": "training",
+    "gpt_tf.gpt1.presets": "core",  # the shipped presets' registration (their conversions: gpt_tf/convert)
+    "gpt_tf.gpt1.task": "training", "gpt_tf.gpt1.text_classifier": "training",
     "gpt_tf.gpt1": "training",  # the package: importing it registers every class and the shipped presets
-    "gpt_tf.gpt1.convert": "cli",
 }
 # The weight conversions' files, each in its layer (a new file of gpt_tf/convert needs its row).
 CONVERT = {
     "gpt_tf.convert": "core", "gpt_tf.convert.layout": "core", "gpt_tf.convert.release": "core",
     "gpt_tf.convert.state_dicts": "core",
     "gpt_tf.convert.pretrained": "runs",  # a run's checkpoints (gpt_tf.runs); the run folder reads its model config
+    "gpt_tf.convert.presets": "training",  # a fine-tuning run becomes the family's task (gpt_tf/gpt1/text_classifier)
+    "gpt_tf.convert.__main__": "cli",
 }
 # Imports that go up a layer, each inside a function (never at module level): (importer, imported).
 LAZY = {("gpt_tf.gpt1.task", "serving.export")}
@@ -140,7 +142,8 @@ def test_run_folders_and_weight_conversions_each_have_one_home():
     gone, and training, export, zero-shot and the §5 study read runs through the one package."""
     g = graph()
     assert not {"gpt_tf.run_dir", "gpt_tf.checkpoints", "pipelines.run_folder", "gpt_tf.training.finetune_io",
-                "gpt_tf.weights"} & set(g)
+                "gpt_tf.weights", "gpt_tf.gpt1.convert"} & set(g)
+    assert "gpt_tf.convert.state_dicts" in g["tools.torch_pretrain.convert"]  # the tool reads its files, no arrays
     for reader in ("serving.export", "gpt_tf.analysis.zero_shot", "bench.experiments.study"):
         assert "gpt_tf.runs.folder" in g[reader], reader
     assert {"gpt_tf.runs.lock", "gpt_tf.runs.files", "gpt_tf.runs.submissions"} <= g["gpt_tf.train"]
