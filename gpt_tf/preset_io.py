@@ -6,7 +6,8 @@ backbone's weights), ``tokenizer.json`` + ``assets/tokenizer/`` (GPT-1's two BPE
 ``metadata.json``; a task adds ``task.json`` / ``task.weights.h5``. The presets shipped in the package are
 ``gpt_tf/presets/<name>``; ``FindsPresets`` gives the family's ``from_preset`` a clear error for one not found.
 The core reads a preset's ``config.json`` and weights file itself (``--init_checkpoint=<preset>``: a run
-folder's model config, weights restored into the run's backbone). ``backbone_kwargs`` /
+folder's model config, weights restored into the run's backbone; ``locate``: a shipped preset by its name where a
+path would be). ``backbone_kwargs`` /
 ``config_from_kwargs`` are the one mapping between ``GPTConfig``'s fields and keras-hub's.
 """
 
@@ -74,6 +75,20 @@ def shipped_presets() -> dict:
     folders = {name: os.path.join(SHIPPED_DIR, name) for name in sorted(os.listdir(SHIPPED_DIR))
                if os.path.isfile(os.path.join(SHIPPED_DIR, name, CONFIG_FILE))}
     return {**folders, **{alias: folders[name] for alias, name in PRESET_ALIASES.items() if name in folders}}
+
+
+def locate(path) -> str:
+    """Where the weights ``path`` names are: ``path`` itself where something is there (a folder or a file, or a
+    checkpoint prefix: ``<path>.index``), else the folder of the shipped preset it names (``shipped_presets``: a
+    name or an earlier name). ValueError when it is neither, naming the shipped presets."""
+    path = os.fspath(path)
+    if os.path.exists(path) or os.path.exists(path + ".index"):
+        return path
+    shipped = shipped_presets()
+    if path in shipped:
+        return shipped[path]
+    raise ValueError(f"{path} does not exist and is not a shipped preset (shipped presets: "
+                     f"{', '.join(shipped) or 'none'})")
 
 
 def preset_problem(preset) -> str:

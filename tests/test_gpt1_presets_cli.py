@@ -135,6 +135,47 @@ def test_train_continues_pretraining_and_fine_tunes_from_a_preset_starting_at_it
         np.testing.assert_array_equal(a.numpy(), b.numpy(), err_msg=a.path)
 
 
+def test_train_starts_from_a_shipped_preset_by_its_name(runs, tmp_path):
+    """``--init_checkpoint=<a shipped preset's name>`` (as the README's walk-through fine-tunes): continued
+    pre-training and fine-tuning start from the shipped folder's weights, its earlier name as its name."""
+    from gpt_tf.preset_io import shipped_presets
+    from gpt_tf.runs.checkpoints import load_task_model
+    from gpt_tf.runs.folder import RunFolder
+
+    procs = run_clis(("gpt_tf.train", *PRETRAIN, *FROZEN, "--init_checkpoint=books_tiny", f"--data_dir={runs / 'data'}",
+                      "--train_steps=2", "--checkpoint_every=2", f"--run_dir={tmp_path / 'lm'}"),
+                     ("gpt_tf.train", *FINETUNE, *FROZEN, "--init_checkpoint=gpt1_tiny_books_en", "--n_ctx=32",
+                      f"--data_dir={runs / 'sst2'}", f"--run_dir={tmp_path / 'ft'}"))
+    assert "initialised from books_tiny: embeddings + 4 blocks" in procs[0].stderr, procs[0].stderr[-2000:]
+    assert "initialised from gpt1_tiny_books_en: embeddings + 4 of 4 blocks" in procs[1].stderr, procs[1].stderr[-2000:]
+    reference = _lm(shipped_presets()["gpt1_tiny_books_en"]).backbone.weights
+    # After frozen updates, the weights the preset holds, bit for bit (copies; a step of learning rate 0 and weight
+    # decay 0 subtracts exactly 0); the runs' context is the data's 32 positions of the preset's 128.
+    continued = _lm(tmp_path / "lm").backbone.weights
+    tuned = load_task_model(RunFolder.open(str(tmp_path / "ft")))[0].backbone.weights
+    assert len(continued) == len(tuned) == len(reference)
+    for i, (a, b, c) in enumerate(zip(continued, tuned, reference)):
+        want = c.numpy()[tuple(slice(n) for n in a.shape)]
+        np.testing.assert_array_equal(a.numpy(), want, err_msg=a.path)
+        rows = slice(8000) if i == 0 else slice(None)  # the token table: fine-tuning re-draws its special-token rows
+        np.testing.assert_array_equal(b.numpy()[rows], want[rows], err_msg=b.path)
+
+
+def test_a_shipped_preset_is_named_where_its_folder_would_be(tmp_path):
+    from gpt_tf import preset_io
+    from gpt_tf.convert.pretrained import continued_model_config, pretrained_model_config
+
+    folder = preset_io.shipped_presets()["gpt1_tiny_books_en"]
+    assert preset_io.locate("gpt1_tiny_books_en") == preset_io.locate("books_tiny") == folder
+    assert preset_io.locate(str(tmp_path)) == str(tmp_path)  # a path that is there is itself, whatever its name
+    assert pretrained_model_config("books_tiny") == preset_io.preset_config(folder)
+    config, problems = continued_model_config("gpt1_tiny_books_en", "data/x", {"vocab_size": 8000, "n_ctx": 64})
+    assert problems == [] and (config.n_ctx, config.n_layer, config.n_embd) == (64, 4, 256)
+    with pytest.raises(ValueError, match=r"^gpt2_medium does not exist and is not a shipped preset \(shipped presets: "
+                                         r"gpt1_tiny_books_en, books_tiny\)$"):
+        pretrained_model_config("gpt2_medium")
+
+
 def test_continued_pretraining_names_what_does_not_fit_the_preset(runs):
     from gpt_tf.convert.pretrained import continued_model_config
 
@@ -149,6 +190,8 @@ def test_continued_pretraining_names_what_does_not_fit_the_preset(runs):
 
 @pytest.mark.parametrize("args, message", [
     (["--init_checkpoint=/nope"], "--init_checkpoint=/nope does not exist"),
+    (["--init_checkpoint=gpt1_huge_books_en"], "--init_checkpoint=gpt1_huge_books_en does not exist and is not a "
+                                               "shipped preset (shipped presets: gpt1_tiny_books_en, books_tiny)"),
     (["--init_checkpoint=/tmp", "--model=small"], "--model: with --init_checkpoint the model is"),
 ])
 def test_bad_init_checkpoint_flags_of_pretraining_fail_fast(args, message):

@@ -3,7 +3,9 @@
 A path names them (``--init_checkpoint``, the LM export): a pre-training run folder (its latest checkpoint), one
 of its checkpoint prefixes (``runs/x/checkpoints/ckpt-N``), a folder of GPT-1's release shards
 (``params_0.npy`` … + ``params_shapes.json``) or a keras-hub preset folder (``config.json`` +
-``model.weights.h5``, e.g. ``gpt_tf/presets/gpt1_tiny_books_en``). ``pretrained_model_config`` is the model it
+``model.weights.h5``), or a shipped preset's name does where no such path is there (``gpt1_tiny_books_en``, its
+earlier name ``books_tiny``: ``preset_io.locate``), so a shipped preset is usable wherever a run is.
+``pretrained_model_config`` is the model it
 implies, ``restore_pretrained_lm`` reads its weights into a ``GPT1CausalLM``; fine-tuning starts from it
 (``initialise_from_pretrained``: the embeddings and the first blocks into a task model's backbone) and so does
 continued pre-training (``continue_from_pretrained``, with the model ``continued_model_config`` gives).
@@ -27,8 +29,9 @@ def is_release(path: str) -> bool:
 
 
 def pretrained_model_config(path: str) -> GPTConfig:
-    """The GPTConfig of a pre-training (or fine-tuning) run dir, a checkpoint prefix, GPT-1 release shards or a
-    keras-hub preset folder (``gpt_tf/preset_io.py``)."""
+    """The GPTConfig of a pre-training (or fine-tuning) run dir, a checkpoint prefix, GPT-1 release shards, a
+    keras-hub preset folder (``gpt_tf/preset_io.py``) or a shipped preset's name."""
+    path = preset_io.locate(path)
     if is_release(path):
         return get_size("gpt1")
     if preset_io.is_preset(path):
@@ -58,6 +61,7 @@ def continued_model_config(init_checkpoint: str, data_dir: str, overrides: dict)
 def restore_pretrained_lm(lm, path: str) -> str:
     """Loads the pre-trained weights at ``path`` (see the module doc) into the ``GPT1CausalLM`` ``lm``; returns
     what was read (the weights file, the shards' folder or the checkpoint prefix)."""
+    path = preset_io.locate(path)
     if preset_io.is_preset(path):
         return preset_io.load_preset_weights(lm.backbone, path)
     if is_release(path):
