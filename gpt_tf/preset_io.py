@@ -20,6 +20,7 @@ from gpt_tf.config import GPTConfig
 
 CONFIG_FILE = "config.json"
 WEIGHTS_FILE = "model.weights.h5"
+TASK_FILE = "task.json"  # a task preset's: the task's class and config (its weights: task.weights.h5)
 TOKENIZER_ASSETS = os.path.join("assets", "tokenizer")
 SHIPPED_DIR = os.path.join(os.path.dirname(os.path.abspath(__file__)), "presets")  # package data: named presets
 PRESET_ALIASES = {"books_tiny": "gpt1_tiny_books_en"}  # earlier names of shipped presets -> their names
@@ -47,6 +48,12 @@ def config_from_kwargs(kwargs: dict, model_type: str = "gpt") -> GPTConfig:
 def is_preset(path: str) -> bool:
     """Whether ``path`` is a folder holding a preset's ``config.json`` and ``model.weights.h5``."""
     return os.path.isfile(os.path.join(path, CONFIG_FILE)) and os.path.isfile(os.path.join(path, WEIGHTS_FILE))
+
+
+def is_task_preset(path: str) -> bool:
+    """Whether the preset folder ``path`` holds a task (a classifier, regressor or multiple choice), not a backbone
+    alone."""
+    return is_preset(path) and os.path.isfile(os.path.join(path, TASK_FILE))
 
 
 def preset_config(path: str) -> GPTConfig:

@@ -1,7 +1,8 @@
 """GPT-1 presets through the command lines, end to end: a pre-training run and a fine-tuning run convert to
 presets with ``python -m gpt_tf.convert`` (a subprocess, as a user runs it) whose models give the runs'
-logits, and ``python -m gpt_tf.train --init_checkpoint=<preset>`` continues pre-training and fine-tunes from
-one, starting from the preset's weights.
+logits, ``python -m gpt_tf.train --init_checkpoint=<preset>`` (a folder, or a shipped preset's name) continues
+pre-training and fine-tunes from one, starting from the preset's weights, and ``python -m serving.export
+--preset`` exports one as it exports the run it was written from.
 
 Runs: the ``test`` shape on books_tiny's 8k BPE, n_ctx 32, a few updates on slices of two real books and of SST-2.
 """
@@ -174,6 +175,33 @@ def test_a_shipped_preset_is_named_where_its_folder_would_be(tmp_path):
     with pytest.raises(ValueError, match=r"^gpt2_medium does not exist and is not a shipped preset \(shipped presets: "
                                          r"gpt1_tiny_books_en, books_tiny\)$"):
         pretrained_model_config("gpt2_medium")
+
+
+def test_export_takes_a_preset_as_it_takes_the_run_the_preset_was_written_from(runs, tmp_path):
+    """``serving.export --preset``: a backbone preset gives the language model and a task preset the classifier,
+    each answering as the export of the run it was written from; an unknown name is one line naming the shipped
+    presets."""
+    import tensorflow as tf
+
+    from tests.small_runs import run_cli
+
+    base = tmp_path / "exported"
+    sources = {"lm_preset": f"--preset={runs / 'lm_preset'}", "lm_run": f"--run_dir={runs / 'lm'}",
+               "ft_preset": f"--preset={runs / 'ft_preset'}", "ft_run": f"--run_dir={runs / 'ft'}"}
+    run_clis(*[("serving.export", source, f"--export_base={base}", f"--model_name={name}")
+               for name, source in sources.items()])
+    for kind, inputs in (("lm", {"text": tf.constant(TEXTS)}), ("ft", {"sentence": tf.constant(TEXTS)})):
+        from_preset, from_run = (tf.saved_model.load(str(base / f"{kind}_{source}" / "1")).signatures["serving_default"](
+            **inputs) for source in ("preset", "run"))
+        assert set(from_preset) == set(from_run) and from_run, (kind, sorted(from_run))
+        for key, value in from_run.items():  # the same weights and tokenizer, each export traced on its own
+            if value.dtype.is_floating:
+                np.testing.assert_allclose(from_preset[key].numpy(), value.numpy(), err_msg=f"{kind} {key}", **TWO_PATHS)
+            else:
+                np.testing.assert_array_equal(from_preset[key].numpy(), value.numpy(), err_msg=f"{kind} {key}")
+    unknown = run_cli("serving.export", "--preset=gpt1_huge_books_en", f"--export_base={base}", check=False)
+    assert unknown.returncode == 1 and ("--preset=gpt1_huge_books_en does not exist and is not a shipped preset "
+                                        "(shipped presets: gpt1_tiny_books_en, books_tiny)") in unknown.stderr, unknown.stderr
 
 
 def test_continued_pretraining_names_what_does_not_fit_the_preset(runs):
