@@ -185,8 +185,9 @@ def test_reference_run_round_trip(records, tmp_path, model):
 
 
 def test_the_shipped_books_preset_is_the_runs_last_checkpoint(tmp_path):
-    """`--weights_dir=gpt_tf/presets/gpt1_tiny_books_en` (the README's walk-through): the preset, with the kept run's
-    log beside its weights, is one checkpoint at the run's last step; a folder with neither is refused."""
+    """`--weights_dir=gpt_tf/presets/gpt1_tiny_books_en` (the books preset as a run folder, with its training curve):
+    the preset, with the kept run's log beside its weights, is one checkpoint at the run's last step; a folder with
+    neither is refused."""
     from tools.torch_pretrain.convert import checkpoint_steps, read_log
 
     preset = ROOT / "gpt_tf" / "presets" / "gpt1_tiny_books_en"
