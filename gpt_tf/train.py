@@ -75,7 +75,8 @@ def _check_flags() -> list[str]:
         return problems + flag_checks.finetune_problems(FLAGS)
     if FLAGS.warmup_steps < 0 or FLAGS.warmup_steps > FLAGS.train_steps:
         problems.append(f"--warmup_steps={FLAGS.warmup_steps} must be within [0, --train_steps={FLAGS.train_steps}]")
-    if FLAGS.mode in ("eval", "generate") and FLAGS.run_dir and not os.path.isdir(os.path.join(FLAGS.run_dir, CHECKPOINTS)):
+    untrained = FLAGS.run_dir and not os.path.isdir(os.path.join(FLAGS.run_dir, CHECKPOINTS))
+    if FLAGS.mode in ("eval", "generate") and untrained:
         problems.append(f"--mode={FLAGS.mode} needs a trained run: no checkpoints in --run_dir={FLAGS.run_dir}")
     if FLAGS.zero_shot_reference_json and not os.path.isfile(FLAGS.zero_shot_reference_json):
         problems.append(f"--zero_shot_reference_json={FLAGS.zero_shot_reference_json} does not exist")

@@ -202,8 +202,10 @@ def define_flags() -> None:
     flags.DEFINE_string("model_name", "", "Servable name (default: the task's name, or 'lm' for a language model).")
     flags.DEFINE_integer("version", 0, "Version number (0: one above the newest in the base path).")
     flags.DEFINE_enum("precision", "float32", ["float32", "mixed_bfloat16"], "Compute precision of the export.")
-    flags.DEFINE_string("tokenizer_dir", "", "--run_dir: BPE files (default: the folder the run's data manifest names).")
-    flags.DEFINE_string("data_dir", "", "--run_dir of a fine-tuning run: task data folder (default: the one the run used).")
+    flags.DEFINE_string("tokenizer_dir", "", "--run_dir: BPE files (default: the folder the run's data manifest "
+                        "names).")
+    flags.DEFINE_string("data_dir", "", "--run_dir of a fine-tuning run: task data folder (default: the one the run "
+                        "used).")
     flags.DEFINE_integer("lm_top_k", 10, "Language models: next-token guesses returned per text.")
 
 

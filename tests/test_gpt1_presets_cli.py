@@ -191,17 +191,19 @@ def test_export_takes_a_preset_as_it_takes_the_run_the_preset_was_written_from(r
     run_clis(*[("serving.export", source, f"--export_base={base}", f"--model_name={name}")
                for name, source in sources.items()])
     for kind, inputs in (("lm", {"text": tf.constant(TEXTS)}), ("ft", {"sentence": tf.constant(TEXTS)})):
-        from_preset, from_run = (tf.saved_model.load(str(base / f"{kind}_{source}" / "1")).signatures["serving_default"](
-            **inputs) for source in ("preset", "run"))
+        from_preset, from_run = (tf.saved_model.load(str(base / f"{kind}_{source}" / "1"))
+                                 .signatures["serving_default"](**inputs) for source in ("preset", "run"))
         assert set(from_preset) == set(from_run) and from_run, (kind, sorted(from_run))
         for key, value in from_run.items():  # the same weights and tokenizer, each export traced on its own
             if value.dtype.is_floating:
-                np.testing.assert_allclose(from_preset[key].numpy(), value.numpy(), err_msg=f"{kind} {key}", **TWO_PATHS)
+                np.testing.assert_allclose(from_preset[key].numpy(), value.numpy(), err_msg=f"{kind} {key}",
+                                           **TWO_PATHS)
             else:
                 np.testing.assert_array_equal(from_preset[key].numpy(), value.numpy(), err_msg=f"{kind} {key}")
     unknown = run_cli("serving.export", "--preset=gpt1_huge_books_en", f"--export_base={base}", check=False)
-    assert unknown.returncode == 1 and ("--preset=gpt1_huge_books_en does not exist and is not a shipped preset "
-                                        "(shipped presets: gpt1_tiny_books_en, books_tiny)") in unknown.stderr, unknown.stderr
+    named = ("--preset=gpt1_huge_books_en does not exist and is not a shipped preset (shipped presets: "
+             "gpt1_tiny_books_en, books_tiny)")
+    assert unknown.returncode == 1 and named in unknown.stderr, unknown.stderr
 
 
 def test_continued_pretraining_names_what_does_not_fit_the_preset(runs):

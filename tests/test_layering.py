@@ -134,7 +134,8 @@ def test_the_model_is_the_keras_hub_family():
     model files the family replaced are gone."""
     g = graph()
     assert not {"gpt_tf.model", "gpt_tf.backbone", "gpt_tf.lstm"} & set(g)
-    assert "gpt_tf.gpt1.build" in g["gpt_tf.training.lm_objective"] and "gpt_tf.gpt1.build" in g["gpt_tf.runs.checkpoints"]
+    assert "gpt_tf.gpt1.build" in g["gpt_tf.training.lm_objective"]
+    assert "gpt_tf.gpt1.build" in g["gpt_tf.runs.checkpoints"]
 
 
 def test_run_folders_and_weight_conversions_each_have_one_home():

@@ -23,8 +23,8 @@ SOURCES = ("run_dir", "gpt1_shards", "state_dict")
 
 
 def define_flags() -> None:
-    flags.DEFINE_string("run_dir", "", "A pre-training run folder (→ a backbone preset) or a fine-tuning one (→ a task "
-                        "preset).")
+    flags.DEFINE_string("run_dir", "", "A pre-training run folder (→ a backbone preset) or a fine-tuning one "
+                        "(→ a task preset).")
     flags.DEFINE_string("gpt1_shards", "", "A folder of GPT-1's params_{0..9}.npy + params_shapes.json.")
     flags.DEFINE_list("state_dict", [], "A transformers OpenAIGPT state dict saved as .npz: one file or its parts "
                       "(tools/torch_pretrain's weights-<step>.part<k>.npz).")

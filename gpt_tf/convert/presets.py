@@ -101,7 +101,8 @@ def preset_from_gpt1_shards(params_dir: str, tokenizer_dir: str, preset_dir: str
 def preset_from_state_dict(paths, model: str, tokenizer_dir: str, preset_dir: str, n_ctx: int = 0) -> str:
     """A ``transformers`` ``OpenAIGPT`` state dict saved as ``.npz`` (one file or its parts) as a preset of the
     model size ``model`` (``n_ctx``: the context, 0 for the size's)."""
-    from gpt_tf.convert.state_dicts import load_hf_state_dict, read_state_dict  # pylint: disable=import-outside-toplevel
+    # pylint: disable=import-outside-toplevel
+    from gpt_tf.convert.state_dicts import load_hf_state_dict, read_state_dict
 
     overrides = {"vocab_size": GPT1Tokenizer(tokenizer_dir).bpe_vocabulary_size, **({"n_ctx": n_ctx} if n_ctx else {})}
     backbone = GPT1Backbone.from_gpt_config(_transformer(get_size(model, **overrides), f"--model={model}"))

@@ -152,7 +152,8 @@ def latest_checkpoint(run_dir: str) -> str:
 def restore_weights(variables, prefix: str) -> None:
     """The model weights of the checkpoint ``prefix`` into ``variables`` (in the order the run's model lists them,
     ``variables_by_key``), every one of them found there; the optimizer and step it also holds are left alone."""
-    tf.train.Checkpoint(model=variables_by_key(variables)).restore(prefix).expect_partial().assert_existing_objects_matched()
+    checkpoint = tf.train.Checkpoint(model=variables_by_key(variables))
+    checkpoint.restore(prefix).expect_partial().assert_existing_objects_matched()
 
 
 def build_task_models(model_config: GPTConfig, tasks, clf_pdrop: float, precision: str) -> list:
