@@ -22,6 +22,8 @@ from typing import Callable, Optional
 
 from absl import flags
 
+from gpt_tf import preset_io
+
 EXIT_STATUS = 2
 
 
@@ -129,9 +131,11 @@ def mode_problems(flag_values: flags.FlagValues) -> list[str]:
            for name in MODE_ONLY[other] if name in flag_values and flag_values[name].present]
     if flag_values.init_checkpoint and flag_values["model"].present:
         out.append("--model: with --init_checkpoint the model is the pre-trained one (drop --model)")
-    init = flag_values.init_checkpoint
-    if init and not (os.path.exists(init) or os.path.exists(init + ".index")):
-        out.append(f"--init_checkpoint={init} does not exist")
+    if flag_values.init_checkpoint:
+        try:
+            preset_io.locate(flag_values.init_checkpoint)  # a folder, a checkpoint prefix or a shipped preset's name
+        except ValueError as err:
+            out.append(f"--init_checkpoint={err}")
     generating = [f"--{name}" for name in ("prompt", "temperature", "top_k")
                   if name in flag_values and flag_values[name].present]
     if generating and flag_values.mode != "generate":

@@ -8,7 +8,7 @@
 ``tpu``           ``TPUStrategy`` from a ``TPUClusterResolver`` (``tpu="local"`` on a TPU VM).
 
 Only the chief (``is_chief``) writes checkpoints, summaries and exports; where the other workers
-save, and where every worker restores from, is ``gpt_tf.checkpoints.checkpoint_managers``.
+save, and where every worker restores from, is ``gpt_tf.runs.checkpoints.checkpoint_managers``.
 """
 
 from __future__ import annotations

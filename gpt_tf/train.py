@@ -38,8 +38,9 @@ from absl import app, flags, logging
 from gpt_tf import flag_checks, kernels, train_flags
 from gpt_tf.config import GPTConfig
 from gpt_tf.recipes import PAPER_FINETUNE
-from gpt_tf.run_dir import (DATA_FILE, MODEL_CONFIG, RUN_CONFIGS, RunDirLocked, chief_task, data_identity,
-                            lock_run_dir, resume_problems, write_json_atomic)
+from gpt_tf.runs.files import (CHECKPOINTS, DATA_FILE, MODEL_CONFIG, RUN_CONFIGS, data_identity, resume_problems,
+                               write_json_atomic)
+from gpt_tf.runs.lock import LOCK_FILE, RunDirLocked, chief_task, lock_run_dir
 from gpt_tf.train_flags import define_flags
 from gpt_tf.write_errors import WriteError, as_write_error, writing
 from pipelines.records import has_manifest
@@ -74,7 +75,8 @@ def _check_flags() -> list[str]:
         return problems + flag_checks.finetune_problems(FLAGS)
     if FLAGS.warmup_steps < 0 or FLAGS.warmup_steps > FLAGS.train_steps:
         problems.append(f"--warmup_steps={FLAGS.warmup_steps} must be within [0, --train_steps={FLAGS.train_steps}]")
-    if FLAGS.mode in ("eval", "generate") and FLAGS.run_dir and not os.path.isdir(os.path.join(FLAGS.run_dir, "checkpoints")):
+    untrained = FLAGS.run_dir and not os.path.isdir(os.path.join(FLAGS.run_dir, CHECKPOINTS))
+    if FLAGS.mode in ("eval", "generate") and untrained:
         problems.append(f"--mode={FLAGS.mode} needs a trained run: no checkpoints in --run_dir={FLAGS.run_dir}")
     if FLAGS.zero_shot_reference_json and not os.path.isfile(FLAGS.zero_shot_reference_json):
         problems.append(f"--zero_shot_reference_json={FLAGS.zero_shot_reference_json} does not exist")
@@ -132,12 +134,12 @@ def _budget_steps(model_config, precision: str) -> int:
 
 
 def _lock_run_dir() -> None:
-    """The chief takes the run folder's lock for the run (``gpt_tf.run_dir.lock_run_dir``); a second trainer
+    """The chief takes the run folder's lock for the run (``gpt_tf.runs.lock.lock_run_dir``); a second trainer
     on the folder stops here, exit status 2, before it writes anything."""
     if not chief_task(FLAGS.workers, FLAGS.worker_index):
         return
     try:
-        with writing(os.path.join(FLAGS.run_dir, ".lock")):
+        with writing(os.path.join(FLAGS.run_dir, LOCK_FILE)):
             _RUN_LOCK.append(lock_run_dir(FLAGS.run_dir))
     except (RunDirLocked, WriteError) as err:
         flag_checks.fail("gpt_tf.train", [str(err)], "cannot start, nothing was written")
@@ -188,8 +190,8 @@ def main(argv):
     tf = import_tensorflow()  # its start-up lines off the console (GPT_TF_VERBOSE=1 keeps them)
     import keras
 
-    from gpt_tf.checkpoints import CheckpointError
     from gpt_tf.preemption import PREEMPTED_EXIT_CODE, Preempted
+    from gpt_tf.runs.checkpoints import CheckpointError
     from gpt_tf.strategy import split_cpu
     from gpt_tf.training.loop import DataError
 
@@ -220,7 +222,7 @@ def _newest_checkpoint() -> str:
     import tensorflow as tf
 
     try:
-        prefix = tf.train.latest_checkpoint(os.path.join(FLAGS.run_dir, "checkpoints"))
+        prefix = tf.train.latest_checkpoint(os.path.join(FLAGS.run_dir, CHECKPOINTS))
     except (tf.errors.OpError, OSError):
         prefix = None
     return f"its checkpoint at step {prefix.rsplit('-', 1)[-1]} ({prefix})" if prefix else ""
@@ -338,7 +340,7 @@ def _train_kwargs() -> dict:
 def _pretrain_setup(setup: Setup) -> Setup:
     """``setup`` with pre-training's tokenizer, model config and TrainConfig fields, checked against the run's saved ones."""
     from gpt_tf.config import get_size
-    from gpt_tf.run_dir import continued_model_config
+    from gpt_tf.convert.pretrained import continued_model_config
     from gpt_tf.text.tokenizer import GPTTokenizer
 
     manifest = setup.manifest
@@ -366,7 +368,7 @@ def _finetune_model_config(tokenizer_vocab):
     """The backbone's config: the run's own (eval, predict, resume), the pre-trained run's, GPT-1's for
     release shards, else --model's."""
     from gpt_tf.config import get_size
-    from gpt_tf.run_dir import pretrained_model_config
+    from gpt_tf.convert.pretrained import pretrained_model_config
 
     if FLAGS.mode in ("eval", "predict") or os.path.isfile(os.path.join(FLAGS.run_dir, MODEL_CONFIG)):
         config = pretrained_model_config(FLAGS.run_dir)
@@ -388,10 +390,11 @@ def _finetune_model_config(tokenizer_vocab):
 
 def _finetune(setup: Setup, keras) -> Summary:
     """Fine-tuning's --mode: train (then every eval split), eval (metrics.json) or predict (a submission file)."""
-    from gpt_tf.checkpoints import CheckpointError
     from gpt_tf.console import format_metrics
+    from gpt_tf.runs.checkpoints import CheckpointError
+    from gpt_tf.runs.files import save_run_configs
+    from gpt_tf.runs.submissions import write_submission
     from gpt_tf.tasks import TaskSpec
-    from gpt_tf.training.finetune_io import save_run_configs, write_submission
     from gpt_tf.training.task_objective import FinetuneConfig, Finetuner
 
     manifest = setup.manifest
@@ -425,7 +428,7 @@ def _finetune(setup: Setup, keras) -> Summary:
     tuner = Finetuner(task, model_config, config, strategy, log=_say)
     if FLAGS.mode == "train":
         if tuner.chief:
-            save_run_configs(FLAGS.run_dir, model_config, config, data)
+            save_run_configs(FLAGS.run_dir, "finetune", model_config, config, data)
         results = tuner.train(progress=FLAGS.progress)
     else:
         try:

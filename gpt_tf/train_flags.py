@@ -18,8 +18,9 @@ def define_flags() -> None:
     flags.DEFINE_enum("mode", "train", ["train", "eval", "generate", "predict"], "What to do.")
     flags.DEFINE_string("task", "", "Fine-tune on this task (gpt_tf.tasks); --data_dir then holds its TFRecords.")
     flags.DEFINE_string("init_checkpoint", "", "The weights to start from: a pre-training run dir, ckpt prefix, GPT-1 "
-                        "release dir or keras-hub preset folder (fine-tuning: the pre-trained LM; pre-training: "
-                        "continue from it on --data_dir); empty = from scratch.")
+                        "release dir, keras-hub preset folder or shipped preset's name (gpt1_tiny_books_en) "
+                        "(fine-tuning: the pre-trained LM; pre-training: continue from it on --data_dir); empty = from "
+                        "scratch.")
     flags.DEFINE_integer("transfer_layers", -1, "Fine-tuning: blocks transferred from --init_checkpoint (-1: all).")
     flags.DEFINE_integer("epochs", PAPER_FINETUNE["epochs"], "Fine-tuning epochs (the paper: 3).")
     flags.DEFINE_float("lm_coef", PAPER_FINETUNE["lm_coef"], "Fine-tuning: λ of the auxiliary LM loss (the paper: 0.5; 0 disables).")

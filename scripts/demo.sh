@@ -37,10 +37,10 @@ PY
 cat <<EOF
 The run: $RUN (checkpoints/, model_config.json; data/shakespeare_bpe is its BPE).
 TensorBoard: .venv/bin/tensorboard --logdir $RUN/tb
-Next, the README's walk-through: fine-tune the shipped books model on SST-2, export it and serve it:
+Next, the README's walk-through: fine-tune the shipped books model (the gpt1_tiny_books_en preset) on SST-2,
+export it and serve it; it starts with
   source .venv/bin/activate
-  python -m pipelines.pretrain_data --input_dir=data/shakespeare/valid --output_dir=data/plays_books_bpe \\
-      --tokenizer_dir=gpt_tf/presets/gpt1_tiny_books_en/assets/tokenizer --n_ctx=128
-  python -m tools.torch_pretrain.convert --action=import --weights_dir=gpt_tf/presets/gpt1_tiny_books_en \\
-      --data_dir=data/plays_books_bpe --run_dir=runs/books_tiny --model=tiny
+  python -m pipelines.finetune_data --task=sst2 --data_dir=../shared/data/glue/SST-2 \\
+      --tokenizer_dir=gpt_tf/presets/gpt1_tiny_books_en/assets/tokenizer --output_dir=data/tasks/sst2 --train_subsample=20000
+  python -m gpt_tf.train --flagfile=configs/finetune_sst2_tiny.flags --init_checkpoint=gpt1_tiny_books_en --lm_coef=0
 EOF

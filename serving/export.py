@@ -1,15 +1,18 @@
 r"""Export trained models as TF Serving versions: ``<export_base>/<model_name>/<version>/``.
 
     python -m serving.export --run_dir=runs/finetune_sst2 --export_base=exported
-    python -m serving.export --run_dir=runs/books_tiny --export_base=exported --model_name=books_lm
+    python -m serving.export --run_dir=runs/shakespeare_tiny --export_base=exported --model_name=plays_lm
+    python -m serving.export --preset=gpt1_tiny_books_en --export_base=exported --model_name=lm
 
-The run folder is read once, by ``pipelines.run_folder.RunFolder``. A fine-tuning run dir
+The run folder is read once, by ``gpt_tf.runs.folder.RunFolder``. A fine-tuning run dir
 (``finetune_config.json``) gives a task model (``serving/task_module.py``: text -> probabilities,
-label ids and names, or the score), restored by ``gpt_tf.checkpoints.load_task_model`` (no
+label ids and names, or the score), restored by ``gpt_tf.runs.checkpoints.load_task_model`` (no
 training code); its task and tokenizer come from the task data's ``manifest.json``. A
 pre-training run dir (``train_config.json``) or a folder of GPT-1 release shards gives a language
-model (``serving/lm_module.py``). The version is one above the newest
-already there unless ``--version`` says otherwise; it appears atomically.
+model (``serving/lm_module.py``). A preset (``--preset``: a shipped preset's name or a preset folder) is
+exported as a run would be: a task preset's task (its class named by its ``task.json``) as ``export_task``
+writes a Python-API task, a backbone preset's language model with the preset's own tokenizer. The version is
+one above the newest already there unless ``--version`` says otherwise; it appears atomically.
 
 The SavedModels compute in ``--precision`` (default float32, whatever the run trained in: the
 checkpoints hold float32 weights either way) and always answer in float32.
@@ -32,9 +35,9 @@ WARMUP_TEXT = "a warm-up request."
 
 
 def open_run(run_dir: str, tokenizer_dir: str = "", data_dir: str = ""):
-    """The ``RunFolder`` of ``run_dir`` (``pipelines.run_folder``), its tokenizer checked against the
+    """The ``RunFolder`` of ``run_dir`` (``gpt_tf.runs.folder``), its tokenizer checked against the
     data it was built with; ValueError / FileNotFoundError naming the problem."""
-    from pipelines.run_folder import RunFolder
+    from gpt_tf.runs.folder import RunFolder
 
     run = RunFolder.open(run_dir, data_dir=data_dir, tokenizer_dir=tokenizer_dir)
     problems = run.tokenizer_problems()
@@ -46,25 +49,45 @@ def open_run(run_dir: str, tokenizer_dir: str = "", data_dir: str = ""):
 def load_finetuned(run_dir: str, precision: str = "float32", data_dir: str = ""):
     """(``GPTTaskModel``, ``TaskSpec``, tokenizer dir) of a fine-tuning run's latest checkpoint.
 
-    ``gpt_tf.checkpoints.load_task_model`` builds the model the run implies (a multi-task run gets
+    ``gpt_tf.runs.checkpoints.load_task_model`` builds the model the run implies (a multi-task run gets
     its shared backbone and every head; the primary task's is returned) and restores only its
     weights: no optimizer, no training data.
     """
-    from gpt_tf.checkpoints import load_task_model
-    from pipelines.run_folder import RunFolder
+    from gpt_tf.runs.checkpoints import load_task_model
+    from gpt_tf.runs.folder import RunFolder
 
     run = RunFolder.open(run_dir, data_dir=data_dir)
     return (*load_task_model(run, precision), run.tokenizer_dir)
 
 
-def load_lm(run, precision: str = "float32"):
-    """The ``GPT1CausalLM`` of a pre-training ``RunFolder`` (its latest checkpoint) or GPT-1 release shards."""
-    from gpt_tf.checkpoints import restore_pretrained_lm
+def load_lm(model_config, path: str, precision: str = "float32"):
+    """The ``GPT1CausalLM`` of ``model_config`` with the pre-trained weights at ``path``: a pre-training run (its
+    latest checkpoint), GPT-1 release shards or a backbone preset (``gpt_tf.convert.pretrained``)."""
+    from gpt_tf.convert.pretrained import restore_pretrained_lm
     from gpt_tf.gpt1.build import causal_lm_for
 
-    lm = causal_lm_for(run.model_config, dtype=precision)
-    restore_pretrained_lm(lm, run.path)
+    lm = causal_lm_for(model_config, dtype=precision)
+    restore_pretrained_lm(lm, path)
     return lm
+
+
+def load_task_preset(folder: str, precision: str = "float32"):
+    """The keras-hub task a task preset holds, computing in ``precision``: its ``task.json`` names the class, which
+    GPT-1's family registered with Keras when keras-hub was imported (``gpt_tf/__init__.py``)."""
+    import json
+
+    import keras
+    import keras_hub  # noqa: F401 -- importing it registers GPT-1's classes
+
+    from gpt_tf.preset_io import TASK_FILE
+
+    path = os.path.join(folder, TASK_FILE)
+    with open(path) as f:
+        name = json.load(f).get("registered_name") or ""
+    task_class = keras.saving.get_registered_object(name)
+    if task_class is None or not hasattr(task_class, "from_preset"):
+        raise ValueError(f"{path}: its class {name!r} is not one of GPT-1's tasks")
+    return task_class.from_preset(folder, dtype=precision)
 
 
 def task_warmup(model_name: str, task) -> list:
@@ -143,24 +166,46 @@ def export_lm(lm, tokenizer, base_path: str, model_name: str, version: int = 0, 
 def export_run(run_dir: str, base_path: str, model_name: str = "", version: int = 0, precision: str = "float32",
                tokenizer_dir: str = "", data_dir: str = "", top_k: int = 10) -> str:
     """Exports a fine-tuning run, a pre-training run or GPT-1 release shards; returns the version folder."""
-    from gpt_tf.checkpoints import load_task_model
+    from gpt_tf.runs.checkpoints import load_task_model
 
     run = open_run(run_dir, tokenizer_dir, data_dir)
     if run.kind == "finetune":
         model, task = load_task_model(run, precision)
         return export_task_model(model, task, run.tokenizer, base_path, model_name or task.name, version)
-    return export_lm(load_lm(run, precision), run.tokenizer, base_path, model_name or "lm", version, top_k)
+    lm = load_lm(run.model_config, run.path, precision)
+    return export_lm(lm, run.tokenizer, base_path, model_name or "lm", version, top_k)
+
+
+def export_preset(preset: str, base_path: str, model_name: str = "", version: int = 0, precision: str = "float32",
+                  top_k: int = 10) -> str:
+    """Exports a preset (a shipped preset's name or a preset folder): a task preset's task as ``export_task`` does,
+    a backbone preset's language model (``export_lm``, with the preset's tokenizer); returns the version folder."""
+    from gpt_tf import preset_io
+
+    folder = preset_io.locate(preset)
+    if not preset_io.is_preset(folder):
+        raise FileNotFoundError(f"{folder} is not a preset folder: it holds no {preset_io.CONFIG_FILE} and "
+                                f"{preset_io.WEIGHTS_FILE}")
+    if preset_io.is_task_preset(folder):
+        return export_task(load_task_preset(folder, precision), base_path, model_name, version)
+    lm = load_lm(preset_io.preset_config(folder), folder, precision)
+    tokenizer = os.path.join(folder, preset_io.TOKENIZER_ASSETS)
+    return export_lm(lm, tokenizer, base_path, model_name or "lm", version, top_k)
 
 
 def define_flags() -> None:
     """The command line's flags (defined only when run as a command, so the module imports cleanly)."""
     flags.DEFINE_string("run_dir", None, "Fine-tuning or pre-training run dir, or a folder of GPT-1 release shards.")
+    flags.DEFINE_string("preset", None, "Or a preset: a shipped preset's name (gpt1_tiny_books_en) or a preset folder "
+                        "(a task preset gives its task model, a backbone preset the language model).")
     flags.DEFINE_string("export_base", None, "Base path: the version goes to <export_base>/<model_name>/<version>.")
     flags.DEFINE_string("model_name", "", "Servable name (default: the task's name, or 'lm' for a language model).")
     flags.DEFINE_integer("version", 0, "Version number (0: one above the newest in the base path).")
     flags.DEFINE_enum("precision", "float32", ["float32", "mixed_bfloat16"], "Compute precision of the export.")
-    flags.DEFINE_string("tokenizer_dir", "", "BPE files (default: the folder the run's data manifest names).")
-    flags.DEFINE_string("data_dir", "", "Fine-tuning runs: task data folder (default: the one the run used).")
+    flags.DEFINE_string("tokenizer_dir", "", "--run_dir: BPE files (default: the folder the run's data manifest "
+                        "names).")
+    flags.DEFINE_string("data_dir", "", "--run_dir of a fine-tuning run: task data folder (default: the one the run "
+                        "used).")
     flags.DEFINE_integer("lm_top_k", 10, "Language models: next-token guesses returned per text.")
 
 
@@ -169,17 +214,31 @@ def main(argv):
         raise app.UsageError(f"unexpected arguments: {' '.join(argv[1:])}")
     if not FLAGS["verbosity"].present:
         logging.set_verbosity(logging.WARNING)  # TensorFlow's INFO chatter off unless asked for
-    missing = [f"--{name}" for name in ("run_dir", "export_base") if not getattr(FLAGS, name)]
-    if missing:
-        sys.exit(f"serving.export: {', '.join(missing)} required")
+    if not FLAGS.export_base:
+        sys.exit("serving.export: --export_base required")
+    if bool(FLAGS.run_dir) == bool(FLAGS.preset):
+        sys.exit("serving.export: give one of --run_dir and --preset")
+    if FLAGS.preset and (FLAGS.tokenizer_dir or FLAGS.data_dir):
+        sys.exit("serving.export: --tokenizer_dir and --data_dir are a run's; a preset holds its own tokenizer")
     if FLAGS.version < 0:
         sys.exit("serving.export: --version must be >= 0")
+    if FLAGS.preset:
+        from gpt_tf.preset_io import locate
+
+        try:
+            locate(FLAGS.preset)  # before TensorFlow starts
+        except ValueError as err:
+            sys.exit(f"serving.export: --preset={err}")
     from gpt_tf.console import import_tensorflow
 
     import_tensorflow(serving=True)  # the serving settings; its start-up lines off the console
     try:
-        path = export_run(FLAGS.run_dir, FLAGS.export_base, FLAGS.model_name, FLAGS.version, FLAGS.precision,
-                          FLAGS.tokenizer_dir, FLAGS.data_dir, FLAGS.lm_top_k)
+        if FLAGS.preset:
+            path = export_preset(FLAGS.preset, FLAGS.export_base, FLAGS.model_name, FLAGS.version, FLAGS.precision,
+                                 FLAGS.lm_top_k)
+        else:
+            path = export_run(FLAGS.run_dir, FLAGS.export_base, FLAGS.model_name, FLAGS.version, FLAGS.precision,
+                              FLAGS.tokenizer_dir, FLAGS.data_dir, FLAGS.lm_top_k)
     except (FileNotFoundError, FileExistsError, ValueError) as err:
         sys.exit(f"serving.export: {err}")
     except OSError as err:

@@ -23,7 +23,7 @@ from pathlib import Path
 
 import pytest
 
-from gpt_tf import run_dir as run_dir_module
+from gpt_tf.runs import files as run_files
 from gpt_tf.write_errors import WriteError, as_write_error, writing
 from tests.small_runs import (TRAIN_FLAGS, build_data, finish, max_abs_diff, model_weights, read_only, run_cli,
                               small_disk, start)
@@ -286,11 +286,11 @@ def test_atomic_files_on_a_full_disk_keep_the_old_file_whole(tmp_path, monkeypat
     zero-shot CSV) failed at byte ``budget``: the old file stays, whole, no temporary file is left, and the
     error is a ``WriteError`` naming the file."""
     path = tmp_path / "metrics.json"
-    run_dir_module.write_json_atomic(str(path), {"old": True})
+    run_files.write_json_atomic(str(path), {"old": True})
     old = path.read_bytes()
-    monkeypatch.setattr(run_dir_module, "open", FailingOpen(budget), raising=False)
+    monkeypatch.setattr(run_files, "open", FailingOpen(budget), raising=False)
     with pytest.raises(WriteError) as caught:
-        run_dir_module.write_json_atomic(str(path), {"new": "x" * 300})
+        run_files.write_json_atomic(str(path), {"new": "x" * 300})
     assert str(caught.value).startswith(f"no space left on device writing {path} (free: ")
     assert path.read_bytes() == old and os.listdir(tmp_path) == ["metrics.json"]
 
@@ -302,20 +302,20 @@ def test_a_submission_is_written_whole_or_not_at_all(tmp_path, monkeypatch):
     import numpy as np
 
     from gpt_tf.tasks import get_task
-    from gpt_tf.training import finetune_io
+    from gpt_tf.runs import submissions
 
     task = get_task("sst2")
     tuner = SimpleNamespace(task=task, config=SimpleNamespace(data_dir="d"),
                             predict=lambda split: ({"logits": np.array([[0.0, 1.0]] * 3)}, None))
-    monkeypatch.setattr(finetune_io, "task_predictions", lambda task, outs: np.array([1, 0, 1]))
+    monkeypatch.setattr(submissions, "task_predictions", lambda task, outs: np.array([1, 0, 1]))
     monkeypatch.setattr("pipelines.transforms.split_guids", lambda data_dir, split: ["test-0", "test-1", "test-2"])
-    path = finetune_io.write_submission(tuner, "test", str(tmp_path))
+    path = submissions.write_submission(tuner, "test", str(tmp_path))
     assert Path(path).read_text() == "index\tprediction\n0\t1\n1\t0\n2\t1\n"
     old = Path(path).read_bytes()
-    monkeypatch.setattr(finetune_io, "task_predictions", lambda task, outs: np.array([0, 0, 0]))
-    monkeypatch.setattr(run_dir_module, "open", FailingOpen(10), raising=False)
+    monkeypatch.setattr(submissions, "task_predictions", lambda task, outs: np.array([0, 0, 0]))
+    monkeypatch.setattr(run_files, "open", FailingOpen(10), raising=False)
     with pytest.raises(WriteError, match=f"no space left on device writing {re.escape(path)}"):
-        finetune_io.write_submission(tuner, "test", str(tmp_path))
+        submissions.write_submission(tuner, "test", str(tmp_path))
     assert Path(path).read_bytes() == old and os.listdir(tmp_path) == ["SST-2.test.tsv"]
 
 

@@ -77,7 +77,7 @@ def test_rte_from_pretrained_then_eval_and_predict(pretrained, shared_data, tmp_
 
 
 def test_submission_keys():
-    from gpt_tf.training.finetune_io import submission_key
+    from gpt_tf.runs.submissions import submission_key
 
     assert submission_key("test-17", "test") == "17"  # GLUE: the file's index column
     assert submission_key("b929f263-1dcd", "test") == "b929f263-1dcd"  # Story Cloze: InputStoryid

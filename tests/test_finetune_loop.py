@@ -85,7 +85,7 @@ def test_kill_9_then_resume_gives_bit_identical_weights(straight, tmp_path):
     """At an epoch's end: the run checkpoints at epochs' ends only (no --checkpoint_every), is killed once epoch
     1's checkpoint (64 records / 8 = ckpt-8) is listed, and resumes at epoch 2's first bucketed batch. The straight
     run it must equal also checkpointed every 3 updates, which changes no weight (a field that may change on a
-    resume, gpt_tf/run_dir.py)."""
+    resume, gpt_tf/runs/files.py)."""
     run_dir, flags = straight
     flags = [f for f in flags if not f.startswith("--checkpoint_every=")]
     _kill_9_at_then_resume(run_dir, flags, tmp_path / "killed", "ckpt-8")

@@ -110,7 +110,7 @@ def test_task_presets_round_trip_with_identical_logits(tokenizer, tmp_path):
 
 
 def test_the_loops_language_model_starts_from_a_preset(tmp_path):
-    from gpt_tf.checkpoints import pretrained_model_config, restore_pretrained_lm
+    from gpt_tf.convert.pretrained import pretrained_model_config, restore_pretrained_lm
     from gpt_tf.gpt1.build import causal_lm_for
 
     backbone = _backbone(seed=4)
@@ -125,9 +125,9 @@ def test_the_loops_language_model_starts_from_a_preset(tmp_path):
 def test_release_shards_and_runs_convert_to_presets(tokenizer, tmp_path):
     import keras_hub
 
-    from gpt_tf.gpt1 import presets
+    from gpt_tf.convert import presets
     from gpt_tf.gpt1.causal_lm import GPT1CausalLM
-    from gpt_tf.weights import save_gpt1_release
+    from gpt_tf.convert.release import save_gpt1_release
 
     lm = GPT1CausalLM(_backbone(seed=5))  # random weights, written in the release's format
     save_gpt1_release(lm, tmp_path / "shards")

@@ -99,7 +99,7 @@ def test_keras_file_round_trip(model, ids, tmp_path):
 
 def test_checkpoint_keys_do_not_depend_on_what_the_process_built_before(model):
     from gpt_tf.optim import make_optimizer
-    from gpt_tf.checkpoints import variables_by_key
+    from gpt_tf.runs.checkpoints import variables_by_key
 
     first, second = (make_optimizer(model.trainable_variables, 1e-3) for _ in range(2))  # gpt_adam_w, gpt_adam_w_1
     assert second.variables[0].path != first.variables[0].path

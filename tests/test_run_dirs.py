@@ -9,7 +9,8 @@ import shutil
 
 import pytest
 
-from gpt_tf.run_dir import RESUMABLE, chief_task, resume_problems, write_json_atomic
+from gpt_tf.runs.files import RESUMABLE, resume_problems, write_json_atomic
+from gpt_tf.runs.lock import chief_task
 from tests.small_runs import ROOT, TRAIN_FLAGS, build_data, run_cli
 
 
@@ -152,7 +153,7 @@ def test_a_corrupt_latest_checkpoint_falls_back_to_the_newest_intact_one(tmp_pat
     which was passed over and why (before: a 67-line DataLossError traceback). None intact: one clear error."""
     import tensorflow as tf
 
-    from gpt_tf.checkpoints import CheckpointError, restore_latest
+    from gpt_tf.runs.checkpoints import CheckpointError, restore_latest
 
     weights, step = tf.Variable(tf.zeros([1000])), tf.Variable(0, dtype=tf.int64)
     manager = tf.train.CheckpointManager(tf.train.Checkpoint(w=weights, step=step), str(tmp_path), max_to_keep=3)
@@ -175,7 +176,7 @@ def test_a_corrupt_latest_checkpoint_falls_back_to_the_newest_intact_one(tmp_pat
         restore_latest(fresh, step, logs.append)
 
 
-HOLD_LOCK = "import sys, time; from gpt_tf.run_dir import lock_run_dir; h = lock_run_dir(sys.argv[1]); print('locked', flush=True); time.sleep(300)"
+HOLD_LOCK = "import sys, time; from gpt_tf.runs.lock import lock_run_dir; h = lock_run_dir(sys.argv[1]); print('locked', flush=True); time.sleep(300)"
 
 
 def test_a_second_trainer_on_a_locked_run_folder_stops_with_status_2(trained):
@@ -186,7 +187,7 @@ def test_a_second_trainer_on_a_locked_run_folder_stops_with_status_2(trained):
     import subprocess
     import sys
 
-    from gpt_tf.run_dir import RunDirLocked, lock_run_dir
+    from gpt_tf.runs.lock import RunDirLocked, lock_run_dir
     from tests.small_runs import ENV
 
     run_dir, flags, _ = trained

@@ -1,4 +1,4 @@
-"""``pipelines.run_folder.RunFolder``: a run folder read through one reader, each file once (issue 30, item 5).
+"""``gpt_tf.runs.folder.RunFolder``: a run folder read through one reader, each file once.
 
 The folders are written by hand (the files a run and its data hold), so nothing here trains or starts TensorFlow.
 """
@@ -12,8 +12,8 @@ import pytest
 
 from gpt_tf.config import get_size
 from gpt_tf.tasks import get_task
-from pipelines import run_folder
-from pipelines.run_folder import RunFolder
+from gpt_tf.runs import folder as run_folder
+from gpt_tf.runs.folder import RunFolder
 
 
 def write(path, obj):

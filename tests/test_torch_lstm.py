@@ -1,6 +1,6 @@
 """Table 5's LSTM in PyTorch (tools/torch_pretrain/lstm_model.py) is gpt_tf's LSTM baseline.
 
-On the same (random) weights the converted Keras model (``tools.torch_pretrain.convert.load_torch_lstm``) gives the
+On the same (random) weights the converted Keras model (``gpt_tf.convert.state_dicts.load_torch_lstm``) gives the
 torch model's logits; the torch model is initialised by the Keras model's rules; its second bias stays out of
 training. Training, pieces and the import into a run folder: tests/test_torch_pretrain.py.
 """
@@ -24,7 +24,7 @@ def keras_lm(vocab_size, n_ctx, n_embd, d_ff, n_layer=1):
 
 @pytest.mark.parametrize("d_ff,n_layer", [(48, 2), (32, 1)])  # a projection back to n_embd; none (d_ff == n_embd)
 def test_converted_keras_model_gives_the_torch_logits(d_ff, n_layer):
-    from tools.torch_pretrain.convert import load_torch_lstm
+    from gpt_tf.convert.state_dicts import load_torch_lstm
     from tools.torch_pretrain.lstm_model import LSTMLanguageModel
 
     vocab, n_ctx, n_embd = 50, 16, 32
@@ -51,7 +51,7 @@ def test_converted_keras_model_gives_the_torch_logits(d_ff, n_layer):
 
 
 def test_a_wrong_state_dict_is_refused_before_anything_is_assigned():
-    from tools.torch_pretrain.convert import load_torch_lstm
+    from gpt_tf.convert.state_dicts import load_torch_lstm
     from tools.torch_pretrain.lstm_model import LSTMLanguageModel
 
     ours = keras_lm(50, 16, 32, 48)

@@ -98,13 +98,20 @@ def test_weight_parts_stay_within_the_part_size_and_join_back(tmp_path, monkeypa
             assert sum(part[k].nbytes for k in part.files) <= 4096, path
             state.update({k: part[k] for k in part.files})
     assert sorted(k for k in state if k.startswith("big.weight")) == [f"big.weight{pieces.ROWS}{i}" for i in range(3)]
-    joined = pieces.join_rows(state)
+    # gpt_tf reads them back (gpt_tf.convert.state_dicts; the GPU side writes them without gpt_tf installed)
+    from gpt_tf.convert.state_dicts import ROWS, read_state_dict
+
+    assert ROWS == pieces.ROWS
+    joined = read_state_dict(paths)
     assert set(joined) == set(model.state_dict())
     for key, value in model.state_dict().items():  # rows split and joined again, no arithmetic: exact
         np.testing.assert_array_equal(joined[key], value.numpy())
     del state[f"big.weight{pieces.ROWS}1"]
+    np.savez(tmp_path / "gap.npz", **state)
     with pytest.raises(ValueError, match="big.weight: row blocks"):
-        pieces.join_rows(state)
+        read_state_dict([tmp_path / "gap.npz"])
+    with pytest.raises(ValueError, match="key 'tokens_embed.weight' is also in an earlier part"):
+        read_state_dict([tmp_path / "gap.npz", tmp_path / "gap.npz"])
 
 
 @pytest.mark.parametrize("model", ["test", "lstm_test"])
@@ -118,7 +125,7 @@ def test_reference_run_round_trip(records, tmp_path, model):
     from tools.torch_pretrain.streams import load_streams
     from gpt_tf.config import GPTConfig
     from gpt_tf.gpt1.build import causal_lm_for
-    from gpt_tf.checkpoints import initialise_from_pretrained, restore_pretrained_lm
+    from gpt_tf.convert.pretrained import initialise_from_pretrained, restore_pretrained_lm
     from pipelines.records import COMPRESSION, PRETRAIN_FEATURE as FEATURE
 
     tokens = tmp_path / "tokens.npz.xz"  # the form that travels to the GPU machine (streams.py)
@@ -178,8 +185,9 @@ def test_reference_run_round_trip(records, tmp_path, model):
 
 
 def test_the_shipped_books_preset_is_the_runs_last_checkpoint(tmp_path):
-    """`--weights_dir=gpt_tf/presets/gpt1_tiny_books_en` (the README's walk-through): the preset, with the kept run's
-    log beside its weights, is one checkpoint at the run's last step; a folder with neither is refused."""
+    """`--weights_dir=gpt_tf/presets/gpt1_tiny_books_en` (the books preset as a run folder, with its training curve):
+    the preset, with the kept run's log beside its weights, is one checkpoint at the run's last step; a folder with
+    neither is refused."""
     from tools.torch_pretrain.convert import checkpoint_steps, read_log
 
     preset = ROOT / "gpt_tf" / "presets" / "gpt1_tiny_books_en"

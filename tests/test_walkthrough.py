@@ -153,7 +153,7 @@ def test_readme_command_1_and_the_walkthrough_work_as_written(project):
                     shell.serve(command, [p for p in ports.values() if re.search(rf"\b{p}\b", command)])
                 else:
                     shell.run(command)
-        tensorboard_runs = _tensorboard_runs(shell, ports["6006"])
+        tensorboard_runs = _tensorboard_runs(shell, ports["6006"], TENSORBOARD_RUNS)
     finally:
         shell.stop_servers()
 
@@ -161,8 +161,12 @@ def test_readme_command_1_and_the_walkthrough_work_as_written(project):
     assert "Held-out perplexity" in demo.stdout and "The run: runs/shakespeare_tiny" in demo.stdout
     assert demo.stderr.count("loaded runs/shakespeare_tiny/checkpoints/ckpt-4 (step 4)") == 2, demo.stderr
     assert "resumed from" not in demo.stderr
-    # The shipped books preset became a run (its one checkpoint, the last update) that fine-tuning started from.
-    assert (project / "runs" / "books_tiny" / "checkpoints" / "ckpt-7158.index").is_file()
+    # Fine-tuning started from the shipped books preset, named as --init_checkpoint (no run folder made of it), and
+    # the language model was exported from it.
+    tuned = [err for command, _, err in shell.outputs if "--init_checkpoint=gpt1_tiny_books_en" in command]
+    assert len(tuned) == 1 and "initialised from gpt1_tiny_books_en: embeddings + 4 of 4 blocks" in tuned[0], tuned
+    assert not (project / "runs" / "books_tiny").exists()
+    assert (project / "exported" / "lm" / "1" / "saved_model.pb").is_file()
     # The submission: GLUE's layout (SST-2's labels as 0 / 1), one row per test example (40 at this scale).
     rows = (project / "runs" / "finetune_sst2_tiny" / "SST-2.test.tsv").read_text().splitlines()
     assert rows[0] == "index\tprediction" and len(rows) == 41 and {r.split("\t")[1] for r in rows[1:]} <= {"0", "1"}
@@ -176,7 +180,7 @@ def test_readme_command_1_and_the_walkthrough_work_as_written(project):
     # serving/models.config found both exported models (its base paths are relative to the file).
     server_log = next(err for command, _, err in shell.outputs if "serving.server" in command)
     assert "models: lm, sst2" in server_log and "WARNING" not in server_log, server_log
-    assert {"shakespeare_tiny/tb", "books_tiny/tb/eval", "finetune_sst2_tiny/tb"} <= set(tensorboard_runs), tensorboard_runs
+    assert TENSORBOARD_RUNS <= set(tensorboard_runs), tensorboard_runs
     # A quiet console: no TensorFlow start-up lines, no progress bars redrawn with \r (TensorBoard's own
     # start-up is TensorBoard's).
     for command, stdout, stderr in shell.outputs:
@@ -188,13 +192,17 @@ def test_readme_command_1_and_the_walkthrough_work_as_written(project):
         assert "\r" not in stdout + stderr, f"`{command}` drew a progress bar into a non-terminal output"
 
 
-def _tensorboard_runs(shell: Shell, port: str) -> list:
-    """The runs TensorBoard found (it may list them a moment after it starts answering)."""
+TENSORBOARD_RUNS = {"shakespeare_tiny/tb", "finetune_sst2_tiny/tb"}  # Command 1's pre-training, the fine-tuning
+
+
+def _tensorboard_runs(shell: Shell, port: str, expected: set) -> list:
+    """The runs TensorBoard found (it may list them a moment after it starts answering): once it lists
+    ``expected``, or after a minute."""
     deadline, runs = time.time() + 60, []
     while time.time() < deadline:
         with urllib.request.urlopen(f"http://127.0.0.1:{port}/data/runs", timeout=10) as response:
             runs = json.loads(response.read())
-        if len(runs) >= 3:
+        if expected <= set(runs):
             break
         time.sleep(1)
     return runs

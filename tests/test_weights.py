@@ -7,7 +7,7 @@ import keras
 import numpy as np
 import pytest
 
-from gpt_tf import weights
+from gpt_tf.convert import release, state_dicts
 from gpt_tf.config import GPTConfig, get_size
 from gpt_tf.gpt1.build import causal_lm_for
 from gpt_tf.layers import gelu
@@ -18,7 +18,7 @@ SMALL = GPTConfig(vocab_size=500, n_ctx=32, n_embd=64, n_layer=2, n_head=4, d_ff
 TOL = 2e-5
 # Weights themselves are compared bit for bit (assert_array_equal): loading and saving copy float32 values, with no
 # arithmetic, so they are exact on every CPU.
-# Per-block release layout, written out independently of gpt_tf.weights:
+# Per-block release layout, written out independently of gpt_tf.convert:
 # (release array shape given d/f, function from a block to the Keras variable).
 BLOCK_LAYOUT = [
     (lambda d, f: [1, d, 3 * d], lambda b: b.attn.c_attn.w),
@@ -58,7 +58,7 @@ def _read_release(directory, shapes, n_shards=10):
 
 
 def _write_release(directory, arrays, n_shards=10):
-    """Writes arrays in the release layout, independently of gpt_tf.weights."""
+    """Writes arrays in the release layout, independently of gpt_tf.convert."""
     directory.mkdir(parents=True, exist_ok=True)
     flat = np.concatenate([a.reshape(-1) for a in arrays], 0).astype(np.float32)
     for n, shard in enumerate(np.array_split(flat, n_shards)):
@@ -131,7 +131,7 @@ def test_hf_gelu_is_the_tanh_approximation(hf):
 def test_logits_match_transformers(hf, init_std):
     reference = _hf_model(hf, SMALL, init_std)
     ours = _fresh()
-    weights.load_hf_state_dict(ours, reference.state_dict())
+    state_dicts.load_hf_state_dict(ours, reference.state_dict())
     ids = np.random.default_rng(0).integers(0, SMALL.vocab_size, (3, SMALL.n_ctx))
     expected = _hf_logits(hf, reference, ids)
     got = _np(ours(ids, training=False))
@@ -152,7 +152,7 @@ def test_parity_check_detects_swapped_query_key(hf):
         w = state[f"transformer.h.{i}.attn.c_attn.weight"]
         state[f"transformer.h.{i}.attn.c_attn.weight"] = torch.cat([w[:, d : 2 * d], w[:, :d], w[:, 2 * d :]], 1)
     ours = _fresh()
-    weights.load_hf_state_dict(ours, state)
+    state_dicts.load_hf_state_dict(ours, state)
     ids = np.random.default_rng(1).integers(0, SMALL.vocab_size, (2, SMALL.n_ctx))
     diff = np.abs(_np(ours(ids))[..., : SMALL.vocab_size] - _hf_logits(hf, reference, ids)).max()
     assert diff > 10 * TOL
@@ -162,7 +162,7 @@ def test_gpt1_size_exports_to_transformers(hf, gpt1_model):
     """Full paper size, other direction: our weights → to_hf_state_dict → HF model, same logits."""
     torch, transformers = hf
     reference = transformers.OpenAIGPTLMHeadModel(transformers.OpenAIGPTConfig(afn="gelu")).float().eval()
-    state = {k: torch.from_numpy(v) for k, v in weights.to_hf_state_dict(gpt1_model).items()}
+    state = {k: torch.from_numpy(v) for k, v in state_dicts.to_hf_state_dict(gpt1_model).items()}
     reference.load_state_dict(state, strict=True)
     config = gpt1_model.backbone.config
     ids = np.random.default_rng(2).integers(0, config.vocab_size, (2, 16))
@@ -177,10 +177,10 @@ def test_gpt1_size_exports_to_transformers(hf, gpt1_model):
 def test_hf_round_trip_without_prefix_keeps_special_rows():
     source, target = _fresh(seed=0), _fresh(seed=1)
     special_before = _np(target.backbone.embed.tokens_embed)[SMALL.vocab_size :].copy()
-    state = weights.to_hf_state_dict(source, prefix="", lm_head=False)
+    state = state_dicts.to_hf_state_dict(source, prefix="", lm_head=False)
     assert "tokens_embed.weight" in state and "lm_head.weight" not in state
     assert state["h.1.attn.c_attn.weight"].shape == (SMALL.n_embd, 3 * SMALL.n_embd)
-    weights.load_hf_state_dict(target, state)
+    state_dicts.load_hf_state_dict(target, state)
     tokens = _np(target.backbone.embed.tokens_embed)
     np.testing.assert_array_equal(tokens[SMALL.vocab_size :], special_before)
     np.testing.assert_array_equal(tokens[: SMALL.vocab_size], state["tokens_embed.weight"])
@@ -189,19 +189,19 @@ def test_hf_round_trip_without_prefix_keeps_special_rows():
 
 def test_hf_round_trip_with_special_rows():
     source, target = _fresh(seed=0), _fresh(seed=1)
-    weights.load_hf_state_dict(target, weights.to_hf_state_dict(source, include_special=True))
+    state_dicts.load_hf_state_dict(target, state_dicts.to_hf_state_dict(source, include_special=True))
     for a, b in zip(_snapshot(source), _snapshot(target)):
         np.testing.assert_array_equal(a, b)
 
 
 def test_hf_missing_and_unexpected_keys_are_named():
     model = _fresh()
-    state = weights.to_hf_state_dict(model)
+    state = state_dicts.to_hf_state_dict(model)
     del state["transformer.h.1.mlp.c_fc.bias"]
     state["transformer.h.0.attn.bias"] = np.ones((1, 1, 32, 32), np.float32)  # causal-mask buffer: ignored
     state["multiple_choice_head.summary.weight"] = np.zeros((1, 64), np.float32)
     with pytest.raises(KeyError) as err:
-        weights.load_hf_state_dict(model, state)
+        state_dicts.load_hf_state_dict(model, state)
     assert "h.1.mlp.c_fc.bias" in str(err.value) and "missing" in str(err.value)
     assert "multiple_choice_head.summary.weight" in str(err.value) and "unexpected" in str(err.value)
     assert "h.0.attn.bias" not in str(err.value)
@@ -210,16 +210,16 @@ def test_hf_missing_and_unexpected_keys_are_named():
 def test_hf_shape_mismatch_and_untied_head_are_rejected():
     model = _fresh()
     before = _snapshot(model)
-    state = weights.to_hf_state_dict(_fresh(seed=3))
+    state = state_dicts.to_hf_state_dict(_fresh(seed=3))
     bad = dict(state, **{"transformer.h.0.attn.c_proj.weight": np.zeros((64, 65), np.float32)})
     with pytest.raises(ValueError, match=r"h\.0\.attn\.c_proj\.weight has shape \[64, 65\]; expected \[64, 64\]"):
-        weights.load_hf_state_dict(model, bad)
+        state_dicts.load_hf_state_dict(model, bad)
     untied = dict(state, **{"lm_head.weight": state["lm_head.weight"] + 1})
     with pytest.raises(ValueError, match="lm_head.weight differs from tokens_embed.weight"):
-        weights.load_hf_state_dict(model, untied)
+        state_dicts.load_hf_state_dict(model, untied)
     short = dict(state, **{"transformer.positions_embed.weight": np.zeros((16, 64), np.float32)})
     with pytest.raises(ValueError, match=r"positions_embed.weight has shape \[16, 64\]"):
-        weights.load_hf_state_dict(model, short)
+        state_dicts.load_hf_state_dict(model, short)
     for a, b in zip(before, _snapshot(model)):  # failed loads leave the model untouched
         np.testing.assert_array_equal(a, b)
 
@@ -229,10 +229,10 @@ def test_hf_shape_mismatch_and_untied_head_are_rejected():
 
 def test_gpt1_preset_writes_the_released_layout(gpt1_model, shared_data, tmp_path):
     released = json.loads((shared_data / "gpt1_bpe" / "params_shapes.json").read_text())
-    paths = weights.save_gpt1_release(gpt1_model, tmp_path)
+    paths = release.save_gpt1_release(gpt1_model, tmp_path)
     assert [p.name for p in paths] == [f"params_{n}.npy" for n in range(10)] + ["params_shapes.json"]
     assert json.loads((tmp_path / "params_shapes.json").read_text()) == released
-    assert weights.release_shapes(gpt1_model.backbone.config) == released
+    assert release.release_shapes(gpt1_model.backbone.config) == released
     arrays = _read_release(tmp_path, released)
     blocks = gpt1_model.backbone.blocks
     np.testing.assert_array_equal(arrays[0], _np(gpt1_model.backbone.embed.positions_embed))
@@ -244,8 +244,8 @@ def test_gpt1_preset_writes_the_released_layout(gpt1_model, shared_data, tmp_pat
 def test_release_round_trip_into_a_fresh_model(tmp_path):
     source, target = _fresh(seed=0), _fresh(seed=1)
     special_before = _np(target.backbone.embed.tokens_embed)[SMALL.vocab_size :].copy()
-    weights.save_gpt1_release(source, tmp_path, n_shards=3)
-    weights.load_gpt1_release(target, tmp_path, n_shards=3)
+    release.save_gpt1_release(source, tmp_path, n_shards=3)
+    release.load_gpt1_release(target, tmp_path, n_shards=3)
     for variable, a, b in zip(source.weights, _snapshot(source), _snapshot(target)):
         if variable is source.backbone.embed.tokens_embed:
             np.testing.assert_array_equal(a[: SMALL.vocab_size], b[: SMALL.vocab_size])
@@ -261,7 +261,7 @@ def test_independently_written_shards_land_in_place(tmp_path):
     shapes_dir.mkdir()
     (tmp_path / "shards" / "params_shapes.json").rename(shapes_dir / "shapes.json")
     model = _fresh()
-    weights.load_gpt1_release(model, tmp_path / "shards", shapes_path=shapes_dir / "shapes.json")
+    release.load_gpt1_release(model, tmp_path / "shards", shapes_path=shapes_dir / "shapes.json")
     embed = model.backbone.embed
     np.testing.assert_array_equal(_np(embed.positions_embed), arrays[0][: SMALL.n_ctx])
     np.testing.assert_array_equal(_np(embed.tokens_embed)[: SMALL.vocab_size], arrays[1])
@@ -279,7 +279,7 @@ def test_release_shape_errors_name_index_shapes_and_file(tmp_path):
     model = _fresh()
     before = _snapshot(model)
     with pytest.raises(ValueError) as err:
-        weights.load_gpt1_release(model, tmp_path)
+        release.load_gpt1_release(model, tmp_path)
     message = str(err.value)
     assert "array 5" in message and "[63]" in message and "[64]" in message and "params_shapes.json" in message
     for a, b in zip(before, _snapshot(model)):
@@ -291,14 +291,14 @@ def test_release_count_size_and_context_errors(tmp_path):
     arrays = _random_release(SMALL, n_ctx_release=SMALL.n_ctx)
     _write_release(tmp_path / "few", arrays[:-12])
     with pytest.raises(ValueError, match=r"lists 14 arrays, but a model with n_layer=2 needs 26"):
-        weights.load_gpt1_release(model, tmp_path / "few")
+        release.load_gpt1_release(model, tmp_path / "few")
     _write_release(tmp_path / "short_ctx", _random_release(SMALL, n_ctx_release=16))
     with pytest.raises(ValueError, match=r"array 0 .* has shape \[16, 64\]; expected \[>= n_ctx=32, 64\]"):
-        weights.load_gpt1_release(model, tmp_path / "short_ctx")
+        release.load_gpt1_release(model, tmp_path / "short_ctx")
     _write_release(tmp_path / "truncated", arrays)
     np.save(tmp_path / "truncated" / "params_9.npy", np.load(tmp_path / "truncated" / "params_9.npy")[:-1])
     with pytest.raises(ValueError, match=r"hold \d+ values in all"):
-        weights.load_gpt1_release(model, tmp_path / "truncated")
+        release.load_gpt1_release(model, tmp_path / "truncated")
 
 
 def test_missing_shard_and_shapes_file_are_named(tmp_path):
@@ -306,7 +306,7 @@ def test_missing_shard_and_shapes_file_are_named(tmp_path):
     (tmp_path / "params_3.npy").unlink()
     model = _fresh()
     with pytest.raises(FileNotFoundError, match=r"params_3\.npy"):
-        weights.load_gpt1_release(model, tmp_path)
+        release.load_gpt1_release(model, tmp_path)
     (tmp_path / "params_shapes.json").unlink()
     with pytest.raises(FileNotFoundError, match=r"params_shapes\.json"):
-        weights.load_gpt1_release(model, tmp_path)
+        release.load_gpt1_release(model, tmp_path)

@@ -167,13 +167,13 @@ def median_spread(values) -> tuple[float, float, float] | None:
     return (statistics.median(values), min(values), max(values)) if values else None
 
 
-def size_of(run_dir: str) -> str:
-    """The model size whose shape the pre-training run has (for the scratch arm's --model)."""
-    from gpt_tf.config import SIZES, GPTConfig
+def size_of(run) -> str:
+    """The model size whose shape the pre-training run has (for the scratch arm's --model); ``run``: its
+    ``gpt_tf.runs.folder.RunFolder``."""
+    from gpt_tf.config import SIZES
 
-    config = GPTConfig(**read_json(Path(run_dir) / "model_config.json"))
     shape = ("n_embd", "n_layer", "n_head", "d_ff", "model_type")
     for name, size in SIZES.items():
-        if all(getattr(size, k) == getattr(config, k) for k in shape):
+        if all(getattr(size, k) == getattr(run.model_config, k) for k in shape):
             return name
-    raise ValueError(f"{run_dir}/model_config.json matches no model size's shape {shape}")
+    raise ValueError(f"{run.path}/model_config.json matches no model size's shape {shape}")

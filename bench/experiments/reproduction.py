@@ -180,7 +180,7 @@ def write_configs(records: list[dict], configs_dir: Path) -> list[Path]:
         lines = [f"# The small-model fine-tuning recipe for {task}, chosen on dev by bench/experiments/reproduction.py (issue #13)",
                  f"# for a `tiny` books model: dev {main_metric(task)} median {stats[0]:.1f} [{stats[1]:.1f}-{stats[2]:.1f}] "
                  f"over {len(runs)} seed(s).",
-                 f"# Run: python -m gpt_tf.train --flagfile=configs/finetune_{task}_tiny.flags --init_checkpoint=runs/books_tiny "
+                 f"# Run: python -m gpt_tf.train --flagfile=configs/finetune_{task}_tiny.flags --init_checkpoint=gpt1_tiny_books_en "
                  f"--data_dir=data/tasks_books/{task}",
                  "# Written by `python -m bench.experiments.reproduction --stage=configs`; the paper's recipe stays in "
                  f"finetune_{task}.flags (gpt1).",

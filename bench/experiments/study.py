@@ -44,6 +44,7 @@ from absl import app, flags
 from bench.experiments.finetune_runs import (ROOT, BackgroundCommand, append_ledger, finetune_spec, ledger_run,
                                              load_ledger, read_json, recipe_flags, relative, run_command, run_one,
                                              shown_command, size_of)
+from gpt_tf.runs.folder import RunFolder
 
 FLAGS = flags.FLAGS
 # The study: every task with training data here, 1,000 training examples each (hash sample), 3 seeds, every layer
@@ -164,6 +165,9 @@ def task_data(plan: dict, args, tokenizer_dir: str, ledger: Path, build: bool = 
             continue
         if not build:
             sys.exit(f"bench.experiments.study: {out / task} is not built yet; start --part=0/n first")
+        if not tokenizer_dir:
+            sys.exit(f"bench.experiments.study: --pretrained={args.pretrained}: its data manifest, which names its "
+                     "tokenizer, is gone; the task data cannot be rebuilt with it")
         cmd = [sys.executable, "-m", "pipelines.finetune_data", f"--task={task}",
                f"--data_dir={Path(args.data_root) / OFFICIAL[task]}", f"--tokenizer_dir={tokenizer_dir}",
                f"--output_dir={out / task}", "--noprogress", f"--train_subsample={plan['train_subsample']}",
@@ -262,11 +266,11 @@ class Study:
     def __init__(self, args):
         self.args, self.started = args, time.time()
         self.part, self.parts = parse_part(args.part)
-        pre = Path(args.pretrained)
-        model_config, self.train_config = read_json(pre / "model_config.json"), read_json(pre / "train_config.json")
-        self.preset = size_of(args.pretrained)
-        self.plan = resolve_plan(args, model_config["n_layer"], self.train_config["train_steps"])
-        self.plan["n_layer"] = model_config["n_layer"]
+        pre = RunFolder.open(args.pretrained)
+        self.train_config, n_layer = pre.run_config, pre.model_config.n_layer
+        self.preset = size_of(pre)
+        self.plan = resolve_plan(args, n_layer, self.train_config["train_steps"])
+        self.plan["n_layer"] = n_layer
         self.runs_root, self.ledger = Path(args.runs_root), Path(args.runs_root) / "study.jsonl"
         self.config = {"pretrained": args.pretrained, "preset": self.preset, "tasks_dir": args.tasks_dir,
                        "data_root": args.data_root, "lstm_run": args.lstm_run, "precision": args.precision,
@@ -276,8 +280,7 @@ class Study:
         self.have = {self.key(r) for r in load_ledger(self.ledger)}
         self.command = shlex.join(["python", "-m", "bench.experiments.study",  # the runs' command: --report_only runs none
                                    *(relative(a) for a in sys.argv[1:] if a != "--report_only")])
-        tokenizer_dir = read_json(Path(self.train_config["data_dir"]) / "manifest.json")["tokenizer"]["dir"]
-        self.tasks_dir = task_data(self.plan, args, tokenizer_dir, self.ledger,
+        self.tasks_dir = task_data(self.plan, args, pre.tokenizer_dir, self.ledger,
                                    build=self.part == 0 and not args.report_only)
         self.done = load_ledger(self.ledger)  # with the task-data builds
         self.lstm_run, self.lstm_cmd, self.lstm_job = args.lstm_run, None, None

@@ -24,6 +24,7 @@ from pathlib import Path
 from bench.experiments.finetune_runs import dev_score, main_metric, median_spread
 from gpt_tf.analysis.heuristics import HEURISTICS
 from gpt_tf.metrics import spearman
+from gpt_tf.runs.files import MODEL_CONFIG, RUN_CONFIGS, read_json
 
 ARM_LABELS = {"full": "Transformer w/ aux LM (full)", "scratch": "Transformer w/o pre-training",
               "lm0": "Transformer w/o aux LM (λ = 0)", "lstm": "LSTM w/ aux LM"}
@@ -221,9 +222,9 @@ def marked_sections(text: str) -> list[str]:
 def write_report(records, config, out_dir: Path, command: str, seconds: float, tasks_dir: str) -> None:
     """Writes ``out_dir/results.md`` and the PNG figures from the study's records."""
     out_dir.mkdir(parents=True, exist_ok=True)
-    pre = Path(config["pretrained"])
-    train_config = json.loads((pre / "train_config.json").read_text())
-    model_config = json.loads((pre / "model_config.json").read_text())
+    pre = config["pretrained"]  # the run's files as written (the report quotes them)
+    train_config = read_json(os.path.join(pre, RUN_CONFIGS["pretrain"]))
+    model_config = read_json(os.path.join(pre, MODEL_CONFIG))
     scores, sizes = finetune_scores(records), train_sizes(tasks_dir, config["tasks"])
     zs = read_zero_shot(records)
     refs = zero_shot_references(scores, sorted({t for rows in zs.values() for t, _ in rows}))

@@ -211,7 +211,7 @@ class ZeroShotSuite:
 def append_csv(path: str, rows: list[dict]) -> None:
     """Appends ``rows`` to a CSV with ``CSV_COLUMNS`` (the header is written when the file is new). The file is
     rewritten whole and renamed into place (``write_text_atomic``): a full disk never leaves a torn last row."""
-    from gpt_tf.run_dir import write_text_atomic
+    from gpt_tf.runs.files import write_text_atomic
 
     old = ""
     if os.path.isfile(path):

@@ -9,7 +9,7 @@ plus (``--include_init``) a fresh initialisation drawn with the run's seed as st
 CSV row per checkpoint and task (``heuristics.CSV_COLUMNS``); ``--tb_dir`` also gets TensorBoard
 scalars. ``--data_dir`` lists each task's folder in its official layout, in ``--task`` order.
 
-The tokenizer and the beginning-of-text token come from the run (``pipelines.run_folder.RunFolder``):
+The tokenizer and the beginning-of-text token come from the run (``gpt_tf.runs.folder.RunFolder``):
 ``train_config.json`` names the pre-training data, whose ``manifest.json`` names the tokenizer and the document separator, which
 is put before every scored text (it is what precedes a document in pre-training). The model is
 scored in float32 whatever precision it was trained in. Nothing is written into ``--run_dir``.
@@ -23,7 +23,7 @@ import sys
 
 from absl import app, flags, logging
 
-from gpt_tf.run_dir import MODEL_CONFIG
+from gpt_tf.runs.files import MODEL_CONFIG
 
 FLAGS = flags.FLAGS
 
@@ -73,7 +73,7 @@ def main(argv):
     problems = _check_flags() + config.problems()
     run = None
     if FLAGS.run_dir and os.path.isfile(os.path.join(FLAGS.run_dir, MODEL_CONFIG)):
-        from pipelines.run_folder import RunFolder
+        from gpt_tf.runs.folder import RunFolder
 
         try:
             run = RunFolder.open(FLAGS.run_dir, tokenizer_dir=FLAGS.tokenizer_dir)
@@ -93,9 +93,9 @@ def main(argv):
     tf = import_tensorflow()  # its start-up lines off the console (GPT_TF_VERBOSE=1 keeps them)
     import keras
 
-    from gpt_tf.checkpoints import restore_pretrained_lm
     from gpt_tf.analysis.heuristics import ZeroShotSuite, append_csv, write_summaries
     from gpt_tf.gpt1.build import causal_lm_for
+    from gpt_tf.runs.checkpoints import restore_weights
     from gpt_tf.write_errors import WriteError
 
     bos_id = run.bos_id
@@ -111,7 +111,7 @@ def main(argv):
     points = ([(0, None)] if FLAGS.include_init else []) + checkpoints
     for step, prefix in points:
         if prefix is not None:
-            restore_pretrained_lm(lm, prefix)
+            restore_weights(lm.variables, prefix)
         rows = suite.evaluate(lm, step=step)
         try:
             append_csv(FLAGS.output_csv, rows)

@@ -1,6 +1,7 @@
-"""GPT-1 presets: the ones shipped in ``gpt_tf/presets/`` (registered by name with keras-hub) and conversions into
-keras-hub's layout from a pre-training or fine-tuning run folder, GPT-1's released ``params_*.npy``
-shards, or a ``transformers`` state dict (``python -m gpt_tf.gpt1.convert`` is their command line).
+"""The GPT-1 presets shipped in ``gpt_tf/presets/``, registered by name with keras-hub.
+
+Their conversions (a run folder, GPT-1's release shards or a ``transformers`` state dict into a preset) are
+``gpt_tf/convert/presets.py``, with their command line ``python -m gpt_tf.convert``.
 """
 
 from __future__ import annotations
@@ -10,7 +11,6 @@ import os
 
 from gpt_tf.gpt1.backbone import GPT1Backbone
 from gpt_tf.gpt1.keras_hub_adapter import register_presets
-from gpt_tf.gpt1.tokenizer import GPT1Tokenizer
 from gpt_tf.preset_io import PRESET_ALIASES, shipped_presets
 
 # keras-hub's preset names: family, size, data, language. Each folder's README.md is its model card.
@@ -34,97 +34,3 @@ def register_shipped_presets() -> None:
         presets[name] = {"metadata": {"description": description, "params": params, "path": "gpt1"},
                          "kaggle_handle": folder}
     register_presets(presets, GPT1Backbone)
-
-
-def copy_weights(source, target) -> None:
-    """Variable by variable (two layers of one layout); ValueError on any shape mismatch."""
-    if len(source.weights) != len(target.weights):
-        raise ValueError(f"{len(source.weights)} weights vs {len(target.weights)}: not the same model")
-    for a, b in zip(source.weights, target.weights):
-        if tuple(a.shape) != tuple(b.shape):
-            raise ValueError(f"{a.path} {tuple(a.shape)} vs {b.path} {tuple(b.shape)}")
-        b.assign(a)
-
-
-def save_backbone_preset(backbone, tokenizer_dir: str, preset_dir: str) -> str:
-    """Writes ``backbone`` and the BPE files of ``tokenizer_dir`` as a preset; returns ``preset_dir``."""
-    tokenizer = GPT1Tokenizer(tokenizer_dir)
-    if tokenizer.vocabulary_size() != backbone.config.total_vocab:
-        raise ValueError(f"{tokenizer_dir} has {tokenizer.bpe_vocabulary_size} BPE tokens, the model "
-                         f"{backbone.config.vocab_size}")
-    backbone.save_to_preset(preset_dir)
-    tokenizer.save_to_preset(preset_dir)
-    return preset_dir
-
-
-def preset_from_run(run_dir: str, preset_dir: str, tokenizer_dir: str = "") -> str:
-    """A pre-training run (→ backbone + tokenizer) or a fine-tuning run (→ its task too) as a preset; the run
-    is read once by ``pipelines.run_folder.RunFolder`` (``tokenizer_dir``: else the one its data names)."""
-    # pylint: disable=import-outside-toplevel
-    from gpt_tf.checkpoints import load_task_model, restore_pretrained_lm
-    from gpt_tf.gpt1.build import causal_lm_for
-    from pipelines.run_folder import RunFolder
-
-    run = RunFolder.open(run_dir, tokenizer_dir=tokenizer_dir)
-    if not run.tokenizer_dir:
-        raise FileNotFoundError(f"{run_dir}: no tokenizer folder known (its data folder is gone): give one")
-    if run.model_config.model_type != GPT1Backbone.model_type:
-        raise ValueError(f"{run_dir}: a GPT-1 preset holds a transformer, not "
-                         f"model_type={run.model_config.model_type!r}")
-    if run.kind != "finetune":
-        lm = causal_lm_for(run.model_config)
-        restore_pretrained_lm(lm, run_dir)
-        return save_backbone_preset(lm.backbone, run.tokenizer_dir, preset_dir)
-    model, spec = load_task_model(run)
-    task = task_from(model, spec, run.tokenizer_dir)
-    task.save_to_preset(preset_dir)
-    return preset_dir
-
-
-def task_from(model, spec, tokenizer_dir: str):
-    """The keras-hub task of a ``GPTTaskModel`` + ``TaskSpec``: on its backbone, its head's weights copied."""
-    from gpt_tf.gpt1.preprocessor import GPT1TaskPreprocessor  # pylint: disable=import-outside-toplevel
-    from gpt_tf.gpt1.text_classifier import (  # pylint: disable=import-outside-toplevel
-        GPT1MultipleChoice, GPT1TextClassifier, GPT1TextRegressor)
-
-    backbone = model.backbone
-    preprocessor = GPT1TaskPreprocessor(GPT1Tokenizer(tokenizer_dir), input_type=spec.input_type,
-                                        num_choices=spec.num_choices)
-    if spec.head == "regression":
-        task = GPT1TextRegressor(backbone, preprocessor, input_type=spec.input_type, dropout=model.clf_pdrop)
-    elif spec.head == "choice":
-        task = GPT1MultipleChoice(backbone, spec.num_choices, preprocessor, dropout=model.clf_pdrop)
-    else:
-        task = GPT1TextClassifier(backbone, len(spec.label_names), preprocessor, input_type=spec.input_type,
-                                  label_names=spec.label_names, dropout=model.clf_pdrop)
-    copy_weights(model.clf, task.task_model.clf)
-    return task
-
-
-def preset_from_gpt1_shards(params_dir: str, tokenizer_dir: str, preset_dir: str, model: str = "gpt1") -> str:
-    """GPT-1's released ``params_{0..9}.npy`` (+ ``params_shapes.json``) as a preset (the ``model`` size's
-    shape, ``gpt1`` for the release; n_ctx from the position table)."""
-    from gpt_tf.config import get_size  # pylint: disable=import-outside-toplevel
-    from gpt_tf.weights import load_gpt1_release  # pylint: disable=import-outside-toplevel
-
-    vocab_size = GPT1Tokenizer(tokenizer_dir).bpe_vocabulary_size
-    backbone = GPT1Backbone.from_gpt_config(get_size(model, vocab_size=vocab_size))
-    load_gpt1_release(backbone, params_dir)
-    return save_backbone_preset(backbone, tokenizer_dir, preset_dir)
-
-
-def preset_from_hf_state_dict(paths, model: str, tokenizer_dir: str, preset_dir: str, n_ctx: int = 0) -> str:
-    """A ``transformers`` ``OpenAIGPT`` state dict (``.npz`` parts) as a preset of the model size ``model``."""
-    import numpy as np  # pylint: disable=import-outside-toplevel
-
-    from gpt_tf.config import get_size  # pylint: disable=import-outside-toplevel
-    from gpt_tf.weights import load_hf_state_dict  # pylint: disable=import-outside-toplevel
-
-    state = {}
-    for path in paths:
-        with np.load(path) as part:
-            state.update({k: part[k].astype(np.float32) for k in part.files})
-    overrides = {"vocab_size": GPT1Tokenizer(tokenizer_dir).bpe_vocabulary_size, **({"n_ctx": n_ctx} if n_ctx else {})}
-    backbone = GPT1Backbone.from_gpt_config(get_size(model, **overrides))
-    load_hf_state_dict(backbone, state)
-    return save_backbone_preset(backbone, tokenizer_dir, preset_dir)

@@ -4,5 +4,4 @@
 ``task_objective``  fine-tuning, the (multi-)task objective L3 = L2 + λ·L1 with its epoch
                     evaluation: ``FinetuneConfig``, ``Finetuner``;
 ``monitor``         what a pre-training run shows while it trains (TensorBoard, evals, samples);
-``finetune_io``     a fine-tuning run's files: configs, the pre-trained model config, submissions.
 """

@@ -10,20 +10,19 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 import math
-import os
 import time
 
 import keras
 import tensorflow as tf
 
 from gpt_tf import inference_gelu
-from gpt_tf.checkpoints import continue_from_pretrained
 from gpt_tf.config import GPTConfig
+from gpt_tf.convert.pretrained import continue_from_pretrained
 from gpt_tf.gpt1.build import causal_lm_for
 from gpt_tf.objectives import lm_loss
 from gpt_tf.optim import WarmupDecay, make_optimizer
 from gpt_tf.recipes import PAPER_FINETUNE
-from gpt_tf.run_dir import DATA_FILE, write_json_atomic
+from gpt_tf.runs.files import save_run_configs
 from gpt_tf.training.loop import TrainLoop, named_data_error
 from pipelines.reader import batches_per_pipeline, pretraining_dataset
 
@@ -228,9 +227,5 @@ class Pretrainer:
 
     def save_model_config(self, data: dict | None = None) -> None:
         """Writes ``run_dir/model_config.json``, ``train_config.json`` and ``data.json`` atomically (chief only)."""
-        if not self.chief:
-            return
-        for name, obj in (("model_config.json", self.model_config), ("train_config.json", self.config)):
-            write_json_atomic(os.path.join(self.config.run_dir, name), dataclasses.asdict(obj))
-        if data is not None:
-            write_json_atomic(os.path.join(self.config.run_dir, DATA_FILE), data)
+        if self.chief:
+            save_run_configs(self.config.run_dir, "pretrain", self.model_config, self.config, data)

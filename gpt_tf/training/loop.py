@@ -10,7 +10,7 @@ micro-batches gives exactly the full-batch update. ``jit_compile`` compiles each
 forward/backward pass with XLA; the all-reduce and the optimizer update stay outside, where
 tf.distribute's cross-device collectives run.
 
-Checkpoints (``gpt_tf.checkpoints``) hold the model, the optimizer (moments, step counter), the
+Checkpoints (``gpt_tf.runs.checkpoints``) hold the model, the optimizer (moments, step counter), the
 dropout seed state and the step. The data position is a function of the step: the input
 pipelines are deterministic, so on resume each skips the batches it had already produced. This
 works under every strategy (distributed iterators cannot be checkpointed), and a killed run resumes
@@ -32,7 +32,7 @@ import os
 
 import tensorflow as tf
 
-from gpt_tf.checkpoints import checkpoint_managers, remove_scratch, restore_latest, variables_by_key
+from gpt_tf.runs.checkpoints import checkpoint_managers, remove_scratch, restore_latest, variables_by_key
 from gpt_tf.preemption import Preempted, StopRequest
 from gpt_tf.strategy import is_chief
 from gpt_tf.write_errors import WriteError, writing

@@ -30,7 +30,8 @@ import numpy as np
 import tensorflow as tf
 
 from gpt_tf import console, inference_gelu
-from gpt_tf.checkpoints import build_task_models, initialise_from_pretrained, unique_variables
+from gpt_tf.convert.pretrained import initialise_from_pretrained
+from gpt_tf.runs.checkpoints import build_task_models, unique_variables
 from gpt_tf.config import GPTConfig
 from gpt_tf.metrics import compute_metrics
 from gpt_tf.objectives import finetune_update_loss, global_counts

@@ -86,7 +86,7 @@ def server(base):
 @pytest.fixture(scope="package")
 def sst2_run(shared_data, bpe, config, tmp_path_factory):
     """A real fine-tuning run dir: 16 SST-2 rows, 2 updates of 8, mixed_bfloat16 (as the CLI writes it)."""
-    from gpt_tf.training.finetune_io import save_run_configs
+    from gpt_tf.runs.files import save_run_configs
     from gpt_tf.training.task_objective import FinetuneConfig, Finetuner
     from pipelines.finetune_data import build_task_data
 
@@ -95,7 +95,7 @@ def sst2_run(shared_data, bpe, config, tmp_path_factory):
     ft = FinetuneConfig(data_dir=str(root / "data"), run_dir=str(root / "run"), batch_size=8, epochs=1,
                         learning_rate=1e-3, precision="mixed_bfloat16")
     Finetuner(get_task("sst2"), config, ft, tf.distribute.get_strategy(), log=lambda _: None).train(progress=False)
-    save_run_configs(ft.run_dir, config, ft)
+    save_run_configs(ft.run_dir, "finetune", config, ft)
     return ft.run_dir
 
 

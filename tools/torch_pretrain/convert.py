@@ -11,10 +11,10 @@ Export reads the records of ``pipelines.pretrain_data`` and rebuilds each split'
 stream[i*n_ctx : i*n_ctx + n_ctx + 1], so the stream is the first window plus every next window but its
 first token): the accelerator then cuts exactly the same windows.
 
-Import loads every ``weights-<step>.part*.npz`` (``gpt_tf.weights.load_hf_state_dict``: shapes checked,
-tied head checked; for ``--model=lstm_*``, Table 5's LSTM of ``lstm_model.py``, ``load_torch_lstm``: Keras's
-LSTM kernel = ``weight_ih_l0``ᵀ, recurrent kernel = ``weight_hh_l0``ᵀ, the one bias = ``bias_ih_l0 +
-bias_hh_l0``) into a ``Pretrainer`` of the run's config and saves it as that run's checkpoint
+Import loads every ``weights-<step>.part*.npz`` into a ``Pretrainer`` of the run's config through
+``gpt_tf.convert.state_dicts`` (the parts read and their row blocks joined by ``read_state_dict``; the
+transformer's by ``load_hf_state_dict``, shapes and tied head checked; for ``--model=lstm_*``, Table 5's LSTM of
+``lstm_model.py``, by ``load_torch_lstm``) and saves each as that run's checkpoint
 ``ckpt-<step>``, so the run folder looks like one ``gpt_tf.train`` wrote. The Adam moments are not
 carried over (a resumed run restarts them from zero). ``train_config.json`` states the recipe that ran;
 ``provenance.json`` says where and how, with the accelerator's log; the held-out perplexity curve goes to
@@ -30,7 +30,6 @@ import re
 
 import numpy as np
 from absl import app, flags, logging
-from tools.torch_pretrain.pieces import join_rows
 from tools.torch_pretrain.streams import save_streams
 
 FLAGS = flags.FLAGS
@@ -120,53 +119,13 @@ def tokenizer_digests(tokenizer: dict) -> dict:
     return {f["name"]: f["sha256"] for f in tokenizer.get("files", [])}
 
 
-def load_torch_lstm(model, state: dict) -> None:
-    """``tools.torch_pretrain.lstm_model``'s state dict into a gpt_tf LSTM model (``GPT1CausalLM`` or
-    ``LSTMBackbone``): the embeddings as ``gpt_tf.weights`` loads them (``vocab_size`` rows: the special tokens
-    keep their init); per block, Keras's LSTM ``kernel`` = ``weight_ih_l0.T`` and ``recurrent_kernel`` =
-    ``weight_hh_l0.T`` (torch's gate rows (i, f, g, o) are Keras's columns [i, f, c, o], the same order), its one
-    ``bias`` = ``bias_ih_l0 + bias_hh_l0``, ``c_proj`` = the ``proj`` Linear transposed. Every key and shape is
-    checked before anything is assigned."""
-    from gpt_tf.weights import _assign_all, _backbone, _embedding_arrays, _to_numpy, _with_rows
-
-    backbone = _backbone(model)
-    if backbone.config.model_type != "lstm":
-        raise ValueError(f"load_torch_lstm needs an LSTM model, got model_type={backbone.config.model_type!r}")
-    state = {k: _to_numpy(v) for k, v in state.items()}
-    tokens, positions = _embedding_arrays(backbone.config, state)
-    assignments = [(backbone.embed.tokens_embed, _with_rows(backbone.embed.tokens_embed, tokens)),
-                   (backbone.embed.positions_embed, positions)]
-    expected = {"tokens_embed.weight", "positions_embed.weight"}
-    for i, block in enumerate(backbone.blocks):
-        cell, key = block.lstm.cell, f"h.{i}."
-        names = [key + "lstm.weight_ih_l0", key + "lstm.weight_hh_l0", key + "lstm.bias_ih_l0", key + "lstm.bias_hh_l0"]
-        if block.proj is not None:
-            names += [key + "proj.weight", key + "proj.bias"]
-        missing = [n for n in names if n not in state]
-        if missing:
-            raise ValueError(f"the LSTM state dict lacks {missing}")
-        expected.update(names)
-        pairs = [(cell.kernel, state[names[0]].T, names[0]), (cell.recurrent_kernel, state[names[1]].T, names[1]),
-                 (cell.bias, state[names[2]] + state[names[3]], names[2])]
-        if block.proj is not None:
-            pairs += [(block.proj.w, state[names[4]].T, names[4]), (block.proj.b, state[names[5]], names[5])]
-        for variable, array, name in pairs:
-            if tuple(array.shape) != tuple(variable.shape):
-                raise ValueError(f"{name} gives shape {list(array.shape)}; expected {list(variable.shape)} (transposed)")
-            assignments.append((variable, array))
-    unexpected = sorted(set(state) - expected - {"lm_head.weight"})
-    if unexpected:
-        raise ValueError(f"the LSTM state dict has keys this model does not: {unexpected}")
-    _assign_all(assignments)
-
-
 def import_run(weights_dir: str, data_dir: str, run_dir: str, model: str) -> dict:
     import tensorflow as tf
 
     from gpt_tf import preset_io
     from gpt_tf.config import get_size
+    from gpt_tf.convert.state_dicts import load_torch_state_dict, read_state_dict
     from gpt_tf.training.lm_objective import Pretrainer, TrainConfig
-    from gpt_tf.weights import load_hf_state_dict
     from pipelines.records import read_manifest
 
     setting, rows = read_log(weights_dir)
@@ -179,7 +138,7 @@ def import_run(weights_dir: str, data_dir: str, run_dir: str, model: str) -> dic
         raise ValueError(f"{weights_dir} was trained on tokenizer files {trained_on}, but {data_dir} was built with "
                          f"{tokenizer_digests(manifest['tokenizer'])}: rebuild it with the run's BPE files")
     config = get_size(model, vocab_size=manifest["tokenizer"]["vocab_size"], n_ctx=manifest["config"]["n_ctx"])
-    lstm = config.model_type == "lstm"  # trained in float32 (tools.torch_pretrain.train), loaded by load_torch_lstm
+    lstm = config.model_type == "lstm"  # trained in float32 (tools.torch_pretrain.train)
     steps = checkpoint_steps(weights_dir, setting["steps"])
     train_config = TrainConfig(
         data_dir=data_dir, run_dir=run_dir, batch_size=setting["batch_size"], train_steps=setting["steps"],
@@ -192,12 +151,7 @@ def import_run(weights_dir: str, data_dir: str, run_dir: str, model: str) -> dic
         if preset_io.is_preset(parts[0]):  # the final weights as shipped in gpt_tf/presets/ (float32 as they were)
             preset_io.load_preset_weights(trainer.model.backbone, parts[0])
         else:
-            state = {}
-            for path in parts:
-                with np.load(path) as part:
-                    state.update({k: part[k].astype(np.float32) for k in part.files})
-            state = join_rows(state)
-            (load_torch_lstm if lstm else load_hf_state_dict)(trainer.model, state)
+            load_torch_state_dict(trainer.model, read_state_dict(parts))
         trainer.step.assign(step)
         trainer.manager.save(checkpoint_number=step)
     trainer.save_model_config()

@@ -12,7 +12,7 @@ model gives these logits to ~1e-5: ``tests/test_torch_lstm.py``):
 The LSTM is ``torch.nn.LSTM``. Its gate rows are (i, f, g, o), Keras's kernel columns are [i, f, c, o]: the same
 order (g is Keras's c, the cell candidate), with sigmoid gates and tanh for the candidate and the output, Keras's
 defaults. So Keras's ``kernel`` is ``weight_ih_l0.T``, its ``recurrent_kernel`` ``weight_hh_l0.T`` and its one
-``bias`` ``bias_ih_l0 + bias_hh_l0`` (``tools.torch_pretrain.convert``).
+``bias`` ``bias_ih_l0 + bias_hh_l0`` (``gpt_tf.convert.state_dicts.load_torch_lstm``).
 
 Keras's LSTM has one bias, torch's two. ``bias_hh`` is kept at 0 and frozen (``requires_grad=False``): two biases
 would each take Adam's normalised step, and their sum would move twice as fast as Keras's one bias.

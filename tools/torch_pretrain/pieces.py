@@ -2,9 +2,10 @@
 
 ``weights-<step>.part<k>.npz``: the model's state dict in files of at most ``PART_BYTES`` (the device tool
 returns files of up to 16 MiB); a tensor larger than that (``small``'s 16k × 384 token table: 24.6 MB) is
-stored as row blocks ``<name>#rows<i>``, which ``join_rows`` puts back together. ``state-<step>.part<k>`` + ``state.json``: one ``torch.save`` of everything a
-later piece needs, behind an atomically replaced index. Imports numpy only (torch is passed in), like
-``train``: no TensorFlow, no gpt_tf.
+stored as row blocks ``<name>#rows<i>``, which ``gpt_tf.convert.state_dicts.read_state_dict`` puts back together
+(``ROWS`` is its name there too: a test holds them equal). ``state-<step>.part<k>`` + ``state.json``: one
+``torch.save`` of everything a later piece needs, behind an atomically replaced index. Imports numpy only (torch
+is passed in), like ``train``: no TensorFlow, no gpt_tf.
 """
 
 from __future__ import annotations
@@ -31,22 +32,6 @@ def _row_blocks(key: str, value: np.ndarray):
     rows = max(1, PART_BYTES // (value.nbytes // value.shape[0]))
     for i, start in enumerate(range(0, value.shape[0], rows)):
         yield f"{key}{ROWS}{i}", value[start:start + rows]
-
-
-def join_rows(state: dict) -> dict:
-    """A state dict read back from weight parts with its row-block tensors (``_row_blocks``) whole again."""
-    whole, blocks = {}, {}
-    for key, value in state.items():
-        name, split, i = key.partition(ROWS)
-        if split:
-            blocks.setdefault(name, {})[int(i)] = value
-        else:
-            whole[key] = value
-    for name, parts in blocks.items():
-        if sorted(parts) != list(range(len(parts))):
-            raise ValueError(f"{name}: row blocks {sorted(parts)} of the weight parts are not 0..{len(parts) - 1}")
-        whole[name] = np.concatenate([parts[i] for i in range(len(parts))])
-    return whole
 
 
 def save_weights(torch, model, out_dir: str, step: int, dtype) -> list[str]:

@@ -1,16 +1,16 @@
-"""Files around a fine-tuning run: its run configs and submission files (checkpoints: ``gpt_tf.checkpoints``)."""
+"""A fine-tuning run's predictions as submission files: GLUE's layout and file names, Story Cloze's columns.
+
+``--mode=predict`` writes ``<run_dir>/<TASK>.<split>.tsv`` (``index<TAB>prediction``), whole or not at all
+(``gpt_tf/runs/files.py``'s atomic write): an older submission stays until it is replaced.
+"""
 
 from __future__ import annotations
 
 import csv
-import dataclasses
 import io
 import os
 
-from typing import Optional
-
-from gpt_tf.config import GPTConfig
-from gpt_tf.run_dir import DATA_FILE, write_json_atomic, write_text_atomic
+from gpt_tf.runs.files import write_text_atomic
 from gpt_tf.task_model import task_predictions
 
 # GLUE's submission files: name per task (and eval split) and whether labels are written as ids.
@@ -22,15 +22,6 @@ GLUE_SUBMISSIONS = {
 
 # Column names of non-GLUE submission files (Story Cloze: the official id and answer columns).
 SUBMISSION_HEADER = {"story_cloze": ("InputStoryid", "AnswerRightEnding")}
-
-
-def save_run_configs(run_dir: str, model_config: GPTConfig, config, data: Optional[dict] = None) -> None:
-    """``model_config.json``, ``finetune_config.json`` (so eval/predict rebuild the same model) and
-    ``data.json`` (the data's identity, ``gpt_tf.run_dir``), each written atomically."""
-    for name, obj in (("model_config.json", model_config), ("finetune_config.json", config)):
-        write_json_atomic(os.path.join(run_dir, name), dataclasses.asdict(obj))
-    if data is not None:
-        write_json_atomic(os.path.join(run_dir, DATA_FILE), data)
 
 
 def submission_key(guid: str, split: str) -> str:

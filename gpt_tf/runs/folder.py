@@ -4,17 +4,16 @@
     run.kind, run.model_config, run.run_config, run.manifest, run.tasks, run.tokenizer, run.checkpoints
 
 A run folder holds ``model_config.json`` and its run config (``train_config.json`` for pre-training,
-``finetune_config.json`` for fine-tuning; ``gpt_tf.run_dir``), which names the data folder(s) it
+``finetune_config.json`` for fine-tuning; ``gpt_tf/runs/files.py``), which names the data folder(s) it
 read, whose ``manifest.json`` names the tokenizer (and, for task data, the ``TaskSpec``). A folder
 of GPT-1's release shards (``params_0.npy`` ...) opens too, as ``kind == "gpt1"``, with no run
 config and no manifest (its tokenizer must be given). ``open`` reads each of those files once;
 the tokenizer and the checkpoint list are read when first asked for.
 
-Export (``serving/export.py``), zero-shot (``gpt_tf/analysis/zero_shot.py``), fine-tuning's
-evaluation and prediction (``gpt_tf/train.py``) and ``gpt_tf.checkpoints.load_task_model`` take the
-run from here. It lives in ``pipelines`` because it reads data manifests (``pipelines.records``),
-which the core may not import; the core's loaders take the ``RunFolder`` they are handed.
-Nothing here imports TensorFlow until ``checkpoints`` is asked for.
+Export (``serving/export.py``), zero-shot (``gpt_tf/analysis/zero_shot.py``), the conversion to a preset
+(``gpt_tf/convert/presets.py``), the §5 study and ``gpt_tf.runs.checkpoints.load_task_model`` take the run from
+here. It reads data manifests (``pipelines.records``), so it sits above ``pipelines`` (as does the whole of
+``gpt_tf/runs``). Nothing here imports TensorFlow until ``checkpoints`` is asked for.
 """
 
 from __future__ import annotations
@@ -25,7 +24,8 @@ import os
 from typing import Optional
 
 from gpt_tf.config import GPTConfig
-from gpt_tf.run_dir import MODEL_CONFIG, RUN_CONFIGS, pretrained_model_config, read_json
+from gpt_tf.convert.pretrained import is_release, pretrained_model_config
+from gpt_tf.runs.files import RUN_CONFIGS, read_json
 from gpt_tf.tasks import TaskSpec
 from pipelines.records import MANIFEST, has_manifest, read_manifest, tokenizer_problems
 
@@ -52,7 +52,7 @@ class RunFolder:
         path = str(path)
         kinds = [kind for kind, name in RUN_CONFIGS.items() if os.path.isfile(os.path.join(path, name))]
         if not kinds:
-            if os.path.isfile(os.path.join(path, "params_0.npy")):
+            if is_release(path):
                 return cls(path, "gpt1", pretrained_model_config(path), {}, "", None, (), str(tokenizer_dir))
             raise FileNotFoundError(f"{path}: not a fine-tuning run ({RUN_CONFIGS['finetune']}), a pre-training run "
                                     f"({RUN_CONFIGS['pretrain']}) nor GPT-1 release shards (params_0.npy)")
@@ -108,7 +108,7 @@ class RunFolder:
 
     @functools.cached_property
     def checkpoints(self) -> list:
-        """``[(step, prefix)]`` of the kept checkpoints in step order (``gpt_tf.checkpoints.kept_checkpoints``)."""
-        from gpt_tf.checkpoints import kept_checkpoints
+        """``[(step, prefix)]`` of the kept checkpoints in step order (``gpt_tf.runs.checkpoints.kept_checkpoints``)."""
+        from gpt_tf.runs.checkpoints import kept_checkpoints
 
         return kept_checkpoints(self.path)

@@ -1,17 +1,15 @@
-"""One home for checkpoints and run folders: keys, managers, restoring, and the model a run implies.
+"""A run's checkpoints: their keys, the managers that write them, and reading them back.
 
-A checkpoint holds ``model`` and ``optimizer`` (each a ``variables_by_key`` dict) and ``step``.
-Only the chief writes into ``run_dir/checkpoints``; under multi-worker every worker must still call
-``save`` (TF's collective save), so the others save to a private scratch folder
-(``checkpoint_managers``; one a killed worker left is removed by the next worker to start on that
-machine) and every worker restores from the chief's folder, which must therefore be on storage all
-workers read (a shared file system or ``gs://``).
+A checkpoint holds ``model`` and ``optimizer`` (each a ``variables_by_key`` dict) and ``step``. Only the chief
+writes into ``run_dir/checkpoints``; under multi-worker every worker must still call ``save`` (TF's collective
+save), so the others save to a private scratch folder (``checkpoint_managers``; one a killed worker left is
+removed by the next worker to start on that machine) and every worker restores from the chief's folder, which
+must therefore be on storage all workers read (a shared file system or ``gs://``).
 
-Readers of finished runs (``serving/export.py``, ``gpt_tf/analysis/zero_shot.py``) build models here
-without any optimizer or training data: ``load_task_model`` (a fine-tuning run, as
-``pipelines.run_folder.RunFolder`` read it) and ``restore_pretrained_lm`` (a pre-training run, a
-checkpoint prefix or GPT-1 release shards).
-Nothing here imports training code or ``pipelines``.
+Training resumes from the newest intact checkpoint (``restore_latest``); readers of a finished run build its
+model without any optimizer or training data (``load_task_model``: a fine-tuning run; ``restore_weights``:
+any model from a checkpoint prefix, e.g. a language model from a pre-training run's, ``gpt_tf/convert/
+pretrained.py``).
 """
 
 from __future__ import annotations
@@ -24,12 +22,10 @@ import tempfile
 
 import tensorflow as tf
 
-from gpt_tf import preset_io
 from gpt_tf.config import GPTConfig
-from gpt_tf.run_dir import pretrained_model_config
+from gpt_tf.runs.files import CHECKPOINTS
 from gpt_tf.strategy import is_chief
-
-CHECKPOINTS = "checkpoints"  # a run folder's sub-folder
+from pipelines.common import pid_alive
 
 
 def variables_by_key(variables):
@@ -69,18 +65,8 @@ def remove_dead_scratch() -> None:
     machine): each is a whole checkpoint. Folders of running processes, or of another machine's, are kept."""
     for path in glob.glob(os.path.join(tempfile.gettempdir(), "gpt_tf_worker*_ckpt_*_*")):
         match = re.fullmatch(r"gpt_tf_worker\d+_ckpt_(\d+)_\w+", os.path.basename(path))
-        if match and not _pid_alive(int(match.group(1))):
+        if match and not pid_alive(int(match.group(1))):
             shutil.rmtree(path, ignore_errors=True)
-
-
-def _pid_alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        pass
-    return True
 
 
 def checkpoint_managers(checkpoint: tf.train.Checkpoint, run_dir: str, strategy,
@@ -155,53 +141,19 @@ def kept_checkpoints(run_dir: str, step: int = 0) -> list[tuple[int, str]]:
     return found
 
 
-# ---------------------------------------------------------------------- the model a run implies
-def restore_pretrained_lm(lm, path: str) -> str:
-    """Loads pre-trained weights into the ``GPT1CausalLM`` ``lm``; returns what was read.
-
-    ``path``: a pre-training run dir (its latest checkpoint), a checkpoint prefix, a directory of
-    the GPT-1 release shards (``params_0.npy`` … with ``params_shapes.json``) or a preset folder
-    (``config.json`` + ``model.weights.h5``, e.g. ``gpt_tf/presets/gpt1_tiny_books_en``).
-    """
-    if preset_io.is_preset(path):
-        return preset_io.load_preset_weights(lm.backbone, path)
-    if os.path.isfile(os.path.join(path, "params_0.npy")):
-        from gpt_tf.weights import load_gpt1_release
-
-        load_gpt1_release(lm, path)
-        return path
-    prefix = tf.train.latest_checkpoint(os.path.join(path, CHECKPOINTS)) if os.path.isdir(path) else path
-    if not prefix or not tf.io.gfile.exists(prefix + ".index"):
-        raise FileNotFoundError(f"no pre-trained checkpoint at {path} (want a run dir, a ckpt prefix, GPT-1 shards "
-                                "or a preset folder)")
-    tf.train.Checkpoint(model=variables_by_key(lm.variables)).restore(prefix).expect_partial().assert_existing_objects_matched()
+def latest_checkpoint(run_dir: str) -> str:
+    """The prefix of the run's newest listed checkpoint; FileNotFoundError naming the folder when it holds none."""
+    prefix = tf.train.latest_checkpoint(os.path.join(run_dir, CHECKPOINTS))
+    if not prefix:
+        raise FileNotFoundError(f"{run_dir}/{CHECKPOINTS} holds no checkpoint")
     return prefix
 
 
-def initialise_from_pretrained(model, path: str, n_layers: int, seed: int = 0) -> list[str]:
-    """Fine-tuning's start (§3.2): the pre-trained LM at ``path`` (see ``restore_pretrained_lm``) into
-    ``model``'s backbone: its embeddings and first ``n_layers`` blocks, then the special-token rows
-    re-drawn (deterministic in ``seed``). Returns the paths of the variables overwritten."""
-    from gpt_tf.gpt1.build import causal_lm_for
-    from gpt_tf.task_model import reset_special_embeddings, transfer_layers
-
-    lm = causal_lm_for(pretrained_model_config(path))  # its own n_ctx
-    restore_pretrained_lm(lm, path)
-    copied = transfer_layers(lm, model.backbone, n_layers)
-    reset_special_embeddings(model.backbone, seed=seed)
-    return copied
-
-
-def continue_from_pretrained(lm, path: str) -> list[str]:
-    """Continued pre-training's start: the pre-trained LM at ``path`` (see ``restore_pretrained_lm``) into the
-    ``GPT1CausalLM`` ``lm``: every block, the embeddings with their special-token rows, and the first
-    ``lm``'s n_ctx position rows (its context may be shorter). Returns the paths of the variables overwritten."""
-    from gpt_tf.gpt1.build import causal_lm_for
-    from gpt_tf.task_model import transfer_layers
-
-    source = causal_lm_for(pretrained_model_config(path))  # its own n_ctx
-    restore_pretrained_lm(source, path)
-    return transfer_layers(source, lm, lm.backbone.config.n_layer)
+def restore_weights(variables, prefix: str) -> None:
+    """The model weights of the checkpoint ``prefix`` into ``variables`` (in the order the run's model lists them,
+    ``variables_by_key``), every one of them found there; the optimizer and step it also holds are left alone."""
+    checkpoint = tf.train.Checkpoint(model=variables_by_key(variables))
+    checkpoint.restore(prefix).expect_partial().assert_existing_objects_matched()
 
 
 def build_task_models(model_config: GPTConfig, tasks, clf_pdrop: float, precision: str) -> list:
@@ -219,16 +171,10 @@ def build_task_models(model_config: GPTConfig, tasks, clf_pdrop: float, precisio
 def load_task_model(run, precision: str = "float32"):
     """(``GPTTaskModel``, ``TaskSpec``) of a fine-tuning run's latest checkpoint: its primary task.
 
-    ``run``: the run folder as ``pipelines.run_folder.RunFolder`` read it once (its ``model_config``,
-    ``run_config`` and the ``tasks`` its data manifests name; the core does not import ``pipelines``).
-    A multi-task run gets its shared backbone and every head; only the model's weights are
-    restored: no optimizer, no data.
+    ``run``: the run folder as ``gpt_tf.runs.folder.RunFolder`` read it once (its ``model_config``,
+    ``run_config`` and the ``tasks`` its data manifests name). A multi-task run gets its shared backbone and
+    every head; only the model's weights are restored: no optimizer, no data.
     """
-    run_dir = run.path
     models = build_task_models(run.model_config, run.tasks, run.run_config.get("clf_pdrop", 0.1), precision)
-    latest = tf.train.latest_checkpoint(os.path.join(run_dir, CHECKPOINTS))
-    if not latest:
-        raise FileNotFoundError(f"{run_dir}/{CHECKPOINTS} holds no checkpoint")
-    model = variables_by_key(unique_variables(v for m in models for v in m.variables))
-    tf.train.Checkpoint(model=model).restore(latest).expect_partial().assert_existing_objects_matched()
+    restore_weights(unique_variables(v for m in models for v in m.variables), latest_checkpoint(run.path))
     return models[0], run.tasks[0]

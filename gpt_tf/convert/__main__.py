@@ -1,0 +1,64 @@
+r"""Command line: a run folder, GPT-1's released shards or a ``transformers`` state dict → a keras-hub preset.
+
+    python -m gpt_tf.convert --run_dir=runs/shakespeare_tiny --preset_dir=presets/shakespeare  # a backbone preset
+    python -m gpt_tf.convert --run_dir=runs/finetune_sst2_tiny --preset_dir=presets/sst2        # a task preset
+    python -m gpt_tf.convert --gpt1_shards=../shared/data/gpt1 --tokenizer_dir=../shared/data/gpt1_bpe \
+        --preset_dir=presets/gpt1
+    python -m gpt_tf.convert --state_dict=weights-7158.part0.npz,weights-7158.part1.npz --model=tiny \
+        --tokenizer_dir=data/books_bpe8k --preset_dir=presets/books      # e.g. tools/torch_pretrain's GPU weights
+
+The preset loads with ``keras_hub.models.Backbone.from_preset(dir)`` (after ``import gpt_tf``) and the task
+classes' ``from_preset``, fine-tunes and continues pre-training with ``python -m gpt_tf.train
+--init_checkpoint=dir``, and exports with ``python -m serving.export --preset=dir``.
+"""
+
+from __future__ import annotations
+
+import sys
+
+from absl import app, flags
+
+FLAGS = flags.FLAGS
+SOURCES = ("run_dir", "gpt1_shards", "state_dict")
+
+
+def define_flags() -> None:
+    flags.DEFINE_string("run_dir", "", "A pre-training run folder (→ a backbone preset) or a fine-tuning one "
+                        "(→ a task preset).")
+    flags.DEFINE_string("gpt1_shards", "", "A folder of GPT-1's params_{0..9}.npy + params_shapes.json.")
+    flags.DEFINE_list("state_dict", [], "A transformers OpenAIGPT state dict saved as .npz: one file or its parts "
+                      "(tools/torch_pretrain's weights-<step>.part<k>.npz).")
+    flags.DEFINE_string("model", "tiny", "--state_dict: the model size (gpt_tf/config.py) it has the shape of.")
+    flags.DEFINE_integer("n_ctx", 0, "--state_dict: the context length (0: the model size's).")
+    flags.DEFINE_string("tokenizer_dir", "", "The BPE files (default for a run: the folder its data manifest names).")
+    flags.DEFINE_string("preset_dir", None, "Where the preset goes.")
+
+
+def main(argv):
+    if len(argv) > 1:
+        raise app.UsageError(f"unexpected arguments: {' '.join(argv[1:])}")
+    if len([name for name in SOURCES if getattr(FLAGS, name)]) != 1 or not FLAGS.preset_dir:
+        sys.exit("gpt_tf.convert: give --preset_dir and exactly one of --run_dir, --gpt1_shards, --state_dict")
+    if not FLAGS.run_dir and not FLAGS.tokenizer_dir:
+        sys.exit("gpt_tf.convert: --tokenizer_dir is required with --gpt1_shards and --state_dict")
+    from gpt_tf.console import import_tensorflow  # pylint: disable=import-outside-toplevel
+
+    import_tensorflow()
+    from gpt_tf.convert import presets  # pylint: disable=import-outside-toplevel
+
+    try:
+        if FLAGS.run_dir:
+            path = presets.preset_from_run(FLAGS.run_dir, FLAGS.preset_dir, FLAGS.tokenizer_dir)
+        elif FLAGS.gpt1_shards:
+            path = presets.preset_from_gpt1_shards(FLAGS.gpt1_shards, FLAGS.tokenizer_dir, FLAGS.preset_dir)
+        else:
+            path = presets.preset_from_state_dict(FLAGS.state_dict, FLAGS.model, FLAGS.tokenizer_dir,
+                                                  FLAGS.preset_dir, FLAGS.n_ctx)
+    except (FileNotFoundError, KeyError, ValueError) as err:
+        sys.exit(f"gpt_tf.convert: {err}")
+    print(path, flush=True)
+
+
+if __name__ == "__main__":
+    define_flags()
+    app.run(main)
