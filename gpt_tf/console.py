@@ -1,6 +1,8 @@
 """What the command lines show on a console: TensorFlow's start-up kept quiet, progress that reads in a log.
 
-* ``import_tensorflow()`` is the process's first TensorFlow import. First it sets this machine's fastest
+* ``import_tensorflow()`` is the process's first TensorFlow import. The command lines are TensorFlow programs:
+  it first makes Keras run on TensorFlow in this process (``gpt_tf.backend.use_tensorflow_for_command``: a
+  ``KERAS_BACKEND`` set to another backend is overridden, with one line saying so). Then it sets this machine's fastest
   settings (oneDNN rewrites, fused kernels, thread pools: ``gpt_tf/autotune.py``, measured once per
   machine, cached) and prints the one line saying which; ``serving=True`` takes the serving default
   instead (``autotune.apply_serving``). TensorFlow's C++ start-up
@@ -35,6 +37,11 @@ def verbose() -> bool:
 def import_tensorflow(serving: bool = False):
     """``import tensorflow`` with this machine's settings and its start-up lines off the console (see the
     module doc); returns it."""
+    from gpt_tf import backend
+
+    line = backend.use_tensorflow_for_command()
+    if line:
+        print(line, file=sys.stderr, flush=True)
     if "tensorflow" in sys.modules:
         import tensorflow as tf
 
