@@ -34,7 +34,7 @@ def shared_data() -> Path:
 # go), while the other worker had nothing left to do.
 LONGEST_FIRST = ("test_walkthrough", "serving_e2e", "test_finetune_loop", "test_finetune", "test_serving_ab",
                  "test_server_hardening", "test_tokenizer", "test_buckets", "test_torch_pretrain", "test_train",
-                 "test_backends", "test_gpt1_family", "test_scale", "test_hot_swap_memory", "test_gpt1_presets_cli")
+                 "test_backends", "test_jax_pretrain", "test_gpt1_family", "test_scale", "test_hot_swap_memory", "test_gpt1_presets_cli")
 
 
 # The numerics-sensitive tests: they compare floats TensorFlow computes, against a reference, between two computation
