@@ -29,6 +29,7 @@ TEXTS = ["a gripping , beautifully acted film .", "a dull mess", "it is what it 
 LABELS = [1, 0, 0, 1, 0, 1, 0, 1]
 CHOICES = [["yes .", "no ."], ["it rained .", "the sun ate it ."]]
 PROMPTS = ["the man walked", "she"]
+SHIPPED = "gpt1_tiny_books_en"  # the books model the package ships (its model card names the backends tested here)
 CLOSE = {"rtol": 1e-5, "atol": 1e-5}
 LM_COEF = 0.5
 
@@ -38,11 +39,12 @@ def _outputs(models: dict) -> dict:
     """Every model's output on the fixed inputs, as numpy."""
     import keras
 
-    lm = models["lm"]
+    lm, shipped = models["lm"], models["shipped"]
     features = lm.preprocessor.generate_preprocess(PROMPTS, sequence_length=16)
     return {
         "states": keras.ops.convert_to_numpy(lm.backbone(features["token_ids"])),
         "lm": keras.ops.convert_to_numpy(lm(features)),
+        "shipped": keras.ops.convert_to_numpy(shipped(shipped.preprocessor.generate_preprocess(PROMPTS, sequence_length=16))),
         "classifier": models["classifier"].predict(TEXTS, verbose=0),
         "regressor": models["regressor"].predict((TEXTS[:2], TEXTS[2:4]), verbose=0),
         "choice": models["choice"].predict((TEXTS[:2], CHOICES), verbose=0),
@@ -104,7 +106,9 @@ def child(name: str, folder: Path) -> None:
     classes = {"lm": gpt_tf.GPT1CausalLM, "classifier": gpt_tf.GPT1TextClassifier,
                "regressor": gpt_tf.GPT1TextRegressor, "choice": gpt_tf.GPT1MultipleChoice}
     models = {key: cls.from_preset(str(folder / key)) for key, cls in classes.items()}
-    report = {"outputs": {k: v.tolist() for k, v in _outputs(models).items()}, "generate": _generations(models["lm"])}
+    models["shipped"] = gpt_tf.GPT1CausalLM.from_preset(SHIPPED)
+    report = {"outputs": {k: v.tolist() for k, v in _outputs(models).items()},
+              "generate": _generations(models["lm"]), "generate_shipped": _generations(models["shipped"])}
     before = BACKENDS[BACKENDS.index(name) - 1]
     if (folder / f"{before}_fitted").is_dir():  # the preset the backend before this one fitted and saved
         report["loaded"] = _loaded(folder, before)
@@ -137,6 +141,7 @@ def reports(tmp_path_factory) -> dict:
               "choice": gpt_tf.GPT1MultipleChoice(backbone, 2, task(tokenizer))}
     for key, model in models.items():
         model.save_to_preset(str(folder / key))
+    models["shipped"] = gpt_tf.GPT1CausalLM.from_preset(SHIPPED)
     here = {k: v.tolist() for k, v in _outputs(models).items()}
     out = {}
     for name in BACKENDS:
@@ -154,10 +159,11 @@ def test_every_model_of_the_family_gives_the_presets_outputs(reports, name):
         np.testing.assert_allclose(reports[name]["outputs"][key], want, **CLOSE, err_msg=f"{name}: {key}")
 
 
-def test_greedy_generation_is_the_same_with_and_without_the_cache_on_every_backend(reports):
-    tensorflow = reports["tensorflow"]["generate"]
+@pytest.mark.parametrize("model", ["generate", "generate_shipped"])
+def test_greedy_generation_is_the_same_with_and_without_the_cache_on_every_backend(reports, model):
+    tensorflow = reports["tensorflow"][model]
     for name in BACKENDS:
-        got = reports[name]["generate"]
+        got = reports[name][model]
         assert got["cached"] == got["uncached"], name
         assert got == tensorflow, f"{name} generated other tokens than tensorflow"
         assert len(got["texts"]) == 2 and all(got["texts"]) and got["texts"][0].startswith(PROMPTS[0])
