@@ -23,8 +23,9 @@ PyTorch at ``tiny``/``small``, ≥ 1.5× both at GPT-1 size; fine-tuning ≥ 1.5
 evaluation. Where one is missed, ``python -m bench.finetune_speed --mode=profile`` says where the time goes.
 
 ``--mode=generate``: generation tokens/s, greedy, one prompt of ``--prompt_tokens`` (32) continued by
-``--new_tokens`` (128), at the ``--generate_presets`` sizes (``tiny`` with the shipped books weights, GPT-1's size
-with random ones), each stack in its own worker, taking turns call by call: ``GPT1CausalLM.generate`` (the
+``--new_tokens`` (128), at the ``--generate_presets`` sizes (random weights, and the context raised to hold
+prompt and continuation where the size's is shorter; ``tiny`` with the shipped books weights where its 128 tokens
+suffice), each stack in its own worker, taking turns call by call: ``GPT1CausalLM.generate`` (the
 key/value cache), its ``generate_step(use_cache=False)`` (each token runs the sequence so far), and
 ``transformers.OpenAIGPTLMHeadModel.generate`` (``use_cache=True``, ``do_sample=False``) on the same weights;
 the goal: the cache ≥ 1.5× transformers. It also reports how many generated tokens the stacks share.
@@ -180,7 +181,7 @@ def _ours(spec, config):
     from gpt_tf.preset_io import SHIPPED_DIR, load_preset_weights
 
     lm = causal_lm_for(config)
-    if spec["preset"] == "tiny":
+    if spec["weights"] == "shipped":
         load_preset_weights(lm.backbone, str(Path(SHIPPED_DIR) / "gpt1_tiny_books_en"))
     lm.use_sampler("greedy")
     total, prompt = spec["prompt_tokens"] + spec["new_tokens"], spec["prompt"]
@@ -227,7 +228,7 @@ def generate_worker(spec) -> None:
 
     tf.config.threading.set_intra_op_parallelism_threads(spec["threads"])
     tf.config.threading.set_inter_op_parallelism_threads(spec["threads"])
-    config = get_size(spec["preset"])
+    config = get_size(spec["preset"], n_ctx=spec["n_ctx"])
     if spec["stack"] == "transformers":  # the same weights: ours, as transformers' state dict
         from gpt_tf.weights import to_hf_state_dict
 
@@ -248,10 +249,11 @@ def generation(preset: str, log) -> dict:
     from gpt_tf.config import get_size
 
     config = get_size(preset)
+    total = FLAGS.prompt_tokens + FLAGS.new_tokens  # a longer context than the size's: its shape, random weights
+    shipped = preset == "tiny" and total <= config.n_ctx
     base = {"preset": preset, "prompt_tokens": FLAGS.prompt_tokens, "new_tokens": FLAGS.new_tokens,
+            "n_ctx": max(total, config.n_ctx), "weights": "shipped" if shipped else "random",
             "threads": FLAGS.generate_threads, "prompt": _prompt(config.vocab_size, FLAGS.prompt_tokens)}
-    if base["prompt_tokens"] + base["new_tokens"] > config.n_ctx:
-        raise app.UsageError(f"--prompt_tokens + --new_tokens exceed {preset}'s context ({config.n_ctx})")
     workers = {stack: Worker({**base, "stack": stack}, "bench.speed_table") for stack in GENERATE_STACKS}
     calls = {stack: [] for stack in GENERATE_STACKS}
     try:
@@ -273,7 +275,8 @@ def generation(preset: str, log) -> dict:
     shared = {f"ours_cache = {other}": sum(map(int.__eq__, tokens["ours_cache"], tokens[other])) / len(tokens[other])
               for other in ("ours_no_cache", "transformers")}
     ratio = rows["ours_cache"]["tokens_per_s"] / rows["transformers"]["tokens_per_s"]
-    return {"preset": preset, "rows": rows, "same_tokens": shared, "cache_vs_transformers": ratio,
+    return {"preset": preset, "n_ctx": base["n_ctx"], "weights": base["weights"], "rows": rows,
+            "same_tokens": shared, "cache_vs_transformers": ratio,
             "no_cache_vs_transformers": rows["ours_no_cache"]["tokens_per_s"] / rows["transformers"]["tokens_per_s"]}
 
 
@@ -283,13 +286,14 @@ def generation_markdown(report: dict) -> str:
              f"Greedy generation, one prompt of {FLAGS.prompt_tokens} tokens continued by {FLAGS.new_tokens}; "
              f"tokens/s, the median of {FLAGS.generate_rounds} calls per stack, the stacks taking turns, "
              f"{FLAGS.generate_threads} thread(s) each:", "",
-             "| size | ours, cache | ours, no cache | transformers | cache / transformers | no cache / transformers "
+             "| size (context, weights) | ours, cache | ours, no cache | transformers | cache / transformers "
+             "| no cache / transformers "
              "| tokens shared (cache = no cache; = transformers) | others' CPU |",
              "|---|---:|---:|---:|---:|---:|---|---:|"]
     for g in report["generation"]:
         r = g["rows"]
         others = median([row["others_cpu_share"] for row in r.values()])
-        lines.append(f"| {g['preset']} | " + " | ".join(f"{r[s]['tokens_per_s']:,.1f}" for s in GENERATE_STACKS)
+        lines.append(f"| {g['preset']} ({g['n_ctx']}, {g['weights']}) | " + " | ".join(f"{r[s]['tokens_per_s']:,.1f}" for s in GENERATE_STACKS)
                      + f" | **{g['cache_vs_transformers']:.2f}×** | {g['no_cache_vs_transformers']:.2f}× | "
                      + "; ".join(f"{v:.0%}" for v in g["same_tokens"].values()) + f" | {100 * others:.0f}% |")
     lines += ["", f"Goal: the cache ≥ {GENERATE_GOAL}× transformers: " + ", ".join(
