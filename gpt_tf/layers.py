@@ -163,10 +163,12 @@ class CausalSelfAttention(keras.layers.Layer):
         """``x`` [batch, length, d] -> [batch, length, d]; with ``positions`` [batch] (int32), only the
         output at that position of each row, [batch, 1, d] (its query against all keys up to it).
 
-        Generation (``cache_update_index`` given) returns ``(output, cache)``, the cache ``[batch, 2, heads,
-        cache_length, head]`` (keys, values). ``cache`` None: ``x`` is the tokens from position 0 on (``length`` =
+        Generation (``cache_update_index`` given) returns ``(output, cache)``, the cache ``(keys, values)``, each
+        ``[batch, heads, cache_length, head]``. ``cache`` None: ``x`` is the tokens from position 0 on (``length`` =
         the cache's length) and the cache holds their keys and values; else ``x`` is one token at position
         ``cache_update_index``, whose key and value are written there, its query attending to positions up to it.
+        (Keys and values apart, not stacked: each step then reads and writes the cache once, which at GPT-1's size
+        is a tenth of a step's memory traffic.)
         """
         batch, length, d = ops.shape(x)[0], ops.shape(x)[1], x.shape[-1]
         head = d // self.n_head
@@ -178,9 +180,9 @@ class CausalSelfAttention(keras.layers.Layer):
         if cache_update_index is not None and cache is not None:  # one new token; the keys up to it are visible
             if x.shape[1] not in (1, None):
                 raise ValueError(f"a cached step takes one token per row, got {x.shape[1]}")
-            keys = ops.arange(ops.shape(cache)[3])
+            keys = ops.arange(ops.shape(cache[0])[2])
             at = ops.expand_dims(keys == cache_update_index, -1)  # [cache_length, 1]: where the new key goes
-            k, v = ops.where(at, k, cache[:, 0]), ops.where(at, v, cache[:, 1])  # core ops: a select, not XLA's update
+            k, v = ops.where(at, k, cache[0]), ops.where(at, v, cache[1])  # core ops: a select, not XLA's update
             bias, rows = ops.where(keys <= cache_update_index, 0.0, -1e9), length
         elif positions is None:
             bias, rows = causal_bias(length, x.shape[1]), length
@@ -194,7 +196,7 @@ class CausalSelfAttention(keras.layers.Layer):
         out = ops.matmul(weights, v)  # [batch, heads, rows, head]
         out = ops.reshape(ops.transpose(out, (0, 2, 1, 3)), (batch, rows, d))
         out = self.resid_dropout(self.c_proj(out), training=training)
-        return out if cache_update_index is None else (out, ops.stack([k, v], axis=1))
+        return out if cache_update_index is None else (out, (k, v))
 
     def get_config(self):
         return {

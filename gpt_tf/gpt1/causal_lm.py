@@ -93,17 +93,17 @@ class GPT1CausalLM(FindsPresets, keras_hub.models.CausalLM):
     def call_with_cache(self, token_ids, cache, cache_update_index):
         """``(logits, hidden_states, cache)`` of ``token_ids`` at positions from ``cache_update_index`` on.
 
-        ``cache`` ``[batch, num_layers, 2, num_heads, cache_length, head_dim]`` (each block's keys and values), or
-        None with ``cache_update_index`` 0: a new cache of ``token_ids`` (``[batch, cache_length]``). With a cache,
+        ``cache``: each block's ``(keys, values)``, each ``[batch, num_heads, cache_length, head_dim]`` (keras-hub
+        stacks them in one tensor; apart, a step copies the cache once instead of four times), or None with
+        ``cache_update_index`` 0: a new cache of ``token_ids`` (``[batch, cache_length]``). With a cache,
         ``token_ids`` is one token per row, written at ``cache_update_index``."""
         backbone = self.backbone
         h = backbone.embed(token_ids, start_index=cache_update_index)
         caches = []
         for i, block in enumerate(backbone.blocks):
-            block_cache = None if cache is None else cache[:, i]
-            h, block_cache = block(h, cache=block_cache, cache_update_index=cache_update_index)
+            h, block_cache = block(h, cache=None if cache is None else cache[i], cache_update_index=cache_update_index)
             caches.append(block_cache)
-        return backbone.embed.logits(h), h, ops.stack(caches, axis=1)
+        return backbone.embed.logits(h), h, tuple(caches)
 
     def _build_cache(self, token_ids):
         """The prompt's ``(hidden_states, cache)``: every position of ``token_ids`` run once."""
