@@ -27,8 +27,10 @@ evaluation. Where one is missed, ``python -m bench.finetune_speed --mode=profile
 prompt and continuation where the size's is shorter; ``tiny`` with the shipped books weights where its 128 tokens
 suffice), each stack in its own worker, taking turns call by call: ``GPT1CausalLM.generate`` (the
 key/value cache), its ``generate_step(use_cache=False)`` (each token runs the sequence so far), and
-``transformers.OpenAIGPTLMHeadModel.generate`` (``use_cache=True``, ``do_sample=False``) on the same weights;
-the goal: the cache ≥ 1.5× transformers. It also reports how many generated tokens the stacks share.
+``transformers.OpenAIGPTLMHeadModel.generate`` (``use_cache=True``, ``do_sample=False``) on the same weights, which
+keeps no cache (transformers' GPT-1 predates them: ``use_cache`` is ignored), and ``GPT2LMHeadModel.generate`` of
+the same shape (random weights), transformers' generation with a cache; the goal: the cache ≥ 1.5× transformers.
+It also reports how many generated tokens the stacks share.
 """
 
 from __future__ import annotations
@@ -46,7 +48,7 @@ from bench._train_stacks import PRESET_DEFAULTS
 from bench.harness import ROOT, apply_settings, cpu_slug, header, machine_info, median, save_report
 
 FLAGS = flags.FLAGS
-GENERATE_STACKS = ("ours_cache", "ours_no_cache", "transformers")
+GENERATE_STACKS = ("ours_cache", "ours_no_cache", "transformers", "transformers_gpt2")
 GENERATE_GOAL = 1.5  # ours with the cache against transformers' generate with its cache
 SIZES = {preset: {"batch": d["batch"], "seq": d["seq"]} for preset, d in PRESET_DEFAULTS.items()}
 GOALS = {"tiny": (1.25, 1.5), "small": (1.25, 1.5), "gpt1": (1.5, 1.5), "test": (1.25, 1.5)}  # vs keras-hub, PyTorch
@@ -194,18 +196,23 @@ def _ours(spec, config):
     return lm, lambda: step(inputs).numpy()[0]
 
 
-def _transformers(spec, config, state):
-    """``OpenAIGPTLMHeadModel.generate`` (greedy, ``use_cache=True``) with ``state``'s weights."""
+def _transformers(spec, config, state=None):
+    """``OpenAIGPTLMHeadModel.generate`` (greedy, ``use_cache=True``) with ``state``'s weights; without ``state``,
+    ``GPT2LMHeadModel`` of the same shape (random weights), whose ``generate`` has a key/value cache."""
     import torch
     import transformers
 
     torch.set_num_threads(spec["threads"])
-    model = transformers.OpenAIGPTLMHeadModel(transformers.OpenAIGPTConfig(
-        vocab_size=config.vocab_size, n_positions=config.n_ctx, n_embd=config.n_embd, n_layer=config.n_layer,
-        n_head=config.n_head, afn="gelu", layer_norm_epsilon=config.layer_norm_epsilon)).float().eval()
-    missing, unexpected = model.load_state_dict({k: torch.from_numpy(v) for k, v in state.items()}, strict=False)
-    if unexpected or [k for k in missing if not k.endswith(".attn.bias")]:
-        raise ValueError(f"weights do not fit transformers' model: missing {missing}, unexpected {unexpected}")
+    shape = dict(vocab_size=config.vocab_size, n_positions=config.n_ctx, n_embd=config.n_embd, n_layer=config.n_layer,
+                 n_head=config.n_head, layer_norm_epsilon=config.layer_norm_epsilon)
+    if state is None:
+        model = transformers.GPT2LMHeadModel(transformers.GPT2Config(**shape, activation_function="gelu_new"))
+    else:
+        model = transformers.OpenAIGPTLMHeadModel(transformers.OpenAIGPTConfig(**shape, afn="gelu"))
+        missing, unexpected = model.load_state_dict({k: torch.from_numpy(v) for k, v in state.items()}, strict=False)
+        if unexpected or [k for k in missing if not k.endswith(".attn.bias")]:
+            raise ValueError(f"weights do not fit transformers' model: missing {missing}, unexpected {unexpected}")
+    model = model.float().eval()
     prompt = torch.tensor([spec["prompt"]])
 
     def generate():
@@ -233,6 +240,8 @@ def generate_worker(spec) -> None:
         from gpt_tf.weights import to_hf_state_dict
 
         run = _transformers(spec, config, to_hf_state_dict(_ours({**spec, "stack": "ours_cache"}, config)[0]))
+    elif spec["stack"] == "transformers_gpt2":
+        run = _transformers(spec, config)
     else:
         run = _ours(spec, config)[1]
     emit("READY", {"n_params": config.n_params})
@@ -277,7 +286,8 @@ def generation(preset: str, log) -> dict:
     ratio = rows["ours_cache"]["tokens_per_s"] / rows["transformers"]["tokens_per_s"]
     return {"preset": preset, "n_ctx": base["n_ctx"], "weights": base["weights"], "rows": rows,
             "same_tokens": shared, "cache_vs_transformers": ratio,
-            "no_cache_vs_transformers": rows["ours_no_cache"]["tokens_per_s"] / rows["transformers"]["tokens_per_s"]}
+            "no_cache_vs_transformers": rows["ours_no_cache"]["tokens_per_s"] / rows["transformers"]["tokens_per_s"],
+            "cache_vs_gpt2_cache": rows["ours_cache"]["tokens_per_s"] / rows["transformers_gpt2"]["tokens_per_s"]}
 
 
 def generation_markdown(report: dict) -> str:
@@ -286,17 +296,22 @@ def generation_markdown(report: dict) -> str:
              f"Greedy generation, one prompt of {FLAGS.prompt_tokens} tokens continued by {FLAGS.new_tokens}; "
              f"tokens/s, the median of {FLAGS.generate_rounds} calls per stack, the stacks taking turns, "
              f"{FLAGS.generate_threads} thread(s) each:", "",
-             "| size (context, weights) | ours, cache | ours, no cache | transformers | cache / transformers "
-             "| no cache / transformers "
+             "| size (context, weights) | ours, cache | ours, no cache | transformers | GPT-2 shape, cached "
+             "| cache / transformers | no cache / transformers | cache / GPT-2 cached "
              "| tokens shared (cache = no cache; = transformers) | others' CPU |",
-             "|---|---:|---:|---:|---:|---:|---|---:|"]
+             "|---|---:|---:|---:|---:|---:|---:|---:|---|---:|"]
     for g in report["generation"]:
         r = g["rows"]
         others = median([row["others_cpu_share"] for row in r.values()])
-        lines.append(f"| {g['preset']} ({g['n_ctx']}, {g['weights']}) | " + " | ".join(f"{r[s]['tokens_per_s']:,.1f}" for s in GENERATE_STACKS)
-                     + f" | **{g['cache_vs_transformers']:.2f}×** | {g['no_cache_vs_transformers']:.2f}× | "
+        rates = " | ".join(f"{r[s]['tokens_per_s']:,.1f}" for s in GENERATE_STACKS)
+        lines.append(f"| {g['preset']} ({g['n_ctx']}, {g['weights']}) | {rates}"
+                     + f" | **{g['cache_vs_transformers']:.2f}×** | {g['no_cache_vs_transformers']:.2f}× "
+                     + f"| {g['cache_vs_gpt2_cache']:.2f}× | "
                      + "; ".join(f"{v:.0%}" for v in g["same_tokens"].values()) + f" | {100 * others:.0f}% |")
-    lines += ["", f"Goal: the cache ≥ {GENERATE_GOAL}× transformers: " + ", ".join(
+    lines += ["", "transformers' `OpenAIGPTLMHeadModel` keeps no key/value cache (its `generate` ignores `use_cache`: "
+              "each token runs the sequence so far, as ours without the cache); `GPT2LMHeadModel` of the same shape "
+              "(pre-LN, random weights) is transformers' generation with a cache.", "",
+              f"Goal: the cache ≥ {GENERATE_GOAL}× transformers: " + ", ".join(
         f"{g['preset']} {'met' if g['cache_vs_transformers'] >= GENERATE_GOAL else 'missed'}"
         for g in report["generation"]) + "."]
     return "\n".join(lines) + "\n"
