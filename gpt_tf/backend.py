@@ -56,6 +56,16 @@ def require_tensorflow(what: str) -> None:
                            "GPT-1 models, their fit, predict and generate, and their presets work on every backend)")
 
 
+COMMAND_PACKAGES = ("gpt_tf", "pipelines", "serving", "tools", "bench")
+
+
+def running_a_command() -> bool:
+    """Whether this process was started as one of the project's command lines (``python -m gpt_tf.train``, ...).
+    One that picks another backend (``tools.jax_pretrain``) imports Keras before anything imports TensorFlow."""
+    main = getattr(sys.modules.get("__main__"), "__spec__", None)
+    return getattr(main, "name", "").split(".")[0] in COMMAND_PACKAGES
+
+
 def use_tensorflow_for_command(command: str = "") -> str:
     """Makes this process's Keras run on TensorFlow, as the command lines must (see the module doc): sets
     ``KERAS_BACKEND=tensorflow`` before Keras is imported. Returns the one line to show when another backend was
