@@ -1,7 +1,10 @@
 """What the command lines show on a console: TensorFlow's start-up kept quiet, progress that reads in a log.
 
-* ``import_tensorflow()`` is the process's first TensorFlow import. First it sets this machine's fastest
-  settings (oneDNN rewrites, fused kernels, thread pools: ``gpt_tf/autotune.py``, measured once per
+* ``import_tensorflow()`` is the process's first TensorFlow import. The command lines are TensorFlow programs: in
+  a process started as one of them, before Keras is imported, it first makes Keras run on TensorFlow
+  (``gpt_tf.backend.use_tensorflow_for_command``: a ``KERAS_BACKEND`` set to another backend is overridden, with
+  one line saying so; a library call in a user's process leaves the backend alone). Then it sets this machine's
+  fastest settings (oneDNN rewrites, fused kernels, thread pools: ``gpt_tf/autotune.py``, measured once per
   machine, cached) and prints the one line saying which; ``serving=True`` takes the serving default
   instead (``autotune.apply_serving``). TensorFlow's C++ start-up
   lines (the oneDNN notice, the CUDA probe and its ``failed call to cuInit`` error on a machine
@@ -35,6 +38,12 @@ def verbose() -> bool:
 def import_tensorflow(serving: bool = False):
     """``import tensorflow`` with this machine's settings and its start-up lines off the console (see the
     module doc); returns it."""
+    from gpt_tf import backend
+
+    if backend.running_a_command() and "keras" not in sys.modules:
+        line = backend.use_tensorflow_for_command()
+        if line:
+            print(line, file=sys.stderr, flush=True)
     if "tensorflow" in sys.modules:
         import tensorflow as tf
 

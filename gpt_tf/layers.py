@@ -1,23 +1,24 @@
-"""The GPT-1 building blocks as Keras 3 layers (paper §3.1, §4.1; Radford et al. 2018).
+"""The GPT-1 building blocks as Keras 3 layers (paper §3.1, §4.1; Radford et al. 2018), in ``keras.ops``.
 
 Every layer mirrors a scope of the released TensorFlow code (openai/finetune-transformer-lm):
 ``c_attn`` (fused Q/K/V projection), ``c_proj``, ``c_fc``, ``ln_1``, ``ln_2``. Blocks are
 post-LN: ``n = LN(x + attn(x)); h = LN(n + mlp(n))``. GELU is the tanh approximation the
 release used. Weights are N(0, 0.02), biases 0, layer-norm gains 1.
 
-Speed notes (measured in ``bench/train_throughput.py``, ``bench/finetune_speed.py``): Q, K and V
-come out of one matmul and are split with one ``split`` (whose gradient is one concat, not three
-full-size slice gradients); the causal mask is an additive constant bias; ``Conv1D`` is a 2-D
-MatMul + BiasAdd, which oneDNN fuses (with the GELU after it too, where no gradient needs the
-pre-activation: evaluation, serving), and in training its weight gradient runs on a padded copy of
-an operand whose rows are a multiple of 4 KiB apart where that is measured faster
-(``gpt_tf.aliased_grads``); dropout masks come from 16 random bits per element, for static and
-dynamic (length-bucketed) shapes alike; the attention softmax runs in float32 even under
-``mixed_bfloat16`` so masked logits (-1e9) stay exact; layer norm has a hand-written gradient
-(``LayerNorm``: Keras's arithmetic in half the graph ops). In training, the GELU, the layer norm and
-the dropout run as fused C++ kernels where they can (``gpt_tf.kernels``: the same values, one pass
-each way), else the graph (the GELU then in float32 under ``mixed_bfloat16``, where CPU element-wise
-kernels are twice as fast).
+The math is written once, in ``keras.ops``: it runs on JAX, TensorFlow and PyTorch. Where Keras runs on
+TensorFlow, a few pieces run by TensorFlow code of the same arithmetic that is faster on a CPU
+(``gpt_tf/tf_pieces.py``, chosen at run time by ``gpt_tf.backend.tf_pieces()``): ``Conv1D``'s MatMul + BiasAdd
+(which oneDNN fuses, with the GELU after it where no gradient needs the pre-activation) with, in training, the
+padded weight gradient and the fused GELU kernel; layer norm with a written-out gradient or the fused kernels;
+``Dropout16``'s mask from TF's Philox stream or the fused kernel; the attention's ``q·kᵀ`` and the gather of one
+position per row. Q, K and V come out of one matmul and are split with one ``split`` (whose gradient is one
+concat); the causal mask is an additive constant bias where the length is static; dropout masks come from 16
+random bits per element (an exact rate under bfloat16 too); the attention softmax runs in float32 even under
+``mixed_bfloat16`` so masked logits (-1e9) stay exact.
+
+Generation's key/value cache: ``CausalSelfAttention`` and ``TransformerBlock`` take a ``cache`` and a
+``cache_update_index`` and return the updated cache with their output (keras-hub's convention; the language
+model's ``call_with_cache``: ``gpt_tf/gpt1/causal_lm.py``).
 """
 
 from __future__ import annotations
@@ -26,19 +27,48 @@ import math
 
 import keras
 import numpy as np
-import tensorflow as tf
 from keras import ops
 
-from gpt_tf import aliased_grads, inference_gelu, kernels
+from gpt_tf import backend
 
 PACKAGE = "gpt_tf"
 
 
 def gelu(x):
     """GELU, tanh approximation (as in the GPT-1 release and HF ``gelu_new``):
-    ``0.5·x·(1 + tanh(sqrt(2/π)·(x + 0.044715·x³)))``, written as ``tf.nn.gelu`` writes it, the
-    pattern TF's oneDNN remapper fuses with the MatMul + BiasAdd before it in inference graphs."""
-    return tf.nn.gelu(x, approximate=True)
+    ``0.5·x·(1 + tanh(sqrt(2/π)·(x + 0.044715·x³)))``."""
+    pieces = backend.tf_pieces()
+    return pieces.gelu(x) if pieces is not None else ops.gelu(x, approximate=True)
+
+
+def layer_norm(x, gamma, beta, epsilon, training=False):
+    """``(x - mean) / sqrt(var + epsilon) · gamma + beta`` over the last axis, computed in float32 (``gamma`` and
+    ``beta`` read as float32) and returned in ``x``'s dtype: Keras's arithmetic (TensorFlow: with a written-out
+    gradient, or the fused kernels in training)."""
+    pieces = backend.tf_pieces()
+    if pieces is not None:
+        return pieces.layer_norm(x, gamma, beta, epsilon, training)
+    xf = ops.cast(x, "float32")
+    centred = xf - ops.mean(xf, axis=-1, keepdims=True)
+    normed = centred * ops.rsqrt(ops.mean(ops.square(centred), axis=-1, keepdims=True) + epsilon)
+    return ops.cast(normed * ops.cast(gamma, "float32") + ops.cast(beta, "float32"), x.dtype)
+
+
+def take_at(x, index, axis: int):
+    """``x`` at position ``index[b...]`` along ``axis``, that axis kept with length 1; ``index`` (int) has the shape of
+    ``x``'s leading dimensions (some or all of those before ``axis``)."""
+    pieces = backend.tf_pieces()
+    if pieces is not None:
+        return pieces.take_at(x, index, axis)
+    index = ops.cast(index, "int32")
+    index = ops.reshape(index, (*ops.shape(index), *[1] * (len(x.shape) - len(index.shape))))
+    return ops.take_along_axis(x, index, axis=axis)
+
+
+def attention_scores(q, k):
+    """``q @ kᵀ`` over the last two axes."""
+    pieces = backend.tf_pieces()
+    return pieces.attention_scores(q, k) if pieces is not None else ops.matmul(q, ops.swapaxes(k, -1, -2))
 
 
 def _normal(std):
@@ -48,13 +78,9 @@ def _normal(std):
 @keras.saving.register_keras_serializable(package=PACKAGE)
 class Conv1D(keras.layers.Layer):
     """The release's ``conv1d`` with receptive field 1: ``x @ w + b`` over the last axis, then
-    ``activation`` (None or ``"gelu"``).
+    ``activation`` (None or ``"gelu"``), in this layer's name scope (see ``tf_pieces.dense``)."""
 
-    The GELU is applied here, in the layer's own name scope, because TF's oneDNN remapper fuses
-    MatMul + BiasAdd + GELU into one kernel only when the three share a name scope (measured: with
-    the GELU in the caller's scope the graph keeps its 8 element-wise ops)."""
-
-    ACTIVATIONS = {None: None, "gelu": gelu}
+    ACTIVATIONS = (None, "gelu")
 
     def __init__(self, units, init_std=0.02, activation=None, **kwargs):
         super().__init__(**kwargs)
@@ -69,28 +95,11 @@ class Conv1D(keras.layers.Layer):
         self.b = self.add_weight(name="b", shape=(self.units,), initializer="zeros")
 
     def call(self, x, training=False):
-        # As the release's conv1d: a 2-D MatMul + BiasAdd (fused by oneDNN), not tensordot + add.
-        x2 = tf.reshape(x, (-1, x.shape[-1]))
-        if training and aliased_grads.pads(x.shape[-1], self.units, x2.dtype):
-            # Rows 4 KiB apart: the weight gradient on a padded copy, where measured faster (gpt_tf/aliased_grads.py)
-            w, b = (tf.convert_to_tensor(v, x2.dtype) for v in (self.w, self.b))
-            y = aliased_grads.dense_padded_grad(x2, w, b)
-        else:
-            y = tf.nn.bias_add(tf.matmul(x2, self.w), self.b)
-        if self.activation:
-            activation = self.ACTIVATIONS[self.activation]
-            if self.activation == "gelu" and (kernels.can_fuse(y) if training else inference_gelu.uses_kernel(y, x2.shape[-1])):
-                # forward and gradient in one pass each (gpt_tf/kernels); in the project's own evaluation passes,
-                # where measured faster than oneDNN's fused GELU (gpt_tf/inference_gelu.py)
-                y = kernels.fused_gelu(y)
-            elif training and y.dtype != tf.float32:
-                # Training keeps the pre-activation for the gradient, so nothing fuses the activation;
-                # run it (and its gradient) in float32: CPU element-wise kernels take ~2x as long in
-                # bfloat16 as in float32, and float32 halves the rounding error of the 16-bit chain.
-                y = tf.cast(activation(tf.cast(y, tf.float32)), y.dtype)
-            else:
-                y = activation(y)
-        return tf.reshape(y, tf.concat([tf.shape(x)[:-1], [self.units]], 0))
+        pieces = backend.tf_pieces()
+        if pieces is not None:
+            return pieces.dense(x, self.w, self.b, self.activation, training)
+        y = ops.matmul(x, self.w) + self.b
+        return gelu(y) if self.activation else y
 
     def get_config(self):
         return {**super().get_config(), "units": self.units, "init_std": self.init_std, "activation": self.activation}
@@ -102,8 +111,9 @@ def causal_bias(length, static_length=None):
     A constant when the length is static, so the graph adds it instead of selecting with a mask.
     """
     if static_length is not None:
-        return tf.constant(np.triu(np.full((static_length, static_length), -1e9, np.float32), 1))
-    return (1.0 - tf.linalg.band_part(tf.ones((length, length)), -1, 0)) * -1e9
+        return ops.convert_to_tensor(np.triu(np.full((static_length, static_length), -1e9, np.float32), 1))
+    rows = ops.arange(length)
+    return ops.where(rows[None, :] <= rows[:, None], 0.0, -1e9)
 
 
 @keras.saving.register_keras_serializable(package=PACKAGE)
@@ -111,23 +121,20 @@ class Dropout16(keras.layers.Dropout):
     """Dropout whose mask comes from 16 random bits per element (half the Philox work of a float draw).
 
     Keeps an element iff its 16-bit draw is ≥ rate·2^16, so the drop rate is exact to 2^-16 (Keras
-    draws a uniform in the input dtype, which under bfloat16 drops ~10.2% for rate 0.1). Where the fused
-    kernels run, one kernel makes the same mask and output (``gpt_tf.kernels.fused_dropout``).
+    draws a uniform in the input dtype, which under bfloat16 drops ~10.2% for rate 0.1). On TensorFlow the bits
+    are TF's Philox stream, the same as the fused kernel's where it runs (``tf_pieces.dropout16``); on the other
+    backends, ``keras.random.randint``'s.
     """
 
     def call(self, inputs, training=False):
         if not training or self.rate <= 0 or self.noise_shape is not None:
             return super().call(inputs, training=training)
-        seed = self.seed_generator.next()
         threshold, scale = round(self.rate * 65536) - 32768, 1.0 / (1.0 - self.rate)  # keep iff draw >= threshold
-        if kernels.can_fuse(inputs):  # the same mask and values in one pass each way (gpt_tf/kernels)
-            return kernels.fused_dropout(inputs, seed, threshold, scale)
-        n = tf.size(inputs)  # static or not: length-bucketed batches have a dynamic length
-        bits = tf.random.stateless_uniform([(n + 1) // 2], seed, minval=None, maxval=None,
-                                           dtype=tf.uint32)
-        draws = tf.reshape(tf.reshape(tf.bitcast(bits, tf.int16), [-1])[:n], tf.shape(inputs))  # over [-2^15, 2^15)
-        keep = draws >= tf.constant(threshold, tf.int16)
-        return tf.where(keep, inputs * tf.cast(scale, inputs.dtype), tf.zeros_like(inputs))
+        pieces = backend.tf_pieces()
+        if pieces is not None:  # TF's Philox stream, or the fused kernel (gpt_tf/tf_pieces.py)
+            return pieces.dropout16(inputs, self.seed_generator.next(), threshold, scale)
+        draws = keras.random.randint(ops.shape(inputs), -32768, 32768, dtype="int32", seed=self.seed_generator)
+        return ops.where(draws >= threshold, inputs * ops.cast(scale, inputs.dtype), ops.zeros_like(inputs))
 
 
 @keras.saving.register_keras_serializable(package=PACKAGE)
@@ -152,9 +159,17 @@ class CausalSelfAttention(keras.layers.Layer):
         self.c_proj = Conv1D(d, self.init_std, name="c_proj", dtype=self.dtype_policy)
         self.c_proj.build(input_shape)
 
-    def call(self, x, training=False, positions=None):
+    def call(self, x, training=False, positions=None, cache=None, cache_update_index=None):
         """``x`` [batch, length, d] -> [batch, length, d]; with ``positions`` [batch] (int32), only the
-        output at that position of each row, [batch, 1, d] (its query against all keys up to it)."""
+        output at that position of each row, [batch, 1, d] (its query against all keys up to it).
+
+        Generation (``cache_update_index`` given) returns ``(output, cache)``, the cache ``(keys, values)``, each
+        ``[batch, heads, cache_length, head]``. ``cache`` None: ``x`` is the tokens from position 0 on (``length`` =
+        the cache's length) and the cache holds their keys and values; else ``x`` is one token at position
+        ``cache_update_index``, whose key and value are written there, its query attending to positions up to it.
+        (Keys and values apart, not stacked: each step then reads and writes the cache once, which at GPT-1's size
+        is a tenth of a step's memory traffic.)
+        """
         batch, length, d = ops.shape(x)[0], ops.shape(x)[1], x.shape[-1]
         head = d // self.n_head
 
@@ -162,18 +177,26 @@ class CausalSelfAttention(keras.layers.Layer):
             return ops.transpose(ops.reshape(t, (batch, length, self.n_head, head)), (0, 2, 1, 3))
 
         q, k, v = (split_heads(t) for t in ops.split(self.c_attn(x), 3, axis=-1))
-        if positions is None:
+        if cache_update_index is not None and cache is not None:  # one new token; the keys up to it are visible
+            if x.shape[1] not in (1, None):
+                raise ValueError(f"a cached step takes one token per row, got {x.shape[1]}")
+            keys = ops.arange(ops.shape(cache[0])[2])
+            at = ops.expand_dims(keys == cache_update_index, -1)  # [cache_length, 1]: where the new key goes
+            k, v = ops.where(at, k, cache[0]), ops.where(at, v, cache[1])  # core ops: a select, not XLA's update
+            bias, rows = ops.where(keys <= cache_update_index, 0.0, -1e9), length
+        elif positions is None:
             bias, rows = causal_bias(length, x.shape[1]), length
         else:  # one query per row; it sees keys 0..position
-            q = tf.gather(q, positions[:, None], axis=2, batch_dims=1)  # [batch, heads, 1, head]
-            visible = tf.range(length)[None, :] <= positions[:, None]
-            bias, rows = tf.where(visible, 0.0, -1e9)[:, None, None, :], 1
-        scores = tf.matmul(q, k, transpose_b=True) * ops.cast(1.0 / math.sqrt(head), q.dtype)
+            q = take_at(q, positions, axis=2)  # [batch, heads, 1, head]
+            visible = ops.arange(length)[None, :] <= positions[:, None]
+            bias, rows = ops.where(visible, 0.0, -1e9)[:, None, None, :], 1
+        scores = attention_scores(q, k) * ops.cast(1.0 / math.sqrt(head), q.dtype)
         weights = ops.cast(ops.softmax(ops.cast(scores, "float32") + bias, axis=-1), v.dtype)
         weights = self.attn_dropout(weights, training=training)
         out = ops.matmul(weights, v)  # [batch, heads, rows, head]
         out = ops.reshape(ops.transpose(out, (0, 2, 1, 3)), (batch, rows, d))
-        return self.resid_dropout(self.c_proj(out), training=training)
+        out = self.resid_dropout(self.c_proj(out), training=training)
+        return out if cache_update_index is None else (out, (k, v))
 
     def get_config(self):
         return {
@@ -209,38 +232,10 @@ class MLP(keras.layers.Layer):
         return {**super().get_config(), "d_ff": self.d_ff, "resid_pdrop": self.resid_pdrop, "init_std": self.init_std}
 
 
-def layer_norm(x, gamma, beta, epsilon):
-    """``(x - mean) / sqrt(var + epsilon) · gamma + beta`` over the last axis, computed in float32 and
-    returned in ``x``'s dtype, with a hand-written gradient.
-
-    Autodiff through Keras's layer norm took ~80 graph ops per forward + backward; this gradient
-    (``dx = rstd·(g - mean(g) - x̂·mean(g·x̂))`` with ``g = dy·gamma``) takes ~45, which ran the pair in
-    0.43 ms instead of 0.75 on a bf16 [32, 18, 256] input."""
-
-    @tf.custom_gradient
-    def norm(x, gamma, beta):
-        xf = tf.cast(x, tf.float32)
-        centred = xf - tf.reduce_mean(xf, -1, keepdims=True)
-        rstd = tf.math.rsqrt(tf.reduce_mean(tf.square(centred), -1, keepdims=True) + epsilon)
-        normed = centred * rstd
-
-        def grad(dy):
-            dy = tf.cast(dy, tf.float32)
-            rows = list(range(len(dy.shape) - 1))  # every axis but the normalised one
-            g = dy * gamma
-            dx = rstd * (g - tf.reduce_mean(g, -1, keepdims=True)
-                         - normed * tf.reduce_mean(g * normed, -1, keepdims=True))
-            return tf.cast(dx, x.dtype), tf.reduce_sum(dy * normed, rows), tf.reduce_sum(dy, rows)
-
-        return tf.cast(normed * gamma + beta, x.dtype), grad
-
-    return norm(x, tf.cast(gamma, tf.float32), tf.cast(beta, tf.float32))
-
-
 @keras.saving.register_keras_serializable(package=PACKAGE)
 class LayerNorm(keras.layers.LayerNormalization):
     """Keras's ``LayerNormalization`` over the last axis (same weights, config and float32 arithmetic)
-    computed by ``layer_norm``: the same values, a gradient in about half the ops; in training, by the
+    computed by ``layer_norm``: on TensorFlow with a gradient in about half the ops, and in training by the
     fused kernels where they run (``gpt_tf.kernels.fused_layer_norm``: one pass forward, one backward)."""
 
     def build(self, input_shape):
@@ -251,10 +246,7 @@ class LayerNorm(keras.layers.LayerNormalization):
         super().build(input_shape)
 
     def call(self, inputs, training=False):
-        x = ops.cast(inputs, self.compute_dtype)
-        # In training, one pass forward and one backward where the fused kernels run (gpt_tf/kernels).
-        norm = kernels.fused_layer_norm if training and kernels.can_fuse(x) else layer_norm
-        return norm(x, self.gamma, self.beta, self.epsilon)
+        return layer_norm(ops.cast(inputs, self.compute_dtype), self.gamma, self.beta, self.epsilon, training)
 
 
 @keras.saving.register_keras_serializable(package=PACKAGE)
@@ -279,10 +271,15 @@ class TransformerBlock(keras.layers.Layer):
         for layer in (self.attn, self.ln_1, self.mlp, self.ln_2):
             layer.build(input_shape)
 
-    def call(self, x, training=False, positions=None):
+    def call(self, x, training=False, positions=None, cache=None, cache_update_index=None):
         """``[batch, length, d]`` -> the same; with ``positions`` [batch], only the state at that
-        position of each row, ``[batch, 1, d]`` (what a task head reads from the last block)."""
-        residual = x if positions is None else tf.gather(x, positions[:, None], axis=1, batch_dims=1)
+        position of each row, ``[batch, 1, d]`` (what a task head reads from the last block). With
+        ``cache_update_index``, ``(states, cache)``: the attention's key/value cache (``CausalSelfAttention``)."""
+        if cache_update_index is not None:
+            attended, cache = self.attn(x, training=training, cache=cache, cache_update_index=cache_update_index)
+            n = self.ln_1(x + attended, training=training)
+            return self.ln_2(n + self.mlp(n, training=training), training=training), cache
+        residual = x if positions is None else take_at(x, positions, axis=1)
         n = self.ln_1(residual + self.attn(x, training=training, positions=positions), training=training)
         return self.ln_2(n + self.mlp(n, training=training), training=training)
 
@@ -325,9 +322,15 @@ class GPTEmbedding(keras.layers.Layer):
             autocast=False,
         )
 
-    def call(self, token_ids, training=False):
+    def call(self, token_ids, training=False, start_index=0):
+        """Token + position embeddings of ``token_ids`` ``[batch, length]`` at positions ``start_index`` on."""
         length = ops.shape(token_ids)[-1]
-        h = ops.take(self.tokens_embed, token_ids, axis=0) + self.positions_embed[:length]
+        if isinstance(start_index, int) and start_index == 0:
+            positions = self.positions_embed[:length]
+        else:  # a generation step: the position of its token
+            table = ops.convert_to_tensor(self.positions_embed)
+            positions = ops.slice(table, [start_index, 0], [length, self.n_embd])
+        h = ops.take(self.tokens_embed, token_ids, axis=0) + positions
         return self.dropout(ops.cast(h, self.compute_dtype), training=training)
 
     def logits(self, h):

@@ -1,7 +1,7 @@
 """The training objectives' arithmetic, written once: what pre-training and fine-tuning minimise.
 
 * Eq. 1, the language model's loss: ``lm_loss`` (sums over tokens, for exact averaging across replicas and
-  micro-batches) on ``token_cross_entropy``, TensorFlow's cross-entropy rewritten for speed and memory.
+  micro-batches) on ``token_cross_entropy`` (on TensorFlow, its cross-entropy rewritten for speed and memory).
 * Eq. 5, fine-tuning's L3 = L2 + λ·L1 on one batch: ``task_loss`` (L2 the task's cross-entropy or squared
   error, L1 the auxiliary LM loss at the real next tokens only).
 * Fine-tuning's update: ``global_counts`` (the global batch's examples and LM tokens, all-reduced once per
@@ -9,14 +9,17 @@
   gradients sum to the global batch's). The CLI's loop (``gpt_tf.training.task_objective.Finetuner``) and the
   keras-hub tasks' ``fit`` (``GPT1TaskMixin.train_step``) both call these two, so they make the same update;
   ``finetune_loss`` is the value both report and the tasks' ``compute_loss``.
+
+In ``keras.ops``, for every backend, but ``global_counts`` (``tf.distribute``'s all-reduce: TensorFlow's loop and
+``fit``); the other backends' ``fit`` takes Keras's own train step, each batch normalised by its own counts.
 """
 
 from __future__ import annotations
 
 import keras
-import tensorflow as tf
 from keras import ops
 
+from gpt_tf import backend
 from gpt_tf.tasks import as_task_spec
 
 
@@ -37,30 +40,15 @@ def lm_loss(logits, targets, weights=None):
 def token_cross_entropy(logits, targets):
     """``-log softmax(logits)[target]`` per position: float32 ``logits`` [..., V], int ``targets`` [...].
 
-    The values and gradient (``softmax - one_hot(target)``) of ``tf.nn.sparse_softmax_cross_entropy_with_logits``,
-    about 3x faster on CPU: that fused kernel spends ~3.6 ns per logit on one core (Eigen; at λ = 0.5 it
-    was a tenth of a fine-tuning step), while ``tf.nn.softmax`` runs oneDNN's kernel. The log-normaliser
-    comes from the softmax itself: ``p_max = exp(max - lse)``, so ``lse = max - log(p_max)``, and
-    ``p_max >= 1/V`` never underflows (``log p[target]`` could).
+    Keras's sparse cross-entropy; on TensorFlow the same values and gradient (``softmax - one_hot(target)``) by
+    oneDNN's softmax and a written-out gradient, ~3x faster on a CPU and never a log of an underflowed
+    probability (``tf_pieces.token_cross_entropy``).
     """
-    logits = tf.convert_to_tensor(logits, tf.float32)
-    targets = tf.cast(targets, tf.int32)
-    vocab = tf.shape(logits)[-1]
-    flat, flat_targets = tf.reshape(logits, [-1, vocab]), tf.reshape(targets, [-1])
-
-    @tf.custom_gradient
-    def xent(flat):
-        probs = tf.nn.softmax(flat)
-        lse = tf.reduce_max(flat, -1) - tf.math.log(tf.reduce_max(probs, -1))
-        loss = lse - tf.gather(flat, flat_targets, batch_dims=1)
-
-        def grad(upstream):
-            where = tf.stack([tf.range(tf.shape(flat_targets)[0]), flat_targets], 1)
-            return tf.tensor_scatter_nd_sub(probs, where, tf.ones_like(lse)) * upstream[:, None]
-
-        return loss, grad
-
-    return tf.reshape(xent(flat), tf.shape(targets))
+    pieces = backend.tf_pieces()
+    if pieces is not None:
+        return pieces.token_cross_entropy(logits, targets)
+    return keras.losses.sparse_categorical_crossentropy(ops.cast(targets, "int32"), ops.cast(logits, "float32"),
+                                                        from_logits=True)
 
 
 # ---------------------------------------------------------------------- Eq. 5: fine-tuning
@@ -114,7 +102,10 @@ def _task_loss_sum(head: str, task_out, label):
 def global_counts(features, label, lm_coef) -> dict:
     """In a replica: the global batch's ``examples`` and LM target ``lm_tokens`` (at least 1), each summed over
     the replicas by one all-reduce. They carry no gradient; taken from the features before any micro-batch
-    runs, they make every replica's and micro-batch's loss a share of the global batch's (``finetune_loss``)."""
+    runs, they make every replica's and micro-batch's loss a share of the global batch's (``finetune_loss``).
+    TensorFlow's (``tf.distribute``): the CLI's loop and the tasks' ``fit`` on TensorFlow."""
+    import tensorflow as tf  # pylint: disable=import-outside-toplevel
+
     ctx = tf.distribute.get_replica_context()
     lm = tf.reduce_sum(tf.cast(features["lm_weights"], tf.float32)) if lm_coef else tf.constant(0.0)
     return {"examples": ctx.all_reduce(tf.distribute.ReduceOp.SUM, tf.cast(tf.shape(label)[0], tf.float32)),

@@ -6,9 +6,11 @@
   or linear (fine-tuning) annealing to 0 at ``total_steps``.
 * Gradient clipping by global norm (``GPTAdamW.clip_and_apply``).
 
-``GPTAdamW`` expects gradients that the training step has already summed across replicas (the
-step all-reduces once, so clipping sees the true global norm); it therefore skips Keras's own
-per-replica all-reduce, which would otherwise clip per replica and sum twice.
+On TensorFlow, ``GPTAdamW`` expects gradients that the training step has already summed across replicas (the
+step all-reduces once, so clipping sees the true global norm: ``clip_and_apply``); it therefore skips Keras's own
+per-replica all-reduce, which would otherwise clip per replica and sum twice, and runs its update in the fused
+kernel where that runs. On JAX and PyTorch it is Keras's AdamW with the same decay rule, clipping by Keras's own
+``global_clipnorm`` in ``apply`` (their ``fit`` steps call it): the same arithmetic, by Keras's ops.
 """
 
 from __future__ import annotations
@@ -17,9 +19,9 @@ import math
 import threading
 
 import keras
-import tensorflow as tf
+from keras import ops
 
-from gpt_tf import kernels
+from gpt_tf import backend, kernels
 from gpt_tf.layers import PACKAGE
 
 
@@ -38,36 +40,40 @@ class WarmupDecay(keras.optimizers.schedules.LearningRateSchedule):
         self.decay = decay
 
     def __call__(self, step):
-        step = tf.cast(step, tf.float32)
-        warm = tf.cast(max(self.warmup_steps, 1), tf.float32)
-        ramp = self.peak * tf.minimum(step / warm, 1.0) if self.warmup_steps else tf.constant(self.peak)
+        step = ops.cast(step, "float32")
+        warm = float(max(self.warmup_steps, 1))
+        ramp = self.peak * ops.minimum(step / warm, 1.0) if self.warmup_steps else ops.convert_to_tensor(self.peak)
         frac = (step - self.warmup_steps) / max(self.total_steps - self.warmup_steps, 1)
-        frac = tf.clip_by_value(frac, 0.0, 1.0)
+        frac = ops.clip(frac, 0.0, 1.0)
         if self.decay == "cosine":
-            decayed = self.peak * 0.5 * (1.0 + tf.cos(math.pi * frac))
+            decayed = self.peak * 0.5 * (1.0 + ops.cos(math.pi * frac))
         elif self.decay == "linear":
             decayed = self.peak * (1.0 - frac)
         else:
-            decayed = tf.constant(self.peak)
-        return tf.where(step < self.warmup_steps, ramp, decayed)
+            decayed = ops.convert_to_tensor(self.peak)
+        return ops.where(step < self.warmup_steps, ramp, decayed)
 
     def get_config(self):
         return {"peak": self.peak, "warmup_steps": self.warmup_steps, "total_steps": self.total_steps, "decay": self.decay}
 
 
 class GPTAdamW(keras.optimizers.AdamW):
-    """Keras AdamW fed with gradients already all-reduced by the training step (see module doc).
+    """Keras AdamW with the paper's global-norm clipping (``clip_norm``), on every backend (see the module doc).
 
     The arithmetic is Keras AdamW's: ``var -= lr·wd·var``; ``m += (g - m)(1 - β1)``;
-    ``v += (g² - v)(1 - β2)``; ``var -= lr·sqrt(1 - β2^t)/(1 - β1^t) · m / (sqrt(v) + ε)``. It runs in
-    one pass over var, m, v and the gradient in gpt_tf's fused kernel (``gpt_tf.kernels``) where that
-    runs; else in TF's ``ResourceApplyAdam`` (one pass instead of ~12 element-wise ops) after a
-    separate decay (``var - lr·wd·var``: two more passes).
+    ``v += (g² - v)(1 - β2)``; ``var -= lr·sqrt(1 - β2^t)/(1 - β1^t) · m / (sqrt(v) + ε)``. On TensorFlow it runs
+    in one pass over var, m, v and the gradient in gpt_tf's fused kernel (``gpt_tf.kernels``) where that runs;
+    else in TF's ``ResourceApplyAdam`` (one pass instead of ~12 element-wise ops) after a separate decay
+    (``var - lr·wd·var``: two more passes), fed by ``clip_and_apply``. On JAX and PyTorch, Keras's own update.
     """
 
     def __init__(self, *args, clip_norm=None, **kwargs):
+        tensorflow = backend.on_tensorflow()
+        if clip_norm and not tensorflow:  # Keras's apply() clips there; on TensorFlow clip_and_apply does
+            kwargs["global_clipnorm"] = clip_norm
         super().__init__(*args, **kwargs)
         self.clip_norm = clip_norm
+        self.tensorflow_update = tensorflow  # the update of TensorFlow's loop (clip_and_apply, the fused kernel)
         # The clipping factor of the update being traced, for the fused kernel (`clip_and_apply` sets it,
         # `_update_scalars` reads it). Per thread: MirroredStrategy traces its replicas in parallel threads.
         self._trace_state = threading.local()
@@ -85,7 +91,11 @@ class GPTAdamW(keras.optimizers.AdamW):
         clipping and the log, and the gradients are multiplied only when it is over ``clip_norm``
         (``tf.clip_by_global_norm`` multiplies every gradient by 1.0 otherwise: a pass over all of them);
         where the fused kernel runs the update, it takes the factor and multiplies as it reads.
+        TensorFlow's (the loop's all-reduced update); on the other backends Keras's ``apply`` clips.
         """
+        backend.require_tensorflow("GPTAdamW.clip_and_apply (the update of the TensorFlow loop)")
+        import tensorflow as tf  # pylint: disable=import-outside-toplevel
+
         grads = [tf.convert_to_tensor(g) if isinstance(g, tf.IndexedSlices) else g for g in grads]
         norm = tf.linalg.global_norm(grads)
         factor = None
@@ -104,11 +114,15 @@ class GPTAdamW(keras.optimizers.AdamW):
         return norm
 
     def _apply_weight_decay(self, variables):
-        """Folded into ``update_step``."""
+        """On TensorFlow, folded into ``update_step``; elsewhere Keras's."""
+        if not self.tensorflow_update:
+            super()._apply_weight_decay(variables)
 
     def _update_scalars(self, learning_rate) -> dict:
         """The update's scalars: computed once per update, not once per variable (for `tiny`'s 52
-        variables that was ~270 more tiny graph ops per step, each costing the executor a few µs)."""
+        variables that was ~270 more tiny graph ops per step, each costing the executor a few µs). TensorFlow's."""
+        import tensorflow as tf  # pylint: disable=import-outside-toplevel
+
         step = tf.cast(self.iterations + 1, tf.float32)
         lr = tf.cast(learning_rate, tf.float32)
         beta_1, beta_2 = tf.constant(self.beta_1, tf.float32), tf.constant(self.beta_2, tf.float32)
@@ -129,10 +143,17 @@ class GPTAdamW(keras.optimizers.AdamW):
         # Computed in the replica context and handed on where Keras hands on the learning rate: under
         # MirroredStrategy they become per-replica values, and each variable's update on each device
         # receives that device's (`update_step`'s third argument).
-        super()._backend_update_step(grads, trainable_variables, self._update_scalars(learning_rate))
+        if not self.tensorflow_update:
+            return super()._backend_update_step(grads, trainable_variables, learning_rate)
+        return super()._backend_update_step(grads, trainable_variables, self._update_scalars(learning_rate))
 
     def update_step(self, gradient, variable, scalars):
-        """One variable's update; ``scalars`` come from `_update_scalars` (via `_backend_update_step`)."""
+        """One variable's update; ``scalars`` come from `_update_scalars` (via `_backend_update_step`); on JAX and
+        PyTorch, Keras's AdamW update with ``scalars`` the learning rate."""
+        if not self.tensorflow_update:
+            return super().update_step(gradient, variable, scalars)
+        import tensorflow as tf  # pylint: disable=import-outside-toplevel
+
         if variable.dtype != tf.float32:
             raise TypeError(f"{variable.name}: GPTAdamW updates float32 variables, got {variable.dtype}")
         decayed = bool(self.weight_decay) and self._use_weight_decay(variable)
@@ -154,6 +175,8 @@ class GPTAdamW(keras.optimizers.AdamW):
 def clip_factor(norm, clip_norm):
     """What ``tf.clip_by_global_norm(grads, clip_norm, use_norm=norm)`` multiplies the gradients by where
     ``norm > clip_norm`` (NaN where the norm is infinite), else 1: `GPTAdamW.clip_and_apply`'s clipping."""
+    import tensorflow as tf  # pylint: disable=import-outside-toplevel
+
     clipped = clip_norm * tf.minimum(1.0 / norm, 1.0 / clip_norm)
     return tf.where(norm > clip_norm, tf.where(tf.math.is_finite(norm), clipped, float("nan")), 1.0)
 

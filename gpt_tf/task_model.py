@@ -21,10 +21,10 @@ from __future__ import annotations
 
 import keras
 import numpy as np
-import tensorflow as tf
 from keras import ops
 
-from gpt_tf.layers import PACKAGE, Conv1D
+from gpt_tf import backend
+from gpt_tf.layers import PACKAGE, Conv1D, take_at
 from gpt_tf.tasks import as_task_spec
 
 
@@ -82,13 +82,14 @@ class GPTTaskModel(keras.Model):
             flat = self.backbone(flat_ids, training=training, positions=ops.reshape(index, (-1,)))
             return None, ops.reshape(flat, (batch, views, self.config.n_embd))
         states = ops.reshape(self.backbone(flat_ids, training=training), (batch, views, length, self.config.n_embd))
-        return states, tf.gather(states, index, axis=2, batch_dims=2)
+        return states, ops.squeeze(take_at(states, index, axis=2), axis=2)
 
     def call(self, features, training=False, with_lm=True):
         """``with_lm``: True, the LM logits at every position (``"lm"`` ``[B, K, T, V]``); False, none;
         ``"targets"``, only where ``features["lm_weights"] > 0`` (a real next token: what L1 counts),
         as ``"lm"`` ``[N, V]`` with their targets ``"lm_targets"`` [N] and weights ``"lm_target_weights"``
-        [N]: padding and the last token then cost no LM-head work (the fine-tuning loop's choice)."""
+        [N]: padding and the last token then cost no LM-head work (the fine-tuning loop's choice; on TensorFlow: the
+        other backends compile for static shapes, and take every position as with True, the same L1)."""
         states, extracted = self.extract_states(features, training=training, all_states=bool(with_lm))
         input_type, head = self.task.input_type, self.task.head
         if input_type == "pair_symmetric":
@@ -105,13 +106,13 @@ class GPTTaskModel(keras.Model):
         else:
             task_out = logits[..., 0]
         outputs = {"task": task_out}
-        if with_lm == "targets":
+        pieces = backend.tf_pieces()
+        if with_lm == "targets" and pieces is not None:  # a shape known at run time: TensorFlow's graphs only
             weights = ops.convert_to_tensor(features["lm_weights"], "float32")
-            where = tf.where(weights > 0)  # [N, 3]: (example, view, position t) whose target t + 1 is real
             input_ids = ops.convert_to_tensor(features["input_ids"], "int32")
-            outputs["lm"] = self.backbone.embed.logits(tf.gather_nd(states, where))
-            outputs["lm_targets"] = tf.gather_nd(input_ids, where + tf.constant([0, 0, 1], tf.int64))
-            outputs["lm_target_weights"] = tf.gather_nd(weights, where)
+            at_targets, outputs["lm_targets"], outputs["lm_target_weights"] = pieces.real_targets(states, input_ids,
+                                                                                               weights)
+            outputs["lm"] = self.backbone.embed.logits(at_targets)
         elif with_lm:
             outputs["lm"] = self.backbone.embed.logits(states)
         return outputs

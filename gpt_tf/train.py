@@ -324,7 +324,7 @@ def _pretrain(setup: Setup, keras) -> Summary:
             write_json_atomic(path, result)
         return Summary(result, f"held-out perplexity {result['perplexity']:.2f} at step {step} over {result['tokens']:,} "
                                f"tokens (the unigram baseline: {result['unigram_perplexity']:.1f}); saved in {path}")
-    sampler = Sampler(trainer.model, model_config.vocab_size, model_config.n_ctx)
+    sampler = Sampler(trainer.model)
     ids = sampler.sample(tokenizer.encode(FLAGS.prompt), FLAGS.sample_length, FLAGS.temperature, FLAGS.top_k, FLAGS.seed)
     return Summary(None, FLAGS.prompt + " " + tokenizer.decode(ids))
 

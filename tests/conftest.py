@@ -34,7 +34,7 @@ def shared_data() -> Path:
 # go), while the other worker had nothing left to do.
 LONGEST_FIRST = ("test_walkthrough", "serving_e2e", "test_finetune_loop", "test_finetune", "test_serving_ab",
                  "test_server_hardening", "test_tokenizer", "test_buckets", "test_torch_pretrain", "test_train",
-                 "test_gpt1_family", "test_scale", "test_hot_swap_memory", "test_gpt1_presets_cli")
+                 "test_backends", "test_jax_pretrain", "test_gpt1_family", "test_scale", "test_hot_swap_memory", "test_gpt1_presets_cli")
 
 
 # The numerics-sensitive tests: they compare floats TensorFlow computes, against a reference, between two computation
@@ -47,6 +47,7 @@ LONGEST_FIRST = ("test_walkthrough", "serving_e2e", "test_finetune_loop", "test_
 NUMERICS = (
     "test_model", "test_task_model", "test_weights", "test_gpt1_fit", "test_gpt1_presets_cli", "test_gpt1_batching",
     "test_kernels", "test_inference_gelu", "test_aliased_grads", "test_lstm", "test_torch_lstm", "test_optim",
+    "test_backends",
     "test_gpt1_family::test_backbone_and_classifier_compute_what_the_projects_model_computes",
     "test_gpt1_family::test_task_presets_round_trip_with_identical_logits",
     "test_gpt1_family::test_the_loops_language_model_starts_from_a_preset",

@@ -108,6 +108,15 @@ def test_eval_and_generate_modes(straight_run, data_dir):
                   "--temperature=1", "--sample_length=16").stdout
     text = out.split("run dir", 1)[1].split("\n", 1)[1]  # after the model line
     assert text.startswith("the ") and len(re.findall(r"\w+", text)) >= 4, text
+    # greedy, past the context (32): the cache starts again from the last half-context; KERAS_BACKEND=jax in the
+    # environment: the command takes TensorFlow all the same, and says so in one line (the same graph: bit for bit)
+    greedy = [*flags, f"--run_dir={run_dir}", "--mode=generate", "--prompt=the", "--temperature=0", "--sample_length=40"]
+    plain = run_cli("gpt_tf.train", *greedy)
+    asked = subprocess.run([sys.executable, "-m", "gpt_tf.train", *greedy], cwd=ROOT, capture_output=True, text=True,
+                           env={**ENV, "KERAS_BACKEND": "jax"}, timeout=300, check=True)
+    sampled = plain.stdout.split("run dir", 1)[1].split("\n", 1)[1]
+    assert sampled.startswith("the") and asked.stdout.split("run dir", 1)[1].split("\n", 1)[1] == sampled
+    assert "gpt_tf.train: runs on TensorFlow" in asked.stderr and "KERAS_BACKEND=jax" in asked.stderr, asked.stderr
 
 
 @pytest.mark.parametrize(

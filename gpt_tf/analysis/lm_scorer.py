@@ -28,6 +28,7 @@ from collections.abc import Sequence
 import numpy as np
 import tensorflow as tf
 
+from gpt_tf.backend import require_tensorflow
 from pipelines.task_batches import bucket_lengths
 
 
@@ -39,6 +40,7 @@ class LMScorer:
     """
 
     def __init__(self, lm, bos_id: int | None = None, batch_size: int = 32):
+        require_tensorflow("LMScorer (the zero-shot heuristics' scoring, tf.function'd)")
         if batch_size <= 0:
             raise ValueError(f"batch_size must be positive, got {batch_size}")
         self.lm, self.bos_id, self.batch_size = lm, bos_id, batch_size

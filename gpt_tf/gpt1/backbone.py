@@ -50,6 +50,7 @@ class GPT1Backbone(FindsPresets, keras_hub.models.Backbone):
     """
 
     model_type = "gpt"  # the GPTConfig.model_type it builds (the LSTM baseline's subclass: "lstm")
+    supports_cache = True  # its blocks take a key/value cache (GPT1CausalLM.call_with_cache)
 
     def __init__(self, vocabulary_size=40482, num_layers=12, num_heads=12, hidden_dim=768, intermediate_dim=3072,
                  max_sequence_length=512, dropout=0.1, attention_dropout=0.1, embedding_dropout=0.1,

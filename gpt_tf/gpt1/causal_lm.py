@@ -1,9 +1,16 @@
 """``GPT1CausalLM``: GPT-1's language model (backbone + tied LM head) as a keras-hub ``CausalLM``.
 
 The project's one language model: what pre-training trains (``gpt_tf.training.lm_objective``, built by
-``gpt_tf.gpt1.build.causal_lm_for`` with ``preprocessor=None``: the loop feeds token ids), what the monitor
-samples from, what zero-shot scoring, the LM export and the conversions read, and the Python API's
-``generate()`` on strings.
+``gpt_tf.gpt1.build.causal_lm_for`` with ``preprocessor=None``: the loop feeds token ids), what zero-shot scoring,
+the LM export and the conversions read, and the one implementation of generation: ``generate()`` on strings, the
+command line's ``--mode=generate`` and the training monitor's samples (``gpt_tf/generate.py``) and the served
+model's ``generate`` signature (``serving/lm_module.py``) all run ``generate_step``, on every Keras backend.
+
+Generation follows keras-hub's convention: ``call_with_cache`` runs tokens through the blocks, each attention layer
+taking and returning its key/value cache, ``_build_cache`` fills the cache from the prompt, and ``generate_step``
+samples one token per step with the ``sampler`` given to ``compile`` (or ``use_sampler``), running only the new
+token through the blocks. Its loop is written in core ops (a select, not XLA's dynamic update), so the exported
+signature runs in stock TF Serving.
 """
 
 from __future__ import annotations
@@ -12,9 +19,9 @@ import functools
 
 import keras
 import keras_hub
-import tensorflow as tf
 from keras import ops
 
+from gpt_tf import backend
 from gpt_tf.gpt1.backbone import GPT1Backbone
 from gpt_tf.gpt1.causal_lm_preprocessor import GPT1CausalLMPreprocessor
 from gpt_tf.layers import PACKAGE
@@ -26,11 +33,12 @@ class GPT1CausalLM(FindsPresets, keras_hub.models.CausalLM):
     """GPT-1's language model (Eq. 1–2): ``{"token_ids", "padding_mask"}`` → next-token logits
     ``[B, T, vocabulary_size]``; ``generate()`` takes and returns strings.
 
-    Generation samples with the ``sampler`` given to ``compile`` (keras-hub's, default top-k) and
-    never picks a special token (they are not text). Each new token runs the backbone over the
-    sequence so far, its last block at that position only (no key/value cache: GPT-1 models are
-    small and their context short). GPT-1 has no end token: generation runs to ``max_length``
-    unless ``stop_token_ids`` are given.
+    Generation samples with the ``sampler`` given to ``compile`` (keras-hub's, default top-k; one that picks one
+    token per step: greedy, top-k, top-p, random) and never picks a special token (they are not text). A key/value
+    cache holds every position's keys and values, so each new token runs through the blocks alone
+    (``generate_step(use_cache=False)`` runs the sequence so far instead, the last block at the new position only:
+    the same tokens under greedy sampling, slower). GPT-1 has no end token: generation runs to ``max_length``
+    unless ``stop_token_ids`` are given. ``max_length`` is at most the model's context.
 
     Example:
 
@@ -62,8 +70,17 @@ class GPT1CausalLM(FindsPresets, keras_hub.models.CausalLM):
         return self.backbone.embed.logits(self.backbone(token_ids, training=training))
 
     def compile(self, optimizer="auto", loss="auto", *, weighted_metrics="auto", sampler="top_k", **kwargs):
-        kwargs.setdefault("jit_compile", False)
+        if backend.on_tensorflow():  # no XLA on TensorFlow: the fused kernels and the exported graphs are plain ops
+            kwargs.setdefault("jit_compile", False)
         super().compile(optimizer=optimizer, loss=loss, weighted_metrics=weighted_metrics, sampler=sampler, **kwargs)
+
+    def use_sampler(self, sampler) -> None:
+        """Generation's sampler (a name or a ``keras_hub.samplers.Sampler``), as ``compile(sampler=...)`` sets it,
+        without compiling for training (the command line's and the training monitor's models; the export)."""
+        self.sampler = keras_hub.samplers.get(sampler)
+        self.generate_function = None
+        if backend.on_tensorflow():
+            self.jit_compile = False
 
     def generate(self, inputs, max_length=None, stop_token_ids=None, strip_prompt=False):
         """Continues each prompt to ``max_length`` tokens (default: the model's context); strings in, strings out."""
@@ -72,25 +89,76 @@ class GPT1CausalLM(FindsPresets, keras_hub.models.CausalLM):
             raise ValueError(f"max_length={max_length} is longer than the model's context ({n_ctx})")
         return super().generate(inputs, max_length=max_length, stop_token_ids=stop_token_ids, strip_prompt=strip_prompt)
 
-    def generate_step(self, inputs, stop_token_ids=None):
+    # ------------------------------------------------------------------ generation
+    def call_with_cache(self, token_ids, cache, cache_update_index):
+        """``(logits, hidden_states, cache)`` of ``token_ids`` at positions from ``cache_update_index`` on.
+
+        ``cache``: each block's ``(keys, values)``, each ``[batch, num_heads, cache_length, head_dim]`` (keras-hub
+        stacks them in one tensor; apart, a step copies the cache once instead of four times), or None with
+        ``cache_update_index`` 0: a new cache of ``token_ids`` (``[batch, cache_length]``). With a cache,
+        ``token_ids`` is one token per row, written at ``cache_update_index``."""
+        backbone = self.backbone
+        h = backbone.embed(token_ids, start_index=cache_update_index)
+        caches = []
+        for i, block in enumerate(backbone.blocks):
+            h, block_cache = block(h, cache=None if cache is None else cache[i], cache_update_index=cache_update_index)
+            caches.append(block_cache)
+        return backbone.embed.logits(h), h, tuple(caches)
+
+    def _build_cache(self, token_ids):
+        """The prompt's ``(hidden_states, cache)``: every position of ``token_ids`` run once."""
+        _, hidden_states, cache = self.call_with_cache(token_ids, None, 0)
+        return hidden_states, cache
+
+    def generate_step(self, inputs, stop_token_ids=None, use_cache=True):
+        """keras-hub's generation function for one batch ``{"token_ids", "padding_mask"}`` (prompts padded to the
+        length to generate to); with ``use_cache=False`` each step runs the sequence so far (see the class doc)."""
         token_ids, padding_mask = inputs["token_ids"], inputs["padding_mask"]
+        sampler = self.sampler
+        if type(sampler).__call__ is not keras_hub.samplers.Sampler.__call__:
+            raise ValueError(f"{type(sampler).__name__} is not supported: GPT1CausalLM samples one token per step "
+                             "(greedy, top_k, top_p or random)")
         config = self.backbone.config
-        batch = ops.shape(token_ids)[0]
-        never = tf.concat([tf.zeros([config.vocab_size]), tf.fill([config.n_special], -1e9)], 0)  # no special token
+        batch, length = ops.shape(token_ids)[0], ops.shape(token_ids)[1]
+        never = ops.concatenate([ops.zeros([config.vocab_size]), ops.full([config.n_special], -1e9)])  # not text
 
-        def next(prompt, cache, index):  # pylint: disable=redefined-builtin
-            positions = tf.fill([batch], tf.cast(index - 1, tf.int32))
-            state = self.backbone(prompt, positions=positions)[:, 0]
-            logits = tf.cast(self.backbone.embed.logits(state), tf.float32) + never
-            return logits, state, cache
+        if use_cache and self.backbone.supports_cache:
+            _, cache = self._build_cache(token_ids)
 
-        row_lengths = ops.sum(ops.cast(padding_mask, "int32"), axis=-1)
-        token_ids = self.sampler(next=next, prompt=token_ids, cache=None, index=ops.min(row_lengths),
-                                 mask=padding_mask, stop_token_ids=stop_token_ids, hidden_states=None, model=self)
+            def next_logits(prompt, cache, index):
+                step = ops.slice(prompt, [0, index - 1], [batch, 1])
+                logits, _, cache = self.call_with_cache(step, cache, index - 1)
+                return logits[:, 0], cache
+        else:
+            cache = ()
+
+            def next_logits(prompt, cache, index):
+                state = self.backbone(prompt, positions=ops.full([batch], index - 1, "int32"))
+                return self.backbone.embed.logits(state)[:, 0], cache
+
+        mask = ops.cast(padding_mask, "bool")
+        positions = ops.arange(length)
+
+        def body(prompt, cache, index):
+            logits, cache = next_logits(prompt, cache, index)
+            token = sampler.get_next_token(sampler.compute_probabilities(ops.cast(logits, "float32") + never))
+            at = positions == index
+            prompted = ops.any(ops.logical_and(mask, at), axis=-1)  # the prompt goes on here: keep its token
+            current = ops.sum(ops.where(at, prompt, 0), axis=-1)
+            token = ops.where(prompted, current, ops.cast(token, prompt.dtype))
+            return ops.where(at, token[:, None], prompt), cache, index + 1  # core ops: a select, not XLA's update
+
+        def cond(prompt, cache, index):
+            if stop_token_ids is None:
+                return ops.convert_to_tensor(True, dtype="bool")
+            stopped = ops.logical_and(_any_equal(prompt, stop_token_ids), ops.logical_not(mask))
+            return ops.logical_not(ops.all(ops.any(stopped, axis=-1)))
+
+        index = ops.cast(ops.min(ops.sum(ops.cast(mask, "int32"), axis=-1)), "int32")
+        token_ids, _, _ = sampler.run_loop(cond, body, model=self, loop_vars=(token_ids, cache, index),
+                                           maximum_iterations=length - index)
         if stop_token_ids is not None:  # generated positions holding a stop token
-            stops = [ops.equal(token_ids, stop) for stop in stop_token_ids]
-            ends = ops.cast(ops.logical_and(functools.reduce(ops.logical_or, stops), ops.logical_not(padding_mask)),
-                            "int32")
+            ends = ops.cast(ops.logical_and(_any_equal(token_ids, stop_token_ids), ops.logical_not(mask)), "int32")
             padding_mask = ops.logical_not(ops.cast(ops.cumsum(ends, axis=-1) - ends, "bool"))
         else:
             padding_mask = ops.ones_like(token_ids, dtype="bool")
@@ -98,3 +166,8 @@ class GPT1CausalLM(FindsPresets, keras_hub.models.CausalLM):
 
     def get_config(self):
         return keras_hub.models.Task.get_config(self)
+
+
+def _any_equal(token_ids, stop_token_ids):
+    """Where ``token_ids`` holds one of ``stop_token_ids``."""
+    return functools.reduce(ops.logical_or, [ops.equal(token_ids, stop) for stop in stop_token_ids])

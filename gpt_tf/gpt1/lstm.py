@@ -17,10 +17,9 @@ the tied LM head and the task head see ``n_embd``-wide states. It is causal by c
 from __future__ import annotations
 
 import keras
-import tensorflow as tf
 
 from gpt_tf.gpt1.backbone import GPT1Backbone
-from gpt_tf.layers import PACKAGE, Conv1D, Dropout16
+from gpt_tf.layers import PACKAGE, Conv1D, Dropout16, take_at
 
 
 @keras.saving.register_keras_serializable(package=PACKAGE)
@@ -44,7 +43,7 @@ class LSTMBlock(keras.layers.Layer):
         """With ``positions`` [batch]: only the output at that position of each row, [batch, 1, n_embd]."""
         h = self.lstm(x, training=training)  # the recurrence needs every step anyway
         if positions is not None:
-            h = tf.gather(h, positions[:, None], axis=1, batch_dims=1)
+            h = take_at(h, positions, axis=1)
         if self.proj is not None:
             h = self.proj(h)
         return self.dropout(h, training=training)
@@ -70,6 +69,7 @@ class LSTMBackbone(GPT1Backbone):
     """
 
     model_type = "lstm"
+    supports_cache = False  # generation runs the recurrence over the whole sequence at each step
 
     def make_block(self, i):
         c = self.config

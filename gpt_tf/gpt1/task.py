@@ -4,10 +4,12 @@ Each task holds a ``GPTTaskModel`` (``gpt_tf/task_model.py``: W_y on the extract
 symmetric sum, multiple choice) on its ``GPT1Backbone``, so a task computes what the CLI's fine-tuning
 computes. The loss is the fine-tuning objective of ``gpt_tf/objectives.py``, the one the CLI's loop
 minimises: ``compute_loss`` is Eq. 5, L3 = L2 + λ·L1 (λ = ``lm_coef``, 0.5 by default), L1 at the real
-next tokens only; ``train_step`` normalises it by the global batch's examples and LM tokens
+next tokens only. On TensorFlow, ``train_step`` normalises it by the global batch's examples and LM tokens
 (``global_counts``, ``finetune_update_loss``) and sums the replicas' gradients once before clipping, as
 the loop does (``gpt_tf.training.loop.all_reduce_and_apply``): on one device or under ``MirroredStrategy``
-the update is the loop's. ``compile()``'s defaults are the paper's (§4.1, §3.2): ``GPTAdamW`` (decay
+the update is the loop's. On JAX and PyTorch, Keras's own train step of that backend runs: ``call`` in training
+returns the LM's logits beside the task's (λ > 0) and ``compute_loss`` takes Eq. 5 from them, per batch (on one
+device, the same normalisation). ``compile()``'s defaults are the paper's (§4.1, §3.2): ``GPTAdamW`` (decay
 0.01 on matrices only, clipping at norm 1, the fused kernel where it runs), a linear warm-up over
 0.2% of the updates then linear decay to 0 over the updates ``fit`` will run.
 """
@@ -21,6 +23,7 @@ import numpy as np
 import tensorflow as tf
 
 import gpt_tf.gpt1.batching as batching
+from gpt_tf import backend
 from gpt_tf.optim import GPTAdamW, WarmupDecay, make_optimizer
 from gpt_tf.preset_io import FindsPresets
 from gpt_tf.recipes import PAPER_FINETUNE
@@ -62,7 +65,11 @@ class GPT1TaskMixin(FindsPresets):
 
     # ------------------------------------------------------------------ forward
     def call(self, inputs, training=False):
-        """The task output: class logits ``[B, C]``, scores ``[B]`` or candidate logits ``[B, K]``."""
+        """The task output: class logits ``[B, C]``, scores ``[B]`` or candidate logits ``[B, K]``. In training with
+        λ > 0, ``GPTTaskModel``'s outputs dict: the task's and the LM's (what ``compute_loss`` needs; Keras's train
+        step of JAX and PyTorch calls this)."""
+        if training and self.lm_coef:
+            return self.task_model(inputs, training=True, with_lm="targets")
         return self.task_model(inputs, training=training, with_lm=False)["task"]
 
     def compute_loss(self, x=None, y=None, y_pred=None, sample_weight=None, training=True):
@@ -72,19 +79,34 @@ class GPT1TaskMixin(FindsPresets):
         lm_coef = self.lm_coef if "lm" in outputs else 0.0
         return finetune_loss(self.task_spec, outputs, x, self._checked_labels(y), lm_coef)[0]
 
+    def compute_metrics(self, x, y, y_pred, sample_weight=None):
+        """Keras's, on the task output (``y_pred`` may be the outputs dict of ``call`` in training)."""
+        return super().compute_metrics(x, y, y_pred["task"] if isinstance(y_pred, dict) else y_pred, sample_weight)
+
     def _checked_labels(self, y):
-        """``y``, after checks (a clear error, before the loss's own) that class labels are in 0..num_classes-1."""
-        if self.task_spec.head == "regression" or y is None:
+        """``y``, after in-graph checks on TensorFlow (a clear error, before the loss's own) that class labels are in
+        0..num_classes-1 (``fit`` checks labels in memory on every backend: ``check_labels``)."""
+        if self.task_spec.head == "regression" or y is None or not backend.on_tensorflow():
             return y
         n, labels = self.task_spec.num_labels, tf.cast(y, tf.int32)
-        checks = [tf.debugging.assert_less(labels, n, message=(
-            f"a label is >= num_classes={n} (labels are 0..{n - 1}); build the task with the right num_classes")),
+        checks = [tf.debugging.assert_less(labels, n, message=label_error(n)),
                   tf.debugging.assert_non_negative(labels, message="a label is negative")]
         with tf.control_dependencies(checks):
             return tf.identity(y)
 
-    def train_step(self, data):
-        x, y, _ = keras.utils.unpack_x_y_sample_weight(data)
+    def check_labels(self, y) -> None:
+        """Class labels in memory: a ValueError unless each is in 0..num_classes-1."""
+        if self.task_spec.head == "regression" or y is None or isinstance(y, tf.data.Dataset):
+            return
+        labels = np.asarray(y)
+        if labels.size and (labels.min() < 0 or labels.max() >= self.task_spec.num_labels):
+            raise ValueError(label_error(self.task_spec.num_labels) + f" (got labels {labels.min()}..{labels.max()})")
+
+    def train_step(self, *args):
+        """On TensorFlow, the loop's update (see the module doc); elsewhere Keras's train step of the backend."""
+        if not backend.on_tensorflow():
+            return super().train_step(*args)
+        x, y, _ = keras.utils.unpack_x_y_sample_weight(args[0])
         ctx = tf.distribute.get_replica_context()
         counts = global_counts(x, y, self.lm_coef)
         variables = self.trainable_variables
@@ -113,7 +135,8 @@ class GPT1TaskMixin(FindsPresets):
         """Pops the recipe's arguments from ``kwargs``; for ``optimizer="auto"`` builds the paper's."""
         recipe = {k: kwargs.pop(k, PAPER_FINETUNE[k]) for k in COMPILE_RECIPE}
         self.lm_coef = float(recipe["lm_coef"])
-        kwargs.setdefault("jit_compile", False)
+        if backend.on_tensorflow():  # the fused kernels, the loop's update: no XLA (JAX compiles its steps)
+            kwargs.setdefault("jit_compile", False)
         self._auto_schedule = None
         if optimizer == "auto":
             schedule = WarmupDecay(recipe["learning_rate"], 0, 1, "linear")
@@ -135,7 +158,7 @@ class GPT1TaskMixin(FindsPresets):
         if steps is None:
             raise ValueError("fit: the dataset's length is unknown; pass steps_per_epoch (the schedule needs it)")
         schedule, fraction = self._auto_schedule
-        total = int(self.optimizer.iterations.numpy()) + steps * epochs
+        total = int(keras.ops.convert_to_numpy(self.optimizer.iterations)) + steps * epochs
         schedule.total_steps, schedule.warmup_steps = total, math.ceil(fraction * steps * epochs)
         self.train_function = None  # retrace with the new schedule
 
@@ -154,6 +177,7 @@ class GPT1TaskMixin(FindsPresets):
         if isinstance(validation_data, tuple) and not isinstance(validation_data[0], tf.data.Dataset):
             validation_data = (self._pretokenize(validation_data[0]), *validation_data[1:])
         x = self._pretokenize(x)
+        self.check_labels(y)
         planned = None
         if kwargs.pop("shuffle", True) and y is not None and not isinstance(x, tf.data.Dataset):
             if self._plannable(x) and not kwargs.get("validation_split"):
@@ -220,6 +244,7 @@ class GPT1TaskMixin(FindsPresets):
         if format != "tf_saved_model" or input_signature is not None or self.preprocessor is None or kwargs:
             return super().export(filepath, format=format, verbose=verbose, input_signature=input_signature,
                                   **kwargs)
+        backend.require_tensorflow(f"{type(self).__name__}.export (a TF Serving SavedModel taking raw strings)")
         from serving.export import export_task_at  # pylint: disable=import-outside-toplevel
 
         path = export_task_at(self, str(filepath))
@@ -230,6 +255,10 @@ class GPT1TaskMixin(FindsPresets):
 
     def _task_config(self) -> dict:
         return {"dropout": self.dropout, "lm_coef": self.lm_coef}
+
+
+def label_error(n: int) -> str:
+    return f"a label is >= num_classes={n} (labels are 0..{n - 1}); build the task with the right num_classes"
 
 
 def _shuffled(x, y, kwargs):

@@ -32,6 +32,7 @@ import os
 
 import tensorflow as tf
 
+from gpt_tf.backend import require_tensorflow
 from gpt_tf.runs.checkpoints import checkpoint_managers, remove_scratch, restore_latest, variables_by_key
 from gpt_tf.preemption import Preempted, StopRequest
 from gpt_tf.strategy import is_chief
@@ -78,6 +79,7 @@ class TrainLoop:
 
     def __init__(self, strategy, run_dir: str, model_variables, optimizer, *, grad_accum_steps: int = 1,
                  jit_compile: bool = False, checkpoint_every: int = 0, keep_checkpoints: int = 1, log=print):
+        require_tensorflow("gpt_tf's training loop (pre-training and fine-tuning runs, tf.distribute)")
         self.strategy, self.optimizer, self.log = strategy, optimizer, log
         self.grad_accum_steps, self.jit_compile, self.checkpoint_every = grad_accum_steps, jit_compile, checkpoint_every
         self.chief = is_chief(strategy)

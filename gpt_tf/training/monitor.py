@@ -31,7 +31,7 @@ class TrainCallbacks:
         self.bar = console.progress(total=c.train_steps, initial=start, desc="pre-training", unit="step",
                                     disable=not (progress and trainer.chief),
                                     every=console.line_every(c.train_steps - start, multiple_of=c.log_every))
-        self.sampler = Sampler(trainer.model, trainer.model_config.vocab_size, trainer.model_config.n_ctx)
+        self.sampler = Sampler(trainer.model)
         if self.writer:
             with self.writer.as_default():
                 hparams = {**_flat(trainer.model_config, "model."), **_flat(c, "train.")}

@@ -114,6 +114,34 @@ def test_language_model_signatures(served, exported, tokenizer):
         np.testing.assert_allclose(scored, every[np.arange(len(ids) - 1), ids[1:]], atol=1e-4)
 
 
+def test_language_model_continues_texts_greedily_as_the_python_api_does(served, exported, tokenizer, base):
+    """The ``generate`` signature (the Python API's cached generation, in core TF ops: no XLA op in the graph) gives
+    each text the greedy continuation that ``generate_step`` without the cache gives in process, over gRPC and REST."""
+    from tensorflow.core.protobuf import saved_model_pb2
+
+    proto = saved_model_pb2.SavedModel.FromString((base / "lm" / "1" / "saved_model.pb").read_bytes())
+    ops = {n.op for g in proto.meta_graphs for f in g.graph_def.library.function for n in f.node_def}
+    assert "While" in ops or "StatelessWhile" in ops
+    assert not [op for op in ops if op.startswith("Xla")]  # stock TF Serving runs no XLA op without its JIT
+    grpc_port, rest_port = served
+    texts, counts = ["The man walked into the room and", "it was"], [6, 3]
+    response = stubs(grpc_port).Predict(predict_request(
+        "lm", {"text": texts, "max_new_tokens": np.array(counts, np.int32)}, "generate"))
+    out = {k: tf.make_ndarray(v) for k, v in response.outputs.items()}
+    _, body = rest(rest_port, "POST", "/v1/models/lm:predict", {"signature_name": "generate", "instances": [
+        {"text": t, "max_new_tokens": n} for t, n in zip(texts, counts)]})
+    lm = exported["lm"]
+    lm.use_sampler("greedy")
+    for i, (text, n) in enumerate(zip(texts, counts)):
+        ids = tokenizer.encode(text)
+        token_ids = np.zeros((1, len(ids) + n), np.int32)
+        token_ids[0, : len(ids)] = ids
+        inputs = {"token_ids": token_ids, "padding_mask": np.arange(len(ids) + n)[None, :] < len(ids)}
+        want = lm.generate_step(inputs, use_cache=False)["token_ids"].numpy()[0, len(ids):].tolist()
+        assert out["continuation_ids"][i].tolist() == want + [-1] * (max(counts) - n)
+        assert out["continuation"][i].decode() == tokenizer.decode(want) == body["predictions"][i]["continuation"]
+
+
 def test_bad_requests_get_tf_serving_codes_and_the_server_stays_up(served, sst2_dev):
     grpc_port, rest_port = served
     stub = stubs(grpc_port)

@@ -1,0 +1,83 @@
+"""Which Keras backend the model runs on, TensorFlow's drop-in pieces, and what stays TensorFlow's alone.
+
+The GPT-1 family (``gpt_tf/gpt1/``: backbone, language model, tasks) and the layers, head, losses and optimizer it
+is built on compute with ``keras.ops``: they run under ``KERAS_BACKEND=jax``, ``torch`` and ``tensorflow``. On
+TensorFlow a few pieces of that math run by TensorFlow code of the same arithmetic that is faster on a CPU
+(``tf_pieces()``: ``gpt_tf/tf_pieces.py``: the fused C++ kernels, the padded weight gradients, the written-out
+gradients of layer norm and the cross-entropy, ...); elsewhere Keras's own ops run. The choice is made at run
+time, piece by piece, from ``keras.config.backend()``: one model, not one per backend.
+
+TensorFlow's alone (``require_tensorflow`` raises one line naming the feature under another backend): the
+command lines (``python -m gpt_tf.train`` and the other ``python -m`` entry points, which take TensorFlow for
+their own process: ``use_tensorflow_for_command``), the training loop (``tf.distribute``), checkpoints and run
+folders, the TF Serving export and the server, the zero-shot scorer. Preprocessing (the tokenizers and the
+preprocessors) is ``tf.data`` and TensorFlow ops on every backend, as keras-hub's is.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+
+ENV = "KERAS_BACKEND"
+TENSORFLOW = "tensorflow"
+
+
+class BackendError(RuntimeError):
+    """A TensorFlow-only feature used under another Keras backend (the message names both)."""
+
+
+def name() -> str:
+    """The Keras backend in use: ``"tensorflow"``, ``"jax"``, ``"torch"``, ..."""
+    import keras  # pylint: disable=import-outside-toplevel
+
+    return keras.config.backend()
+
+
+def on_tensorflow() -> bool:
+    return name() == TENSORFLOW
+
+
+def tf_pieces():
+    """``gpt_tf.tf_pieces`` (TensorFlow's faster pieces of the model's math) when Keras runs on TensorFlow,
+    else None (Keras's ops compute them)."""
+    if not on_tensorflow():
+        return None
+    from gpt_tf import tf_pieces as pieces  # pylint: disable=import-outside-toplevel
+
+    return pieces
+
+
+def require_tensorflow(what: str) -> None:
+    """Raises ``BackendError`` (one line) unless Keras runs on TensorFlow: ``what`` is TensorFlow's alone."""
+    if not on_tensorflow():
+        raise BackendError(f"{what} runs on TensorFlow only, and Keras runs on {name()} here (KERAS_BACKEND="
+                           f"{os.environ.get(ENV, '') or 'unset'}): run it with KERAS_BACKEND=tensorflow (the "
+                           "GPT-1 models, their fit, predict and generate, and their presets work on every backend)")
+
+
+COMMAND_PACKAGES = ("gpt_tf", "pipelines", "serving", "tools", "bench")
+
+
+def running_a_command() -> bool:
+    """Whether this process was started as one of the project's command lines (``python -m gpt_tf.train``, ...).
+    One that picks another backend (``tools.jax_pretrain``) imports Keras before anything imports TensorFlow."""
+    main = getattr(sys.modules.get("__main__"), "__spec__", None)
+    return getattr(main, "name", "").split(".")[0] in COMMAND_PACKAGES
+
+
+def use_tensorflow_for_command(command: str = "") -> str:
+    """Makes this process's Keras run on TensorFlow, as the command lines must (see the module doc): sets
+    ``KERAS_BACKEND=tensorflow`` before Keras is imported. Returns the one line to show when another backend was
+    asked for ("" otherwise); raises ``BackendError`` when Keras was already imported with another backend."""
+    main = sys.modules.get("__main__")
+    command = command or getattr(getattr(main, "__spec__", None), "name", "") or os.path.basename(sys.argv[0] or "")
+    asked = os.environ.get(ENV, "").strip()
+    if "keras" in sys.modules and not on_tensorflow():
+        raise BackendError(f"{command} runs on TensorFlow, but Keras was imported on {name()} first; run it in a "
+                           "process of its own (python -m ...) or with KERAS_BACKEND=tensorflow")
+    os.environ[ENV] = TENSORFLOW
+    if asked and asked != TENSORFLOW:
+        return (f"{command}: runs on TensorFlow (its loop, checkpoints and exports are TensorFlow's); "
+                f"{ENV}={asked} applies to the Python API only")
+    return ""
