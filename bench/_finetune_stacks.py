@@ -178,7 +178,7 @@ class KerasFit:
 
         import gpt_tf
         from gpt_tf.config import get_size
-        from gpt_tf.optim import WarmupDecay, make_optimizer
+        from gpt_tf.nn.optim import WarmupDecay, make_optimizer
         from pipelines.records import read_manifest
 
         tf.config.threading.set_intra_op_parallelism_threads(spec["threads"])

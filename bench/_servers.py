@@ -40,7 +40,7 @@ def export_sst2(base: Path, preset: str, tokenizer_dir, vocab_size: int):
     """Version 1 of ``base/sst2``: an SST-2 task model of ``preset``'s shape, random weights; returns its config."""
     from gpt_tf.config import get_size
     from gpt_tf.gpt1.backbone import GPT1Backbone
-    from gpt_tf.task_model import GPTTaskModel
+    from gpt_tf.nn.task_model import GPTTaskModel
     from gpt_tf.tasks import get_task
     from serving.export import export_task_model
 

@@ -107,8 +107,8 @@ def _tf_step(spec, config):
     import tensorflow as tf
 
     from gpt_tf.gpt1.build import causal_lm_for
-    from gpt_tf.objectives import lm_loss
-    from gpt_tf.optim import make_optimizer
+    from gpt_tf.nn.objectives import lm_loss
+    from gpt_tf.nn.optim import make_optimizer
 
     keras.utils.set_random_seed(0)
     mixed = spec["precision"] == "bfloat16"
@@ -341,7 +341,7 @@ def _ours_update(jit: bool):
 
     from gpt_tf.config import get_size
     from gpt_tf.gpt1.build import backbone_for
-    from gpt_tf.optim import make_optimizer
+    from gpt_tf.nn.optim import make_optimizer
 
     variables = backbone_for(get_size("tiny", n_ctx=64)).trainable_variables
     grads = [tf.random.normal(v.shape, stddev=1e-2, seed=i) for i, v in enumerate(variables)]

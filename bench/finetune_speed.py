@@ -350,7 +350,7 @@ def main(argv):
     log = lambda msg: print(msg, flush=True)  # noqa: E731
     if mode in ("speed", "profile", "ab"):
         # Before any worker starts: they inherit the settings the project picks on this machine (oneDNN
-        # rewrites, fused kernels, thread pools; gpt_tf/autotune.py), as the CLI runs with them.
+        # rewrites, fused kernels, thread pools; gpt_tf/speed/autotune.py), as the CLI runs with them.
         tuned = apply_settings()
         log(tuned)
     if mode == "zero_shot":

@@ -169,9 +169,9 @@ class Worker:
 
 
 def apply_settings() -> str:
-    """Applies the project's picked CPU settings (``gpt_tf.autotune.apply``) to this process's environment, for the
+    """Applies the project's picked CPU settings (``gpt_tf.speed.autotune.apply``) to this process's environment, for the
     workers it starts next (call before they start); the line saying what runs."""
-    from gpt_tf import autotune
+    from gpt_tf.speed import autotune
 
     return autotune.apply() or "GPT_TF_AUTOTUNE=0: TensorFlow's defaults"
 
@@ -267,7 +267,7 @@ def machine_info():
     """CPU model and features, core count, memory, library versions and load of this machine."""
     from importlib import metadata
 
-    from gpt_tf.autotune import cpu_info
+    from gpt_tf.speed.autotune import cpu_info
 
     cpu = cpu_info()
     versions = {}

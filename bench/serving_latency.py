@@ -30,7 +30,7 @@ slot (configuration x concurrency) is measured with both values back to back, of
 off in even ones (``schedule``), the gRPC slots from the same client threads (this process, with the serving
 default: it only builds requests). The report gives p50 / p99 ms and req/s off and on side by side, the on / off
 ratio of p50, and the verdict: which value is faster on served (gRPC) p50 in most rows here, against
-``gpt_tf.autotune.serving_default()`` on this CPU.
+``gpt_tf.speed.autotune.serving_default()`` on this CPU.
 """
 
 from __future__ import annotations
@@ -283,7 +283,7 @@ def run_ab(args, setup) -> dict:
         for proc in servers.values():
             stop_server(proc)
         shutil.rmtree(base, ignore_errors=True)
-    from gpt_tf.autotune import serving_default
+    from gpt_tf.speed.autotune import serving_default
 
     results = {}
     for (name, c, value), s in summaries(samples, many).items():
@@ -297,11 +297,11 @@ def run_ab(args, setup) -> dict:
     if faster:
         wins = on_faster if faster == "on" else len(served) - on_faster
         verdict = (f"Served (gRPC) p50: rewrites {faster} faster in {wins} of {len(served)} rows on this machine; "
-                   f"`gpt_tf.autotune.serving_default()` here picks {default}: "
+                   f"`gpt_tf.speed.autotune.serving_default()` here picks {default}: "
                    f"{'agrees' if faster == default else 'disagrees'}.")
     else:
         verdict = (f"Served (gRPC) p50: a tie, rewrites on faster in {on_faster} of {len(served)} rows; "
-                   f"`gpt_tf.autotune.serving_default()` here picks {default}: neither agrees nor disagrees.")
+                   f"`gpt_tf.speed.autotune.serving_default()` here picks {default}: neither agrees nor disagrees.")
     return {**report_head(args, setup), "machine": machine_info(), "processes": seen, "measured": measured,
             "results": results, "verdict": {"served_rows": len(served), "on_faster_rows": on_faster, "faster": faster,
                                             "serving_default": default,
@@ -337,7 +337,7 @@ def define_flags():
     flags.DEFINE_string("tokens", "120,128", "text length range in BPE tokens")
     flags.DEFINE_string("out", str(ROOT / "bench" / "results" / "serving_latency.json"), "the JSON report (.md beside it)")
     flags.DEFINE_enum("onednn", None, ["0", "1", "ab"], "TF_ENABLE_ONEDNN_OPTS for this process and its servers "
-                      "(default: the serving default, gpt_tf/autotune.py); ab: both values in one run, interleaved, "
+                      "(default: the serving default, gpt_tf/speed/autotune.py); ab: both values in one run, interleaved, "
                       "each in its own processes (default --out serving_latency_onednn_ab.json)")
     flags.DEFINE_string("worker", None, "internal: run as an in-process worker of --onednn=ab with this JSON spec")
 

@@ -5,7 +5,7 @@
     python -m bench.speed_table --mode=generate   # generation against transformers -> generation_<cpu>.{json,md}
 
 Prints the CPU model and features first, then the settings this project picks by itself on this machine
-(``gpt_tf/autotune.py``: oneDNN rewrites, fused kernels, thread pools; the probe runs here if this machine
+(``gpt_tf/speed/autotune.py``: oneDNN rewrites, fused kernels, thread pools; the probe runs here if this machine
 has no cached pick yet). Then, every stack in its own worker process, interleaved (they take turns step by
 step, so a load change hits all alike):
 
@@ -165,7 +165,7 @@ def markdown(report: dict) -> str:
 
 def _prompt(total_vocab: int, length: int) -> list:
     """``length`` token ids of a book sentence in the shipped BPE (also ids of GPT-1's size), repeated as needed."""
-    from gpt_tf.preset_io import SHIPPED_DIR, TOKENIZER_ASSETS
+    from gpt_tf.convert.preset_io import SHIPPED_DIR, TOKENIZER_ASSETS
     from gpt_tf.text.tokenizer import GPTTokenizer
 
     tokenizer = GPTTokenizer.from_dir(str(Path(SHIPPED_DIR) / "gpt1_tiny_books_en" / TOKENIZER_ASSETS))
@@ -180,7 +180,7 @@ def _ours(spec, config):
     import tensorflow as tf
 
     from gpt_tf.gpt1.build import causal_lm_for
-    from gpt_tf.preset_io import SHIPPED_DIR, load_preset_weights
+    from gpt_tf.convert.preset_io import SHIPPED_DIR, load_preset_weights
 
     lm = causal_lm_for(config)
     if spec["weights"] == "shipped":

@@ -11,7 +11,7 @@ XLA) and its MFU, a row appended to ``bench/results/pretrain_throughput.{json,md
 update alone, ours in graph and XLA against torch's fused AdamW (both in ``bench/_train_stacks.py``); ``profile``:
 each stack's step under its framework's profiler, op time by kind against the peers (``bench/_profiles.py``;
 ``bench/results/pretrain_profile_<cpu>.{json,md}``). The stacks and profile modes apply the project's picked
-settings (``gpt_tf/autotune.py``) before their workers start, as the CLI runs.
+settings (``gpt_tf/speed/autotune.py``) before their workers start, as the CLI runs.
 
 For each preset × precision it times full training steps (forward, backward, global-norm clipping,
 AdamW update; dropout on) on one identical random batch with three stacks (see
@@ -63,10 +63,10 @@ def worker_main(spec):
         return
     if spec["kind"] == "profile":
         return _profiles.pretrain_worker(spec)
-    if spec["stack"] != "torch":  # TensorFlow's pools as the project's settings say (gpt_tf/autotune.py)
+    if spec["stack"] != "torch":  # TensorFlow's pools as the project's settings say (gpt_tf/speed/autotune.py)
         import tensorflow as tf
 
-        from gpt_tf.autotune import apply_threads
+        from gpt_tf.speed.autotune import apply_threads
 
         apply_threads(tf)
     step, info = build_step(spec)

@@ -3,7 +3,7 @@
 The GPT-1 family (``gpt_tf/gpt1/``: backbone, language model, tasks) and the layers, head, losses and optimizer it
 is built on compute with ``keras.ops``: they run under ``KERAS_BACKEND=jax``, ``torch`` and ``tensorflow``. On
 TensorFlow a few pieces of that math run by TensorFlow code of the same arithmetic that is faster on a CPU
-(``tf_pieces()``: ``gpt_tf/tf_pieces.py``: the fused C++ kernels, the padded weight gradients, the written-out
+(``tf_pieces()``: ``gpt_tf/nn/tf_pieces.py``: the fused C++ kernels, the padded weight gradients, the written-out
 gradients of layer norm and the cross-entropy, ...); elsewhere Keras's own ops run. The choice is made at run
 time, piece by piece, from ``keras.config.backend()``: one model, not one per backend.
 
@@ -39,11 +39,11 @@ def on_tensorflow() -> bool:
 
 
 def tf_pieces():
-    """``gpt_tf.tf_pieces`` (TensorFlow's faster pieces of the model's math) when Keras runs on TensorFlow,
+    """``gpt_tf.nn.tf_pieces`` (TensorFlow's faster pieces of the model's math) when Keras runs on TensorFlow,
     else None (Keras's ops compute them)."""
     if not on_tensorflow():
         return None
-    from gpt_tf import tf_pieces as pieces  # pylint: disable=import-outside-toplevel
+    from gpt_tf.nn import tf_pieces as pieces  # pylint: disable=import-outside-toplevel
 
     return pieces
 

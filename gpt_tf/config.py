@@ -4,7 +4,7 @@
 3072-wide GELU feed-forward, 512 learned positions, 40,478 BPE tokens, dropout 0.1,
 N(0, 0.02) init. The smaller sizes keep every design choice and only shrink the model,
 so that they train on a 2-core CPU. (A *preset*, as in keras-hub, is a saved model: a shipped name or a
-folder; ``gpt_tf/preset_io.py``.)
+folder; ``gpt_tf/convert/preset_io.py``.)
 
 ``model_type="lstm"`` is the paper's LSTM baseline (§5, Table 5) in the same framework: the same
 embeddings and tied LM head around ``n_layer`` LSTM layers of ``d_ff`` units (``gpt_tf/gpt1/lstm.py``).

@@ -4,7 +4,7 @@
   a process started as one of them, before Keras is imported, it first makes Keras run on TensorFlow
   (``gpt_tf.backend.use_tensorflow_for_command``: a ``KERAS_BACKEND`` set to another backend is overridden, with
   one line saying so; a library call in a user's process leaves the backend alone). Then it sets this machine's
-  fastest settings (oneDNN rewrites, fused kernels, thread pools: ``gpt_tf/autotune.py``, measured once per
+  fastest settings (oneDNN rewrites, fused kernels, thread pools: ``gpt_tf/speed/autotune.py``, measured once per
   machine, cached) and prints the one line saying which; ``serving=True`` takes the serving default
   instead (``autotune.apply_serving``). TensorFlow's C++ start-up
   lines (the oneDNN notice, the CUDA probe and its ``failed call to cuInit`` error on a machine
@@ -48,7 +48,7 @@ def import_tensorflow(serving: bool = False):
         import tensorflow as tf
 
         return tf
-    from gpt_tf import autotune
+    from gpt_tf.speed import autotune
 
     line = autotune.apply_serving() if serving else autotune.apply()
     if line:

@@ -22,7 +22,7 @@ from typing import Callable, Optional
 
 from absl import flags
 
-from gpt_tf import preset_io
+from gpt_tf.convert import preset_io
 
 EXIT_STATUS = 2
 

@@ -35,9 +35,11 @@ from typing import Optional
 
 from absl import app, flags, logging
 
-from gpt_tf import flag_checks, kernels, train_flags
+from gpt_tf import flag_checks, train_flags
+
+from gpt_tf.speed import kernels
 from gpt_tf.config import GPTConfig
-from gpt_tf.recipes import PAPER_FINETUNE
+from gpt_tf.training.recipes import PAPER_FINETUNE
 from gpt_tf.runs.files import (CHECKPOINTS, DATA_FILE, MODEL_CONFIG, RUN_CONFIGS, data_identity, resume_problems,
                                write_json_atomic)
 from gpt_tf.runs.lock import LOCK_FILE, RunDirLocked, chief_task, lock_run_dir
@@ -100,8 +102,8 @@ def _zero_shot_config():
 def _strategy_and_precision(keras, model_config, seq):
     """The --strategy and the precision (--precision, ``auto`` resolved for ``model_config`` at batch x
     ``seq``); the global Keras dtype policy is set to that precision."""
-    from gpt_tf import aliased_grads, inference_gelu  # import TensorFlow: after the settings are applied
-    from gpt_tf.precision import resolve_precision
+    from gpt_tf.speed import aliased_grads, inference_gelu  # import TensorFlow: after the settings are applied
+    from gpt_tf.speed.precision import resolve_precision
     from gpt_tf.strategy import make_strategy, tf_config
 
     if FLAGS.workers:
@@ -122,7 +124,7 @@ def _strategy_and_precision(keras, model_config, seq):
 def _budget_steps(model_config, precision: str) -> int:
     """--train_steps, or fewer where they would take more than --train_budget_minutes at the step time measured
     now (at least --min_train_steps and --warmup_steps)."""
-    from gpt_tf.precision import step_seconds
+    from gpt_tf.speed.precision import step_seconds
 
     seconds = step_seconds(model_config, precision, FLAGS.batch_size, model_config.n_ctx)
     fit = int(60 * FLAGS.train_budget_minutes / seconds)
@@ -190,7 +192,7 @@ def main(argv):
     tf = import_tensorflow()  # its start-up lines off the console (GPT_TF_VERBOSE=1 keeps them)
     import keras
 
-    from gpt_tf.preemption import PREEMPTED_EXIT_CODE, Preempted
+    from gpt_tf.training.preemption import PREEMPTED_EXIT_CODE, Preempted
     from gpt_tf.runs.checkpoints import CheckpointError
     from gpt_tf.strategy import split_cpu
     from gpt_tf.training.loop import DataError
@@ -279,7 +281,7 @@ def _setup() -> Setup:
 def _pretrain(setup: Setup, keras) -> Summary:
     """Pre-training's --mode: train, eval (held-out perplexity) or generate."""
     from gpt_tf.analysis.baselines import unigram_perplexity
-    from gpt_tf.generate import Sampler
+    from gpt_tf.gpt1.generate import Sampler
     from gpt_tf.training.lm_objective import Pretrainer, TrainConfig
     from gpt_tf.training.monitor import TrainCallbacks
 

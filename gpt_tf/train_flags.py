@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from absl import flags
 
-from gpt_tf.recipes import PAPER_FINETUNE
+from gpt_tf.training.recipes import PAPER_FINETUNE
 
 
 def define_flags() -> None:
@@ -59,7 +59,7 @@ def define_flags() -> None:
                        "(the paper: 0.01).")
     flags.DEFINE_float("clip_norm", PAPER_FINETUNE["clip_norm"], "Clip gradients to this global norm (0: off).")
     flags.DEFINE_enum("precision", "float32", ["float32", "mixed_bfloat16", "auto"], "Compute precision; auto: the faster "
-                      "of the two for this model on this machine, timed once and cached (gpt_tf/precision.py).")
+                      "of the two for this model on this machine, timed once and cached (gpt_tf/speed/precision.py).")
     flags.DEFINE_enum("strategy", "default", ["default", "one_device", "mirrored", "multi_worker", "tpu"], "tf.distribute.")
     flags.DEFINE_integer("num_cpu_devices", 1, "Split the CPU into this many logical devices (to test mirrored).")
     flags.DEFINE_string("tpu", "", "TPU name or grpc address, with --strategy=tpu.")

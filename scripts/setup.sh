@@ -41,6 +41,6 @@ if [[ ! -f "$(stamp "$mode")" ]]; then
   PYTHONWARNINGS="ignore:Editable installation" "${PIP[@]}" "${PIN[@]}" -e "$target"
   touch "$(stamp "$mode")" "$(stamp runtime)"  # the test extras include the runtime stack and `serving`
 fi
-# gpt_tf's fused CPU kernels (gpt_tf/kernels): built once per machine (~10 s) into ~/.cache/gpt_tf/kernels.
+# gpt_tf's fused CPU kernels (gpt_tf/speed/kernels): built once per machine (~10 s) into ~/.cache/gpt_tf/kernels.
 # Without a C++ compiler this prints why and training runs TensorFlow's stock ops (same results, slower).
-.venv/bin/python -m gpt_tf.kernels
+.venv/bin/python -m gpt_tf.speed.kernels

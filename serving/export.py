@@ -79,7 +79,7 @@ def load_task_preset(folder: str, precision: str = "float32"):
     import keras
     import keras_hub  # noqa: F401 -- importing it registers GPT-1's classes
 
-    from gpt_tf.preset_io import TASK_FILE
+    from gpt_tf.convert.preset_io import TASK_FILE
 
     path = os.path.join(folder, TASK_FILE)
     with open(path) as f:
@@ -180,7 +180,7 @@ def export_preset(preset: str, base_path: str, model_name: str = "", version: in
                   top_k: int = 10) -> str:
     """Exports a preset (a shipped preset's name or a preset folder): a task preset's task as ``export_task`` does,
     a backbone preset's language model (``export_lm``, with the preset's tokenizer); returns the version folder."""
-    from gpt_tf import preset_io
+    from gpt_tf.convert import preset_io
 
     folder = preset_io.locate(preset)
     if not preset_io.is_preset(folder):
@@ -223,7 +223,7 @@ def main(argv):
     if FLAGS.version < 0:
         sys.exit("serving.export: --version must be >= 0")
     if FLAGS.preset:
-        from gpt_tf.preset_io import locate
+        from gpt_tf.convert.preset_io import locate
 
         try:
             locate(FLAGS.preset)  # before TensorFlow starts

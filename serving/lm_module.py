@@ -17,7 +17,7 @@ Signatures (B = any batch size >= 1):
   text keeps its last ``n_ctx - N`` tokens.
 
 Probabilities are over the BPE vocabulary only (the special tokens are never predicted, as in
-``gpt_tf.generate``). A text longer than the context keeps its last n_ctx tokens (the model's
+``gpt_tf.gpt1.generate``). A text longer than the context keeps its last n_ctx tokens (the model's
 sliding window). A text that encodes to no token, or that is not valid UTF-8, is rejected
 (INVALID_ARGUMENT).
 """

@@ -5,7 +5,7 @@ from pathlib import Path
 
 import pytest
 
-# The suite runs with TensorFlow's defaults: no settings probe (gpt_tf/autotune.py) in any command it starts,
+# The suite runs with TensorFlow's defaults: no settings probe (gpt_tf/speed/autotune.py) in any command it starts,
 # so that it stays deterministic and fast; tests/test_autotune.py drives the probe's logic with fake timings.
 os.environ["GPT_TF_AUTOTUNE"] = "0"
 
@@ -73,7 +73,7 @@ def is_numerics(item) -> bool:
 @pytest.fixture
 def fresh_choices(monkeypatch, tmp_path):
     """``fresh_choices(module)``: autotuning on (the suite turns it off), a fresh cache folder, the module's
-    by-hand variable unset and no decision remembered (``gpt_tf.aliased_grads``, ``gpt_tf.inference_gelu``);
+    by-hand variable unset and no decision remembered (``gpt_tf.speed.aliased_grads``, ``gpt_tf.speed.inference_gelu``);
     returns the cache folder."""
 
     def fresh(module):

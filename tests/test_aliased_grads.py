@@ -1,4 +1,4 @@
-"""gpt_tf.aliased_grads: the padded weight gradient of rows 4 KiB apart, and when it is taken."""
+"""gpt_tf.speed.aliased_grads: the padded weight gradient of rows 4 KiB apart, and when it is taken."""
 
 import json
 
@@ -6,8 +6,8 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
-from gpt_tf import aliased_grads
-from gpt_tf.layers import Conv1D
+from gpt_tf.speed import aliased_grads
+from gpt_tf.nn.layers import Conv1D
 
 
 @pytest.fixture

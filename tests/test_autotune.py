@@ -1,4 +1,4 @@
-"""gpt_tf/autotune.py: the per-machine settings (oneDNN rewrites, fused kernels, thread pools) decided from
+"""gpt_tf/speed/autotune.py: the per-machine settings (oneDNN rewrites, fused kernels, thread pools) decided from
 fake timings, cached, applied before TensorFlow's import, and overridden by variables set by hand.
 
 No timing is asserted and nothing is measured: ``measure_fn`` is a fake, and the subprocesses read a
@@ -15,8 +15,8 @@ from pathlib import Path
 
 import pytest
 
-from gpt_tf import autotune
-from gpt_tf.autotune import FUSED, INTER, INTRA, ONEDNN
+from gpt_tf.speed import autotune
+from gpt_tf.speed.autotune import FUSED, INTER, INTRA, ONEDNN
 from tests.small_runs import ENV
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -98,7 +98,7 @@ def test_serving_takes_tensorflows_own_onednn_choice_per_cpu_unless_set_by_hand(
     avx2 = {"model": "AMD EPYC", "flags": ["avx2", "fma"]}
     avx512 = {"model": "Intel Xeon", "flags": ["avx2", "avx512f", "avx512_bf16", "avx512_vnni", "fma"]}
     environ = {}
-    assert autotune.apply_serving(environ, avx2) == "settings auto: oneDNN off (the serving default, gpt_tf/autotune.py)"
+    assert autotune.apply_serving(environ, avx2) == "settings auto: oneDNN off (the serving default, gpt_tf/speed/autotune.py)"
     assert environ == {ONEDNN: "0"}
     environ = {}
     assert autotune.apply_serving(environ, avx512).startswith("settings auto: oneDNN on ")
@@ -112,7 +112,7 @@ import json, os
 from gpt_tf.console import import_tensorflow
 tf = import_tensorflow()
 from tensorflow.python.util import _pywrap_util_port
-from gpt_tf import kernels
+from gpt_tf.speed import kernels
 print(json.dumps({"mkl": bool(_pywrap_util_port.IsMklEnabled()), "fused": kernels.ops() is not None,
                   "inter": tf.config.threading.get_inter_op_parallelism_threads()}))
 """

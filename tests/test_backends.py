@@ -66,7 +66,7 @@ def _generations(lm) -> dict:
 def _tensorflow_only_features_raise(models: dict, folder: Path) -> list:
     """The one-line errors of the TensorFlow-only features (none where Keras runs on TensorFlow)."""
     from gpt_tf import backend
-    from gpt_tf.optim import make_optimizer
+    from gpt_tf.nn.optim import make_optimizer
 
     def error(call):
         try:

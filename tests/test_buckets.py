@@ -125,7 +125,7 @@ def per_example_losses(model, task, features, label):
 @pytest.mark.parametrize("task", list(TASKS))
 def test_bucketed_epoch_gives_the_padded_losses_and_views_share_a_bucket(built, task):
     from gpt_tf.gpt1.backbone import GPT1Backbone
-    from gpt_tf.task_model import GPTTaskModel
+    from gpt_tf.nn.task_model import GPTTaskModel
 
     spec = get_task(task)
     keras.utils.set_random_seed(0)

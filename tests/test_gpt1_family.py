@@ -50,7 +50,7 @@ def test_import_is_light_and_keras_hub_resolves_gpt1_presets():
 
 def test_backbone_and_classifier_compute_what_the_projects_model_computes(tokenizer):
     from gpt_tf.gpt1.backbone import GPT1Backbone
-    from gpt_tf.task_model import GPTTaskModel
+    from gpt_tf.nn.task_model import GPTTaskModel
 
     classifier = _classifier(tokenizer, "pair_symmetric")
     reference = GPTTaskModel(GPT1Backbone.from_gpt_config(classifier.backbone.config), classifier.task_spec,
@@ -175,7 +175,7 @@ def test_public_classes_document_an_example_and_summarise(tokenizer):
 
 
 def test_each_shipped_preset_has_a_model_card_and_names_the_family_tasks():
-    from gpt_tf.preset_io import PRESET_ALIASES, shipped_presets
+    from gpt_tf.convert.preset_io import PRESET_ALIASES, shipped_presets
 
     folders = {name: folder for name, folder in shipped_presets().items() if name not in PRESET_ALIASES}
     assert "gpt1_tiny_books_en" in folders and shipped_presets()["books_tiny"] == folders["gpt1_tiny_books_en"]

@@ -140,7 +140,7 @@ def test_a_finetuning_run_converts_to_a_task_preset_with_the_runs_logits(loop_ru
 
     from gpt_tf.gpt1.backbone import GPT1Backbone
     from gpt_tf.convert.presets import preset_from_run
-    from gpt_tf.task_model import GPTTaskModel
+    from gpt_tf.nn.task_model import GPTTaskModel
 
     _, end, batches, run_dir = loop_run
     # what the CLI writes beside the checkpoints (the Finetuner, used directly here, does not)

@@ -139,7 +139,7 @@ def test_train_continues_pretraining_and_fine_tunes_from_a_preset_starting_at_it
 def test_train_starts_from_a_shipped_preset_by_its_name(runs, tmp_path):
     """``--init_checkpoint=<a shipped preset's name>`` (as the README's walk-through fine-tunes): continued
     pre-training and fine-tuning start from the shipped folder's weights, its earlier name as its name."""
-    from gpt_tf.preset_io import shipped_presets
+    from gpt_tf.convert.preset_io import shipped_presets
     from gpt_tf.runs.checkpoints import load_task_model
     from gpt_tf.runs.folder import RunFolder
 
@@ -163,7 +163,7 @@ def test_train_starts_from_a_shipped_preset_by_its_name(runs, tmp_path):
 
 
 def test_a_shipped_preset_is_named_where_its_folder_would_be(tmp_path):
-    from gpt_tf import preset_io
+    from gpt_tf.convert import preset_io
     from gpt_tf.convert.pretrained import continued_model_config, pretrained_model_config
 
     folder = preset_io.shipped_presets()["gpt1_tiny_books_en"]

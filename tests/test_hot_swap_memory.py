@@ -36,7 +36,7 @@ def gpt_hot_swaps(folder: str, tokenizer_dir: str, swaps: int) -> list:
 
     from gpt_tf.config import get_size
     from gpt_tf.gpt1.backbone import GPT1Backbone
-    from gpt_tf.task_model import GPTTaskModel
+    from gpt_tf.nn.task_model import GPTTaskModel
     from gpt_tf.tasks import get_task
     from serving.batcher import BatchingParameters
     from serving.export import export_task_model

@@ -1,4 +1,4 @@
-"""gpt_tf.inference_gelu: the GELU kernel in the project's own evaluation passes, never elsewhere."""
+"""gpt_tf.speed.inference_gelu: the GELU kernel in the project's own evaluation passes, never elsewhere."""
 
 import json
 
@@ -6,8 +6,8 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
-from gpt_tf import inference_gelu, kernels
-from gpt_tf.layers import Conv1D
+from gpt_tf.speed import inference_gelu, kernels
+from gpt_tf.nn.layers import Conv1D
 
 needs_kernels = pytest.mark.skipif(kernels.ops() is None, reason="the fused kernels do not load here: " + kernels.status())
 
@@ -93,7 +93,7 @@ def test_status_says_what_evaluation_runs(tuned, monkeypatch):
 
 
 def test_the_timed_stock_way_is_the_layers_gelu():
-    from gpt_tf.layers import gelu
+    from gpt_tf.nn.layers import gelu
 
     x = tf.constant(np.random.default_rng(2).normal(size=(6, 8)), tf.float32)
     w, b = tf.eye(8), tf.zeros((8,))

@@ -28,7 +28,7 @@ def test_shipped_presets_resolve_by_name_through_keras_hub():
     import keras_hub
 
     import gpt_tf
-    from gpt_tf.preset_io import shipped_presets
+    from gpt_tf.convert.preset_io import shipped_presets
 
     shipped = shipped_presets()
     expect(set(shipped) <= set(keras_hub.models.Backbone.presets), "registered presets are not listed in "

@@ -1,4 +1,4 @@
-"""gpt_tf's fused CPU kernels (gpt_tf/kernels): the same values as the stock ops they replace, used
+"""gpt_tf's fused CPU kernels (gpt_tf/speed/kernels): the same values as the stock ops they replace, used
 where they should be, and the stock ops where they cannot run. In CI the kernels must build."""
 
 import os
@@ -7,8 +7,8 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
-from gpt_tf import kernels
-from gpt_tf.kernels.build import KernelBuildError, library_path
+from gpt_tf.speed import kernels
+from gpt_tf.speed.kernels.build import KernelBuildError, library_path
 
 
 @pytest.fixture(scope="module")
@@ -66,7 +66,7 @@ def test_fused_gelu_is_as_exact_as_the_stock_gelu_and_its_gradient(lib, dtype):
 
 
 def _block(policy="float32"):
-    from gpt_tf.layers import TransformerBlock
+    from gpt_tf.nn.layers import TransformerBlock
 
     block = TransformerBlock(n_head=2, d_ff=64, attn_pdrop=0.0, resid_pdrop=0.0, dtype=policy)
     block.build((None, None, 32))
@@ -120,7 +120,7 @@ def test_fused_layer_norm_matches_the_graph_layer_norm(lib, dtype, shape):
     """Values and the three gradients against ``layers.layer_norm`` (Keras's arithmetic): to float32
     rounding, and in bfloat16 to one rounding of the output (the float32 sums differ in order). [36, 16,
     256] is 576 rows: more than one block of rows sums dgamma and dbeta where two threads run."""
-    from gpt_tf.layers import layer_norm
+    from gpt_tf.nn.layers import layer_norm
 
     rng = np.random.default_rng(4)
     d = shape[-1]
@@ -173,7 +173,7 @@ def test_fused_adamw_matches_clip_decay_then_resource_apply_adam(lib, grad_dtype
 
 def test_gpt_adamw_gives_the_same_updates_with_and_without_the_kernel(lib, monkeypatch):
     """``GPTAdamW`` end to end (decay on matrices only, 3 updates, the first two clipped): fused against stock."""
-    from gpt_tf.optim import make_optimizer
+    from gpt_tf.nn.optim import make_optimizer
 
     rng = np.random.default_rng(2)
     init = [rng.normal(size=(8, 6)), rng.normal(size=(6,)), rng.normal(size=(5, 8))]
@@ -195,7 +195,7 @@ def test_gpt_adamw_gives_the_same_updates_with_and_without_the_kernel(lib, monke
 def test_gpt_adamw_compiled_with_xla_runs_the_stock_update(lib):
     """XLA cannot compile the kernel: a ``jit_compile`` update traces the stock ops and gives the
     fused update's values (``bench.train_throughput --mode=optimizer`` times that path)."""
-    from gpt_tf.optim import make_optimizer
+    from gpt_tf.nn.optim import make_optimizer
 
     rng = np.random.default_rng(3)
     init, grad = rng.normal(size=(8, 6)), rng.normal(size=(8, 6))
@@ -230,7 +230,7 @@ def test_a_checkout_reached_through_links_reuses_the_build_and_other_sources_do_
     TensorFlow still get their own build."""
     from pathlib import Path
 
-    from gpt_tf.kernels import build
+    from gpt_tf.speed.kernels import build
 
     key = build.cache_key("g++", "g++ 12")
     code, tf_dir = tmp_path / "code", tmp_path / "tensorflow"
@@ -270,7 +270,7 @@ def test_a_checkout_reached_through_links_reuses_the_build_and_other_sources_do_
 def test_fused_dropout_is_dropout16_to_the_bit(lib, monkeypatch, dtype, shape):
     """The same seed gives the same mask, outputs and gradient as ``Dropout16``'s graph (TF's Philox
     stream, 16 bits per element; [7, 33, 129] spans many 128-draw blocks and ends mid-block)."""
-    from gpt_tf.layers import Dropout16
+    from gpt_tf.nn.layers import Dropout16
 
     rng = np.random.default_rng(5)
     x = tf.cast(tf.constant(rng.normal(size=shape), tf.float32), dtype)

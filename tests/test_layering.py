@@ -1,19 +1,11 @@
 """The package's layers only point down, and no two files import each other in a circle.
 
-Layers, bottom up: the core (``gpt_tf/*.py`` but the CLI), ``pipelines/``, ``gpt_tf/runs/`` (the run folder: it
-reads data manifests, so it sits on ``pipelines``), ``gpt_tf/training/``, ``gpt_tf/analysis/`` (§5), then the
-command lines on top (``gpt_tf/train.py`` and its flags), and above them ``bench/`` (the measuring scripts) and
-``tools/`` (tools run by hand), which nothing below imports; ``serving/`` stands beside training on the core,
-``pipelines`` and the run folder only. The weight conversions ``gpt_tf/convert/`` sit where their imports put
-them (``CONVERT``): the formats in the core, the pre-trained weights a path names beside the run folders it
-reads, the presets written from runs on ``training`` (the family's tasks), the command line on top. The
-keras-hub family ``gpt_tf/gpt1/`` *is* the model, so its files sit in those layers (``FAMILY``): its backbone
-(and the LSTM baseline's), causal LM, tokenizer, builders, keras-hub adapter and shipped presets' registration
-at the bottom with the core (the training code, serving and §5 build on them); its task preprocessor and
-``fit``'s batching on ``pipelines`` (the §3.3 transformations, the length buckets); its tasks, whose ``fit``
-shares the loop's update, on ``training``. One import goes up, named in ``LAZY``: the tasks' ``export`` loads
-``serving.export`` inside the method (the SavedModel the command line exports); ``serving.export.export_task``
-takes the tasks without importing them. ``gpt_tf/__init__.py`` loads the family by name, lazily (no import
+The layers are WORKSPACE.md's table under ``<!-- layers -->``: each row a layer, bottom up, the modules in it
+(the longest name that is the module or a package above it decides) and the layers it may import. This test
+reads that table, so the map and the check are one. The packages in ``SPLIT`` have files in several layers
+(the keras-hub family is the model, the weight conversions sit where their imports put them), so each of their
+files is named in the table. One import goes up, named in ``LAZY``: the tasks' ``export`` loads
+``serving.export`` inside the method. ``gpt_tf/__init__.py`` loads the family by name, lazily (no import
 statement: it is how ``import gpt_tf`` stays light). Every other import counts, those inside functions too (they
 are how heavy modules are loaded lazily, not a way around the layers).
 """
@@ -21,11 +13,34 @@ are how heavy modules are loaded lazily, not a way around the layers).
 from __future__ import annotations
 
 import ast
+import re
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 PACKAGES = ("gpt_tf", "pipelines", "serving")
 TOP = ("bench", "tools")  # on top of the package: they may import any of it, and no module of it imports them
+SPLIT = ("gpt_tf.gpt1", "gpt_tf.convert")  # packages whose files sit in several layers: each file named
+# Imports that go up a layer, each inside a function (never at module level): (importer, imported).
+LAZY = {("gpt_tf.gpt1.task", "serving.export")}
+
+
+def read_layers(text: str) -> tuple[dict[str, str], dict[str, set[str]]]:
+    """WORKSPACE.md's layers table: {module or package: layer}, {layer: the layers it may import}."""
+    table = text.split("<!-- layers -->", 1)[1].strip().split("\n\n", 1)[0]
+    where, allowed = {}, {}
+    for row in table.splitlines()[2:]:
+        layer, modules, imports = (cell.strip() for cell in row.strip().strip("|").split("|"))
+        layer = layer.strip("*`")
+        for name in re.findall(r"`([\w.]+)`", modules):
+            assert name not in where, f"WORKSPACE.md's layers table names {name} twice"
+            where[name] = layer
+        allowed[layer] = {layer} | {x.strip("`") for x in re.findall(r"[\w`]+", imports) if x != "everything"}
+        if "everything" in imports:
+            allowed[layer] = {"*"}
+    return where, allowed
+
+
+WHERE, ALLOWED = read_layers((ROOT / "WORKSPACE.md").read_text())
 
 
 def _module(path: Path) -> str:
@@ -51,51 +66,25 @@ def graph() -> dict[str, set[str]]:
     return {m: {d for d in _imports(p, PACKAGES + TOP) if d in files and d != m} for m, p in files.items()}
 
 
-# The keras-hub family's files, each in its layer (a new file of the family needs its row).
-FAMILY = {
-    "gpt_tf.gpt1.backbone": "core", "gpt_tf.gpt1.lstm": "core", "gpt_tf.gpt1.causal_lm": "core",
-    "gpt_tf.gpt1.causal_lm_preprocessor": "core", "gpt_tf.gpt1.tokenizer": "core", "gpt_tf.gpt1.build": "core",
-    "gpt_tf.gpt1.keras_hub_adapter": "core",
-    "gpt_tf.gpt1.preprocessor": "pipelines", "gpt_tf.gpt1.batching": "pipelines",
-    "gpt_tf.gpt1.presets": "core",  # the shipped presets' registration (their conversions: gpt_tf/convert)
-    "gpt_tf.gpt1.task": "training", "gpt_tf.gpt1.text_classifier": "training",
-    "gpt_tf.gpt1": "training",  # the package: importing it registers every class and the shipped presets
-}
-# The weight conversions' files, each in its layer (a new file of gpt_tf/convert needs its row).
-CONVERT = {
-    "gpt_tf.convert": "core", "gpt_tf.convert.layout": "core", "gpt_tf.convert.release": "core",
-    "gpt_tf.convert.state_dicts": "core",
-    "gpt_tf.convert.pretrained": "runs",  # a run's checkpoints (gpt_tf.runs); the run folder reads its model config
-    "gpt_tf.convert.presets": "training",  # a fine-tuning run becomes the family's task (gpt_tf/gpt1/text_classifier)
-    "gpt_tf.convert.__main__": "cli",
-}
-# Imports that go up a layer, each inside a function (never at module level): (importer, imported).
-LAZY = {("gpt_tf.gpt1.task", "serving.export")}
-
-
 def layer(module: str) -> str:
-    if module.split(".")[0] in TOP:
-        return "top"
-    if module in ("gpt_tf.train", "gpt_tf.train_flags"):
-        return "cli"
-    for package, table in (("gpt_tf.gpt1", FAMILY), ("gpt_tf.convert", CONVERT)):
-        if module == package or module.startswith(package + "."):
-            assert module in table, f"{module}: give it its layer in {'FAMILY' if table is FAMILY else 'CONVERT'}"
-            return table[module]
-    for prefix, name in (("gpt_tf.training", "training"), ("gpt_tf.analysis", "analysis"), ("gpt_tf.runs", "runs"),
-                         ("gpt_tf", "core"), ("pipelines", "pipelines"), ("serving", "serving")):
-        if module == prefix or module.startswith(prefix + "."):
-            return name
-    raise AssertionError(module)
+    for package in SPLIT:
+        if module.startswith(package + "."):
+            assert module in WHERE, f"{module}: name it in WORKSPACE.md's layers table (its package is split)"
+    names = [n for n in WHERE if module == n or module.startswith(n + ".")]
+    assert names, f"{module}: no row of WORKSPACE.md's layers table holds it"
+    return WHERE[max(names, key=len)]
 
 
-# What each layer may import (itself included).
-ALLOWED = {"core": {"core"}, "pipelines": {"core", "pipelines"}, "runs": {"core", "pipelines", "runs"},
-           "training": {"core", "pipelines", "runs", "training"},
-           "analysis": {"core", "pipelines", "runs", "training", "analysis"},
-           "serving": {"core", "pipelines", "runs", "serving"},
-           "cli": {"core", "pipelines", "runs", "training", "analysis", "cli"},
-           "top": {"core", "pipelines", "runs", "training", "analysis", "serving", "cli", "top"}}
+def may_import(importer: str, imported: str) -> bool:
+    allowed = ALLOWED[layer(importer)]
+    return "*" in allowed or layer(imported) in allowed
+
+
+def test_the_layers_table_is_whole():
+    """Every layer a row names as importable is a row, and each name in the table is a module or package here."""
+    modules = set(graph())
+    assert set().union(*ALLOWED.values()) - {"*"} <= set(ALLOWED)
+    assert not set(WHERE) - modules, f"WORKSPACE.md's layers table names what is not here: {set(WHERE) - modules}"
 
 
 def _module_level_imports(path: Path) -> set[str]:
@@ -121,7 +110,7 @@ def test_every_import_points_down_a_layer():
             "gpt_tf.gpt1.backbone", "gpt_tf.gpt1.task", "bench.harness", "bench.experiments.study",
             "tools.torch_pretrain.convert"} <= set(g)
     upward = sorted(f"{m} ({layer(m)}) -> {d} ({layer(d)})" for m, deps in g.items() for d in deps
-                    if layer(d) not in ALLOWED[layer(m)] and (m, d) not in LAZY)
+                    if not may_import(m, d) and (m, d) not in LAZY)
     assert not upward, "\n".join(upward)
     for importer, imported in sorted(LAZY):
         assert imported in g[importer], f"{importer} no longer imports {imported}: drop it from LAZY"

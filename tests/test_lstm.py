@@ -18,7 +18,7 @@ from gpt_tf.config import GPTConfig, get_size
 from gpt_tf.training.task_objective import FinetuneConfig, Finetuner
 from gpt_tf.gpt1.build import backbone_for, causal_lm_for
 from gpt_tf.gpt1.lstm import LSTMBackbone
-from gpt_tf.task_model import GPTTaskModel, transfer_layers
+from gpt_tf.nn.task_model import GPTTaskModel, transfer_layers
 from gpt_tf.tasks import get_task
 from gpt_tf.runs.checkpoints import variables_by_key
 from pipelines.transforms import load_task_spec

@@ -98,7 +98,7 @@ def test_keras_file_round_trip(model, ids, tmp_path):
 
 
 def test_checkpoint_keys_do_not_depend_on_what_the_process_built_before(model):
-    from gpt_tf.optim import make_optimizer
+    from gpt_tf.nn.optim import make_optimizer
     from gpt_tf.runs.checkpoints import variables_by_key
 
     first, second = (make_optimizer(model.trainable_variables, 1e-3) for _ in range(2))  # gpt_adam_w, gpt_adam_w_1
@@ -109,7 +109,7 @@ def test_checkpoint_keys_do_not_depend_on_what_the_process_built_before(model):
 
 
 def _dropout16_mask(shape, signature_shape, seed=7):
-    from gpt_tf.layers import Dropout16
+    from gpt_tf.nn.layers import Dropout16
 
     layer = Dropout16(0.1, seed=seed)
     run = tf.function(lambda t: layer(t, training=True), input_signature=[tf.TensorSpec(signature_shape)])
@@ -143,13 +143,13 @@ def _executed_op_types(fn, *args) -> set:
 
 
 def test_mlp_inference_runs_the_gelu_inside_the_fused_matmul_where_onednn_rewrites_are_on():
-    """oneDNN fuses MatMul + BiasAdd + GELU only when they share a name scope (gpt_tf.layers.Conv1D):
+    """oneDNN fuses MatMul + BiasAdd + GELU only when they share a name scope (gpt_tf.nn.layers.Conv1D):
     evaluation and serving then run no element-wise GELU ops at all. TensorFlow turns those rewrites on
     by default on CPUs with AVX-512 and off on AVX2-only ones (``TF_ENABLE_ONEDNN_OPTS`` decides); where
     they are off, grappler's remapper still fuses the bias into the matmul but the tanh GELU runs apart."""
     from tensorflow.python.util import _pywrap_util_port
 
-    from gpt_tf.layers import MLP
+    from gpt_tf.nn.layers import MLP
 
     mlp = MLP(64)
     mlp.build((None, None, 32))
@@ -165,7 +165,7 @@ def test_mlp_inference_runs_the_gelu_inside_the_fused_matmul_where_onednn_rewrit
 def test_mixed_precision_embedding_casts_the_gathered_rows_not_the_table():
     """Under mixed_bfloat16 the token table stays float32: the rows are gathered, then cast (Keras's
     autocast would cast the whole [vocab, d] table on every call); the output is that cast exactly."""
-    from gpt_tf.layers import GPTEmbedding
+    from gpt_tf.nn.layers import GPTEmbedding
 
     layer = GPTEmbedding(300, 16, 8, embd_pdrop=0.1, dtype="mixed_bfloat16")
     layer.build()
@@ -184,11 +184,11 @@ def test_mixed_precision_embedding_casts_the_gathered_rows_not_the_table():
 
 
 def test_mixed_precision_training_runs_the_gelu_and_its_gradient_in_float32(monkeypatch):
-    """Without the fused kernel (gpt_tf/kernels: tests/test_kernels.py), nothing fuses the GELU in
+    """Without the fused kernel (gpt_tf/speed/kernels: tests/test_kernels.py), nothing fuses the GELU in
     training (its gradient needs the pre-activation), and CPU element-wise kernels are ~2x slower in
     bfloat16: under mixed_bfloat16 the stock GELU and its gradient run in float32."""
-    from gpt_tf import kernels
-    from gpt_tf.layers import MLP
+    from gpt_tf.speed import kernels
+    from gpt_tf.nn.layers import MLP
 
     monkeypatch.setattr(kernels, "ops", lambda: None)
 
@@ -213,7 +213,7 @@ def test_mixed_precision_training_runs_the_gelu_and_its_gradient_in_float32(monk
 def test_layer_norm_matches_keras_values_and_gradients(policy, tol):
     """`LayerNorm`'s hand-written gradient gives Keras LayerNormalization's values and gradients (x, gain,
     bias); in bfloat16 within the input's rounding (one bf16 ulp at |x| ~ 4 is 0.016)."""
-    from gpt_tf.layers import LayerNorm
+    from gpt_tf.nn.layers import LayerNorm
 
     rng = np.random.default_rng(0)
     ours, keras_ln = LayerNorm(epsilon=1e-5, dtype=policy), keras.layers.LayerNormalization(epsilon=1e-5, dtype=policy)
@@ -243,7 +243,7 @@ def test_token_cross_entropy_matches_tf_values_and_gradients():
     softmax cross-entropy in value and gradient, over leading dims, on logits spread wide enough that
     the target's probability underflows float32 (its log would be -inf), and inside a tf.function;
     `lm_loss` uses it."""
-    from gpt_tf.objectives import lm_loss, token_cross_entropy
+    from gpt_tf.nn.objectives import lm_loss, token_cross_entropy
 
     rng = np.random.default_rng(0)
     logits = tf.constant(rng.normal(size=(2, 3, 5, 97)) * 8, tf.float32)

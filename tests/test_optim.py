@@ -3,7 +3,7 @@
 import numpy as np
 import tensorflow as tf
 
-from gpt_tf.optim import make_optimizer
+from gpt_tf.nn.optim import make_optimizer
 
 
 def _reference_step(params, moments, grads, t, lr, wd, clip, b1=0.9, b2=0.999, eps=1e-8):
@@ -42,7 +42,7 @@ def test_clip_and_apply_is_clipped_adamw_with_decay_on_matrices_only():
 def test_clip_factor_is_what_clip_by_global_norm_multiplies_by():
     """The factor the fused update takes (`clip_factor`): tf.clip_by_global_norm's, NaN for an infinite
     norm included; 1 at or below the clip norm and for a NaN norm (where the unfused path does not clip)."""
-    from gpt_tf.optim import clip_factor
+    from gpt_tf.nn.optim import clip_factor
 
     for norm in (0.5, 1.0, 3.0, 1e30, float("inf")):
         g = tf.constant([1.0])

@@ -87,7 +87,7 @@ def test_the_wheel_holds_every_package_file_and_the_package_data(installed):
     names, _ = installed
     missing = sorted(_source_files() - NOT_SHIPPED - names)
     assert not missing, f"files of the packages missing from the wheel (pyproject.toml's package-data): {missing}"
-    for data in ("gpt_tf/text/spacy_en_rules.json", "gpt_tf/kernels/fused_ops.cc", "gpt_tf/kernels/common.h", PROBE,
+    for data in ("gpt_tf/text/spacy_en_rules.json", "gpt_tf/speed/kernels/fused_ops.cc", "gpt_tf/speed/kernels/common.h", PROBE,
                  "gpt_tf/presets/gpt1_tiny_books_en/README.md"):  # the shipped preset's model card
         assert data in names
     assert not any("__pycache__" in n or n.endswith(".pyc") for n in names)
@@ -230,14 +230,14 @@ def test_setup_sh_installs_the_extras_at_the_constraints_and_again_only_when_the
     _fake_venv(tmp_path)
     installs = [c for c in _setup(tmp_path) if c.startswith("-m pip install") and "--upgrade pip" not in c]
     assert len(installs) == 1 and installs[0].endswith("-c constraints.txt -e .[serving]"), installs
-    assert _setup(tmp_path) == ["-m gpt_tf.kernels"]  # the stamp: nothing to install again
+    assert _setup(tmp_path) == ["-m gpt_tf.speed.kernels"]  # the stamp: nothing to install again
     dev = [c for c in _setup(tmp_path, "dev") if c.startswith("-m pip install") and "--upgrade pip" not in c]
     assert dev[-1].endswith("-c constraints.txt -e .[dev]"), dev
     if os.uname().sysname == "Linux" and os.uname().machine == "x86_64":
         torch = f"torch=={_constraints()['torch']}+cpu"
         assert len(dev) == 2 and "-c constraints.txt" in dev[0] and dev[0].endswith(torch), dev
         assert "--extra-index-url https://download.pytorch.org/whl/cpu" in dev[0], dev
-    assert _setup(tmp_path, "dev") == _setup(tmp_path) == ["-m gpt_tf.kernels"]
+    assert _setup(tmp_path, "dev") == _setup(tmp_path) == ["-m gpt_tf.speed.kernels"]
     for changed in ("constraints.txt", "pyproject.toml"):
         with open(tmp_path / changed, "a") as f:
             f.write("# changed\n")

@@ -1,4 +1,4 @@
-"""--precision=auto (gpt_tf/precision.py): timed once per machine and model shape, cached, reported."""
+"""--precision=auto (gpt_tf/speed/precision.py): timed once per machine and model shape, cached, reported."""
 
 from __future__ import annotations
 
@@ -8,9 +8,9 @@ import sys
 
 import pytest
 
-from gpt_tf import precision
+from gpt_tf.speed import precision
 from gpt_tf.config import get_size
-from gpt_tf.kernels.build import kernel_dir
+from gpt_tf.speed.kernels.build import kernel_dir
 from tests.small_runs import ENV, ROOT
 
 

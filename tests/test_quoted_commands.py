@@ -6,7 +6,7 @@ the ``git log --diff-filter=D --oneline -- <path>`` that finds it in the reposit
 
 Cheap: one subprocess runs each quoted module's ``__main__`` block with ``absl.app.run`` (and argparse's
 ``parse_args``) replaced by a stop that records the flags defined by then, so nothing runs (the benchmarks take
-minutes); a module without a command line (``gpt_tf.kernels``) is only imported.
+minutes); a module without a command line (``gpt_tf.speed.kernels``) is only imported.
 """
 
 from __future__ import annotations

@@ -261,7 +261,7 @@ def test_bad_cluster_flags_fail_fast(args, message):
 
 
 def test_stop_request_turns_sigterm_into_a_flag():
-    from gpt_tf.preemption import StopRequest
+    from gpt_tf.training.preemption import StopRequest
 
     before = signal.getsignal(signal.SIGTERM)
     with StopRequest() as stop:

@@ -57,7 +57,7 @@ def _alive(pid: int) -> bool:
 
 
 def test_ab_run_measures_both_values_in_their_own_processes(tmp_path):
-    from gpt_tf.autotune import serving_default
+    from gpt_tf.speed.autotune import serving_default
 
     out = tmp_path / "ab.json"
     run_cli("bench.serving_latency", "--onednn=ab", "--preset=test", "--requests=2", "--rounds=1",

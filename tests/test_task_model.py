@@ -9,8 +9,8 @@ from gpt_tf import metrics
 from gpt_tf.config import get_size
 from gpt_tf.gpt1.backbone import GPT1Backbone
 from gpt_tf.gpt1.build import causal_lm_for
-from gpt_tf.objectives import task_loss
-from gpt_tf.task_model import GPTTaskModel, reset_special_embeddings, task_predictions, transfer_layers
+from gpt_tf.nn.objectives import task_loss
+from gpt_tf.nn.task_model import GPTTaskModel, reset_special_embeddings, task_predictions, transfer_layers
 from gpt_tf.tasks import get_task
 
 CONFIG = get_size("test")

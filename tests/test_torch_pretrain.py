@@ -42,7 +42,7 @@ def test_lr_schedule_matches_gpt_tf():
     import tensorflow as tf
 
     from tools.torch_pretrain.train import lr_at
-    from gpt_tf.optim import WarmupDecay
+    from gpt_tf.nn.optim import WarmupDecay
 
     ours = WarmupDecay(1e-3, 10, 100, "cosine")
     for step in (0, 1, 5, 10, 11, 50, 99, 100):

@@ -10,7 +10,7 @@ import pytest
 from gpt_tf.convert import release, state_dicts
 from gpt_tf.config import GPTConfig, get_size
 from gpt_tf.gpt1.build import causal_lm_for
-from gpt_tf.layers import gelu
+from gpt_tf.nn.layers import gelu
 
 SMALL = GPTConfig(vocab_size=500, n_ctx=32, n_embd=64, n_layer=2, n_head=4, d_ff=256)
 # Our logits against transformers': two frameworks' kernels, compared within a tolerance. Measured on an AMD Zen 4,

@@ -5,7 +5,7 @@
 
 Why it exists: the command line's loop (``python -m gpt_tf.train``) is TensorFlow's; on a GPU machine with JAX this
 trains the same model (``GPT1CausalLM`` on ``GPT1Backbone`` of ``--model``: ``gpt_tf/config.py``'s sizes) with the
-paper's pre-training recipe (``gpt_tf.optim``: AdamW with decay 0.01 on matrices only, clipping at norm 1, a 2%
+paper's pre-training recipe (``gpt_tf.nn.optim``: AdamW with decay 0.01 on matrices only, clipping at norm 1, a 2%
 linear warm-up then cosine decay to 0), by Keras's ``fit`` on the JAX backend (``jit``-compiled steps), on exactly
 the (n_ctx + 1)-token windows ``pipelines.pretrain_data`` wrote, read by ``pipelines.reader.pretraining_dataset`` in
 its seeded order. It needs ``jax`` (for a GPU: ``jax[cuda12]``) beside ``tensorflow`` (CPU is enough: tf.data reads
@@ -85,7 +85,7 @@ def main(argv):
     from gpt_tf.config import get_size
     from gpt_tf.gpt1 import GPT1CausalLM, GPT1CausalLMPreprocessor, GPT1Tokenizer
     from gpt_tf.gpt1.build import backbone_for
-    from gpt_tf.optim import WarmupDecay, make_optimizer
+    from gpt_tf.nn.optim import WarmupDecay, make_optimizer
     from pipelines.reader import batches_per_pipeline, pretraining_dataset
     from pipelines.records import read_manifest
 

@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import os
 
-from gpt_tf import preset_io
+from gpt_tf.convert import preset_io
 from gpt_tf.config import GPTConfig, get_size
 from gpt_tf.runs.files import CHECKPOINTS, MODEL_CONFIG, read_model_config
 
@@ -30,7 +30,7 @@ def is_release(path: str) -> bool:
 
 def pretrained_model_config(path: str) -> GPTConfig:
     """The GPTConfig of a pre-training (or fine-tuning) run dir, a checkpoint prefix, GPT-1 release shards, a
-    keras-hub preset folder (``gpt_tf/preset_io.py``) or a shipped preset's name."""
+    keras-hub preset folder (``gpt_tf/convert/preset_io.py``) or a shipped preset's name."""
     path = preset_io.locate(path)
     if is_release(path):
         return get_size("gpt1")
@@ -86,7 +86,7 @@ def initialise_from_pretrained(model, path: str, n_layers: int, seed: int = 0) -
     ``model``'s backbone: its embeddings and first ``n_layers`` blocks, then the special-token rows
     re-drawn (deterministic in ``seed``). Returns the paths of the variables overwritten."""
     from gpt_tf.gpt1.build import causal_lm_for
-    from gpt_tf.task_model import reset_special_embeddings, transfer_layers
+    from gpt_tf.nn.task_model import reset_special_embeddings, transfer_layers
 
     lm = causal_lm_for(pretrained_model_config(path))  # its own n_ctx
     restore_pretrained_lm(lm, path)
@@ -100,7 +100,7 @@ def continue_from_pretrained(lm, path: str) -> list[str]:
     ``GPT1CausalLM`` ``lm``: every block, the embeddings with their special-token rows, and the first
     ``lm``'s n_ctx position rows (its context may be shorter). Returns the paths of the variables overwritten."""
     from gpt_tf.gpt1.build import causal_lm_for
-    from gpt_tf.task_model import transfer_layers
+    from gpt_tf.nn.task_model import transfer_layers
 
     source = causal_lm_for(pretrained_model_config(path))  # its own n_ctx
     restore_pretrained_lm(source, path)

@@ -1,9 +1,9 @@
 """``GPT1Backbone``: GPT-1's decoder (token ids → the final block's states) as a ``keras_hub.models.Backbone``.
 
 The project's one backbone: pre-training's language model (``GPT1CausalLM``), the fine-tuning head
-(``GPTTaskModel``, ``gpt_tf/task_model.py``), layer transfer and the weight converters all take it.
+(``GPTTaskModel``, ``gpt_tf/nn/task_model.py``), layer transfer and the weight converters all take it.
 ``GPTEmbedding`` (token + learned position tables, the tied LM head) then ``num_layers`` post-LN
-``TransformerBlock``s (``gpt_tf/layers.py``); on request every block's states (layer-transfer studies), or
+``TransformerBlock``s (``gpt_tf/nn/layers.py``); on request every block's states (layer-transfer studies), or
 the last block at one position per row only (a task head's input). ``config`` is its ``GPTConfig``
 (``gpt_tf/config.py``; ``from_gpt_config`` builds one from it); the LSTM baseline of Table 5 is a subclass
 that swaps the blocks (``gpt_tf/gpt1/lstm.py``).
@@ -15,8 +15,8 @@ import keras
 import keras_hub
 
 from gpt_tf.gpt1.keras_hub_adapter import name_tasks_in_metadata
-from gpt_tf.layers import PACKAGE, GPTEmbedding, TransformerBlock
-from gpt_tf.preset_io import FindsPresets, backbone_kwargs, config_from_kwargs
+from gpt_tf.nn.layers import PACKAGE, GPTEmbedding, TransformerBlock
+from gpt_tf.convert.preset_io import FindsPresets, backbone_kwargs, config_from_kwargs
 
 
 @keras.saving.register_keras_serializable(package=PACKAGE)

@@ -3,7 +3,7 @@
 The project's one language model: what pre-training trains (``gpt_tf.training.lm_objective``, built by
 ``gpt_tf.gpt1.build.causal_lm_for`` with ``preprocessor=None``: the loop feeds token ids), what zero-shot scoring,
 the LM export and the conversions read, and the one implementation of generation: ``generate()`` on strings, the
-command line's ``--mode=generate`` and the training monitor's samples (``gpt_tf/generate.py``) and the served
+command line's ``--mode=generate`` and the training monitor's samples (``gpt_tf/gpt1/generate.py``) and the served
 model's ``generate`` signature (``serving/lm_module.py``) all run ``generate_step``, on every Keras backend.
 
 Generation follows keras-hub's convention: ``call_with_cache`` runs tokens through the blocks, each attention layer
@@ -24,8 +24,8 @@ from keras import ops
 from gpt_tf import backend
 from gpt_tf.gpt1.backbone import GPT1Backbone
 from gpt_tf.gpt1.causal_lm_preprocessor import GPT1CausalLMPreprocessor
-from gpt_tf.layers import PACKAGE
-from gpt_tf.preset_io import FindsPresets
+from gpt_tf.nn.layers import PACKAGE
+from gpt_tf.convert.preset_io import FindsPresets
 
 
 @keras.saving.register_keras_serializable(package=PACKAGE)

@@ -14,8 +14,8 @@ import tensorflow as tf
 from gpt_tf.gpt1.backbone import GPT1Backbone
 from gpt_tf.gpt1.keras_hub_adapter import preprocessing_function
 from gpt_tf.gpt1.tokenizer import GPT1Tokenizer
-from gpt_tf.layers import PACKAGE
-from gpt_tf.preset_io import FindsPresets
+from gpt_tf.nn.layers import PACKAGE
+from gpt_tf.convert.preset_io import FindsPresets
 
 
 class SequenceLength(FindsPresets):

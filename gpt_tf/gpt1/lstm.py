@@ -19,7 +19,7 @@ from __future__ import annotations
 import keras
 
 from gpt_tf.gpt1.backbone import GPT1Backbone
-from gpt_tf.layers import PACKAGE, Conv1D, Dropout16, take_at
+from gpt_tf.nn.layers import PACKAGE, Conv1D, Dropout16, take_at
 
 
 @keras.saving.register_keras_serializable(package=PACKAGE)

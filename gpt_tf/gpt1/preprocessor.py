@@ -18,7 +18,7 @@ from gpt_tf.gpt1.backbone import GPT1Backbone
 from gpt_tf.gpt1.causal_lm_preprocessor import SequenceLength
 from gpt_tf.gpt1.keras_hub_adapter import preprocessing_function
 from gpt_tf.gpt1.tokenizer import GPT1Tokenizer
-from gpt_tf.layers import PACKAGE
+from gpt_tf.nn.layers import PACKAGE
 from gpt_tf.tasks import INPUT_FIELDS, INPUT_TYPES
 from pipelines.task_batches import bucket_lengths
 from pipelines.transforms import transform_record

@@ -11,7 +11,7 @@ import os
 
 from gpt_tf.gpt1.backbone import GPT1Backbone
 from gpt_tf.gpt1.keras_hub_adapter import register_presets
-from gpt_tf.preset_io import PRESET_ALIASES, shipped_presets
+from gpt_tf.convert.preset_io import PRESET_ALIASES, shipped_presets
 
 # keras-hub's preset names: family, size, data, language. Each folder's README.md is its model card.
 DESCRIPTIONS = {

@@ -1,8 +1,8 @@
 """What the GPT-1 fine-tuning tasks share: the head, Eq. 5's loss, the paper's optimiser, ``fit``.
 
-Each task holds a ``GPTTaskModel`` (``gpt_tf/task_model.py``: W_y on the extract-token state, the
+Each task holds a ``GPTTaskModel`` (``gpt_tf/nn/task_model.py``: W_y on the extract-token state, the
 symmetric sum, multiple choice) on its ``GPT1Backbone``, so a task computes what the CLI's fine-tuning
-computes. The loss is the fine-tuning objective of ``gpt_tf/objectives.py``, the one the CLI's loop
+computes. The loss is the fine-tuning objective of ``gpt_tf/nn/objectives.py``, the one the CLI's loop
 minimises: ``compute_loss`` is Eq. 5, L3 = L2 + λ·L1 (λ = ``lm_coef``, 0.5 by default), L1 at the real
 next tokens only. On TensorFlow, ``train_step`` normalises it by the global batch's examples and LM tokens
 (``global_counts``, ``finetune_update_loss``) and sums the replicas' gradients once before clipping, as
@@ -24,15 +24,15 @@ import tensorflow as tf
 
 import gpt_tf.gpt1.batching as batching
 from gpt_tf import backend
-from gpt_tf.optim import GPTAdamW, WarmupDecay, make_optimizer
-from gpt_tf.preset_io import FindsPresets
-from gpt_tf.recipes import PAPER_FINETUNE
-from gpt_tf.objectives import finetune_loss, finetune_update_loss, global_counts
-from gpt_tf.task_model import GPTTaskModel
+from gpt_tf.nn.optim import GPTAdamW, WarmupDecay, make_optimizer
+from gpt_tf.convert.preset_io import FindsPresets
+from gpt_tf.training.recipes import PAPER_FINETUNE
+from gpt_tf.nn.objectives import finetune_loss, finetune_update_loss, global_counts
+from gpt_tf.nn.task_model import GPTTaskModel
 from gpt_tf.tasks import TaskSpec
 from gpt_tf.training.loop import all_reduce_and_apply
 
-# compile()'s keywords and their defaults: the paper's recipe (gpt_tf/recipes.py).
+# compile()'s keywords and their defaults: the paper's recipe (gpt_tf/training/recipes.py).
 COMPILE_RECIPE = ("learning_rate", "warmup_fraction", "weight_decay", "clip_norm", "lm_coef")
 
 
@@ -124,7 +124,7 @@ class GPT1TaskMixin(FindsPresets):
 
     # ------------------------------------------------------------------ optimiser
     def compile(self, optimizer="auto", loss="auto", *, metrics="auto", **kwargs):
-        """The paper's recipe by default (``gpt_tf/recipes.py``; the ``COMPILE_RECIPE`` keywords override it); the
+        """The paper's recipe by default (``gpt_tf/training/recipes.py``; the ``COMPILE_RECIPE`` keywords override it); the
         loss is ``compute_loss``'s."""
         optimizer = self._paper_compile(optimizer, kwargs)
         if metrics == "auto":

@@ -9,7 +9,7 @@ import keras_hub
 from gpt_tf.gpt1.backbone import GPT1Backbone
 from gpt_tf.gpt1.preprocessor import GPT1TaskPreprocessor
 from gpt_tf.gpt1.task import GPT1TaskMixin
-from gpt_tf.layers import PACKAGE
+from gpt_tf.nn.layers import PACKAGE
 from gpt_tf.tasks import TaskSpec
 
 

@@ -162,7 +162,7 @@ def build_task_models(model_config: GPTConfig, tasks, clf_pdrop: float, precisio
     Fine-tuning and ``load_task_model`` build it here alike, so the checkpoint keys (variable order) match.
     """
     from gpt_tf.gpt1.build import backbone_for
-    from gpt_tf.task_model import GPTTaskModel
+    from gpt_tf.nn.task_model import GPTTaskModel
 
     backbone = backbone_for(model_config, dtype=precision)
     return [GPTTaskModel(backbone, task, clf_pdrop=clf_pdrop, dtype=precision) for task in tasks]

@@ -15,13 +15,13 @@ import time
 import keras
 import tensorflow as tf
 
-from gpt_tf import inference_gelu
+from gpt_tf.speed import inference_gelu
 from gpt_tf.config import GPTConfig
 from gpt_tf.convert.pretrained import continue_from_pretrained
 from gpt_tf.gpt1.build import causal_lm_for
-from gpt_tf.objectives import lm_loss
-from gpt_tf.optim import WarmupDecay, make_optimizer
-from gpt_tf.recipes import PAPER_FINETUNE
+from gpt_tf.nn.objectives import lm_loss
+from gpt_tf.nn.optim import WarmupDecay, make_optimizer
+from gpt_tf.training.recipes import PAPER_FINETUNE
 from gpt_tf.runs.files import save_run_configs
 from gpt_tf.training.loop import TrainLoop, named_data_error
 from pipelines.reader import batches_per_pipeline, pretraining_dataset
@@ -141,7 +141,7 @@ class Pretrainer:
         return tape.gradient(scaled, variables), [loss_sum]
 
     def _replica_eval_step(self, inputs, targets):
-        with inference_gelu.passes():  # never an export: the GELU kernel where faster (gpt_tf/inference_gelu.py)
+        with inference_gelu.passes():  # never an export: the GELU kernel where faster (gpt_tf/speed/inference_gelu.py)
             return lm_loss(self.model(inputs, training=False), targets)
 
     @tf.function

@@ -14,7 +14,7 @@ Checkpoints (``gpt_tf.runs.checkpoints``) hold the model, the optimizer (moments
 dropout seed state and the step. The data position is a function of the step: the input
 pipelines are deterministic, so on resume each skips the batches it had already produced. This
 works under every strategy (distributed iterators cannot be checkpointed), and a killed run resumes
-bit-for-bit where its last checkpoint was taken. On SIGTERM (``gpt_tf.preemption``) the stop request
+bit-for-bit where its last checkpoint was taken. On SIGTERM (``gpt_tf.training.preemption``) the stop request
 is all-reduced with the update's losses, so every worker finishes the same update, saves it and
 raises ``Preempted``: a preempted run loses no update and repeats no batch.
 
@@ -34,7 +34,7 @@ import tensorflow as tf
 
 from gpt_tf.backend import require_tensorflow
 from gpt_tf.runs.checkpoints import checkpoint_managers, remove_scratch, restore_latest, variables_by_key
-from gpt_tf.preemption import Preempted, StopRequest
+from gpt_tf.training.preemption import Preempted, StopRequest
 from gpt_tf.strategy import is_chief
 from gpt_tf.write_errors import WriteError, writing
 

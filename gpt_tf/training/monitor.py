@@ -17,7 +17,7 @@ import tensorflow as tf
 from tensorboard.plugins.hparams import api as hp
 
 from gpt_tf import console
-from gpt_tf.generate import Sampler
+from gpt_tf.gpt1.generate import Sampler
 
 
 class TrainCallbacks:

@@ -29,15 +29,17 @@ import keras
 import numpy as np
 import tensorflow as tf
 
-from gpt_tf import console, inference_gelu
+from gpt_tf import console
+
+from gpt_tf.speed import inference_gelu
 from gpt_tf.convert.pretrained import initialise_from_pretrained
 from gpt_tf.runs.checkpoints import build_task_models, unique_variables
 from gpt_tf.config import GPTConfig
 from gpt_tf.metrics import compute_metrics
-from gpt_tf.objectives import finetune_update_loss, global_counts
-from gpt_tf.optim import WarmupDecay, make_optimizer
-from gpt_tf.recipes import PAPER_FINETUNE
-from gpt_tf.task_model import GPTTaskModel, task_predictions
+from gpt_tf.nn.objectives import finetune_update_loss, global_counts
+from gpt_tf.nn.optim import WarmupDecay, make_optimizer
+from gpt_tf.training.recipes import PAPER_FINETUNE
+from gpt_tf.nn.task_model import GPTTaskModel, task_predictions
 from gpt_tf.tasks import TaskSpec
 from gpt_tf.training.loop import TrainLoop
 from pipelines.task_batches import bucket_lengths
@@ -180,7 +182,7 @@ class Finetuner:
     def _make_train_step(self, head: _Head):
         """One update on a batch of ``head``'s task: backbone + that head (``TrainLoop.make_update``, one per task).
 
-        The fine-tuning objective of ``gpt_tf/objectives.py`` (the one ``fit`` minimises too): Eq. 5 with the
+        The fine-tuning objective of ``gpt_tf/nn/objectives.py`` (the one ``fit`` minimises too): Eq. 5 with the
         GLOBAL batch's counts, taken from the features before the micro-batches run, so their gradients sum to
         the full batch's.
         """
@@ -208,7 +210,7 @@ class Finetuner:
         strategy = self.strategy
 
         def replica(features, label):
-            with inference_gelu.passes():  # never an export: the GELU kernel where faster (gpt_tf/inference_gelu.py)
+            with inference_gelu.passes():  # never an export: the GELU kernel where faster (gpt_tf/speed/inference_gelu.py)
                 outputs = model(features, training=False, with_lm=False)
             return outputs["task"], label, features["record_index"]
 

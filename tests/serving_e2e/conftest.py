@@ -23,7 +23,7 @@ from tensorflow_serving.apis import get_model_status_pb2, model_service_pb2_grpc
 from gpt_tf.config import get_size
 from gpt_tf.gpt1.backbone import GPT1Backbone
 from gpt_tf.gpt1.build import causal_lm_for
-from gpt_tf.task_model import GPTTaskModel
+from gpt_tf.nn.task_model import GPTTaskModel
 from gpt_tf.tasks import get_task
 from gpt_tf.text.tokenizer import GPTTokenizer
 from tests.serving_e2e.helpers import (ENV, MAX_REQUEST_BYTES, ROOT, free_port, glue_examples, offline_features,

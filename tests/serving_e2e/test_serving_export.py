@@ -14,7 +14,7 @@ import pytest
 import tensorflow as tf
 
 from gpt_tf.gpt1.backbone import GPT1Backbone
-from gpt_tf.task_model import GPTTaskModel
+from gpt_tf.nn.task_model import GPTTaskModel
 from gpt_tf.tasks import get_task
 from serving.task_module import TaskServingModule, input_specs
 from tests.serving_e2e.helpers import ENV, ROOT, TOL, glue_examples, offline_features

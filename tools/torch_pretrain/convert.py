@@ -101,7 +101,7 @@ def read_log_file(path: str) -> tuple[dict, list[dict]]:
 def checkpoint_steps(weights_dir: str, final_step: int) -> dict[int, list[str]]:
     """step -> its weight part files, in step order; a gpt_tf preset folder (``gpt_tf/presets/gpt1_tiny_books_en``: the
     kept run's final weights, with its ``log.jsonl`` and ``sweep.jsonl``) is the one checkpoint ``final_step``."""
-    from gpt_tf import preset_io
+    from gpt_tf.convert import preset_io
 
     if preset_io.is_preset(weights_dir):
         return {final_step: [weights_dir]}
@@ -122,7 +122,7 @@ def tokenizer_digests(tokenizer: dict) -> dict:
 def import_run(weights_dir: str, data_dir: str, run_dir: str, model: str) -> dict:
     import tensorflow as tf
 
-    from gpt_tf import preset_io
+    from gpt_tf.convert import preset_io
     from gpt_tf.config import get_size
     from gpt_tf.convert.state_dicts import load_torch_state_dict, read_state_dict
     from gpt_tf.training.lm_objective import Pretrainer, TrainConfig

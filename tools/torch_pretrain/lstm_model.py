@@ -23,7 +23,7 @@ n_embd, fan_out = 4·d_ff; ``xavier_uniform_`` on the transposed ``[4·d_ff, n_e
 ``recurrent_kernel`` orthogonal (Keras's ``Orthogonal`` on ``[d_ff, 4·d_ff]`` gives orthonormal rows, so the
 transpose, torch's ``weight_hh``, has orthonormal columns, which is what ``orthogonal_`` gives a ``[4·d_ff, d_ff]``
 matrix); ``bias`` 0 except the forget gate's 1 (``unit_forget_bias``); the projection and both embedding tables
-N(0, init_std), the projection's bias 0 (``gpt_tf.layers.Conv1D``, ``GPTEmbedding``). The same distributions, not
+N(0, init_std), the projection's bias 0 (``gpt_tf.nn.layers.Conv1D``, ``GPTEmbedding``). The same distributions, not
 the same draws (the two frameworks' generators differ).
 """
 

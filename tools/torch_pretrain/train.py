@@ -7,7 +7,7 @@ Why it exists: a GPU machine may offer PyTorch and `transformers` but no TensorF
 package registry, too little room to carry TensorFlow's wheel there): ``tools/torch_pretrain/README.md``. The model trained here is `transformers`' ``OpenAIGPTLMHeadModel`` with
 the preset's sizes: the reference implementation that ``tests/test_weights.py`` proves equal to
 ``gpt_tf.gpt1.causal_lm.GPT1CausalLM`` (logits to 1e-5 on the same weights). The recipe is the project's
-pre-training recipe (``gpt_tf.optim``): AdamW with decoupled weight decay 0.01 on rank >= 2 weights only,
+pre-training recipe (``gpt_tf.nn.optim``): AdamW with decoupled weight decay 0.01 on rank >= 2 weights only,
 global-norm clipping 1.0, linear warm-up then cosine decay to 0, dropout 0.1, N(0, 0.02) init, the LM
 loss over (n_ctx + 1)-token windows at stride n_ctx of the token stream, exactly the records that
 ``pipelines.pretrain_data`` writes (``tools.torch_pretrain.convert export`` turns those records back into the
@@ -113,7 +113,7 @@ def windows(stream: np.ndarray, n_ctx: int) -> np.ndarray:
 
 
 def lr_at(step: int, peak: float, warmup: int, total: int) -> float:
-    """gpt_tf.optim.WarmupDecay (cosine): linear warm-up from 0, then cosine to 0 at ``total``."""
+    """gpt_tf.nn.optim.WarmupDecay (cosine): linear warm-up from 0, then cosine to 0 at ``total``."""
     if warmup and step < warmup:
         return peak * step / warmup
     frac = min(max((step - warmup) / max(total - warmup, 1), 0.0), 1.0)
@@ -140,7 +140,7 @@ def build_model(torch, transformers, preset: str, vocab_size: int, dropout: floa
 
 
 def param_groups(model, weight_decay: float):
-    """Decay on rank >= 2 weights only (the release's rule; gpt_tf.optim.make_optimizer); frozen ones left out
+    """Decay on rank >= 2 weights only (the release's rule; gpt_tf.nn.optim.make_optimizer); frozen ones left out
     (the LSTM's second bias, ``lstm_model``)."""
     trained = [p for p in model.parameters() if p.requires_grad]
     decay = [p for p in trained if p.ndim >= 2]

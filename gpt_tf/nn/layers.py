@@ -7,7 +7,7 @@ release used. Weights are N(0, 0.02), biases 0, layer-norm gains 1.
 
 The math is written once, in ``keras.ops``: it runs on JAX, TensorFlow and PyTorch. Where Keras runs on
 TensorFlow, a few pieces run by TensorFlow code of the same arithmetic that is faster on a CPU
-(``gpt_tf/tf_pieces.py``, chosen at run time by ``gpt_tf.backend.tf_pieces()``): ``Conv1D``'s MatMul + BiasAdd
+(``gpt_tf/nn/tf_pieces.py``, chosen at run time by ``gpt_tf.backend.tf_pieces()``): ``Conv1D``'s MatMul + BiasAdd
 (which oneDNN fuses, with the GELU after it where no gradient needs the pre-activation) with, in training, the
 padded weight gradient and the fused GELU kernel; layer norm with a written-out gradient or the fused kernels;
 ``Dropout16``'s mask from TF's Philox stream or the fused kernel; the attention's ``q·kᵀ`` and the gather of one
@@ -131,7 +131,7 @@ class Dropout16(keras.layers.Dropout):
             return super().call(inputs, training=training)
         threshold, scale = round(self.rate * 65536) - 32768, 1.0 / (1.0 - self.rate)  # keep iff draw >= threshold
         pieces = backend.tf_pieces()
-        if pieces is not None:  # TF's Philox stream, or the fused kernel (gpt_tf/tf_pieces.py)
+        if pieces is not None:  # TF's Philox stream, or the fused kernel (gpt_tf/nn/tf_pieces.py)
             return pieces.dropout16(inputs, self.seed_generator.next(), threshold, scale)
         draws = keras.random.randint(ops.shape(inputs), -32768, 32768, dtype="int32", seed=self.seed_generator)
         return ops.where(draws >= threshold, inputs * ops.cast(scale, inputs.dtype), ops.zeros_like(inputs))
@@ -236,7 +236,7 @@ class MLP(keras.layers.Layer):
 class LayerNorm(keras.layers.LayerNormalization):
     """Keras's ``LayerNormalization`` over the last axis (same weights, config and float32 arithmetic)
     computed by ``layer_norm``: on TensorFlow with a gradient in about half the ops, and in training by the
-    fused kernels where they run (``gpt_tf.kernels.fused_layer_norm``: one pass forward, one backward)."""
+    fused kernels where they run (``gpt_tf.speed.kernels.fused_layer_norm``: one pass forward, one backward)."""
 
     def build(self, input_shape):
         axes = tuple(self.axis) if isinstance(self.axis, (list, tuple)) else (self.axis,)

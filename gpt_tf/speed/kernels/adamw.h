@@ -1,4 +1,4 @@
-// gpt_tf's fused AdamW (gpt_tf/kernels/__init__.py: fused_adamw).
+// gpt_tf's fused AdamW (gpt_tf/speed/kernels/__init__.py: fused_adamw).
 #pragma once
 #include "common.h"
 

@@ -1,10 +1,10 @@
-// gpt_tf's fused dropout and its gradient (gpt_tf/kernels/__init__.py: fused_dropout).
+// gpt_tf's fused dropout and its gradient (gpt_tf/speed/kernels/__init__.py: fused_dropout).
 #pragma once
 #include "common.h"
 
 namespace gpt_tf {
 
-// Dropout as gpt_tf.layers.Dropout16 computes it, mask and all, in one pass (the graph: TF's
+// Dropout as gpt_tf.nn.layers.Dropout16 computes it, mask and all, in one pass (the graph: TF's
 // StatelessRandomUniformFullIntV2, a bitcast, a slice, a compare, a product and a select):
 //   draws = the int16 halves (low half first) of the uint32 Philox4x32-10 stream of TF's stateless
 //           ops for (key, counter) from StatelessRandomGetKeyCounter; element e takes draw e

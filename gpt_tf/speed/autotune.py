@@ -6,7 +6,7 @@ training step 30-52% faster on an AMD EPYC Zen 3 (issue #31). So at a command's 
 machine, ``apply()`` times a short training step of a 1-layer ``tiny`` model (batch 4 x 64, forward, LM
 loss, backward, AdamW) in a few worker processes, one per candidate that needs its own process --
 oneDNN rewrites off / on, TensorFlow's default thread pools / one inter-op thread -- each timing the
-step with the fused kernels (``gpt_tf/kernels``) on and off; the workers take turns step by step (a
+step with the fused kernels (``gpt_tf/speed/kernels``) on and off; the workers take turns step by step (a
 load change hits all alike). The fastest combination is cached per machine (CPU model, CPU flags,
 usable cores, TensorFlow version) in ``$XDG_CACHE_HOME/gpt_tf/settings.json`` (``~/.cache/gpt_tf``),
 once per machine (it took 4-6 min on the issue's 2-core Zen 3 at a load of 10-16, shared with four
@@ -17,7 +17,7 @@ other sessions; not yet timed on a quiet machine); later starts read it (delete 
 * A variable set by hand wins over the pick (it is kept, and the line says so).
 * ``GPT_TF_AUTOTUNE=0`` leaves everything at TensorFlow's defaults, measures nothing and prints no
   line (the test suite sets it, so that it stays deterministic and fast).
-* The precision is picked per model shape by ``--precision=auto`` (``gpt_tf/precision.py``), in the
+* The precision is picked per model shape by ``--precision=auto`` (``gpt_tf/speed/precision.py``), in the
   process, under these settings.
 * Exported SavedModels are unaffected: the rewrites act when a graph runs, never on what is saved,
   and the fused kernels are for training only (inference and exports use stock ops).
@@ -33,8 +33,8 @@ import subprocess
 import sys
 import time
 
-from gpt_tf import machine_cache
-from gpt_tf.machine_cache import ENV, cache_key, cpu_info, disabled, read_cache, write_cache
+from gpt_tf.speed import machine_cache
+from gpt_tf.speed.machine_cache import ENV, cache_key, cpu_info, disabled, read_cache, write_cache
 
 ONEDNN, FUSED = "TF_ENABLE_ONEDNN_OPTS", "GPT_TF_FUSED_KERNELS"
 INTRA, INTER = "TF_NUM_INTRAOP_THREADS", "TF_NUM_INTEROP_THREADS"
@@ -76,11 +76,11 @@ def worker_main(settings: dict) -> None:
     import numpy as np
     import tensorflow as tf
 
-    from gpt_tf import kernels
+    from gpt_tf.speed import kernels
     from gpt_tf.config import get_size
     from gpt_tf.gpt1.build import causal_lm_for
-    from gpt_tf.objectives import lm_loss
-    from gpt_tf.optim import make_optimizer
+    from gpt_tf.nn.objectives import lm_loss
+    from gpt_tf.nn.optim import make_optimizer
 
     apply_threads(tf)
     config = get_size(PROBE["size"], n_layer=PROBE["n_layer"])
@@ -122,9 +122,9 @@ def worker_main(settings: dict) -> None:
 class _Worker:
     def __init__(self, settings: dict):
         env = {**os.environ, **settings, ENV: "0", "TF_CPP_MIN_LOG_LEVEL": "3", "PYTHONUNBUFFERED": "1"}
-        root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+        root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # holds gpt_tf/
         env["PYTHONPATH"] = os.pathsep.join([root, env.get("PYTHONPATH", "")])
-        self.proc = subprocess.Popen([sys.executable, "-m", "gpt_tf.autotune", json.dumps(settings)], env=env,
+        self.proc = subprocess.Popen([sys.executable, "-m", "gpt_tf.speed.autotune", json.dumps(settings)], env=env,
                                      stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
 
     def read(self, kind: str) -> str:
@@ -236,7 +236,7 @@ def apply(environ=os.environ, path: str | None = None, measure_fn=measure) -> st
         if name not in by_hand:
             environ[name] = value
     effective = {name: environ[name].strip() for name in SETTINGS}
-    for name in (ONEDNN, FUSED):  # the spellings TensorFlow and gpt_tf.kernels take for off
+    for name in (ONEDNN, FUSED):  # the spellings TensorFlow and gpt_tf.speed.kernels take for off
         effective[name] = "0" if effective[name].lower() in ("0", "false", "off", "no") else "1"
     seconds = entry["s_per_step"]
     before = seconds.get(candidate_name(BASE))
@@ -271,7 +271,7 @@ def apply_serving(environ=os.environ, info: dict | None = None) -> str | None:
         if name not in hand:
             environ[name] = value
     on = environ[ONEDNN].strip().lower() not in ("0", "false", "off", "no")
-    how = f"set by hand: {ONEDNN}={environ[ONEDNN]}" if hand else "the serving default, gpt_tf/autotune.py"
+    how = f"set by hand: {ONEDNN}={environ[ONEDNN]}" if hand else "the serving default, gpt_tf/speed/autotune.py"
     return f"settings auto: oneDNN {'on' if on else 'off'} ({how})"
 
 

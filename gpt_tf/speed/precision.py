@@ -19,8 +19,8 @@ import os
 import statistics
 import time
 
-from gpt_tf import machine_cache
-from gpt_tf.machine_cache import read_cache, write_cache
+from gpt_tf.speed import machine_cache
+from gpt_tf.speed.machine_cache import read_cache, write_cache
 
 PRECISIONS = ("float32", "mixed_bfloat16")
 CACHE_FILE = "precision.json"
@@ -40,7 +40,7 @@ def cache_key(config, batch: int, seq: int) -> str:
     """Machine + TensorFlow version + model shape + timed batch + whether the fused kernels run: one cache entry."""
     import tensorflow as tf
 
-    from gpt_tf import kernels
+    from gpt_tf.speed import kernels
 
     shape = f"{config.model_type} L{config.n_layer} d{config.n_embd} h{config.n_head} ff{config.d_ff} V{config.total_vocab}"
     fused = "fused kernels" if kernels.ops() is not None else "stock ops"
@@ -53,8 +53,8 @@ def _train_step(config, precision: str, batch: int, seq: int):
     import tensorflow as tf
 
     from gpt_tf.gpt1.build import causal_lm_for
-    from gpt_tf.objectives import lm_loss
-    from gpt_tf.optim import make_optimizer
+    from gpt_tf.nn.objectives import lm_loss
+    from gpt_tf.nn.optim import make_optimizer
 
     model = causal_lm_for(config, dtype=precision)
     variables = model.trainable_variables

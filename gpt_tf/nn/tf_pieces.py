@@ -1,15 +1,15 @@
 """TensorFlow's drop-in pieces of the model's math: the arithmetic of the ``keras.ops`` code they stand in for,
 in TensorFlow code that runs faster on a CPU.
 
-The model is written once, in ``keras.ops`` (``gpt_tf/layers.py``, ``gpt_tf/task_model.py``,
-``gpt_tf/objectives.py``). Where Keras runs on TensorFlow (``gpt_tf.backend.tf_pieces()`` returns this module),
+The model is written once, in ``keras.ops`` (``gpt_tf/nn/layers.py``, ``gpt_tf/nn/task_model.py``,
+``gpt_tf/nn/objectives.py``). Where Keras runs on TensorFlow (``gpt_tf.backend.tf_pieces()`` returns this module),
 each piece below computes its part instead; on JAX and PyTorch Keras's ops do. Each says what it gains:
 
 * ``dense``: ``Conv1D``'s ``x @ w + b`` as a 2-D MatMul + BiasAdd (which oneDNN fuses, with the GELU after it in
   inference graphs, when the three share a name scope); in training graphs the padded weight gradient where
-  measured faster (``gpt_tf.aliased_grads``) and the GELU kernel with its gradient (``gpt_tf.kernels``), else
+  measured faster (``gpt_tf.speed.aliased_grads``) and the GELU kernel with its gradient (``gpt_tf.speed.kernels``), else
   the GELU in float32 under ``mixed_bfloat16``; in the project's own evaluation passes the GELU kernel where
-  measured faster (``gpt_tf.inference_gelu``).
+  measured faster (``gpt_tf.speed.inference_gelu``).
 * ``layer_norm``: Keras's layer norm (float32 arithmetic) with a written-out gradient in half the graph ops; in
   training the fused kernels, one pass each way.
 * ``dropout16``: ``layers.Dropout16``'s mask from 16 bits of TF's Philox stream per element; in training the
@@ -26,7 +26,7 @@ from __future__ import annotations
 
 import tensorflow as tf
 
-from gpt_tf import aliased_grads, inference_gelu, kernels
+from gpt_tf.speed import aliased_grads, inference_gelu, kernels
 
 
 def gelu(x):
@@ -44,15 +44,15 @@ def dense(x, w, b, activation, training):
     x2 = tf.reshape(x, (-1, x.shape[-1]))  # as the release's conv1d: a 2-D MatMul + BiasAdd, not tensordot + add
     units = w.shape[-1]
     if training and aliased_grads.pads(x.shape[-1], units, x2.dtype):
-        # Rows 4 KiB apart: the weight gradient on a padded copy, where measured faster (gpt_tf/aliased_grads.py)
+        # Rows 4 KiB apart: the weight gradient on a padded copy, where measured faster (gpt_tf/speed/aliased_grads.py)
         w, b = (tf.convert_to_tensor(v, x2.dtype) for v in (w, b))
         y = aliased_grads.dense_padded_grad(x2, w, b)
     else:
         y = tf.nn.bias_add(tf.matmul(x2, w), b)
     if activation:
         if kernels.can_fuse(y) if training else inference_gelu.uses_kernel(y, x2.shape[-1]):
-            # forward and gradient in one pass each (gpt_tf/kernels); in the project's own evaluation passes,
-            # where measured faster than oneDNN's fused GELU (gpt_tf/inference_gelu.py)
+            # forward and gradient in one pass each (gpt_tf/speed/kernels); in the project's own evaluation passes,
+            # where measured faster than oneDNN's fused GELU (gpt_tf/speed/inference_gelu.py)
             y = kernels.fused_gelu(y)
         elif training and y.dtype != tf.float32:
             # Training keeps the pre-activation for the gradient, so nothing fuses the activation; run it (and its
@@ -97,7 +97,7 @@ def layer_norm(x, gamma, beta, epsilon, training):
 def dropout16(x, seed, threshold: int, scale: float):
     """``Dropout16`` in training: an element kept iff its 16-bit draw (TF's Philox stream for ``seed``, read as
     int16) is ``>= threshold``, then times ``scale``; by the fused kernel where it runs (the same mask)."""
-    if kernels.can_fuse(x):  # the same mask and values in one pass each way (gpt_tf/kernels)
+    if kernels.can_fuse(x):  # the same mask and values in one pass each way (gpt_tf/speed/kernels)
         return kernels.fused_dropout(x, seed, threshold, scale)
     n = tf.size(x)  # static or not: length-bucketed batches have a dynamic length
     bits = tf.random.stateless_uniform([(n + 1) // 2], seed, minval=None, maxval=None, dtype=tf.uint32)

@@ -1,11 +1,11 @@
-"""``python -m gpt_tf.kernels``: builds the fused CPU kernels now (scripts/setup.sh runs it) and says what runs."""
+"""``python -m gpt_tf.speed.kernels``: builds the fused CPU kernels now (scripts/setup.sh runs it) and says what runs."""
 
 from gpt_tf.console import import_tensorflow
 
 
 def main() -> int:
     import_tensorflow()
-    from gpt_tf import kernels
+    from gpt_tf.speed import kernels
 
     line = kernels.status()
     print(line, flush=True)

@@ -1,4 +1,4 @@
-// gpt_tf's fused tanh GELU and its gradient (gpt_tf/kernels/__init__.py: fused_gelu).
+// gpt_tf's fused tanh GELU and its gradient (gpt_tf/speed/kernels/__init__.py: fused_gelu).
 #pragma once
 #include "common.h"
 

@@ -55,7 +55,7 @@ def token_cross_entropy(logits, targets):
 def task_loss(task, outputs, features, label, lm_coef) -> dict:
     """Eq. 5, L3 = L2 + λ·L1, in float32, for one (per-replica) batch.
 
-    ``outputs``: a ``GPTTaskModel``'s (``gpt_tf/task_model.py``). Returns ``total``, ``task`` (L2: mean
+    ``outputs``: a ``GPTTaskModel``'s (``gpt_tf/nn/task_model.py``). Returns ``total``, ``task`` (L2: mean
     cross-entropy for classification/choice, mean squared error for regression) and ``lm`` (L1:
     ``sum(CE·lm_weights) / sum(lm_weights)`` with targets ``input_ids[..., t+1]``; padding never counts).
     For exact averaging across replicas and micro-batches it also returns the sums behind the means:

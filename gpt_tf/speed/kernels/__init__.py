@@ -11,7 +11,7 @@ project trains on a CPU those passes, not the matrix products, are what it can s
   from the bfloat16 or float32 pre-activation (the stock path: ~8 element-wise kernels forward, ~12
   backward, and four casts under mixed_bfloat16). Inference keeps ``tf.nn.gelu``, which oneDNN fuses
   into the matrix product, and exported SavedModels hold no custom op (stock TF Serving loads them); only
-  the project's own evaluation passes run the kernel, where it is measured faster (``gpt_tf/inference_gelu.py``).
+  the project's own evaluation passes run the kernel, where it is measured faster (``gpt_tf/speed/inference_gelu.py``).
 * **Layer norm in training** (``fused_layer_norm``): forward and gradient in one pass over each row,
   vectorised across it (the graph's ``layers.layer_norm``: ~15 ops forward, ~30 backward); inference
   keeps the graph, for the same reason.
@@ -22,7 +22,7 @@ project trains on a CPU those passes, not the matrix products, are what it can s
 
 All are exact to float32 rounding against the stock ops (``tests/test_kernels.py``). The library is
 built on first use with the machine's C++ compiler (``build.py``, ~10 s, cached per machine;
-``python -m gpt_tf.kernels`` builds it ahead, as ``scripts/setup.sh`` does). The stock ops run instead,
+``python -m gpt_tf.speed.kernels`` builds it ahead, as ``scripts/setup.sh`` does). The stock ops run instead,
 with the reason in ``status()``, where it cannot be built or loaded, when a GPU or TPU is visible (the
 kernels are CPU-only), inside XLA-compiled functions (``--jit_compile``), and with
 ``GPT_TF_FUSED_KERNELS=0`` (for A/B runs).
@@ -46,7 +46,7 @@ def _load():
     accelerators = [d.device_type for d in tf.config.list_logical_devices() if d.device_type in ("GPU", "TPU")]
     if accelerators:
         return None, f"fused CPU kernels: off ({accelerators[0]} visible; they are CPU-only)"
-    from gpt_tf.kernels.build import KernelBuildError, library_path
+    from gpt_tf.speed.kernels.build import KernelBuildError, library_path
 
     try:
         path = library_path()

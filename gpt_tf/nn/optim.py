@@ -21,8 +21,10 @@ import threading
 import keras
 from keras import ops
 
-from gpt_tf import backend, kernels
-from gpt_tf.layers import PACKAGE
+from gpt_tf import backend
+
+from gpt_tf.speed import kernels
+from gpt_tf.nn.layers import PACKAGE
 
 
 @keras.saving.register_keras_serializable(package=PACKAGE)
@@ -62,7 +64,7 @@ class GPTAdamW(keras.optimizers.AdamW):
 
     The arithmetic is Keras AdamW's: ``var -= lr·wd·var``; ``m += (g - m)(1 - β1)``;
     ``v += (g² - v)(1 - β2)``; ``var -= lr·sqrt(1 - β2^t)/(1 - β1^t) · m / (sqrt(v) + ε)``. On TensorFlow it runs
-    in one pass over var, m, v and the gradient in gpt_tf's fused kernel (``gpt_tf.kernels``) where that runs;
+    in one pass over var, m, v and the gradient in gpt_tf's fused kernel (``gpt_tf.speed.kernels``) where that runs;
     else in TF's ``ResourceApplyAdam`` (one pass instead of ~12 element-wise ops) after a separate decay
     (``var - lr·wd·var``: two more passes), fed by ``clip_and_apply``. On JAX and PyTorch, Keras's own update.
     """

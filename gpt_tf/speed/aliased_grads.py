@@ -28,7 +28,7 @@ import os
 
 import tensorflow as tf
 
-from gpt_tf import machine_cache
+from gpt_tf.speed import machine_cache
 
 ENV = "GPT_TF_PAD_WEIGHT_GRADS"
 CACHE_FILE = "weight_grads.json"

@@ -1,4 +1,4 @@
-// gpt_tf's fused layer norm and its gradient (gpt_tf/kernels/__init__.py: fused_layer_norm).
+// gpt_tf's fused layer norm and its gradient (gpt_tf/speed/kernels/__init__.py: fused_layer_norm).
 #pragma once
 #include "common.h"
 

@@ -22,7 +22,7 @@ CONFIG_FILE = "config.json"
 WEIGHTS_FILE = "model.weights.h5"
 TASK_FILE = "task.json"  # a task preset's: the task's class and config (its weights: task.weights.h5)
 TOKENIZER_ASSETS = os.path.join("assets", "tokenizer")
-SHIPPED_DIR = os.path.join(os.path.dirname(os.path.abspath(__file__)), "presets")  # package data: named presets
+SHIPPED_DIR = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "presets")  # package data: named presets
 PRESET_ALIASES = {"books_tiny": "gpt1_tiny_books_en"}  # earlier names of shipped presets -> their names
 
 # GPTConfig field -> keras-hub argument (vocab_size is derived: keras-hub counts the special rows).

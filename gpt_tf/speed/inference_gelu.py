@@ -2,7 +2,7 @@
 
 With oneDNN's graph rewrites on, TensorFlow's remapper fuses a dense layer's ``MatMul + BiasAdd + GELU`` into one
 oneDNN primitive. On an AVX2-only AMD EPYC Zen 3 that primitive's GELU is the slower way: a plain ``MatMul +
-BiasAdd`` (still fused by oneDNN) followed by the project's GELU kernel (``gpt_tf/kernels``, the one training uses)
+BiasAdd`` (still fused by oneDNN) followed by the project's GELU kernel (``gpt_tf/speed/kernels``, the one training uses)
 ran a `tiny` backbone's forward pass 1.13-1.16x as fast (32 x 17 and 32 x 64 tokens, oneDNN on, float32,
 2026-11-26). On the Zen 5 in bf16 the fused primitive won (``4d71791``). So it is measured, not assumed: the first
 evaluation pass that meets a ``[nx, units]`` GELU layer times both ways on ``PROBE_TOKENS`` rows (~0.1 s) and keeps
@@ -24,7 +24,7 @@ import threading
 
 import tensorflow as tf
 
-from gpt_tf import kernels, machine_cache
+from gpt_tf.speed import kernels, machine_cache
 
 ENV = "GPT_TF_INFERENCE_GELU"
 CACHE_FILE = "inference_gelu.json"

@@ -13,7 +13,7 @@ the final block's state at each view's extract token feeds the head:
   by the K candidates of an example, so they are compared under the same noise.
 
 The tied LM head gives ``outputs["lm"]`` ``[B, K, T, total_vocab]`` for the auxiliary objective
-L1 (Eq. 5: L3 = L2 + λ·L1; the loss is ``gpt_tf/objectives.py``'s). W_y is N(0, 0.02) with zero
+L1 (Eq. 5: L3 = L2 + λ·L1; the loss is ``gpt_tf/nn/objectives.py``'s). W_y is N(0, 0.02) with zero
 bias; with the special-token rows of the token embedding it is the only new parameter (§3.2).
 """
 
@@ -24,7 +24,7 @@ import numpy as np
 from keras import ops
 
 from gpt_tf import backend
-from gpt_tf.layers import PACKAGE, Conv1D, take_at
+from gpt_tf.nn.layers import PACKAGE, Conv1D, take_at
 from gpt_tf.tasks import as_task_spec
 
 
