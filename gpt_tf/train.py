@@ -238,8 +238,7 @@ def _resume_hint(fault: WriteError) -> str:
         return "put the folder back to resume it, or run the command again to train anew"
     newest = _newest_checkpoint()
     kept = f"the run is intact up to {newest}" if newest else "the run has no checkpoint yet"
-    fix = {errno.ENOSPC: "free some space", errno.EDQUOT: "free some space", errno.EROFS: "make it writable"}
-    return f"{kept}: {fix.get(fault.errno, 'fix the storage')} and run the same command to resume"
+    return f"{kept}: {fault.remedy} and run the same command to resume"
 
 
 def _worker_lost(err) -> str:

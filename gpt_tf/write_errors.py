@@ -54,6 +54,12 @@ class WriteError(OSError):
             return f"cannot write {self.path}: its folder no longer exists (removed while the command ran?)"
         return f"{self.strerror}: cannot write {self.path}"
 
+    @property
+    def remedy(self) -> str:
+        """What the operator does about it, in a few words."""
+        return {errno.ENOSPC: "free some space", errno.EDQUOT: "free some space",
+                errno.EROFS: "make it writable"}.get(self.errno, "fix the storage")
+
     def __reduce__(self):
         return (type(self), (self.errno, self.path, self.detail))
 

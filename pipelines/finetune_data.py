@@ -39,7 +39,6 @@ from __future__ import annotations
 
 import collections
 import dataclasses
-import errno
 import hashlib
 import json
 import logging
@@ -363,7 +362,7 @@ def main(argv) -> None:
         if fault is None:
             raise
         sys.exit(f"error: {fault}; {f.output_dir} is as it was (the partial build was removed): "
-                 f"{'free some space' if fault.errno != errno.EROFS else 'make it writable'} and run the same command")
+                 f"{fault.remedy} and run the same command")
     counts = ", ".join(f"{s}={n}" for s, n in manifest["counts"].items())
     print(f"{f.output_dir}: {manifest['task']} {counts} ({manifest['skipped_count']} rows skipped)")
 

@@ -22,7 +22,6 @@ from __future__ import annotations
 
 import collections
 import dataclasses
-import errno
 import hashlib
 import json
 import logging
@@ -315,7 +314,7 @@ def main(argv) -> None:
         if fault is None:
             raise
         sys.exit(f"error: {fault}; {cfg.output_dir} is as it was (the partial build was removed): "
-                 f"{'free some space' if fault.errno != errno.EROFS else 'make it writable'} and run the same command")
+                 f"{fault.remedy} and run the same command")
     totals = manifest["totals"]
     print(f"{cfg.output_dir}: {totals['books']} books, {totals['book_tokens']} tokens, "
           f"{totals['sequences']} sequences of {cfg.n_ctx + 1} tokens in {totals['shards']} shards "

@@ -156,6 +156,20 @@ def test_a_run_folder_read_only_from_the_start_is_one_line_before_anything_runs(
 
 
 # ---------------------------------------------------------------------------------------------- the builders
+def _refused_build_left_the_data_as_it_was(proc, disk, out, written: str, before: bytes):
+    """A data build refused by a full disk: exit 1, one line naming the file (``written``, a pattern) and the free
+    space, and the data folder as it was (its manifest and the files it names)."""
+    from pipelines.records import data_file_problems
+
+    assert proc.returncode == 1, proc.stderr[-3000:]
+    line = proc.stderr.strip().splitlines()[-1]
+    disk_, out_ = re.escape(str(disk)), re.escape(str(out))
+    assert re.fullmatch(rf"error: no space left on device writing {disk_}/\.{re.escape(out.name)}\.tmp-\d+/{written} "
+                        rf"\(free: 0\.\d MB on {disk_}\); {out_} is as it was \(the partial build was removed\): "
+                        r"free some space and run the same command", line), line
+    assert (out / "manifest.json").read_bytes() == before and data_file_problems(out, json.loads(before)) == []
+
+
 def test_pretraining_shards_on_a_full_disk(shared_data, tmp_path):
     """A rebuild that runs out of space: one line, the previous build intact (manifest and every shard's sha256),
     no temporary folder; with the space freed the same command finishes the build."""
@@ -175,13 +189,7 @@ def test_pretraining_shards_on_a_full_disk(shared_data, tmp_path):
         before = (out / "manifest.json").read_bytes()
         filler = fill(disk, leave=64 << 10)
         proc = run_cli("pipelines.pretrain_data", *args, "--shard_size=8", "--overwrite", check=False)
-        assert proc.returncode == 1, proc.stderr[-3000:]
-        line = proc.stderr.strip().splitlines()[-1]
-        disk_, out_ = re.escape(str(disk)), re.escape(str(out))
-        assert re.fullmatch(rf"error: no space left on device writing {disk_}/\.data\.tmp-\d+/\S+\.tfrecord\.gz "
-                            rf"\(free: 0\.\d MB on {disk_}\); {out_} is as it was \(the partial build was removed\): "
-                            r"free some space and run the same command", line), line
-        assert (out / "manifest.json").read_bytes() == before and data_file_problems(out, json.loads(before)) == []
+        _refused_build_left_the_data_as_it_was(proc, disk, out, r"\S+\.tfrecord\.gz", before)
         assert sorted(p.name for p in disk.iterdir()) == ["data", "filler"]
         filler.unlink()
         run_cli("pipelines.pretrain_data", *args, "--shard_size=8", "--overwrite")
@@ -203,13 +211,7 @@ def test_fine_tuning_records_on_a_full_disk(shared_data, tmp_path):
         args = ["--task=sst2", f"--data_dir={shared_data / 'glue' / 'SST-2'}", f"--tokenizer_dir={bpe}",
                 f"--output_dir={out}", "--splits=dev", "--progress=false", "--overwrite"]
         proc = run_cli("pipelines.finetune_data", *args, check=False)
-        assert proc.returncode == 1, proc.stderr[-3000:]
-        line = proc.stderr.strip().splitlines()[-1]
-        disk_, out_ = re.escape(str(disk)), re.escape(str(out))
-        assert re.fullmatch(rf"error: no space left on device writing {disk_}/\.sst2\.tmp-\d+/dev\.tfrecord\.gz "
-                            rf"\(free: 0\.\d MB on {disk_}\); {out_} is as it was \(the partial build was removed\): "
-                            r"free some space and run the same command", line), line
-        assert (out / "manifest.json").read_bytes() == before and data_file_problems(out, json.loads(before)) == []
+        _refused_build_left_the_data_as_it_was(proc, disk, out, r"dev\.tfrecord\.gz", before)
         assert sorted(p.name for p in disk.iterdir()) == ["filler", "sst2"]
         filler.unlink()
         run_cli("pipelines.finetune_data", *args)
