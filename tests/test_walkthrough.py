@@ -60,7 +60,14 @@ def at_test_scale(command: str, ports: dict) -> str:
     words = shlex.split(command, comments=True)  # drops a trailing `# comment`, which would swallow the flags
     if words[:2] == ["python", "-m"]:
         words += SCALE.get(words[2], [])
-    return shlex.join(words)
+    return " ".join(_quoted(word) for word in words)
+
+
+def _quoted(word: str) -> str:
+    """``shlex.quote``, but a word with a plain ``$NAME`` / ``${NAME:-default}`` in double quotes: the shell expands it."""
+    if "$" in word and re.fullmatch(r'[^"\\`!]*', word):
+        return f'"{word}"'
+    return shlex.quote(word)
 
 
 def free_port() -> str:
@@ -97,12 +104,12 @@ class Shell:
     """Runs commands as a user whose shell has sourced .venv/bin/activate; keeps every output."""
 
     def __init__(self, project: Path):
-        self.project, self.outputs, self.servers = project, [], []
+        self.project, self.outputs, self.servers, self.exports = project, [], [], []
         self.env = {k: v for k, v in os.environ.items()
                     if k not in ("PYTHONPATH", "TF_CPP_MIN_LOG_LEVEL", "GPT_TF_VERBOSE", "VIRTUAL_ENV")}
 
-    def _argv(self, command: str) -> list[str]:
-        return ["bash", "-c", f"source .venv/bin/activate && {command}"]
+    def _argv(self, command: str) -> list[str]:  # the README's `export NAME=...` lines hold for the commands after them
+        return ["bash", "-c", " && ".join(["source .venv/bin/activate", *self.exports, command])]
 
     def run(self, command: str, timeout: int = 600) -> subprocess.CompletedProcess:
         proc = subprocess.run(self._argv(command), cwd=self.project, env=self.env, capture_output=True, text=True,
@@ -142,6 +149,7 @@ def test_readme_command_1_and_the_walkthrough_work_as_written(project):
     assert "bash scripts/demo.sh" in first, "README command 1 is no longer `bash scripts/demo.sh`"
     blocks = walkthrough_blocks(readme)
     assert blocks and any(serve for serve, _ in blocks), "the README has no marked walk-through"
+    assert any(c.startswith("export GLUE_DIR=") for _, commands in blocks for c in commands), "GLUE_DIR is not set"
     ports = {p: free_port() for p in PORTS}
     shell = Shell(project)
     try:
@@ -149,7 +157,9 @@ def test_readme_command_1_and_the_walkthrough_work_as_written(project):
         for serve, commands in blocks:
             for command in commands:
                 command = at_test_scale(command, ports)
-                if serve:
+                if command.startswith("export "):
+                    shell.exports.append(command)
+                elif serve:
                     shell.serve(command, [p for p in ports.values() if re.search(rf"\b{p}\b", command)])
                 else:
                     shell.run(command)
