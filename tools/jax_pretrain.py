@@ -31,7 +31,8 @@ The windows are ``tools/torch_pretrain/train.py``'s (stride n_ctx; every epoch a
 permutation, taken ``batch_size`` at a time across epoch ends; ``epochs × (windows // batch_size)`` updates), fed to
 ``fit`` from numpy, ``--steps_per_execution`` steps per call. ``log.jsonl`` gets the mean training loss of every
 ``--log_every`` updates; with ``--piece_minutes`` (counted from the command's start, so that start-up and the
-compilation are inside it) training stops at the first ``--log_every`` boundary past it, a partial run. Then the
+compilation are inside it) training stops at the first ``--log_every`` boundary past it, and at SIGTERM after the
+steps in flight: a partial run. Then the
 held-out loss of ``eval_batches × batch_size`` valid windows (the PyTorch route's 4,096 with its defaults, chosen
 alike), the weights as ``weights-<updates>.part<k>.npz`` (float16, each at most 15 MiB: ``tools/torch_pretrain``'s
 format, which ``python -m gpt_tf.convert --state_dict=...`` turns into a preset) and ``summary.json`` (updates,
@@ -44,6 +45,7 @@ from __future__ import annotations
 import json
 import math
 import os
+import signal
 import sys
 import time
 from pathlib import Path
@@ -201,6 +203,9 @@ def main_tokens(keras) -> int:
             if FLAGS.piece_minutes and time.monotonic() - START > 60 * FLAGS.piece_minutes:
                 self.model.stop_training = True
 
+    # SIGTERM (a call's time limit, e.g. `timeout -s TERM`): stop after the steps in flight, then evaluate and
+    # write everything as at --piece_minutes (fit checks stop_training after each call of its step function)
+    signal.signal(signal.SIGTERM, lambda *_: setattr(lm, "stop_training", True))
     fit_start = time.monotonic()
     # Keras's own fit and evaluate (keras-hub's wrap the data in tf.data or grain, to map a preprocessor over it:
     # there is none here, the batches are token ids), over exactly `total` batches: the last epoch ends where
@@ -210,9 +215,10 @@ def main_tokens(keras) -> int:
     fit_seconds = time.monotonic() - fit_start
     done = int(lm.optimizer.iterations.numpy())
     compiled = sum(seconds for when, seconds in compiling if when >= fit_start)  # the training step's
+    marks = marks or [(done, fit_seconds)]  # none when stopped before the first line
     (first, first_s), (last, last_s) = marks[0], marks[-1]
     # the updates' speed once compiled: from the first log line (its interval holds the compilation) to the last
-    per_update = (last_s - first_s) / (last - first) if last > first else first_s / first
+    per_update = (last_s - first_s) / (last - first) if last > first else first_s / max(first, 1)
     eval_start = time.monotonic()
     held_out = float(keras.Model.evaluate(lm, valid[:, :-1], valid[:, 1:], batch_size=batch_size, verbose=0, return_dict=True)["loss"])
     eval_seconds = time.monotonic() - eval_start
@@ -227,7 +233,8 @@ def main_tokens(keras) -> int:
         "seconds_of_updates": done * per_update, "tokens_per_s": tokens_per_update / per_update,
         "fit_tokens_per_s": done * tokens_per_update / fit_seconds,
         "flops_per_token": flops_per_token, "peak_tflops": FLAGS.peak_tflops,
-        "final_train_loss": rows[-1]["train_loss"], "final_train_loss_updates": done - (rows[-2]["step"] if len(rows) > 1 else 0),
+        "final_train_loss": rows[-1]["train_loss"] if rows else None,
+        "final_train_loss_updates": done - (rows[-2]["step"] if len(rows) > 1 else 0),
         "held_out_loss": held_out, "held_out_perplexity": math.exp(held_out), "held_out_windows": len(valid),
         "eval_seconds": eval_seconds, "weights": [Path(p).name for p in parts], "weights_dtype": "float16",
         "seconds_since_start": time.monotonic() - START}
