@@ -9,6 +9,7 @@ import json
 import subprocess
 import sys
 
+import h5py
 import numpy as np
 
 from tests.small_runs import BOOKS_TINY_BPE, ENV, ROOT, build_data
@@ -76,9 +77,13 @@ def test_from_token_streams_without_tensorflow_the_weight_parts_make_a_preset_th
     assert [line["step"] for line in lines] == [20, 40, 60, 80, 100, 110]  # the last epoch ends with the batches
     assert summary["updates"] == 110 and summary["final_train_loss"] < 8.5 and summary["tokens_per_s"] > 0
     parts = sorted(str(path) for path in (tmp_path / "done").glob("weights-110.part*.npz"))
-    preset = preset_from_state_dict(parts, "test", str(BOOKS_TINY_BPE), str(tmp_path / "preset"))
+    preset = preset_from_state_dict(parts, "test", str(BOOKS_TINY_BPE), str(tmp_path / "preset"), weights_dtype="float16")
+    with h5py.File(tmp_path / "preset" / "model.weights.h5") as weights:  # stored as float16, loaded as float32
+        stored = []
+        weights.visititems(lambda name, item: stored.append(item.dtype) if isinstance(item, h5py.Dataset) else None)
+    assert stored and set(stored) == {np.dtype("float16")}
     lm = gpt_tf.GPT1CausalLM.from_preset(preset)  # this process: TensorFlow
-    assert keras.config.backend() == "tensorflow"
+    assert keras.config.backend() == "tensorflow" and {w.dtype for w in lm.weights} == {"float32"}
     _, _, valid = token_windows(str(tokens), 32, summary["held_out_windows"])
     losses = [keras.losses.sparse_categorical_crossentropy(valid[i:i + 8, 1:], lm(valid[i:i + 8, :-1]),
                                                            from_logits=True).numpy() for i in range(0, len(valid), 8)]

@@ -205,7 +205,13 @@ def main_tokens(keras) -> int:
 
     # SIGTERM (a call's time limit, e.g. `timeout -s TERM`): stop after the steps in flight, then evaluate and
     # write everything as at --piece_minutes (fit checks stop_training after each call of its step function)
-    signal.signal(signal.SIGTERM, lambda *_: setattr(lm, "stop_training", True))
+    terminated = []
+
+    def on_sigterm(*_):
+        terminated.append(time.monotonic() - START)
+        lm.stop_training = True
+
+    signal.signal(signal.SIGTERM, on_sigterm)
     fit_start = time.monotonic()
     # Keras's own fit and evaluate (keras-hub's wrap the data in tf.data or grain, to map a preprocessor over it:
     # there is none here, the batches are token ids), over exactly `total` batches: the last epoch ends where
@@ -236,6 +242,7 @@ def main_tokens(keras) -> int:
         "final_train_loss": rows[-1]["train_loss"] if rows else None,
         "final_train_loss_updates": done - (rows[-2]["step"] if len(rows) > 1 else 0),
         "held_out_loss": held_out, "held_out_perplexity": math.exp(held_out), "held_out_windows": len(valid),
+        "stopped_by": None if done == total else "SIGTERM" if terminated else "--piece_minutes",
         "eval_seconds": eval_seconds, "weights": [Path(p).name for p in parts], "weights_dtype": "float16",
         "seconds_since_start": time.monotonic() - START}
     for name in ("", "fit_"):
@@ -244,7 +251,7 @@ def main_tokens(keras) -> int:
     (run_dir / "summary.json").write_text(json.dumps(summary, indent=1))
     print(json.dumps(summary), flush=True)
     if done < total:
-        print(f"stopped by --piece_minutes at update {done} of {total} ({done / total:.1%})", flush=True)
+        print(f"stopped by {summary['stopped_by']} at update {done} of {total} ({done / total:.1%})", flush=True)
         return PIECE_EXIT
     return 0
 
