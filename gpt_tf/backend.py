@@ -12,15 +12,38 @@ command lines (``python -m gpt_tf.train`` and the other ``python -m`` entry poin
 their own process: ``use_tensorflow_for_command``), the training loop (``tf.distribute``), checkpoints and run
 folders, the TF Serving export and the server, the zero-shot scorer. Preprocessing (the tokenizers and the
 preprocessors) is ``tf.data`` and TensorFlow ops on every backend, as keras-hub's is.
+
+The modules the family's package imports (``gpt_tf/gpt1/``, the loop, checkpoints, the task pipelines) take
+TensorFlow as ``tf`` from here: imported at the first use of one of its names, so the model, its optimizer and
+``fit`` on JAX or PyTorch run where TensorFlow is not installed (``tools/jax_pretrain.py --tokens``).
 """
 
 from __future__ import annotations
 
+import importlib
 import os
 import sys
 
 ENV = "KERAS_BACKEND"
 TENSORFLOW = "tensorflow"
+
+
+class _ImportedOnUse:
+    """A module imported at the first use of one of its names (then each name is kept)."""
+
+    def __init__(self, module: str):
+        self._module = module
+
+    def __getattr__(self, name: str):
+        value = getattr(importlib.import_module(self._module), name)
+        setattr(self, name, value)
+        return value
+
+    def __repr__(self) -> str:
+        return f"<{self._module}, imported at first use>"
+
+
+tf = _ImportedOnUse(TENSORFLOW)
 
 
 class BackendError(RuntimeError):

@@ -16,7 +16,7 @@ from __future__ import annotations
 import json
 import os
 
-import tensorflow as tf
+from gpt_tf.backend import tf  # imported at first use: the family imports without TensorFlow
 
 STRATEGIES = ("default", "one_device", "mirrored", "multi_worker", "tpu")
 

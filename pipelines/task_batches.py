@@ -39,7 +39,7 @@ from __future__ import annotations
 
 from typing import Callable, Optional, Sequence
 
-import tensorflow as tf
+from gpt_tf.backend import tf  # imported at first use: the family imports without TensorFlow
 
 SMALLEST_BUCKET = 8
 BUCKETS_PER_OCTAVE = 4

@@ -32,7 +32,7 @@ from __future__ import annotations
 import posixpath
 from typing import Mapping, Optional, Sequence
 
-import tensorflow as tf
+from gpt_tf.backend import tf  # imported at first use: the family imports without TensorFlow
 
 from gpt_tf.config import SPECIAL_TOKENS
 from gpt_tf.tasks import TaskSpec

@@ -6,6 +6,9 @@ r"""Command line: a run folder, GPT-1's released shards or a ``transformers`` st
         --preset_dir=presets/gpt1
     python -m gpt_tf.convert --state_dict=weights-7158.part0.npz,weights-7158.part1.npz --model=tiny \
         --tokenizer_dir=data/books_bpe8k --preset_dir=presets/books      # e.g. tools/torch_pretrain's GPU weights
+    python -m gpt_tf.convert --state_dict=weights-6839.part0.npz,weights-6839.part1.npz,weights-6839.part2.npz \
+        --model=small --tokenizer_dir=data/books_bpe16k --weights_dtype=float16 \
+        --preset_dir=gpt_tf/presets/gpt1_small_books_en                  # tools/jax_pretrain --tokens's float16 parts
 
 The preset loads with ``keras_hub.models.Backbone.from_preset(dir)`` (after ``import gpt_tf``) and the task
 classes' ``from_preset``, fine-tunes and continues pre-training with ``python -m gpt_tf.train
@@ -30,6 +33,8 @@ def define_flags() -> None:
                       "(tools/torch_pretrain's weights-<step>.part<k>.npz).")
     flags.DEFINE_string("model", "tiny", "--state_dict: the model size (gpt_tf/config.py) it has the shape of.")
     flags.DEFINE_integer("n_ctx", 0, "--state_dict: the context length (0: the model size's).")
+    flags.DEFINE_enum("weights_dtype", "float32", ["float32", "float16"], "--state_dict: how model.weights.h5 "
+                      "stores the weights (float16: half the file; the model loads float32 all the same).")
     flags.DEFINE_string("tokenizer_dir", "", "The BPE files (default for a run: the folder its data manifest names).")
     flags.DEFINE_string("preset_dir", None, "Where the preset goes.")
 
@@ -53,7 +58,7 @@ def main(argv):
             path = presets.preset_from_gpt1_shards(FLAGS.gpt1_shards, FLAGS.tokenizer_dir, FLAGS.preset_dir)
         else:
             path = presets.preset_from_state_dict(FLAGS.state_dict, FLAGS.model, FLAGS.tokenizer_dir,
-                                                  FLAGS.preset_dir, FLAGS.n_ctx)
+                                                  FLAGS.preset_dir, FLAGS.n_ctx, FLAGS.weights_dtype)
     except (FileNotFoundError, KeyError, ValueError) as err:
         sys.exit(f"gpt_tf.convert: {err}")
     print(path, flush=True)

@@ -26,15 +26,48 @@ def copy_weights(source, target) -> None:
         b.assign(a)
 
 
-def save_backbone_preset(backbone, tokenizer_dir: str, preset_dir: str) -> str:
-    """Writes ``backbone`` and the BPE files of ``tokenizer_dir`` as a preset; returns ``preset_dir``."""
+def save_backbone_preset(backbone, tokenizer_dir: str, preset_dir: str, weights_dtype: str = "float32") -> str:
+    """Writes ``backbone`` and the BPE files of ``tokenizer_dir`` as a preset; returns ``preset_dir``.
+    ``weights_dtype="float16"`` stores the float32 weights rounded to float16 (half the file; see
+    ``store_weights_as``)."""
     tokenizer = GPT1Tokenizer(tokenizer_dir)
     if tokenizer.vocabulary_size() != backbone.config.total_vocab:
         raise ValueError(f"{tokenizer_dir} has {tokenizer.bpe_vocabulary_size} BPE tokens, the model "
                          f"{backbone.config.vocab_size}")
     backbone.save_to_preset(preset_dir)
     tokenizer.save_to_preset(preset_dir)
+    if weights_dtype != "float32":
+        store_weights_as(preset_dir, weights_dtype)
     return preset_dir
+
+
+def store_weights_as(preset_dir: str, dtype: str) -> None:
+    """Rewrites the preset's ``model.weights.h5`` with its float32 arrays as ``dtype`` (e.g. float16), everything
+    else as it was. The model stays float32 (``config.json`` unchanged): Keras casts each stored array to its
+    variable's dtype when it loads (``from_preset`` on every backend), so the weights load as their float16
+    roundings, for a file half the size (GPU-trained weights that came as float16 lose nothing)."""
+    import os  # pylint: disable=import-outside-toplevel
+
+    import h5py  # pylint: disable=import-outside-toplevel
+    import numpy as np  # pylint: disable=import-outside-toplevel
+
+    path = os.path.join(preset_dir, "model.weights.h5")
+    tmp = f"{path}.tmp-{os.getpid()}"
+    with h5py.File(path, "r") as source, h5py.File(tmp, "w") as target:
+        for key, value in source.attrs.items():
+            target.attrs[key] = value
+
+        def copy(name, item):
+            if isinstance(item, h5py.Dataset):
+                data = item[()]
+                target.create_dataset(name, data=data.astype(dtype) if data.dtype == np.float32 else data)
+            else:
+                target.require_group(name)
+            for key, value in item.attrs.items():
+                target[name].attrs[key] = value
+
+        source.visititems(copy)
+    os.replace(tmp, path)
 
 
 def _transformer(config, where: str):
@@ -98,13 +131,15 @@ def preset_from_gpt1_shards(params_dir: str, tokenizer_dir: str, preset_dir: str
     return save_backbone_preset(backbone, tokenizer_dir, preset_dir)
 
 
-def preset_from_state_dict(paths, model: str, tokenizer_dir: str, preset_dir: str, n_ctx: int = 0) -> str:
+def preset_from_state_dict(paths, model: str, tokenizer_dir: str, preset_dir: str, n_ctx: int = 0,
+                           weights_dtype: str = "float32") -> str:
     """A ``transformers`` ``OpenAIGPT`` state dict saved as ``.npz`` (one file or its parts) as a preset of the
-    model size ``model`` (``n_ctx``: the context, 0 for the size's)."""
+    model size ``model`` (``n_ctx``: the context, 0 for the size's; ``weights_dtype``: as ``save_backbone_preset``).
+    """
     # pylint: disable=import-outside-toplevel
     from gpt_tf.convert.state_dicts import load_hf_state_dict, read_state_dict
 
     overrides = {"vocab_size": GPT1Tokenizer(tokenizer_dir).bpe_vocabulary_size, **({"n_ctx": n_ctx} if n_ctx else {})}
     backbone = GPT1Backbone.from_gpt_config(_transformer(get_size(model, **overrides), f"--model={model}"))
     load_hf_state_dict(backbone, read_state_dict(paths))
-    return save_backbone_preset(backbone, tokenizer_dir, preset_dir)
+    return save_backbone_preset(backbone, tokenizer_dir, preset_dir, weights_dtype)

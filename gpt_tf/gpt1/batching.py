@@ -13,7 +13,7 @@ Everything here works on the token ids ``pretokenize`` gives (``{field: ragged i
 from __future__ import annotations
 
 import numpy as np
-import tensorflow as tf
+from gpt_tf.backend import tf  # imported at first use: the family imports without TensorFlow
 
 from gpt_tf.gpt1.preprocessor import CHOICES
 from gpt_tf.tasks import INPUT_FIELDS

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import keras
 import keras_hub
-import tensorflow as tf
+from gpt_tf.backend import tf  # imported at first use: the family imports without TensorFlow
 
 from gpt_tf.gpt1.backbone import GPT1Backbone
 from gpt_tf.gpt1.keras_hub_adapter import preprocessing_function

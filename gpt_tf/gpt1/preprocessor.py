@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import keras
 import keras_hub
-import tensorflow as tf
+from gpt_tf.backend import tf  # imported at first use: the family imports without TensorFlow
 
 from gpt_tf.gpt1.backbone import GPT1Backbone
 from gpt_tf.gpt1.causal_lm_preprocessor import SequenceLength

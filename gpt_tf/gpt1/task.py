@@ -20,7 +20,7 @@ import math
 
 import keras
 import numpy as np
-import tensorflow as tf
+from gpt_tf.backend import tf  # imported at first use: the family imports without TensorFlow
 
 import gpt_tf.gpt1.batching as batching
 from gpt_tf import backend

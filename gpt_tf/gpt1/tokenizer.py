@@ -14,7 +14,7 @@ import shutil
 
 import keras
 import keras_hub
-import tensorflow as tf
+from gpt_tf.backend import tf  # imported at first use: the family imports without TensorFlow
 
 from gpt_tf.config import SPECIAL_TOKENS
 from gpt_tf.gpt1.backbone import GPT1Backbone

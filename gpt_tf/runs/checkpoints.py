@@ -20,7 +20,7 @@ import re
 import shutil
 import tempfile
 
-import tensorflow as tf
+from gpt_tf.backend import tf  # imported at first use: the family imports without TensorFlow
 
 from gpt_tf.config import GPTConfig
 from gpt_tf.runs.files import CHECKPOINTS

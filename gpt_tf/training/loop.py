@@ -30,7 +30,7 @@ from __future__ import annotations
 import errno
 import os
 
-import tensorflow as tf
+from gpt_tf.backend import tf  # imported at first use: the family imports without TensorFlow
 
 from gpt_tf.backend import require_tensorflow
 from gpt_tf.runs.checkpoints import checkpoint_managers, remove_scratch, restore_latest, variables_by_key

@@ -15,7 +15,8 @@ import importlib.util
 import os
 import sys
 
-for _name in ("sklearn", "matplotlib"):
+# ABSENT_MODULES (comma-separated) adds more, e.g. tensorflow for a process that must run as on the GPU machine.
+for _name in ("sklearn", "matplotlib", *filter(None, os.environ.get("ABSENT_MODULES", "").split(","))):
     sys.modules.setdefault(_name, None)
 
 # Python imports only the first sitecustomize on the path: run the one this shadows (a distribution's), if any.

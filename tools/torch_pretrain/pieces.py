@@ -41,6 +41,12 @@ def save_weights(torch, model, out_dir: str, step: int, dtype) -> list[str]:
     """
     state = {k: v.detach().float().cpu().numpy().astype(dtype) for k, v in model.state_dict().items()
              if not re.search(r"\.attn\.(bias|masked_bias)$", k) and k != "lm_head.weight"}
+    return save_arrays(state, out_dir, step)
+
+
+def save_arrays(state: dict, out_dir: str, step: int) -> list[str]:
+    """Named numpy arrays as ``weights-<step>.part<k>.npz`` files of at most PART_BYTES each (row blocks for a
+    larger one); returns their paths. ``tools.jax_pretrain`` writes its Keras model's weights with it too."""
     parts, size = [{}], 0
     for key, value in ((k, block) for name, tensor in state.items() for k, block in _row_blocks(name, tensor)):
         if parts[-1] and size + value.nbytes > PART_BYTES:
