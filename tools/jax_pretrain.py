@@ -161,7 +161,7 @@ def main_tokens(keras) -> int:
     from gpt_tf.convert.state_dicts import to_hf_state_dict
     from gpt_tf.gpt1 import GPT1CausalLM
     from gpt_tf.gpt1.build import backbone_for
-    from gpt_tf.optim import WarmupDecay, make_optimizer
+    from gpt_tf.nn.optim import WarmupDecay, make_optimizer
     from tools.torch_pretrain.pieces import save_arrays
 
     if FLAGS.log_every % FLAGS.steps_per_execution:
