@@ -184,7 +184,8 @@ def test_each_shipped_preset_has_a_model_card_and_names_the_family_tasks():
         for heading in ("## Model", "## Training data", "## Training", "## Quality", "## Intended use", "## Limits",
                         "## License"):
             assert f"\n{heading}\n" in card, (name, heading)
-        assert card.startswith(f"# {name}\n") and "Apache-2.0" in card and "TensorFlow backend" in card
+        assert card.startswith(f"# {name}\n") and "Apache-2.0" in card, name
+        assert all(backend in card for backend in ("JAX", "PyTorch", "TensorFlow")), (name, "the backends it runs on")
         tasks = json.loads((Path(folder) / "metadata.json").read_text())["tasks"]
         assert tasks == ["GPT1CausalLM", "GPT1MultipleChoice", "GPT1TextClassifier", "GPT1TextRegressor"], name
 

@@ -123,7 +123,7 @@ def test_the_notice_names_every_file_it_attributes():
 def test_the_kernel_sources_compile_from_the_installed_package(installed):
     """build.py compiles fused_ops.cc from the package folder: every header it includes is shipped beside it."""
     _, site = installed
-    kernels = site / "gpt_tf" / "kernels"
+    kernels = site / "gpt_tf" / "speed" / "kernels"
     local = set()
     for path in (kernels / "fused_ops.cc", *kernels.glob("*.h")):
         local |= set(re.findall(r'^#include "([^"/]+)"', path.read_text(), re.M))  # not TensorFlow's (a/b.h)
