@@ -18,7 +18,7 @@ step, so a load change hits all alike):
   thread per stack): ours with length buckets at λ = 0 (the objective HF trains) against ``transformers.Trainer``,
   examples/s in training and in evaluation.
 
-The goals (issue #31) are checked as ratios within this one run: pre-training ≥ 1.25× keras-hub and ≥ 1.5×
+The goals are checked as ratios within this one run: pre-training ≥ 1.25× keras-hub and ≥ 1.5×
 PyTorch at ``tiny``/``small``, ≥ 1.5× both at GPT-1 size; fine-tuning ≥ 1.5× HF Trainer in training and
 evaluation. Where one is missed, ``python -m bench.finetune_speed --mode=profile`` says where the time goes.
 
@@ -117,7 +117,7 @@ def best(rows: list, preset: str, stack: str):
 
 
 def goals(report: dict) -> list:
-    """``(what, ratio, goal)`` for every goal of issue #31 measured in this run."""
+    """``(what, ratio, goal)`` for every speed goal measured in this run."""
     out, rows = [], report.get("pretraining", [])
     for preset in dict.fromkeys(r["preset"] for r in rows):
         ours = best(rows, preset, "ours")
@@ -154,7 +154,7 @@ def markdown(report: dict) -> str:
                   "| stack | training | evaluation | others' CPU (training) |", "|---|---:|---:|---:|"]
         lines += [f"| {n} | {r['train']} | {r.get('eval', '–')} | {100 * r['others_cpu_share']:.0f}% |"
                   for n, r in f.items()]
-    lines += ["", "| goal (issue #31) | ratio | goal | met |", "|---|---:|---:|---|"]
+    lines += ["", "| goal | ratio | goal | met |", "|---|---:|---:|---|"]
     lines += [f"| {what} | {ratio:.2f}× | ≥ {goal}× | {'yes' if ratio >= goal else 'no'} |"
               for what, ratio, goal in report["goals"]]
     return "\n".join(lines) + "\n"

@@ -177,7 +177,7 @@ def write_configs(records: list[dict], configs_dir: Path) -> list[Path]:
         runs = cell_runs(records, task, "pretrained", recipe)
         stats = median_spread(dev_score(r) for r in runs.values())
         path = configs_dir / f"finetune_{task}_tiny.flags"
-        lines = [f"# The small-model fine-tuning recipe for {task}, chosen on dev by bench/experiments/reproduction.py (issue #13)",
+        lines = [f"# The small-model fine-tuning recipe for {task}, chosen on dev by bench/experiments/reproduction.py",
                  f"# for a `tiny` books model: dev {main_metric(task)} median {stats[0]:.1f} [{stats[1]:.1f}-{stats[2]:.1f}] "
                  f"over {len(runs)} seed(s).",
                  f"# Run: python -m gpt_tf.train --flagfile=configs/finetune_{task}_tiny.flags --init_checkpoint=gpt1_tiny_books_en "

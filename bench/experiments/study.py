@@ -5,7 +5,7 @@ r"""The paper's §5 analysis at a CPU scale, in one command: ablations, layer tr
     python -m bench.experiments.study --pretrained=runs/books_tiny --scale=smoke --out_dir=/tmp/study_smoke \
         --runs_root=runs/study_smoke                      # minutes: checks the pipeline end to end
     python -m bench.experiments.study --pretrained=runs/books_tiny --tasks_dir=data/tasks_books --scale=books \
-        --precision=float32 --reuse_ledger=bench/results/reproduction.jsonl   # issue #13's recipes, full data
+        --precision=float32 --reuse_ledger=bench/results/reproduction.jsonl   # the chosen recipes, full data
 
 Phases, each a subprocess whose command, output and wall-clock time go to ``<runs_root>/study.jsonl``
 (a re-run skips what is recorded there, so an interrupted study resumes):
@@ -59,7 +59,7 @@ SCALES = {
     "cpu": _CPU,
     # As "cpu" on the task data as built in --tasks_dir (e.g. data/tasks_books: up to 4,000 examples).
     "cpu_full_data": {**_CPU, "train_subsample": 0},
-    # The books model with the small-model recipes bench/experiments/reproduction.py chose on dev (issue #13), on the
+    # The books model with the small-model recipes bench/experiments/reproduction.py chose on dev, on the
     # full training sets of the three cheapest tasks, every layer count, one seed; the full and scratch arms
     # can come from the reproduction's ledger (--reuse_ledger) and a short LSTM pre-training (150 updates).
     "books": {**_CPU, "tasks": "cola,rte,story_cloze", "transfer_tasks": "cola,rte,story_cloze", "seeds": "0",

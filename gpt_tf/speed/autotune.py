@@ -2,7 +2,7 @@
 
 What is fastest depends on the CPU, not only on its flags: TensorFlow 2.21 leaves oneDNN's graph
 rewrites (``TF_ENABLE_ONEDNN_OPTS``) off on CPUs without AVX-512, where turning them on made a
-training step 30-52% faster on an AMD EPYC Zen 3 (issue #31). So at a command's first start on a
+training step 30-52% faster on an AMD EPYC Zen 3. So at a command's first start on a
 machine, ``apply()`` times a short training step of a 1-layer ``tiny`` model (batch 4 x 64, forward, LM
 loss, backward, AdamW) in a few worker processes, one per candidate that needs its own process --
 oneDNN rewrites off / on, TensorFlow's default thread pools / one inter-op thread -- each timing the
@@ -62,7 +62,7 @@ def candidate_name(settings: dict) -> str:
 def pick(seconds: dict) -> str:
     """The fastest candidate name; within 5% of the fastest, the first listed: ``measure`` lists ``BASE`` first,
     then each process's fused-kernels step before its stock one, so a difference within the noise of a shared
-    machine keeps the settings that ran before (three probes on the busy Zen 3 of issue #31 swung ~5%)."""
+    machine keeps the settings that ran before (three probes on a busy Zen 3 swung ~5%)."""
     best = min(seconds.values())
     return next(name for name, s in seconds.items() if s <= 1.05 * best)
 
