@@ -81,22 +81,26 @@ def define_flags():
                                          "give exactly one of --data_dir and --tokens")
 
 
-def saving(run_dir: Path, minutes: float, save_every: int):
-    """``fit``'s callback: a save at the end of each of ``fit``'s epochs (``save_every`` updates), and the piece's
-    stop at the first after ``minutes`` (0: never)."""
+def saving(run_dir: Path, minutes: float, save_every: int, total: int, start: float | None = None, extra=None):
+    """``fit``'s callback, at the end of each of ``fit``'s epochs: the piece's stop at the first after ``minutes``
+    (0: never) from ``start`` (default: now), and a save every ``save_every`` updates, at ``total`` and at a stop
+    (the model's and the optimizer's variables beside ``latest.weights.h5``, renamed over it, then ``state.json``:
+    the updates done, the epoch's loss and ``extra(updates)``)."""
     import keras
 
-    start = time.monotonic()
+    start = time.monotonic() if start is None else start
 
     class Saving(keras.callbacks.Callback):
         def on_epoch_end(self, epoch, logs=None):
-            updates = (epoch + 1) * save_every
-            tmp = run_dir / f".{WEIGHTS}"
-            self.model.save_weights(str(tmp))  # the model's and the optimizer's variables
-            os.replace(tmp, run_dir / WEIGHTS)
-            write_state(run_dir, {"updates": updates, "loss": float(logs["loss"])})
+            updates = int(self.model.optimizer.iterations.numpy())
             if minutes and time.monotonic() - start > 60 * minutes:
                 self.model.stop_training = True
+            if updates % save_every and updates != total and not self.model.stop_training:
+                return
+            tmp = run_dir / f".{WEIGHTS}"
+            self.model.save_weights(str(tmp))
+            os.replace(tmp, run_dir / WEIGHTS)
+            write_state(run_dir, {"updates": updates, "loss": float(logs["loss"]), **(extra(updates) if extra else {})})
 
     return Saving()
 
@@ -123,16 +127,19 @@ def token_windows(path: str, n_ctx: int, eval_windows: int):
     return meta, train, valid
 
 
-def batches(train, batch_size: int, seed: int, count: int):
-    """``count`` batches ``(inputs, next tokens)`` in ``tools.torch_pretrain.train.Run.next_batch``'s order."""
+def batches(train, batch_size: int, seed: int, count: int, start: int = 0):
+    """Batches ``start`` to ``count`` ``(inputs, next tokens)`` in ``tools.torch_pretrain.train.Run.next_batch``'s
+    order (the ones before ``start`` only drawn, not gathered)."""
     import numpy as np
 
     rng, order = np.random.default_rng(seed), np.zeros([0], np.int64)
-    for _ in range(count):
+    for i in range(count):
         if len(order) < batch_size:  # a new epoch: every window once, in a seeded order
             order = np.concatenate([order, rng.permutation(len(train))])
-        batch, order = train[order[:batch_size]], order[batch_size:]
-        yield batch[:, :-1], batch[:, 1:]
+        take, order = order[:batch_size], order[batch_size:]
+        if i >= start:
+            batch = train[take]
+            yield batch[:, :-1], batch[:, 1:]
 
 
 def compile_seconds():
@@ -292,7 +299,7 @@ def main(argv):
     if state["updates"] < total:
         lm.fit(data.skip(state["updates"]), steps_per_epoch=FLAGS.save_every, epochs=total // FLAGS.save_every,
                initial_epoch=state["updates"] // FLAGS.save_every, verbose=2, shuffle=False,
-               callbacks=[saving(run_dir, FLAGS.piece_minutes, FLAGS.save_every)])
+               callbacks=[saving(run_dir, FLAGS.piece_minutes, FLAGS.save_every, total)])
         state = json.loads((run_dir / STATE).read_text())
         if state["updates"] < total:
             print(f"piece done at update {state['updates']} of {total}; run the same command to go on", flush=True)
