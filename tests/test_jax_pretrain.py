@@ -78,35 +78,38 @@ def test_from_token_streams_without_tensorflow_in_pieces_as_in_one_go_and_the_we
     (state, summary), _ = read(pieces)
     assert state["updates"] == summary["updates"] == 20 and summary["updates_total"] == 110
     assert summary["stopped_by"] == "--piece_minutes" and (pieces / "weights-20.part0.npz").exists()
-    # the same command again, SIGTERM before its first update (its step compiles for seconds): it stops after
-    # one call of the step function, at update 25, between two log lines
+    # the same command again, SIGTERM as fit begins (its step compiles for seconds): it stops after one call of
+    # the step function, at update 25, between two log lines (30 or 35 on a machine slow to signal)
     child = subprocess.Popen([*command, f"--run_dir={pieces}", "--piece_minutes=0.001"], cwd=ROOT, env=env,
                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     for line in child.stdout:
-        if "resumed at update 20;" in line:
+        if line.startswith("fit from update 20"):
             child.send_signal(signal.SIGTERM)
             break
     _, err = child.communicate(timeout=600)
     assert child.returncode == 75, err[-3000:]
     (state, summary), _ = read(pieces)
-    assert state["updates"] == summary["updates"] == 25 and summary["stopped_by"] == "SIGTERM"
+    stop = state["updates"]
+    assert stop == summary["updates"] in (25, 30, 35) and summary["stopped_by"] == "SIGTERM"
     last = run(pieces)  # no time limit (it is not part of the run's setting): to the end
-    assert last.returncode == 0 and "resumed at update 25;" in last.stdout, last.stderr[-3000:]
+    assert last.returncode == 0 and f"resumed at update {stop};" in last.stdout, last.stderr[-3000:]
+    fits = [line for line in last.stdout.splitlines() if line.startswith("fit from")]
+    assert fits == [f"fit from update {stop}", "fit from update 40"]  # up to the next log line first
     one_go = tmp_path / "one_go"
     done = run(one_go)
     assert done.returncode == 0, done.stderr[-3000:]
     (state, summary), lines = read(pieces)
     (_, in_one_go), one_go_lines = read(one_go)
     rows = [line for line in lines if "step" in line]
-    assert [line["step"] for line in rows] == [20, 25, 40, 60, 80, 100, 110]  # each: since the line before
+    assert [line["step"] for line in rows] == [20, stop, 40, 60, 80, 100, 110]  # each: since the line before
     assert [(p["from"], p["to"], p["stopped_by"]) for p in summary["pieces"]] == [
-        (0, 20, "--piece_minutes"), (20, 25, "SIGTERM"), (25, 110, None)]
+        (0, 20, "--piece_minutes"), (20, stop, "SIGTERM"), (stop, 110, None)]
     assert [line["piece"] for line in lines if "piece" in line] == [0, 1, 2]
     assert (state["updates"], summary["updates"], in_one_go["updates"]) == (110, 110, 110)
     assert summary["final_train_loss"] < 8.5 and summary["tokens_per_s"] > 0 and len(in_one_go["pieces"]) == 1
     # the optimizer's state and dropout's random state are saved with the weights, the batches skipped to the
     # update reached: the same arithmetic as in one go, to the bit
-    same = lambda line: (line["step"], line["train_loss"], line["lr"])  # not 40's: 25 to 40 here, 20 to 40 there
+    same = lambda line: (line["step"], line["train_loss"], line["lr"])  # not 40's: from `stop` here, 20 there
     assert [same(line) for line in rows[3:]] == [same(line) for line in one_go_lines if line.get("step", 0) >= 60]
     assert summary["held_out_loss"] == in_one_go["held_out_loss"]
     parts = sorted(str(path) for path in pieces.glob("weights-*.part*.npz"))  # the earlier pieces' removed

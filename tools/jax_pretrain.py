@@ -36,15 +36,15 @@ lines (its next piece first goes up to the next). It saves as above every ``--sa
 ``--log_every``, itself of ``--steps_per_execution``), at its stop and at the end; ``state.json`` keeps dropout's
 random state too (the weights file does not) and each piece's figures. The same command resumes (``--piece_minutes``
 may differ; other settings are refused): the weights, the optimizer (so the schedule), dropout's state, the batches
-skipped to the update reached: the updates of a run in one go, to the bit (a test holds the weights equal). Every
-piece ends with the held-out loss of ``eval_batches × batch_size`` valid windows (the PyTorch route's 4,096 with
-its defaults, chosen alike), the weights as ``weights-<updates>.part<k>.npz`` (float16, each at most 15 MiB:
-``tools/torch_pretrain``'s format, which ``python -m gpt_tf.convert --state_dict=...`` turns into a preset; the
-previous piece's removed) and ``summary.json`` (updates, tokens; ``fit_seconds`` and ``compile_seconds`` summed
-over the pieces, listed in ``pieces``; tokens/s, TFLOP/s and MFU at ``--peak_tflops`` from the seconds between
-each piece's first and last log lines; the losses), then exits 75 before the end, 0 at it. ``latest.weights.h5``
-(12 bytes a parameter: 203 MB at ``small``) is larger than a device call returns: keep ``--run_dir`` on the
-machine between calls and copy the rest out.
+skipped to the update reached: the updates of a run in one go, to the bit where XLA's are deterministic (on the CPU:
+a test holds the weights equal). Every piece ends with the held-out loss of ``eval_batches × batch_size`` valid
+windows (the PyTorch route's 4,096 with its defaults, chosen alike), the weights as
+``weights-<updates>.part<k>.npz`` (float16, each at most 15 MiB: ``tools/torch_pretrain``'s format, which
+``python -m gpt_tf.convert --state_dict=...`` turns into a preset; the previous piece's removed) and ``summary.json``
+(updates, tokens; ``fit_seconds`` and ``compile_seconds`` summed over the pieces, listed in ``pieces``; tokens/s,
+TFLOP/s and MFU at ``--peak_tflops`` from the seconds between each piece's first and last log lines; the losses),
+then exits 75 before the end, 0 at it. ``latest.weights.h5`` (12 bytes a parameter: 203 MB at ``small``) is larger
+than a device call returns: keep ``--run_dir`` on the machine between calls and copy the rest out.
 """
 
 from __future__ import annotations
@@ -263,6 +263,7 @@ def main_tokens(keras) -> int:
     fit_start, done = time.monotonic(), start
 
     def fit(steps, epochs):  # Keras's own fit (keras-hub's maps a preprocessor over tf.data or grain: none here)
+        print(f"fit from update {done}", flush=True)
         keras.Model.fit(lm, batches(train, batch_size, FLAGS.seed, total, done), steps_per_epoch=steps,
                         epochs=epochs, verbose=0, shuffle=False, callbacks=callbacks)
         return int(lm.optimizer.iterations.numpy())
@@ -273,7 +274,12 @@ def main_tokens(keras) -> int:
         done = fit(log_every - done % log_every, 1)
     if done % log_every == 0 and done < total and not lm.stop_training:
         done = fit(log_every, math.ceil((total - done) / log_every))
-    pieces = json.loads((run_dir / STATE).read_text())["pieces"] if done > start else state["pieces"]
+    if done > start:  # saved at its stop or its end
+        pieces = json.loads((run_dir / STATE).read_text())["pieces"]
+    else:  # SIGTERM before fit (or a finished run's command again): nothing trained, this piece's figures kept
+        pieces = state["pieces"] + ([figures(done)] if done < total else [])
+        if done < total and (run_dir / STATE).exists():
+            write_state(run_dir, {**state, "pieces": pieces})
     eval_start = time.monotonic()
     held_out = float(keras.Model.evaluate(lm, valid[:, :-1], valid[:, 1:], batch_size=batch_size, verbose=0,
                                           return_dict=True)["loss"])
@@ -284,7 +290,7 @@ def main_tokens(keras) -> int:
         old.unlink()
     steady = sum(p["steady_updates"] for p in pieces), sum(p["steady_seconds"] for p in pieces)
     fit_seconds = sum(p["fit_seconds"] for p in pieces)
-    per_update = steady[1] / steady[0] if steady[0] else fit_seconds / max(done, 1)
+    per_update = steady[1] / steady[0] if steady[0] else fit_seconds / done if done else math.nan
     summary = {
         "device": device, "backend": jax.default_backend(), "jax": jax.__version__, "keras": keras.__version__,
         "model": FLAGS.model, "parameters": lm.count_params(), "precision": FLAGS.precision,
@@ -292,7 +298,8 @@ def main_tokens(keras) -> int:
         "tokens": done * tokens_per_update, "fit_seconds": fit_seconds,
         "compile_seconds": sum(p["compile_seconds"] for p in pieces),
         "seconds_per_update": per_update, "seconds_of_updates": done * per_update,
-        "tokens_per_s": tokens_per_update / per_update, "fit_tokens_per_s": done * tokens_per_update / fit_seconds,
+        "tokens_per_s": tokens_per_update / per_update,
+        "fit_tokens_per_s": done * tokens_per_update / (fit_seconds or math.nan),
         "flops_per_token": flops_per_token, "peak_tflops": FLAGS.peak_tflops,
         "final_train_loss": rows[-1]["train_loss"] if rows else None,
         "final_train_loss_updates": done - (rows[-2]["step"] if len(rows) > 1 else 0),
