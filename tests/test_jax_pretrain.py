@@ -1,7 +1,8 @@
 """``tools/jax_pretrain.py``: the family pre-trained by ``fit`` under ``KERAS_BACKEND=jax``, in pieces, at the ``test``
 size on real books; its preset, loaded on TensorFlow, scores the held-out windows as the JAX run did. With
-``--tokens``, where TensorFlow cannot be imported (the GPU machine): the run stops by time with its files written,
-and its float16 weight parts become a preset (``python -m gpt_tf.convert --state_dict``) that scores alike."""
+``--tokens``, where TensorFlow cannot be imported (the GPU machine): a run stopped by time, then by SIGTERM, and
+resumed ends with the weights of a run in one go, to the bit, and its float16 weight parts become a preset
+(``python -m gpt_tf.convert --state_dict``) that scores alike."""
 
 from __future__ import annotations
 
