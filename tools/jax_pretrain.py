@@ -21,23 +21,30 @@ at each piece, so a run in pieces follows another path than one run in a go (the
 
 Where TensorFlow is not installed (the lent GPU machine), ``--tokens`` takes the token streams of
 ``tools/torch_pretrain/convert.py --action=export`` instead of ``--data_dir`` (nothing imports TensorFlow: the
-family takes it at first use, ``gpt_tf/backend.py``), and the run is one go whose files all fit what a device
-call returns:
+family takes it at first use, ``gpt_tf/backend.py``), in pieces too:
 
-    KERAS_BACKEND=jax python -m tools.jax_pretrain --tokens=.gpu/books_small.npz.xz --run_dir=$OUT \
+    KERAS_BACKEND=jax python -m tools.jax_pretrain --tokens=.gpu/books_small.npz.xz --run_dir=runs/books_small_tokens \\
         --model=small --batch_size=128 --learning_rate=5e-4 --epochs=7 --precision=mixed_bfloat16 --piece_minutes=7
 
 The windows are ``tools/torch_pretrain/train.py``'s (stride n_ctx; every epoch a fresh ``default_rng(seed)``
 permutation, taken ``batch_size`` at a time across epoch ends; ``epochs × (windows // batch_size)`` updates), fed to
-``fit`` from numpy, ``--steps_per_execution`` steps per call. ``log.jsonl`` gets the mean training loss of every
-``--log_every`` updates; with ``--piece_minutes`` (counted from the command's start, so that start-up and the
-compilation are inside it) training stops at the first ``--log_every`` boundary past it, and at SIGTERM after the
-steps in flight: a partial run. Then the
-held-out loss of ``eval_batches × batch_size`` valid windows (the PyTorch route's 4,096 with its defaults, chosen
-alike), the weights as ``weights-<updates>.part<k>.npz`` (float16, each at most 15 MiB: ``tools/torch_pretrain``'s
-format, which ``python -m gpt_tf.convert --state_dict=...`` turns into a preset) and ``summary.json`` (updates,
-tokens, seconds, tokens/s, TFLOP/s and MFU at ``--peak_tflops``, the compilation's seconds, the losses).
-The optimizer's state is not written (203 MB at ``small``): such a run does not resume.
+``fit`` from numpy, ``--steps_per_execution`` steps per call. ``log.jsonl`` gets a line at each piece's start and
+the mean training loss since the line before at every multiple of ``--log_every`` updates (``seconds``: since the
+piece's ``fit`` began). A piece stops at the first such line past ``--piece_minutes`` (counted from the command's
+start, so that start-up and the compilation are inside it), or at SIGTERM after the steps in flight, between two
+lines (its next piece first goes up to the next). It saves as above every ``--save_every`` updates (a multiple of
+``--log_every``, itself of ``--steps_per_execution``), at its stop and at the end; ``state.json`` keeps dropout's
+random state too (the weights file does not) and each piece's figures. The same command resumes (``--piece_minutes``
+may differ; other settings are refused): the weights, the optimizer (so the schedule), dropout's state, the batches
+skipped to the update reached: the updates of a run in one go, to the bit where XLA's are deterministic (on the CPU:
+a test holds the weights equal). Every piece ends with the held-out loss of ``eval_batches × batch_size`` valid
+windows (the PyTorch route's 4,096 with its defaults, chosen alike), the weights as
+``weights-<updates>.part<k>.npz`` (float16, each at most 15 MiB: ``tools/torch_pretrain``'s format, which
+``python -m gpt_tf.convert --state_dict=...`` turns into a preset; the previous piece's removed) and ``summary.json``
+(updates, tokens; ``fit_seconds`` and ``compile_seconds`` summed over the pieces, listed in ``pieces``; tokens/s,
+TFLOP/s and MFU at ``--peak_tflops`` from the seconds between each piece's first and last log lines; the losses),
+then exits 75 before the end, 0 at it. ``latest.weights.h5`` (12 bytes a parameter: 203 MB at ``small``) is larger
+than a device call returns: keep ``--run_dir`` on the machine between calls and copy the rest out.
 """
 
 from __future__ import annotations
@@ -81,22 +88,26 @@ def define_flags():
                                          "give exactly one of --data_dir and --tokens")
 
 
-def saving(run_dir: Path, minutes: float, save_every: int):
-    """``fit``'s callback: a save at the end of each of ``fit``'s epochs (``save_every`` updates), and the piece's
-    stop at the first after ``minutes`` (0: never)."""
+def saving(run_dir: Path, minutes: float, save_every: int, total: int, start: float | None = None, extra=None):
+    """``fit``'s callback, at the end of each of ``fit``'s epochs: the piece's stop at the first after ``minutes``
+    (0: never) from ``start`` (default: now), and a save every ``save_every`` updates, at ``total`` and at a stop
+    (the model's and the optimizer's variables beside ``latest.weights.h5``, renamed over it, then ``state.json``:
+    the updates done, the epoch's loss and ``extra(updates)``)."""
     import keras
 
-    start = time.monotonic()
+    start = time.monotonic() if start is None else start
 
     class Saving(keras.callbacks.Callback):
         def on_epoch_end(self, epoch, logs=None):
-            updates = (epoch + 1) * save_every
-            tmp = run_dir / f".{WEIGHTS}"
-            self.model.save_weights(str(tmp))  # the model's and the optimizer's variables
-            os.replace(tmp, run_dir / WEIGHTS)
-            write_state(run_dir, {"updates": updates, "loss": float(logs["loss"])})
+            updates = int(self.model.optimizer.iterations.numpy())
             if minutes and time.monotonic() - start > 60 * minutes:
                 self.model.stop_training = True
+            if updates % save_every and updates != total and not self.model.stop_training:
+                return
+            tmp = run_dir / f".{WEIGHTS}"
+            self.model.save_weights(str(tmp))
+            os.replace(tmp, run_dir / WEIGHTS)
+            write_state(run_dir, {"updates": updates, "loss": float(logs["loss"]), **(extra(updates) if extra else {})})
 
     return Saving()
 
@@ -123,16 +134,19 @@ def token_windows(path: str, n_ctx: int, eval_windows: int):
     return meta, train, valid
 
 
-def batches(train, batch_size: int, seed: int, count: int):
-    """``count`` batches ``(inputs, next tokens)`` in ``tools.torch_pretrain.train.Run.next_batch``'s order."""
+def batches(train, batch_size: int, seed: int, count: int, start: int = 0):
+    """Batches ``start`` to ``count`` ``(inputs, next tokens)`` in ``tools.torch_pretrain.train.Run.next_batch``'s
+    order (the ones before ``start`` only drawn, not gathered)."""
     import numpy as np
 
     rng, order = np.random.default_rng(seed), np.zeros([0], np.int64)
-    for _ in range(count):
+    for i in range(count):
         if len(order) < batch_size:  # a new epoch: every window once, in a seeded order
             order = np.concatenate([order, rng.permutation(len(train))])
-        batch, order = train[order[:batch_size]], order[batch_size:]
-        yield batch[:, :-1], batch[:, 1:]
+        take, order = order[:batch_size], order[batch_size:]
+        if i >= start:
+            batch = train[take]
+            yield batch[:, :-1], batch[:, 1:]
 
 
 def compile_seconds():
@@ -153,7 +167,7 @@ def compile_seconds():
 
 
 def main_tokens(keras) -> int:
-    """``--tokens``: the run in one go (see the module doc); 0 when every update ran, else PIECE_EXIT."""
+    """``--tokens``: the run, in pieces (see the module doc); 0 when every update has run, else PIECE_EXIT."""
     import jax
     import numpy as np
 
@@ -164,9 +178,10 @@ def main_tokens(keras) -> int:
     from gpt_tf.nn.optim import WarmupDecay, make_optimizer
     from tools.torch_pretrain.pieces import save_arrays
 
-    if FLAGS.log_every % FLAGS.steps_per_execution:
-        raise app.UsageError("--log_every must be a multiple of --steps_per_execution")
-    run_dir, batch_size, compiling = Path(FLAGS.run_dir), FLAGS.batch_size, compile_seconds()
+    if FLAGS.log_every % FLAGS.steps_per_execution or FLAGS.save_every % FLAGS.log_every:
+        raise app.UsageError("--save_every must be a multiple of --log_every, and that of --steps_per_execution")
+    run_dir, batch_size, log_every = Path(FLAGS.run_dir), FLAGS.batch_size, FLAGS.log_every
+    compiling = compile_seconds()
     n_ctx = get_size(FLAGS.model).n_ctx
     meta, train, valid = token_windows(FLAGS.tokens, n_ctx, FLAGS.eval_batches * batch_size)
     config = get_size(FLAGS.model, vocab_size=int(meta["vocab_size"]))
@@ -178,19 +193,47 @@ def main_tokens(keras) -> int:
     schedule = WarmupDecay(FLAGS.learning_rate, math.ceil(FLAGS.warmup_fraction * total), total, "cosine")
     lm.compile(optimizer=make_optimizer(lm.trainable_variables, schedule), jit_compile=True,
                steps_per_execution=FLAGS.steps_per_execution)
+    terminated = []  # SIGTERM's time
+
+    def on_sigterm(*_):
+        terminated.append(time.monotonic() - START)
+        lm.stop_training = True
+
+    # SIGTERM (a call's time limit, e.g. `timeout -s TERM`): stop after the steps in flight (fit checks
+    # stop_training after each call of its step function), save, then evaluate and write as at --piece_minutes
+    signal.signal(signal.SIGTERM, on_sigterm)
+    seeds = [v for v in lm.variables if v.path.endswith("seed_generator_state")]  # dropout's: not in the weights
+    setting = {name: FLAGS[name].value for name in (
+        "tokens", "model", "batch_size", "learning_rate", "warmup_fraction", "epochs", "precision", "seed",
+        "steps_per_execution", "log_every", "save_every")}
+    state, lines = {"updates": 0, "pieces": []}, []
+    if (run_dir / STATE).exists():  # a later piece: the weights, the optimizer (the schedule) and dropout's state
+        state, lines = json.loads((run_dir / STATE).read_text()), (run_dir / "log.jsonl").read_text().splitlines()
+        if json.loads(lines[0])["setting"] != setting:
+            raise app.UsageError(f"{run_dir} holds a run of another setting: {lines[0]}")
+        lm.load_weights(str(run_dir / WEIGHTS))
+        for variable, value in zip(seeds, state["dropout_seeds"]):
+            variable.assign(np.asarray(value, np.uint32))
+    start = int(lm.optimizer.iterations.numpy())  # = state.json's, but for a stop between the two files' writes
+    kept = [line for line in map(json.loads, lines[1:]) if line.get("step", 0) <= start]  # not a killed piece's
+    rows = [line for line in kept if "step" in line]  # past the save
     tokens_per_update, flops_per_token = batch_size * n_ctx, config.flops_per_token()
     device = str(jax.devices()[0].device_kind)
     print(f"{FLAGS.model}: {lm.count_params():,} parameters on {device} ({jax.default_backend()}); {len(train):,} "
-          f"windows, {total} updates of {tokens_per_update:,} tokens; {time.monotonic() - START:.1f} s to here",
-          flush=True)
-    log = (run_dir / "log.jsonl").open("w")
-    log.write(json.dumps({"setting": {name: FLAGS[name].value for name in (
-        "tokens", "model", "batch_size", "learning_rate", "warmup_fraction", "epochs", "precision", "seed",
-        "steps_per_execution", "log_every", "piece_minutes")}, "updates": total, "windows": len(train),
-        "meta": meta, "device": device, "jax": jax.__version__, "keras": keras.__version__}) + "\n")
-    marks, rows = [], []  # (updates, seconds since fit began) and the line logged, every --log_every updates
+          f"windows, {total} updates of {tokens_per_update:,} tokens"
+          f"{f'; resumed at update {start}' if lines else ''}; {time.monotonic() - START:.1f} s to here", flush=True)
+    piece = {"piece": len(state["pieces"]), "from": start, "device": device, "jax": jax.__version__,
+             "keras": keras.__version__, "piece_minutes": FLAGS.piece_minutes}
+    head = {"setting": setting, "updates": total, "windows": len(train), "meta": meta}
+    (run_dir / ".log.jsonl").write_text("".join(json.dumps(line) + "\n" for line in [head, *kept, piece]))
+    os.replace(run_dir / ".log.jsonl", run_dir / "log.jsonl")
+    log = (run_dir / "log.jsonl").open("a")
+    marks = []  # (updates, seconds since the piece's fit began) of its log lines
 
     class Logging(keras.callbacks.Callback):
+        def on_train_begin(self, logs=None):
+            self.model.stop_training = bool(terminated)  # one already come (fit clears the flag)
+
         def on_epoch_end(self, epoch, logs=None):
             updates = int(self.model.optimizer.iterations.numpy())
             marks.append((updates, time.monotonic() - fit_start))
@@ -200,58 +243,77 @@ def main_tokens(keras) -> int:
             log.write(json.dumps(row) + "\n")
             log.flush()
             print(json.dumps(row), flush=True)
-            if FLAGS.piece_minutes and time.monotonic() - START > 60 * FLAGS.piece_minutes:
-                self.model.stop_training = True
 
-    # SIGTERM (a call's time limit, e.g. `timeout -s TERM`): stop after the steps in flight, then evaluate and
-    # write everything as at --piece_minutes (fit checks stop_training after each call of its step function)
-    terminated = []
+    def figures(done):
+        """This piece's figures so far: its updates, seconds, and its updates' speed once compiled (from its first
+        log line, whose interval holds the compilation, to its last)."""
+        now = time.monotonic()
+        (first, first_s), (last, last_s) = (marks[0], marks[-1]) if marks else [(done, now - fit_start)] * 2
+        return {**piece, "to": done, "fit_seconds": now - fit_start, "first_log_updates": first - start,
+                "first_log_seconds": first_s, "steady_updates": last - first, "steady_seconds": last_s - first_s,
+                "compile_seconds": sum(seconds for when, seconds in compiling if when >= fit_start),
+                "seconds_since_start": now - START, "stopped_by": None if done == total or not lm.stop_training
+                else "SIGTERM" if terminated else "--piece_minutes"}
 
-    def on_sigterm(*_):
-        terminated.append(time.monotonic() - START)
-        lm.stop_training = True
+    def extra(done):  # what state.json keeps beside the updates: dropout's state, the pieces' figures
+        return {"dropout_seeds": [[int(x) for x in np.asarray(v.numpy())] for v in seeds],
+                "pieces": state["pieces"] + [figures(done)]}
 
-    signal.signal(signal.SIGTERM, on_sigterm)
-    fit_start = time.monotonic()
-    # Keras's own fit and evaluate (keras-hub's wrap the data in tf.data or grain, to map a preprocessor over it:
-    # there is none here, the batches are token ids), over exactly `total` batches: the last epoch ends where
-    # the batches do (Keras says so in a warning).
-    keras.Model.fit(lm, batches(train, batch_size, FLAGS.seed, total), steps_per_epoch=FLAGS.log_every,
-           epochs=math.ceil(total / FLAGS.log_every), verbose=0, shuffle=False, callbacks=[Logging()])
-    fit_seconds = time.monotonic() - fit_start
-    done = int(lm.optimizer.iterations.numpy())
-    compiled = sum(seconds for when, seconds in compiling if when >= fit_start)  # the training step's
-    marks = marks or [(done, fit_seconds)]  # none when stopped before the first line
-    (first, first_s), (last, last_s) = marks[0], marks[-1]
-    # the updates' speed once compiled: from the first log line (its interval holds the compilation) to the last
-    per_update = (last_s - first_s) / (last - first) if last > first else first_s / max(first, 1)
+    callbacks = [Logging(), saving(run_dir, FLAGS.piece_minutes, FLAGS.save_every, total, START, extra)]
+    fit_start, done = time.monotonic(), start
+
+    def fit(steps, epochs):  # Keras's own fit (keras-hub's maps a preprocessor over tf.data or grain: none here)
+        print(f"fit from update {done}", flush=True)
+        keras.Model.fit(lm, batches(train, batch_size, FLAGS.seed, total, done), steps_per_epoch=steps,
+                        epochs=epochs, verbose=0, shuffle=False, callbacks=callbacks)
+        return int(lm.optimizer.iterations.numpy())
+
+    # an epoch of fit every --log_every updates (a piece SIGTERM stopped between two goes up to the next first);
+    # the last ends where the batches do (Keras says so in a warning)
+    if done % log_every and done < total:
+        done = fit(log_every - done % log_every, 1)
+    if done % log_every == 0 and done < total and not lm.stop_training:
+        done = fit(log_every, math.ceil((total - done) / log_every))
+    if done > start:  # saved at its stop or its end
+        pieces = json.loads((run_dir / STATE).read_text())["pieces"]
+    else:  # SIGTERM before fit (or a finished run's command again): nothing trained, this piece's figures kept
+        pieces = state["pieces"] + ([figures(done)] if done < total else [])
+        if done < total and (run_dir / STATE).exists():
+            write_state(run_dir, {**state, "pieces": pieces})
     eval_start = time.monotonic()
-    held_out = float(keras.Model.evaluate(lm, valid[:, :-1], valid[:, 1:], batch_size=batch_size, verbose=0, return_dict=True)["loss"])
+    held_out = float(keras.Model.evaluate(lm, valid[:, :-1], valid[:, 1:], batch_size=batch_size, verbose=0,
+                                          return_dict=True)["loss"])
     eval_seconds = time.monotonic() - eval_start
-    state = to_hf_state_dict(lm, lm_head=False, include_special=True)
-    parts = save_arrays({k: v.astype(np.float16) for k, v in state.items()}, str(run_dir), done)
+    weights = to_hf_state_dict(lm, lm_head=False, include_special=True)
+    parts = save_arrays({k: v.astype(np.float16) for k, v in weights.items()}, str(run_dir), done)
+    for old in set(run_dir.glob("weights-*.part*.npz")) - {Path(p) for p in parts}:  # an earlier piece's
+        old.unlink()
+    steady = sum(p["steady_updates"] for p in pieces), sum(p["steady_seconds"] for p in pieces)
+    fit_seconds = sum(p["fit_seconds"] for p in pieces)
+    per_update = steady[1] / steady[0] if steady[0] else fit_seconds / done if done else math.nan
     summary = {
         "device": device, "backend": jax.default_backend(), "jax": jax.__version__, "keras": keras.__version__,
         "model": FLAGS.model, "parameters": lm.count_params(), "precision": FLAGS.precision,
         "updates": done, "updates_total": total, "fraction_done": done / total, "epochs_done": done / per_epoch,
-        "tokens": done * tokens_per_update, "fit_seconds": fit_seconds, "compile_seconds": compiled,
-        "first_log_seconds": first_s, "first_log_updates": first, "seconds_per_update": per_update,
-        "seconds_of_updates": done * per_update, "tokens_per_s": tokens_per_update / per_update,
-        "fit_tokens_per_s": done * tokens_per_update / fit_seconds,
+        "tokens": done * tokens_per_update, "fit_seconds": fit_seconds,
+        "compile_seconds": sum(p["compile_seconds"] for p in pieces),
+        "seconds_per_update": per_update, "seconds_of_updates": done * per_update,
+        "tokens_per_s": tokens_per_update / per_update,
+        "fit_tokens_per_s": done * tokens_per_update / (fit_seconds or math.nan),
         "flops_per_token": flops_per_token, "peak_tflops": FLAGS.peak_tflops,
         "final_train_loss": rows[-1]["train_loss"] if rows else None,
         "final_train_loss_updates": done - (rows[-2]["step"] if len(rows) > 1 else 0),
         "held_out_loss": held_out, "held_out_perplexity": math.exp(held_out), "held_out_windows": len(valid),
-        "stopped_by": None if done == total else "SIGTERM" if terminated else "--piece_minutes",
-        "eval_seconds": eval_seconds, "weights": [Path(p).name for p in parts], "weights_dtype": "float16",
-        "seconds_since_start": time.monotonic() - START}
+        "stopped_by": pieces[-1]["stopped_by"] if pieces else None, "eval_seconds": eval_seconds,
+        "weights": [Path(p).name for p in parts], "weights_dtype": "float16", "pieces": pieces}
     for name in ("", "fit_"):
         summary[f"{name}tflops"] = summary[f"{name}tokens_per_s"] * flops_per_token / 1e12
         summary[f"{name}mfu"] = summary[f"{name}tflops"] / FLAGS.peak_tflops
     (run_dir / "summary.json").write_text(json.dumps(summary, indent=1))
     print(json.dumps(summary), flush=True)
     if done < total:
-        print(f"stopped by {summary['stopped_by']} at update {done} of {total} ({done / total:.1%})", flush=True)
+        print(f"stopped by {summary['stopped_by']} at update {done} of {total} ({done / total:.1%}), saved; run the "
+              f"same command to go on", flush=True)
         return PIECE_EXIT
     return 0
 
@@ -292,7 +354,7 @@ def main(argv):
     if state["updates"] < total:
         lm.fit(data.skip(state["updates"]), steps_per_epoch=FLAGS.save_every, epochs=total // FLAGS.save_every,
                initial_epoch=state["updates"] // FLAGS.save_every, verbose=2, shuffle=False,
-               callbacks=[saving(run_dir, FLAGS.piece_minutes, FLAGS.save_every)])
+               callbacks=[saving(run_dir, FLAGS.piece_minutes, FLAGS.save_every, total)])
         state = json.loads((run_dir / STATE).read_text())
         if state["updates"] < total:
             print(f"piece done at update {state['updates']} of {total}; run the same command to go on", flush=True)
