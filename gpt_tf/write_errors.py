@@ -98,6 +98,16 @@ def _path_in(message: str) -> str:
     return ""
 
 
+def refused_build(err: OSError, folder) -> str:
+    """A data builder's one line for a write the storage refused while it built ``folder`` (its partial build
+    removed, the folder as it was); ``err`` itself is raised again when it is no such fault."""
+    fault = as_write_error(err)
+    if fault is None:
+        raise err
+    return (f"error: {fault}; {folder} is as it was (the partial build was removed): {fault.remedy} and run the "
+            "same command")
+
+
 @contextlib.contextmanager
 def writing(path):
     """Turns a storage fault raised inside the block into a ``WriteError`` about ``path``."""

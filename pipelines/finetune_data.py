@@ -52,7 +52,7 @@ import numpy as np
 
 from gpt_tf.text import word_split
 from gpt_tf.console import import_tensorflow, progress
-from gpt_tf.write_errors import as_write_error, writing
+from gpt_tf.write_errors import refused_build, writing
 from gpt_tf.tasks import TaskSpec, csv_task, get_task
 from pipelines.common import command_line, commit_dir, encode_texts, remove_stale_temps, run_cli, tokenizer_files
 from pipelines.records import COMPRESSION, MISSING_LABEL, TASK_FEATURES, find_manifest, record_file, sha256_file, \
@@ -358,11 +358,7 @@ def main(argv) -> None:
         print(f"error: {err}", file=sys.stderr)
         sys.exit(2)
     except OSError as err:
-        fault = as_write_error(err)
-        if fault is None:
-            raise
-        sys.exit(f"error: {fault}; {f.output_dir} is as it was (the partial build was removed): "
-                 f"{fault.remedy} and run the same command")
+        sys.exit(refused_build(err, f.output_dir))
     counts = ", ".join(f"{s}={n}" for s, n in manifest["counts"].items())
     print(f"{f.output_dir}: {manifest['task']} {counts} ({manifest['skipped_count']} rows skipped)")
 

@@ -33,7 +33,7 @@ from typing import Optional, Sequence
 
 from gpt_tf.text import word_split
 from gpt_tf.console import progress
-from gpt_tf.write_errors import as_write_error
+from gpt_tf.write_errors import refused_build
 from pipelines.book_stream import SEPARATOR_TOKEN, PretrainDataError, num_sequences, separator_id, tokenize_split, \
     write_split
 from pipelines.books import Book, Skipped, find_book_files, iter_books
@@ -310,11 +310,7 @@ def main(argv) -> None:
         print(f"error: {err}", file=sys.stderr)
         sys.exit(2)
     except OSError as err:
-        fault = as_write_error(err)
-        if fault is None:
-            raise
-        sys.exit(f"error: {fault}; {cfg.output_dir} is as it was (the partial build was removed): "
-                 f"{fault.remedy} and run the same command")
+        sys.exit(refused_build(err, cfg.output_dir))
     totals = manifest["totals"]
     print(f"{cfg.output_dir}: {totals['books']} books, {totals['book_tokens']} tokens, "
           f"{totals['sequences']} sequences of {cfg.n_ctx + 1} tokens in {totals['shards']} shards "
