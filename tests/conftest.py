@@ -26,15 +26,16 @@ def shared_data() -> Path:
 
 
 # The groups that take longest, longest first (their tests' total time under `--durations=0` in a clean-clone run of
-# the whole suite, 2026-11-26; refresh it when that list changes much).
+# the whole suite, 2026-11-27; refresh it when that list changes much).
 # Under `--dist loadgroup --no-loadscope-reorder` (scripts/test.sh) a free worker takes the next group in
 # the collection's order, so these start first and the last groups handed out are short ones. Without it
 # xdist orders the groups by their number of tests: the walk-through (2 tests, ~6 min) and the hot-swap
 # test (1) came last, both on one worker (it takes the next group while its current one has 2 tests to
 # go), while the other worker had nothing left to do.
-LONGEST_FIRST = ("test_walkthrough", "serving_e2e", "test_finetune_loop", "test_finetune", "test_serving_ab",
-                 "test_server_hardening", "test_tokenizer", "test_buckets", "test_torch_pretrain", "test_train",
-                 "test_backends", "test_jax_pretrain", "test_gpt1_family", "test_scale", "test_hot_swap_memory", "test_gpt1_presets_cli")
+LONGEST_FIRST = ("serving_e2e", "test_walkthrough", "test_finetune_loop", "test_train", "test_gpt1_presets_cli",
+                 "test_backends", "test_finetune", "test_tokenizer", "test_scale", "test_server_hardening",
+                 "test_serving_ab", "test_jax_pretrain", "test_torch_pretrain", "test_disk_faults", "test_gpt1_family",
+                 "test_fuzz_serving", "test_hot_swap_memory", "test_buckets")
 
 
 # The numerics-sensitive tests: they compare floats TensorFlow computes, against a reference, between two computation

@@ -145,7 +145,7 @@ def test_clear_errors_for_num_classes_labels_and_unknown_presets(tokenizer, tmp_
     for bad in (0, 1, 2.0):
         with pytest.raises(ValueError, match=f"num_classes must be an integer >= 2, got {bad!r}"):
             gpt_tf.GPT1TextClassifier(_backbone(), num_classes=bad)
-    shipped = r"shipped preset \(gpt1_tiny_books_en, books_tiny\)"
+    shipped = r"shipped preset \(gpt1_small_books_en, gpt1_tiny_books_en, books_tiny\)"
     with pytest.raises(ValueError, match=r"GPT-1 preset 'no_such_preset' not found: .*" + shipped):
         gpt_tf.GPT1TextClassifier.from_preset("no_such_preset", num_classes=2)
     with pytest.raises(ValueError, match=f"not found: .*{tmp_path / 'gone'} does not exist"):

@@ -173,7 +173,7 @@ def test_a_shipped_preset_is_named_where_its_folder_would_be(tmp_path):
     config, problems = continued_model_config("gpt1_tiny_books_en", "data/x", {"vocab_size": 8000, "n_ctx": 64})
     assert problems == [] and (config.n_ctx, config.n_layer, config.n_embd) == (64, 4, 256)
     with pytest.raises(ValueError, match=r"^gpt2_medium does not exist and is not a shipped preset \(shipped presets: "
-                                         r"gpt1_tiny_books_en, books_tiny\)$"):
+                                         r"gpt1_small_books_en, gpt1_tiny_books_en, books_tiny\)$"):
         pretrained_model_config("gpt2_medium")
 
 
@@ -202,7 +202,7 @@ def test_export_takes_a_preset_as_it_takes_the_run_the_preset_was_written_from(r
                 np.testing.assert_array_equal(from_preset[key].numpy(), value.numpy(), err_msg=f"{kind} {key}")
     unknown = run_cli("serving.export", "--preset=gpt1_huge_books_en", f"--export_base={base}", check=False)
     named = ("--preset=gpt1_huge_books_en does not exist and is not a shipped preset (shipped presets: "
-             "gpt1_tiny_books_en, books_tiny)")
+             "gpt1_small_books_en, gpt1_tiny_books_en, books_tiny)")
     assert unknown.returncode == 1 and named in unknown.stderr, unknown.stderr
 
 
@@ -221,7 +221,7 @@ def test_continued_pretraining_names_what_does_not_fit_the_preset(runs):
 @pytest.mark.parametrize("args, message", [
     (["--init_checkpoint=/nope"], "--init_checkpoint=/nope does not exist"),
     (["--init_checkpoint=gpt1_huge_books_en"], "--init_checkpoint=gpt1_huge_books_en does not exist and is not a "
-                                               "shipped preset (shipped presets: gpt1_tiny_books_en, books_tiny)"),
+                                               "shipped preset (shipped presets: gpt1_small_books_en, gpt1_tiny_books_en, books_tiny)"),
     (["--init_checkpoint=/tmp", "--model=small"], "--model: with --init_checkpoint the model is"),
 ])
 def test_bad_init_checkpoint_flags_of_pretraining_fail_fast(args, message):
