@@ -12,7 +12,8 @@ any flag the command line leaves unset (lr 6.25e-5, batch 32, 3 epochs, 0.2% war
 Both run the one training loop (``gpt_tf/training``); a flag of the other kind of run is an error
 (``flag_checks.MODE_ONLY``).
 
-Flags (``gpt_tf/train_flags.py``) are read here only; everything below takes dataclasses. Re-running the same command
+Flags are read here and in ``gpt_tf/train_flags.py`` (their definitions, defaults and combined checks) only;
+everything below takes dataclasses. Re-running the same command
 resumes from the run directory's latest checkpoint. Each mode ends with a one-line summary of its
 result (``--json``: the result as one JSON line instead, for scripts).
 
@@ -39,64 +40,14 @@ from gpt_tf import flag_checks, train_flags
 
 from gpt_tf.speed import kernels
 from gpt_tf.config import GPTConfig
-from gpt_tf.training.recipes import PAPER_FINETUNE
 from gpt_tf.runs.files import (CHECKPOINTS, DATA_FILE, MODEL_CONFIG, RUN_CONFIGS, data_identity, resume_problems,
                                write_json_atomic)
 from gpt_tf.runs.lock import LOCK_FILE, RunDirLocked, chief_task, lock_run_dir
 from gpt_tf.train_flags import define_flags
 from gpt_tf.write_errors import WriteError, as_write_error, writing
-from pipelines.records import has_manifest
 
 FLAGS = flags.FLAGS  # defined by train_flags.define_flags() when run() starts
 _RUN_LOCK = []  # the run folder's lock file, held open until the process ends
-
-
-# Flags shared with pre-training whose unset value differs when fine-tuning.
-FINETUNE_DEFAULTS = {k: PAPER_FINETUNE[k] for k in ("learning_rate", "batch_size", "lr_decay")}
-
-
-def _apply_finetune_defaults() -> None:
-    """The paper's fine-tuning recipe for each flag the user left unset (flagfiles count as set)."""
-    for name, value in FINETUNE_DEFAULTS.items():
-        if not FLAGS[name].present:
-            FLAGS[name].value = value
-
-
-def _check_flags() -> list[str]:
-    """Contradictions and missing values, found before any work starts."""
-    problems = [f"--{name} is required" for name in ("data_dir", "run_dir") if not getattr(FLAGS, name)]
-    builder = "finetune_data" if FLAGS.task else "pretrain_data"
-    if FLAGS.data_dir and not has_manifest(FLAGS.data_dir):
-        problems.append(f"--data_dir={FLAGS.data_dir} has no manifest.json; build it with `python -m pipelines.{builder}`")
-    if FLAGS.batch_size > 0 and FLAGS.grad_accum_steps > 0 and FLAGS.batch_size % FLAGS.grad_accum_steps:
-        problems.append(f"--batch_size={FLAGS.batch_size} is not divisible by --grad_accum_steps={FLAGS.grad_accum_steps}")
-    problems += flag_checks.mode_problems(FLAGS) + flag_checks.strategy_problems(FLAGS)
-    if FLAGS.strategy == "tpu" and FLAGS.precision == "float32":
-        logging.warning("TPUs are fastest with --precision=mixed_bfloat16")
-    if FLAGS.task:
-        return problems + flag_checks.finetune_problems(FLAGS)
-    if FLAGS.warmup_steps < 0 or FLAGS.warmup_steps > FLAGS.train_steps:
-        problems.append(f"--warmup_steps={FLAGS.warmup_steps} must be within [0, --train_steps={FLAGS.train_steps}]")
-    untrained = FLAGS.run_dir and not os.path.isdir(os.path.join(FLAGS.run_dir, CHECKPOINTS))
-    if FLAGS.mode in ("eval", "generate") and untrained:
-        problems.append(f"--mode={FLAGS.mode} needs a trained run: no checkpoints in --run_dir={FLAGS.run_dir}")
-    if FLAGS.zero_shot_reference_json and not os.path.isfile(FLAGS.zero_shot_reference_json):
-        problems.append(f"--zero_shot_reference_json={FLAGS.zero_shot_reference_json} does not exist")
-    elif FLAGS.zero_shot_tasks:
-        problems += _zero_shot_config().problems()
-    return problems
-
-
-def _zero_shot_config():
-    """The --zero_shot_* flags as a ``ZeroShotConfig`` (no TensorFlow import)."""
-    from gpt_tf.analysis.heuristics import ZeroShotConfig
-
-    reference = {}
-    if FLAGS.zero_shot_reference_json:
-        with open(FLAGS.zero_shot_reference_json) as f:
-            reference = {task: float(score) for task, score in json.load(f).items() if task in FLAGS.zero_shot_tasks}
-    return ZeroShotConfig(tasks=tuple(FLAGS.zero_shot_tasks), data_dirs=tuple(FLAGS.zero_shot_data_dirs),
-                          every=FLAGS.zero_shot_every, max_examples=FLAGS.zero_shot_max_examples, reference=reference)
 
 
 def _strategy_and_precision(keras, model_config, seq):
@@ -176,8 +127,8 @@ def main(argv):
     if not FLAGS["verbosity"].present:
         logging.set_verbosity(logging.WARNING)
     if FLAGS.task:
-        _apply_finetune_defaults()
-    problems = flag_checks.problems(FLAGS) + _check_flags()  # value rules (one table), then combinations
+        train_flags.apply_finetune_defaults()
+    problems = flag_checks.problems(FLAGS) + train_flags.combination_problems()  # value rules (one table), then combinations
     if problems:
         flag_checks.fail("gpt_tf.train", problems)
     setup = _setup()
@@ -302,7 +253,7 @@ def _pretrain(setup: Setup, keras) -> Summary:
         if FLAGS.zero_shot_tasks:
             from gpt_tf.analysis.heuristics import ZeroShotSuite
 
-            zero_shot = ZeroShotSuite(_zero_shot_config(), tokenizer, bos_id=manifest.get("separator", {}).get("id"))
+            zero_shot = ZeroShotSuite(train_flags.zero_shot_config(), tokenizer, bos_id=manifest.get("separator", {}).get("id"))
         callbacks = TrainCallbacks(trainer, tokenizer, progress=FLAGS.progress, zero_shot=zero_shot)
         try:
             result = trainer.train(callbacks)

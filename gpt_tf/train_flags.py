@@ -1,14 +1,25 @@
 """The flags of ``python -m gpt_tf.train``, defined when the CLI starts (``define_flags()`` in ``train.run``).
 
 Importing a module defines no flag, so the CLIs of the project never collide on a name; the checks
-of their values are in ``gpt_tf/flag_checks.py``.
+of their values are in ``gpt_tf/flag_checks.py``. Here too, what the CLI does with the flags as a whole before
+any work starts: the paper's fine-tuning defaults for the flags left unset (``apply_finetune_defaults``), the
+contradictions and missing values among them (``combination_problems``), and the ``--zero_shot_*`` flags as a
+``ZeroShotConfig`` (``zero_shot_config``).
 """
 
 from __future__ import annotations
 
-from absl import flags
+import json
+import os
 
+from absl import flags, logging
+
+from gpt_tf import flag_checks
+from gpt_tf.runs.files import CHECKPOINTS
 from gpt_tf.training.recipes import PAPER_FINETUNE
+from pipelines.records import has_manifest
+
+FLAGS = flags.FLAGS
 
 
 def define_flags() -> None:
@@ -92,3 +103,51 @@ def define_flags() -> None:
     flags.DEFINE_integer("zero_shot_every", 0, "Zero-shot period in steps (0: at the end only); writes run_dir/zero_shot.csv.")
     flags.DEFINE_integer("zero_shot_max_examples", 0, "Zero-shot: a fixed hash sample of this many examples per split (0: all).")
     flags.DEFINE_string("zero_shot_reference_json", "", "Zero-shot: JSON {task: reference score} for normalised scores.")
+
+
+# Flags shared with pre-training whose unset value differs when fine-tuning.
+FINETUNE_DEFAULTS = {k: PAPER_FINETUNE[k] for k in ("learning_rate", "batch_size", "lr_decay")}
+
+
+def apply_finetune_defaults() -> None:
+    """The paper's fine-tuning recipe for each flag the user left unset (flagfiles count as set)."""
+    for name, value in FINETUNE_DEFAULTS.items():
+        if not FLAGS[name].present:
+            FLAGS[name].value = value
+
+
+def combination_problems() -> list[str]:
+    """Contradictions and missing values, found before any work starts."""
+    problems = [f"--{name} is required" for name in ("data_dir", "run_dir") if not getattr(FLAGS, name)]
+    builder = "finetune_data" if FLAGS.task else "pretrain_data"
+    if FLAGS.data_dir and not has_manifest(FLAGS.data_dir):
+        problems.append(f"--data_dir={FLAGS.data_dir} has no manifest.json; build it with `python -m pipelines.{builder}`")
+    if FLAGS.batch_size > 0 and FLAGS.grad_accum_steps > 0 and FLAGS.batch_size % FLAGS.grad_accum_steps:
+        problems.append(f"--batch_size={FLAGS.batch_size} is not divisible by --grad_accum_steps={FLAGS.grad_accum_steps}")
+    problems += flag_checks.mode_problems(FLAGS) + flag_checks.strategy_problems(FLAGS)
+    if FLAGS.strategy == "tpu" and FLAGS.precision == "float32":
+        logging.warning("TPUs are fastest with --precision=mixed_bfloat16")
+    if FLAGS.task:
+        return problems + flag_checks.finetune_problems(FLAGS)
+    if FLAGS.warmup_steps < 0 or FLAGS.warmup_steps > FLAGS.train_steps:
+        problems.append(f"--warmup_steps={FLAGS.warmup_steps} must be within [0, --train_steps={FLAGS.train_steps}]")
+    untrained = FLAGS.run_dir and not os.path.isdir(os.path.join(FLAGS.run_dir, CHECKPOINTS))
+    if FLAGS.mode in ("eval", "generate") and untrained:
+        problems.append(f"--mode={FLAGS.mode} needs a trained run: no checkpoints in --run_dir={FLAGS.run_dir}")
+    if FLAGS.zero_shot_reference_json and not os.path.isfile(FLAGS.zero_shot_reference_json):
+        problems.append(f"--zero_shot_reference_json={FLAGS.zero_shot_reference_json} does not exist")
+    elif FLAGS.zero_shot_tasks:
+        problems += zero_shot_config().problems()
+    return problems
+
+
+def zero_shot_config():
+    """The --zero_shot_* flags as a ``ZeroShotConfig`` (no TensorFlow import)."""
+    from gpt_tf.analysis.heuristics import ZeroShotConfig
+
+    reference = {}
+    if FLAGS.zero_shot_reference_json:
+        with open(FLAGS.zero_shot_reference_json) as f:
+            reference = {task: float(score) for task, score in json.load(f).items() if task in FLAGS.zero_shot_tasks}
+    return ZeroShotConfig(tasks=tuple(FLAGS.zero_shot_tasks), data_dirs=tuple(FLAGS.zero_shot_data_dirs),
+                          every=FLAGS.zero_shot_every, max_examples=FLAGS.zero_shot_max_examples, reference=reference)
