@@ -40,12 +40,12 @@ def export_sst2(base: Path, preset: str, tokenizer_dir, vocab_size: int):
     """Version 1 of ``base/sst2``: an SST-2 task model of ``preset``'s shape, random weights; returns its config."""
     from gpt_tf.config import get_size
     from gpt_tf.gpt1.backbone import GPT1Backbone
-    from gpt_tf.nn.task_model import GPTTaskModel
+    from gpt_tf.gpt1.text_classifier import task_for_spec
     from gpt_tf.tasks import get_task
     from serving.export import export_task_model
 
     task, config = get_task("sst2"), get_size(preset, vocab_size=vocab_size)
-    export_task_model(GPTTaskModel(GPT1Backbone.from_gpt_config(config, name="backbone"), task), task, str(tokenizer_dir), str(base),
+    export_task_model(task_for_spec(GPT1Backbone.from_gpt_config(config, name="backbone"), task), task, str(tokenizer_dir), str(base),
                       "sst2", version=1)
     return config
 

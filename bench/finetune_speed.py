@@ -251,12 +251,16 @@ def run_ab(args, task_dir: Path, log) -> tuple[dict, str]:
     return report, "\n".join(lines) + "\n"
 
 
-def speed_report(args, task_dir: Path, stacks: list, log, padding=None) -> dict:
-    """``--mode=speed``: the interleaved rounds of ``stacks``, summarised (``bench.speed_table`` runs it too)."""
+def speed_report(args, task_dir: Path, stacks: list, log, padding=None, base=None) -> dict:
+    """``--mode=speed``: the interleaved rounds of ``stacks``, summarised (``bench.speed_table`` runs it too).
+    ``base``: ``(checkout, {stack: name})``: each of those stacks once more from that checkout (another commit's),
+    under the name given, interleaved with the rest."""
     common = {"task_dir": str(task_dir), "batch_size": args.batch_size, "n_ctx": args.n_ctx,
               "train_steps": args.train_steps, "threads": args.threads}
     precision = "mixed_bfloat16" if args.precision == "bfloat16" else args.precision
     specs = {name: {"precision": precision, **common, **STACKS[name]} for name in stacks}
+    tree, renamed = base or (None, {})
+    specs.update({renamed[name]: specs[name] for name in renamed})
     report = {"command": " ".join(["python -m bench.finetune_speed", *sys.argv[1:]]),
               "date": datetime.datetime.now().astimezone().isoformat(timespec="seconds"), "machine": machine_info(),
               "settings": {"model": "tiny (4 x 256, 4 heads, FFN 1024, 8k BPE)", "n_ctx": args.n_ctx,
@@ -267,7 +271,7 @@ def speed_report(args, task_dir: Path, stacks: list, log, padding=None) -> dict:
                            "training tokens per example after padding": padding},
               "stacks": specs}
     log(f"{header(report['machine'])}; texts: {report['settings']['texts']}")
-    report["logs"] = run(args, specs, log)
+    report["logs"] = run(args, specs, log, code_roots={name: tree for name in renamed.values()})
     report["summary"] = summarise(report["logs"])
     return report
 

@@ -3,6 +3,7 @@
     python -m bench.speed_table             # ~15 min on 2 cores -> bench/results/speed_table_<cpu>.{json,md}
     python -m bench.speed_table --presets=tiny --steps=3 --finetune_rounds=1 --finetune_train_steps=10   # quick look
     python -m bench.speed_table --mode=generate   # generation against transformers -> generation_<cpu>.{json,md}
+    python -m bench.speed_table --base=main       # ours at another commit too, interleaved: this / base per row
 
 Prints the CPU model and features first, then the settings this project picks by itself on this machine
 (``gpt_tf/speed/autotune.py``: oneDNN rewrites, fused kernels, thread pools; the probe runs here if this machine
@@ -31,10 +32,14 @@ key/value cache), its ``generate_step(use_cache=False)`` (each token runs the se
 keeps no cache (transformers' GPT-1 predates them: ``use_cache`` is ignored), and ``GPT2LMHeadModel.generate`` of
 the same shape (random weights), transformers' generation with a cache; the goal: the cache ≥ 1.5× transformers.
 It also reports how many generated tokens the stacks share.
+
+``--base=REV``: ours as of commit ``REV`` as one more stack of every pre-training and fine-tuning group (its own
+temporary ``git worktree``, interleaved with the others), and a table of this checkout's ours against it.
 """
 
 from __future__ import annotations
 
+import contextlib
 import datetime
 import json
 import os
@@ -45,7 +50,7 @@ from pathlib import Path
 from absl import app, flags
 
 from bench._train_stacks import PRESET_DEFAULTS
-from bench.harness import ROOT, apply_settings, cpu_slug, header, machine_info, median, save_report
+from bench.harness import ROOT, apply_settings, base_checkout, cpu_slug, header, machine_info, median, save_report
 
 FLAGS = flags.FLAGS
 GENERATE_STACKS = ("ours_cache", "ours_no_cache", "transformers", "transformers_gpt2")
@@ -75,6 +80,7 @@ def define_flags():
     flags.DEFINE_integer("generate_rounds", 3, "--mode=generate: timed calls per stack (after one untimed)")
     flags.DEFINE_integer("generate_threads", 1, "--mode=generate: threads of every stack (TF intra- and inter-op, "
                          "torch intra-op); one prompt's matrices are too small to share out well")
+    flags.DEFINE_string("base", None, "also time ours as of this commit (a temporary git worktree), interleaved")
     flags.DEFINE_string("worker", None, "internal: run as a worker with this JSON spec")
 
 
@@ -84,21 +90,23 @@ def precisions(info: dict, requested: str) -> list:
     return ["float32", "bfloat16"] if {"avx512_bf16", "amx_bf16"} & set(info["isa"]) else ["float32"]
 
 
-def pretraining(info: dict, preset: str, log) -> list:
-    """The interleaved pre-training rows of ``preset`` in each precision (``train_throughput``'s statistics)."""
+def pretraining(info: dict, preset: str, log, base=None) -> list:
+    """The interleaved pre-training rows of ``preset`` in each precision (``train_throughput``'s statistics);
+    ``base``: ``(checkout, rev)`` of ours at another commit, one more stack (its rows carry ``rev``)."""
     from bench.train_throughput import run_group, summarise
 
     rows, steps = [], min(FLAGS.steps, 3) if preset == "gpt1" else FLAGS.steps
+    stacks = [{"stack": s} for s in STACKS] + ([{"stack": "ours", "rev": base[1], "code_root": base[0]}] if base else [])
     for precision in precisions(info, FLAGS.precisions):
-        specs = [{"kind": "train", "stack": s, "preset": preset, "precision": precision, "threads": os.cpu_count(),
-                  "torch_adamw": "fused", "warmup": FLAGS.warmup, "steps": steps, **SIZES[preset]} for s in STACKS]
+        specs = [{"kind": "train", **stack, "preset": preset, "precision": precision, "threads": os.cpu_count(),
+                  "torch_adamw": "fused", "warmup": FLAGS.warmup, "steps": steps, **SIZES[preset]} for stack in stacks]
         log(f"pre-training {preset} {precision}, batch {SIZES[preset]['batch']} x {SIZES[preset]['seq']}")
         rows += run_group(specs, 0.1, steps, log)
     summarise(rows, {p: float("nan") for p in ("float32", "bfloat16")}, 0.1)
     return rows
 
 
-def finetuning(info: dict, log) -> dict:
+def finetuning(info: dict, log, base=None) -> dict:
     """``finetune_speed``'s interleaved rounds: ours (buckets, λ = 0) and HF Trainer, each precision the CPU has."""
     from bench._finetune_stacks import prepare_data
     from bench.finetune_speed import speed_report
@@ -108,12 +116,38 @@ def finetuning(info: dict, log) -> dict:
     task_dir = prepare_data(Path(FLAGS.data_root), Path(FLAGS.shared_data), args.books, args.n_ctx, log).resolve()
     bf16 = "bfloat16" in precisions(info, FLAGS.precisions)
     stacks = ["ours_bucketed_lm0", "hf_float32"] + (["ours_bucketed_lm0_bf16", "hf_bfloat16"] if bf16 else [])
-    return speed_report(args, task_dir, stacks, log)
+    ours = [name for name in stacks if name.startswith("ours")]
+    return speed_report(args, task_dir, stacks, log,
+                        base=(base[0], {name: f"{name}@{base[1]}" for name in ours}) if base else None)
 
 
 def best(rows: list, preset: str, stack: str):
-    """The row of ``stack`` at ``preset`` in its faster precision."""
-    return max((r for r in rows if r["preset"] == preset and r["stack"] == stack), key=lambda r: r["tokens_per_s"])
+    """The row of ``stack`` (this checkout's) at ``preset`` in its faster precision."""
+    return max((r for r in rows if r["preset"] == preset and r["stack"] == stack and "rev" not in r),
+               key=lambda r: r["tokens_per_s"])
+
+
+def base_lines(report: dict) -> list:
+    """With ``--base``: this checkout's ours against ours at the base commit, per size × precision and fine-tuning."""
+    lines = []
+    for r in report.get("pretraining", []):
+        if "rev" in r:
+            this = next(t for t in report["pretraining"] if t["stack"] == "ours" and "rev" not in t
+                        and (t["preset"], t["precision"]) == (r["preset"], r["precision"]))
+            lines.append(f"| pre-training {r['preset']} {r['precision']} | {this['tokens_per_s']:,.0f} tokens/s | "
+                         f"{r['tokens_per_s']:,.0f} tokens/s | {this['tokens_per_s'] / r['tokens_per_s']:.3f}× |")
+    rows = (report.get("finetuning") or {}).get("summary", {}).get("rows", {})
+    for name, r in rows.items():
+        if "@" in name:
+            this = rows[name.split("@")[0]]
+            for phase in ("train", "eval"):
+                if phase in r and phase in this:
+                    lines.append(f"| fine-tuning {name.split('@')[0]} {phase} | {this[phase]} examples/s | "
+                                 f"{r[phase]} examples/s | {this[phase] / r[phase]:.3f}× |")
+    if not lines:
+        return []
+    return ["", f"Ours against ours at `{report['base']}` (same run, interleaved):", "",
+            "| what | this checkout | base | this / base |", "|---|---:|---:|---:|", *lines]
 
 
 def goals(report: dict) -> list:
@@ -128,7 +162,8 @@ def goals(report: dict) -> list:
     if report.get("finetuning"):
         r = report["finetuning"]["summary"]["rows"]
         for phase in ("train", "eval"):
-            ours = max((n for n in r if n.startswith("ours") and phase in r[n]), key=lambda n: r[n][phase])
+            ours = max((n for n in r if n.startswith("ours") and "@" not in n and phase in r[n]),
+                       key=lambda n: r[n][phase])
             hf = max((n for n in r if n.startswith("hf") and phase in r[n]), key=lambda n: r[n][phase])
             out.append((f"fine-tuning {phase}: {ours} / {hf}", r[ours][phase] / r[hf][phase], 1.5))
     return out
@@ -142,7 +177,7 @@ def markdown(report: dict) -> str:
              "| ours / PyTorch | others' CPU |", "|---|---|---|---:|---:|---:|---:|---:|---:|"]
     rows = report.get("pretraining", [])
     for preset, precision in dict.fromkeys((r["preset"], r["precision"]) for r in rows):
-        group = {r["stack"]: r for r in rows if r["preset"] == preset and r["precision"] == precision}
+        group = {r["stack"]: r for r in rows if r["preset"] == preset and r["precision"] == precision and "rev" not in r}
         ours = group["ours"]
         others = median([r["others_cpu_share"] for r in group.values()])
         lines.append(f"| {preset} | {precision} | {ours['batch']} × {ours['seq']} | "
@@ -154,6 +189,7 @@ def markdown(report: dict) -> str:
                   "| stack | training | evaluation | others' CPU (training) |", "|---|---:|---:|---:|"]
         lines += [f"| {n} | {r['train']} | {r.get('eval', '–')} | {100 * r['others_cpu_share']:.0f}% |"
                   for n, r in f.items()]
+    lines += base_lines(report)
     lines += ["", "| goal | ratio | goal | met |", "|---|---:|---:|---|"]
     lines += [f"| {what} | {ratio:.2f}× | ≥ {goal}× | {'yes' if ratio >= goal else 'no'} |"
               for what, ratio, goal in report["goals"]]
@@ -343,13 +379,17 @@ def main(argv):
     out = Path(FLAGS.out or f"bench/results/speed_table_{cpu_slug(info)}.json")
     report["pretraining"], report["finetuning"] = [], None
     parts = (["finetuning"] if FLAGS.finetune_rounds > 0 else []) + FLAGS.presets.split(",")
-    for part in parts:  # the report is saved after each part: a long run cut short keeps what it measured
-        if part == "finetuning":
-            report["finetuning"] = finetuning(info, log)
-        else:
-            report["pretraining"] += pretraining(info, part, log)
-        report["goals"] = goals(report)
-        save_report(report, markdown(report), out, log)
+    with base_checkout(FLAGS.base) if FLAGS.base else contextlib.nullcontext((None, None)) as (tree, revs):
+        base = (str(tree), revs["base"]) if tree else None
+        if base:
+            report["base"], report["revs"] = revs["base"], revs
+        for part in parts:  # the report is saved after each part: a long run cut short keeps what it measured
+            if part == "finetuning":
+                report["finetuning"] = finetuning(info, log, base)
+            else:
+                report["pretraining"] += pretraining(info, part, log, base)
+            report["goals"] = goals(report)
+            save_report(report, markdown(report), out, log)
 
 
 if __name__ == "__main__":

@@ -16,7 +16,7 @@ from absl import flags, logging
 
 from gpt_tf import flag_checks
 from gpt_tf.runs.files import CHECKPOINTS
-from gpt_tf.training.recipes import PAPER_FINETUNE
+from gpt_tf.nn.recipes import PAPER_FINETUNE
 from pipelines.records import has_manifest
 
 FLAGS = flags.FLAGS

@@ -25,6 +25,7 @@ import sys
 
 from absl import app, flags, logging
 
+from gpt_tf import backend
 from serving import extra
 
 extra.require("serving.export", __name__)  # the warm-up records are TF Serving's protos: the serving extra
@@ -47,7 +48,7 @@ def open_run(run_dir: str, tokenizer_dir: str = "", data_dir: str = ""):
 
 
 def load_finetuned(run_dir: str, precision: str = "float32", data_dir: str = ""):
-    """(``GPTTaskModel``, ``TaskSpec``, tokenizer dir) of a fine-tuning run's latest checkpoint.
+    """(the keras-hub task, ``TaskSpec``, tokenizer dir) of a fine-tuning run's latest checkpoint.
 
     ``gpt_tf.runs.checkpoints.load_task_model`` builds the model the run implies (a multi-task run gets
     its shared backbone and every head; the primary task's is returned) and restores only its
@@ -111,8 +112,8 @@ def _offline_tokenizer(tokenizer):
 
 
 def export_task_model(model, task, tokenizer, base_path: str, model_name: str, version: int = 0) -> str:
-    """Writes a ``GPTTaskModel`` as a servable version; returns its folder. ``tokenizer``: a ``GPTTokenizer``
-    or its folder."""
+    """Writes a fine-tuning run's keras-hub task (``load_task_model``) as a servable version; returns its folder.
+    ``tokenizer``: a ``GPTTokenizer`` or its folder."""
     from serving.saved_model_io import save_version, traced_signatures
     from serving.task_module import TaskServingModule
 
@@ -122,7 +123,7 @@ def export_task_model(model, task, tokenizer, base_path: str, model_name: str, v
 
 def export_task(task, base_path: str, model_name: str = "", version: int = 0) -> str:
     """Writes a fine-tuned task of the Python API (``gpt_tf.GPT1TextClassifier``, ``GPT1TextRegressor``,
-    ``GPT1MultipleChoice``: anything with ``task_model``, ``task_spec`` and a ``GPT1Tokenizer`` in its
+    ``GPT1MultipleChoice``: anything with ``forward``, ``task_spec`` and a ``GPT1Tokenizer`` in its
     ``preprocessor``) as a servable version: the same core-TF signatures as a fine-tuning run's (raw
     strings in; no TF-Text op, no custom op). Returns its folder."""
     from serving.saved_model_io import save_version, traced_signatures
@@ -146,9 +147,10 @@ def _task_module(task):
     """A Python-API task behind the text signatures (``serving/task_module.py``)."""
     from serving.task_module import TaskServingModule
 
+    backend.require_tensorflow(f"exporting {type(task).__name__} for TF Serving (a SavedModel taking raw strings)")
     if getattr(task, "preprocessor", None) is None:
         raise ValueError("the task has no preprocessor: its tokenizer is what the SavedModel tokenizes with")
-    return TaskServingModule(task.task_model, task.task_spec, task.preprocessor.tokenizer.tf_tokenizer)
+    return TaskServingModule(task, task.task_spec, task.preprocessor.tokenizer.tf_tokenizer)
 
 
 def export_lm(lm, tokenizer, base_path: str, model_name: str, version: int = 0, top_k: int = 10) -> str:

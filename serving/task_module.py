@@ -73,12 +73,13 @@ def check_tokens(name: str, ids: tf.RaggedTensor) -> list:
 
 
 class TaskServingModule(tf.Module):
-    """``model`` (a ``GPTTaskModel``) behind text-in signatures; see the module doc."""
+    """``model`` (a keras-hub task of the family: ``gpt_tf/gpt1/text_classifier.py``) behind text-in signatures;
+    see the module doc."""
 
     def __init__(self, model, task: TaskSpec, tokenizer, name=None):
         super().__init__(name=name)
         self.model, self.task, self.tokenizer = model, task, tokenizer
-        config = model.config
+        config = model.backbone.config
         if tokenizer.vocab_size != config.vocab_size:
             raise ValueError(f"the tokenizer has {tokenizer.vocab_size} tokens but the model {config.vocab_size}")
         self.n_ctx, self.total_vocab = config.n_ctx, config.total_vocab
@@ -125,7 +126,7 @@ class TaskServingModule(tf.Module):
 
     def predict_tokens(self, input_ids, extract_index) -> dict:
         """Task outputs (float32) for the model's features; see the module doc."""
-        out = self.model({"input_ids": input_ids, "extract_index": extract_index}, training=False, with_lm=False)
+        out = self.model.forward({"input_ids": input_ids, "extract_index": extract_index}, training=False)
         out = tf.cast(out["task"], tf.float32)
         if self.task.head == "regression":
             return {"score": out}

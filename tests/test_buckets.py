@@ -111,7 +111,7 @@ def test_resuming_at_a_batch_replays_the_stream_from_there(built):
 
 def per_example_losses(model, task, features, label):
     """(task loss, summed LM loss) per example, as task_loss adds them up."""
-    out = model(features, training=False, with_lm=True)
+    out = model.forward(features, training=False, with_lm=True)
     task_out = tf.cast(out["task"], tf.float32)
     if task.head == "regression":
         task_l = tf.square(task_out - label)
@@ -125,12 +125,12 @@ def per_example_losses(model, task, features, label):
 @pytest.mark.parametrize("task", list(TASKS))
 def test_bucketed_epoch_gives_the_padded_losses_and_views_share_a_bucket(built, task):
     from gpt_tf.gpt1.backbone import GPT1Backbone
-    from gpt_tf.nn.task_model import GPTTaskModel
+    from gpt_tf.gpt1.text_classifier import task_for_spec
 
     spec = get_task(task)
     keras.utils.set_random_seed(0)
     config = get_size("test", vocab_size=40478, n_ctx=64)
-    model = GPTTaskModel(GPT1Backbone.from_gpt_config(config), spec, clf_pdrop=0.0)
+    model = task_for_spec(GPT1Backbone.from_gpt_config(config), spec, dropout=0.0)
     losses, per_epoch = {}, transforms.num_examples(str(built / task), "train") // 8
     for buckets in (None, (64,)):
         got = {}

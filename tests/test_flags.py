@@ -139,8 +139,8 @@ TASK_FLAGFILES = sorted(p.name for p in (ROOT / "configs").glob("finetune_*.flag
 
 
 def test_the_code_and_the_flagfile_hold_the_same_recipe():
-    """gpt_tf/training/recipes.py (FinetuneConfig's and --task's defaults) == configs/finetune_paper.flags == the paper."""
-    from gpt_tf.training.recipes import PAPER_FINETUNE
+    """gpt_tf/nn/recipes.py (FinetuneConfig's and --task's defaults) == configs/finetune_paper.flags == the paper."""
+    from gpt_tf.nn.recipes import PAPER_FINETUNE
 
     assert PAPER_FINETUNE == {k: PAPER_RECIPE[k] for k in PAPER_FINETUNE}
     assert set(PAPER_FINETUNE) == {"learning_rate", "batch_size", "epochs", "lr_decay", "warmup_fraction", "lm_coef",

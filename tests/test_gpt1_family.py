@@ -48,22 +48,15 @@ def test_import_is_light_and_keras_hub_resolves_gpt1_presets():
     assert proc.stdout.split() == ["GPT1Backbone", "GPT1TextClassifier", "GPT1TextClassifier", "True"]
 
 
-def test_backbone_and_classifier_compute_what_the_projects_model_computes(tokenizer):
-    from gpt_tf.gpt1.backbone import GPT1Backbone
-    from gpt_tf.nn.task_model import GPTTaskModel
-
+def test_predict_on_texts_computes_what_forward_computes_on_their_features(tokenizer):
     classifier = _classifier(tokenizer, "pair_symmetric")
-    reference = GPTTaskModel(GPT1Backbone.from_gpt_config(classifier.backbone.config), classifier.task_spec,
-                             clf_pdrop=0.0)
-    for a, b in zip(classifier.task_model.weights, reference.weights):
-        b.assign(a)
     features = classifier.preprocessor({"sentence1": TEXTS, "sentence2": TEXTS[::-1]})  # a tuple would be (x, y)
     from pipelines.task_batches import bucket_lengths
 
     assert features["input_ids"].shape[1] == 2 and features["input_ids"].shape[2] in bucket_lengths(32)
-    # two paths (predict's traced graph on length-sorted batches, the reference's eager call): within TWO_PATHS
+    # two paths (predict's traced graph on length-sorted batches, an eager forward): within TWO_PATHS
     np.testing.assert_allclose(classifier.predict((TEXTS, TEXTS[::-1]), verbose=0),
-                               reference(features, with_lm=False)["task"].numpy(), **TWO_PATHS)
+                               classifier.forward(features)["task"].numpy(), **TWO_PATHS)
 
 
 def test_preprocessor_applies_the_papers_transformations(tokenizer):
@@ -190,14 +183,6 @@ def test_each_shipped_preset_has_a_model_card_and_names_the_family_tasks():
         assert tasks == ["GPT1CausalLM", "GPT1MultipleChoice", "GPT1TextClassifier", "GPT1TextRegressor"], name
 
 
-def test_lora_is_refused_with_what_is_supported_and_nothing_frozen():
-    backbone = _backbone()
-    with pytest.raises(NotImplementedError, match=r"does not support LoRA .*Conv1D c_attn, c_proj, c_fc.*Fine-tune"):
-        backbone.enable_lora(4)
-    assert backbone.trainable and all(layer.trainable for layer in backbone.blocks)
-    assert len(backbone.trainable_weights) == len(backbone.weights) - len(backbone.non_trainable_weights) > 0
-
-
 def test_tokenizer_special_tokens_follow_the_bpe_ids(tokenizer):
     bpe = tokenizer.bpe_vocabulary_size
     assert tokenizer.special_tokens == ["_start_", "_delimiter_", "_classify_", "_pad_"]
@@ -238,14 +223,16 @@ def test_causal_lm_generates_text_and_never_a_special_token(tokenizer):
 
 
 def test_a_python_api_classifier_serves_raw_strings_in_a_tensorflow_only_process(tokenizer, tmp_path):
-    """Keras's ``model.export(path)`` of a classifier built in Python (the task's ``export``: the SavedModel of
+    """``serving.export.export_task_at(classifier, path)`` of a classifier built in Python (the SavedModel of
     ``serving.export.export_task``, at ``path``): ``serving_default`` takes raw strings, the graph holds core
     TF ops only (no TF-Text op, no custom op), and it answers where only ``tensorflow`` is imported."""
     import tensorflow as tf
     from tensorflow.core.protobuf import saved_model_pb2
 
     classifier = _classifier(tokenizer)
-    paths = [classifier.export(str(tmp_path / "keras_export"))]
+    from serving.export import export_task_at
+
+    paths = [export_task_at(classifier, str(tmp_path / "keras_export"))]
     assert paths[0] == str(tmp_path / "keras_export")
     for path in paths:
         proto = saved_model_pb2.SavedModel.FromString(open(f"{path}/saved_model.pb", "rb").read())
@@ -270,4 +257,4 @@ def test_a_python_api_classifier_serves_raw_strings_in_a_tensorflow_only_process
     for probabilities in got["p"]:
         np.testing.assert_allclose(probabilities, expected, atol=1e-5)
     with pytest.raises(FileExistsError, match="keras_export already exists"):
-        classifier.export(str(tmp_path / "keras_export"))
+        export_task_at(classifier, str(tmp_path / "keras_export"))

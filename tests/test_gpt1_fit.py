@@ -72,7 +72,7 @@ def _classifier(start):
 
     backbone = gpt_tf.GPT1Backbone.from_gpt_config(_config())
     classifier = gpt_tf.GPT1TextClassifier(backbone, num_classes=2, preprocessor=None, dropout=0.0)
-    for variable, value in zip(classifier.task_model.weights, start):
+    for variable, value in zip(classifier.weights, start):
         variable.assign(value)
     classifier.compile(learning_rate=1e-3, warmup_fraction=0.25, lm_coef=0.5)
     return classifier
@@ -91,9 +91,9 @@ def test_fit_on_the_loops_batches_ends_at_the_loops_weights(loop_run):
     classifier = _classifier(start)
     history = classifier.fit(_dataset(batches), steps_per_epoch=STEPS, epochs=1, verbose=0)
     assert int(classifier.optimizer.iterations.numpy()) == STEPS and np.isfinite(history.history["loss"][0])
-    got = [v.numpy() for v in classifier.task_model.weights]
+    got = [v.numpy() for v in classifier.weights]
     assert max(float(np.abs(a - b).max()) for a, b in zip(start, end)) > 1e-4  # the loop did move them
-    for variable, a, b in zip(classifier.task_model.weights, got, end):
+    for variable, a, b in zip(classifier.weights, got, end):
         np.testing.assert_allclose(a, b, atol=TOL, err_msg=variable.path)
 
 
@@ -117,7 +117,7 @@ def test_fit_under_mirrored_strategy_on_two_cpus_matches_one_device(loop_run, tm
             config = get_size("test", vocab_size=8000, n_ctx={N_CTX}, embd_pdrop=0.0, attn_pdrop=0.0, resid_pdrop=0.0)
             classifier = gpt_tf.GPT1TextClassifier(gpt_tf.GPT1Backbone.from_gpt_config(config), num_classes=2,
                                                    preprocessor=None, dropout=0.0)
-            for variable, value in zip(classifier.task_model.weights, start):
+            for variable, value in zip(classifier.weights, start):
                 variable.assign(value)
             classifier.compile(learning_rate=1e-3, warmup_fraction=0.25, lm_coef=0.5)
         spec = ({{k: tf.TensorSpec([None] * len(v.shape), v.dtype) for k, v in batches[0][0].items()}},
@@ -125,7 +125,7 @@ def test_fit_under_mirrored_strategy_on_two_cpus_matches_one_device(loop_run, tm
         dataset = tf.data.Dataset.from_generator(lambda: iter(batches), output_signature=spec)
         classifier.fit(dataset, steps_per_epoch={STEPS}, epochs=1, verbose=0)
         assert classifier.distribute_strategy.num_replicas_in_sync == 2
-        np.savez("{tmp_path}/end.npz", *[v.numpy() for v in classifier.task_model.weights])
+        np.savez("{tmp_path}/end.npz", *[v.numpy() for v in classifier.weights])
     """)
     proc = subprocess.run([sys.executable, "-c", script], cwd=ROOT, env=ENV, capture_output=True, text=True,
                           timeout=600, check=False)
@@ -140,7 +140,7 @@ def test_a_finetuning_run_converts_to_a_task_preset_with_the_runs_logits(loop_ru
 
     from gpt_tf.gpt1.backbone import GPT1Backbone
     from gpt_tf.convert.presets import preset_from_run
-    from gpt_tf.nn.task_model import GPTTaskModel
+    from gpt_tf.gpt1.text_classifier import task_for_spec
 
     _, end, batches, run_dir = loop_run
     # what the CLI writes beside the checkpoints (the Finetuner, used directly here, does not)
@@ -149,10 +149,10 @@ def test_a_finetuning_run_converts_to_a_task_preset_with_the_runs_logits(loop_ru
                                                                     "clf_pdrop": 0.0}))
     preset_from_run(run_dir, str(tmp_path / "preset"))
     task = keras_hub.models.TextClassifier.from_preset(str(tmp_path / "preset"))
-    reference = GPTTaskModel(GPT1Backbone.from_gpt_config(_config()), task.task_spec, clf_pdrop=0.0)
+    reference = task_for_spec(GPT1Backbone.from_gpt_config(_config()), task.task_spec, dropout=0.0)
     for variable, value in zip(reference.weights, end):
         variable.assign(value)
     features = {k: batches[0][0][k] for k in ("input_ids", "extract_index", "lm_weights")}
     # bit for bit on every CPU: the preset holds the run's weights exactly, and the task's call runs the reference's
     # eager ops on the same shapes
-    np.testing.assert_array_equal(task(features).numpy(), reference(features, with_lm=False)["task"].numpy())
+    np.testing.assert_array_equal(task(features).numpy(), reference.forward(features)["task"].numpy())

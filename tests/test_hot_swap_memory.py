@@ -36,7 +36,7 @@ def gpt_hot_swaps(folder: str, tokenizer_dir: str, swaps: int) -> list:
 
     from gpt_tf.config import get_size
     from gpt_tf.gpt1.backbone import GPT1Backbone
-    from gpt_tf.nn.task_model import GPTTaskModel
+    from gpt_tf.gpt1.text_classifier import task_for_spec
     from gpt_tf.tasks import get_task
     from serving.batcher import BatchingParameters
     from serving.export import export_task_model
@@ -44,7 +44,7 @@ def gpt_hot_swaps(folder: str, tokenizer_dir: str, swaps: int) -> list:
     from serving.server_config import ModelConfig
 
     task = get_task("sst2")
-    model = GPTTaskModel(GPT1Backbone.from_gpt_config(get_size("test", vocab_size=40478), name="backbone"), task)
+    model = task_for_spec(GPT1Backbone.from_gpt_config(get_size("test", vocab_size=40478), name="backbone"), task)
     source = Path(export_task_model(model, task, tokenizer_dir, str(Path(folder) / "source"), "sst2", version=1))
     del model
     base = Path(folder) / "base"

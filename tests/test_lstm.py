@@ -18,7 +18,8 @@ from gpt_tf.config import GPTConfig, get_size
 from gpt_tf.training.task_objective import FinetuneConfig, Finetuner
 from gpt_tf.gpt1.build import backbone_for, causal_lm_for
 from gpt_tf.gpt1.lstm import LSTMBackbone
-from gpt_tf.nn.task_model import GPTTaskModel, transfer_layers
+from gpt_tf.gpt1.text_classifier import task_for_spec
+from gpt_tf.nn.transfer import transfer_layers
 from gpt_tf.tasks import get_task
 from gpt_tf.runs.checkpoints import variables_by_key
 from pipelines.transforms import load_task_spec
@@ -62,14 +63,14 @@ def test_lm_is_causal_and_tied():
 @pytest.mark.parametrize("task, views", [("sst2", 1), ("story_cloze", 2), ("stsb", 2)])
 def test_task_heads_run_on_the_lstm(task, views):
     backbone = backbone_for(CONFIG)
-    model = GPTTaskModel(backbone, get_task(task))
+    model = task_for_spec(backbone, get_task(task))
     feats = {"input_ids": np.random.default_rng(1).integers(0, CONFIG.vocab_size, (3, views, 16)),
              "extract_index": np.full((3, views), 9)}
-    out = model(feats)
+    out = model.forward(feats, with_lm=True)
     expected = {"sst2": (3, 2), "story_cloze": (3, 2), "stsb": (3,)}[task]
     assert tuple(out["task"].shape) == expected and tuple(out["lm"].shape) == (3, views, 16, CONFIG.total_vocab)
     # Without the LM head the last block's output is taken at the extract tokens only: the same values.
-    np.testing.assert_allclose(np.asarray(model(feats, with_lm=False)["task"]), np.asarray(out["task"]), atol=1e-5)
+    np.testing.assert_allclose(np.asarray(model.forward(feats)["task"]), np.asarray(out["task"]), atol=1e-5)
 
 
 def test_layer_transfer_between_lstms_and_only_embeddings_from_a_transformer():

@@ -32,7 +32,7 @@ def ids():
 def test_output_shapes(model, ids):
     assert _np(model(ids)).shape == (2, CONFIG.n_ctx, CONFIG.total_vocab)
     assert _np(model(ids[:, :5])).shape == (2, 5, CONFIG.total_vocab)
-    states = model.backbone(ids, return_all_states=True)
+    states = model.backbone.states(ids, return_all_states=True)
     assert len(states) == CONFIG.n_layer
     assert all(_np(s).shape == (2, CONFIG.n_ctx, CONFIG.n_embd) for s in states)
 

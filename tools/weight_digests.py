@@ -4,11 +4,13 @@ r"""Weight digests of three small runs: the proof that a change to the code left
     python tools/weight_digests.py --checkout=/tmp/old   # another one (e.g. a `git worktree` of main)
 
 It runs, as a user would, from the checkout's root and with the checkout's code: the books → TFRecords builder
-on two real books (GPT-1's BPE, context 32), 10 updates of pre-training (``--model=test``, ``--deterministic``),
+on two real books (GPT-1's BPE, context 32), 20 updates of pre-training (``--model=test``, ``--deterministic``),
 SST-2 fine-tuned from that run, and a multi-task run (RTE with STS-B as the auxiliary task) from it, each on
 the first 64 examples of its split. It prints one JSON object: for each run, the SHA-256 over its last
-checkpoint's model tensors (names in sorted order with their bytes) and over the tensors' bytes alone (the
-same when only variable names changed), with the number of tensors.
+checkpoint's model tensors (names in sorted order with their bytes), over the tensors' bytes alone (the
+same when only variable names changed) and over the sorted digests of the tensors one by one (``tensors_set``:
+the same when only names or places changed, as when the model's layout did), the number of tensors, and the
+training losses of every update (``losses``, from the run's TensorBoard log).
 
 Two checkouts give the same digests only on the same machine and TensorFlow settings (oneDNN on or off rounds
 differently): run both here, one after the other. ``--data`` is the shared data folder (default:
@@ -50,7 +52,24 @@ def digests(run_dir: Path) -> dict:
         data = reader.get_tensor(name).tobytes()
         named.update(name.encode() + b"\0" + data)
         values.update(data)
-    return {"named": named.hexdigest(), "values": values.hexdigest(), "tensors": len(names)}
+    each = sorted(hashlib.sha256(reader.get_tensor(name).tobytes()).hexdigest() for name in names)
+    return {"named": named.hexdigest(), "values": values.hexdigest(),
+            "tensors_set": hashlib.sha256("".join(each).encode()).hexdigest(), "tensors": len(names),
+            "losses": losses(run_dir)}
+
+
+def losses(run_dir: Path) -> dict:
+    """The run's training losses by TensorBoard tag (``train/loss``; fine-tuning's ``train/task_loss`` and
+    ``train/lm_loss``, per task in a multi-task run), each a list in step order (one per logged update)."""
+    import tensorflow as tf  # pylint: disable=import-outside-toplevel
+
+    by_tag = {}
+    for path in sorted((run_dir / "tb").glob("events.out.tfevents.*")):
+        for event in tf.compat.v1.train.summary_iterator(str(path)):
+            for value in event.summary.value:
+                if value.tag.startswith("train/") and value.tag.endswith("loss"):
+                    by_tag.setdefault(value.tag, {})[event.step] = float(tf.make_ndarray(value.tensor))
+    return {tag: [steps[step] for step in sorted(steps)] for tag, steps in sorted(by_tag.items())}
 
 
 def main() -> None:
@@ -75,7 +94,7 @@ def main() -> None:
                 f"--tokenizer_dir={bpe}", f"--output_dir={root / task}", "--max_examples=64", "--progress=false")
         runs = {"pretraining": root / "pre", "finetuning": root / "sst2_run", "multi_task": root / "rte_stsb_run"}
         run(checkout, "gpt_tf.train", "--model=test", f"--data_dir={root / 'lm_data'}", f"--run_dir={runs['pretraining']}",
-            "--train_steps=10", "--checkpoint_every=10", "--warmup_steps=2", "--learning_rate=1e-3", "--eval_batches=1",
+            "--train_steps=20", "--checkpoint_every=20", "--warmup_steps=2", "--learning_rate=1e-3", "--eval_batches=1",
             "--sample_length=4", *COMMON)
         start = f"--init_checkpoint={runs['pretraining']}"
         run(checkout, "gpt_tf.train", "--task=sst2", f"--data_dir={root / 'sst2'}", f"--run_dir={runs['finetuning']}",

@@ -9,6 +9,7 @@ r"""Command line: a run folder, GPT-1's released shards or a ``transformers`` st
     python -m gpt_tf.convert --state_dict=weights-6839.part0.npz,weights-6839.part1.npz,weights-6839.part2.npz \
         --model=small --tokenizer_dir=data/books_bpe16k --weights_dtype=float16 \
         --preset_dir=gpt_tf/presets/gpt1_small_books_en                  # tools/jax_pretrain --tokens's float16 parts
+    python -m gpt_tf.convert --preset=presets/old --preset_dir=presets/new  # a preset of the earlier weights layout
 
 The preset loads with ``keras_hub.models.Backbone.from_preset(dir)`` (after ``import gpt_tf``) and the task
 classes' ``from_preset``, fine-tunes and continues pre-training with ``python -m gpt_tf.train
@@ -22,7 +23,7 @@ import sys
 from absl import app, flags
 
 FLAGS = flags.FLAGS
-SOURCES = ("run_dir", "gpt1_shards", "state_dict")
+SOURCES = ("run_dir", "gpt1_shards", "state_dict", "preset")
 
 
 def define_flags() -> None:
@@ -31,6 +32,8 @@ def define_flags() -> None:
     flags.DEFINE_string("gpt1_shards", "", "A folder of GPT-1's params_{0..9}.npy + params_shapes.json.")
     flags.DEFINE_list("state_dict", [], "A transformers OpenAIGPT state dict saved as .npz: one file or its parts "
                       "(tools/torch_pretrain's weights-<step>.part<k>.npz).")
+    flags.DEFINE_string("preset", "", "A backbone preset folder, re-saved in today's weights layout (one saved by "
+                        "an earlier version loads too; this writes it anew). May be --preset_dir itself.")
     flags.DEFINE_string("model", "tiny", "--state_dict: the model size (gpt_tf/config.py) it has the shape of.")
     flags.DEFINE_integer("n_ctx", 0, "--state_dict: the context length (0: the model size's).")
     flags.DEFINE_enum("weights_dtype", "float32", ["float32", "float16"], "--state_dict: how model.weights.h5 "
@@ -43,8 +46,9 @@ def main(argv):
     if len(argv) > 1:
         raise app.UsageError(f"unexpected arguments: {' '.join(argv[1:])}")
     if len([name for name in SOURCES if getattr(FLAGS, name)]) != 1 or not FLAGS.preset_dir:
-        sys.exit("gpt_tf.convert: give --preset_dir and exactly one of --run_dir, --gpt1_shards, --state_dict")
-    if not FLAGS.run_dir and not FLAGS.tokenizer_dir:
+        sys.exit("gpt_tf.convert: give --preset_dir and exactly one of --run_dir, --gpt1_shards, --state_dict, "
+                 "--preset")
+    if not (FLAGS.run_dir or FLAGS.preset) and not FLAGS.tokenizer_dir:
         sys.exit("gpt_tf.convert: --tokenizer_dir is required with --gpt1_shards and --state_dict")
     from gpt_tf.console import import_tensorflow  # pylint: disable=import-outside-toplevel
 
@@ -54,6 +58,8 @@ def main(argv):
     try:
         if FLAGS.run_dir:
             path = presets.preset_from_run(FLAGS.run_dir, FLAGS.preset_dir, FLAGS.tokenizer_dir)
+        elif FLAGS.preset:
+            path = presets.preset_from_preset(FLAGS.preset, FLAGS.preset_dir)
         elif FLAGS.gpt1_shards:
             path = presets.preset_from_gpt1_shards(FLAGS.gpt1_shards, FLAGS.tokenizer_dir, FLAGS.preset_dir)
         else:

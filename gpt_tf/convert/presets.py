@@ -1,5 +1,5 @@
 """keras-hub presets written from what training and GPT-1's release leave: a run folder, the release shards, a
-``transformers`` state dict.
+``transformers`` state dict; and a preset folder of the earlier subclassed layout re-saved in today's.
 
 A pre-training run becomes a backbone preset (its latest checkpoint, and the tokenizer its data manifest names);
 a fine-tuning run a task preset (the keras-hub task of its primary head, label names and tokenizer included);
@@ -101,23 +101,12 @@ def preset_from_run(run_dir: str, preset_dir: str, tokenizer_dir: str = "") -> s
 
 
 def task_from(model, spec, tokenizer_dir: str):
-    """The keras-hub task of a ``GPTTaskModel`` + ``TaskSpec``: on its backbone, its head's weights copied."""
+    """A run's keras-hub task (``load_task_model``) with its ``TaskSpec``'s preprocessor, ready to save as a preset."""
     from gpt_tf.gpt1.preprocessor import GPT1TaskPreprocessor  # pylint: disable=import-outside-toplevel
-    from gpt_tf.gpt1.text_classifier import (  # pylint: disable=import-outside-toplevel
-        GPT1MultipleChoice, GPT1TextClassifier, GPT1TextRegressor)
 
-    backbone = model.backbone
-    preprocessor = GPT1TaskPreprocessor(GPT1Tokenizer(tokenizer_dir), input_type=spec.input_type,
-                                        num_choices=spec.num_choices)
-    if spec.head == "regression":
-        task = GPT1TextRegressor(backbone, preprocessor, input_type=spec.input_type, dropout=model.clf_pdrop)
-    elif spec.head == "choice":
-        task = GPT1MultipleChoice(backbone, spec.num_choices, preprocessor, dropout=model.clf_pdrop)
-    else:
-        task = GPT1TextClassifier(backbone, len(spec.label_names), preprocessor, input_type=spec.input_type,
-                                  label_names=spec.label_names, dropout=model.clf_pdrop)
-    copy_weights(model.clf, task.task_model.clf)
-    return task
+    model.preprocessor = GPT1TaskPreprocessor(GPT1Tokenizer(tokenizer_dir), input_type=spec.input_type,
+                                              num_choices=spec.num_choices)
+    return model
 
 
 def preset_from_gpt1_shards(params_dir: str, tokenizer_dir: str, preset_dir: str, model: str = "gpt1") -> str:
@@ -143,3 +132,41 @@ def preset_from_state_dict(paths, model: str, tokenizer_dir: str, preset_dir: st
     backbone = GPT1Backbone.from_gpt_config(_transformer(get_size(model, **overrides), f"--model={model}"))
     load_hf_state_dict(backbone, read_state_dict(paths))
     return save_backbone_preset(backbone, tokenizer_dir, preset_dir, weights_dtype)
+
+
+def preset_from_preset(source_dir: str, preset_dir: str) -> str:
+    """A backbone preset folder (``source_dir``) re-saved at ``preset_dir`` in today's weights layout: an earlier,
+    subclassed layout's ``model.weights.h5`` (``gpt_tf/convert/old_layout.py``) is read and written as Keras lays out
+    the functional backbone; float16 stored weights stay float16. The files of ``source_dir`` the preset does not
+    write (its model card, logs) are copied beside it. ``source_dir`` may be ``preset_dir``."""
+    import os  # pylint: disable=import-outside-toplevel
+    import shutil  # pylint: disable=import-outside-toplevel
+    import tempfile  # pylint: disable=import-outside-toplevel
+
+    import h5py  # pylint: disable=import-outside-toplevel
+
+    from gpt_tf.convert.preset_io import TOKENIZER_ASSETS, WEIGHTS_FILE, preset_config  # pylint: disable=import-outside-toplevel
+
+    config = _transformer(preset_config(source_dir), source_dir)
+    weights = os.path.join(source_dir, WEIGHTS_FILE)
+    with h5py.File(weights, "r") as f:
+        stored = set()
+        f.visititems(lambda _, item: stored.add(str(item.dtype)) if isinstance(item, h5py.Dataset) else None)
+    backbone = GPT1Backbone.from_gpt_config(config)
+    backbone.load_weights(weights)
+    with tempfile.TemporaryDirectory(dir=os.path.dirname(os.path.abspath(preset_dir)) or ".") as tmp:
+        save_backbone_preset(backbone, os.path.join(source_dir, TOKENIZER_ASSETS), tmp,
+                             "float16" if stored == {"float16"} else "float32")
+        os.makedirs(preset_dir, exist_ok=True)
+        written = set(os.listdir(tmp))
+        if os.path.abspath(source_dir) != os.path.abspath(preset_dir):
+            for name in sorted(set(os.listdir(source_dir)) - written):
+                source = os.path.join(source_dir, name)
+                if os.path.isfile(source):
+                    shutil.copy2(source, os.path.join(preset_dir, name))
+        for name in sorted(written):
+            target = os.path.join(preset_dir, name)
+            if os.path.isdir(target):
+                shutil.rmtree(target)
+            shutil.move(os.path.join(tmp, name), target)
+    return preset_dir

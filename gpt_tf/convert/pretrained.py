@@ -86,7 +86,7 @@ def initialise_from_pretrained(model, path: str, n_layers: int, seed: int = 0) -
     ``model``'s backbone: its embeddings and first ``n_layers`` blocks, then the special-token rows
     re-drawn (deterministic in ``seed``). Returns the paths of the variables overwritten."""
     from gpt_tf.gpt1.build import causal_lm_for
-    from gpt_tf.nn.task_model import reset_special_embeddings, transfer_layers
+    from gpt_tf.nn.transfer import reset_special_embeddings, transfer_layers
 
     lm = causal_lm_for(pretrained_model_config(path))  # its own n_ctx
     restore_pretrained_lm(lm, path)
@@ -100,7 +100,7 @@ def continue_from_pretrained(lm, path: str) -> list[str]:
     ``GPT1CausalLM`` ``lm``: every block, the embeddings with their special-token rows, and the first
     ``lm``'s n_ctx position rows (its context may be shorter). Returns the paths of the variables overwritten."""
     from gpt_tf.gpt1.build import causal_lm_for
-    from gpt_tf.nn.task_model import transfer_layers
+    from gpt_tf.nn.transfer import transfer_layers
 
     source = causal_lm_for(pretrained_model_config(path))  # its own n_ctx
     restore_pretrained_lm(source, path)

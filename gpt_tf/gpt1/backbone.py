@@ -1,19 +1,24 @@
 """``GPT1Backbone``: GPT-1's decoder (token ids → the final block's states) as a ``keras_hub.models.Backbone``.
 
 The project's one backbone: pre-training's language model (``GPT1CausalLM``), the fine-tuning head
-(``GPTTaskModel``, ``gpt_tf/nn/task_model.py``), layer transfer and the weight converters all take it.
-``GPTEmbedding`` (token + learned position tables, the tied LM head) then ``num_layers`` post-LN
-``TransformerBlock``s (``gpt_tf/nn/layers.py``); on request every block's states (layer-transfer studies), or
-the last block at one position per row only (a task head's input). ``config`` is its ``GPTConfig``
-(``gpt_tf/config.py``; ``from_gpt_config`` builds one from it); the LSTM baseline of Table 5 is a subclass
-that swaps the blocks (``gpt_tf/gpt1/lstm.py``).
+(the keras-hub tasks, ``gpt_tf/gpt1/task.py``), layer transfer and the weight converters all take it.
+A functional Keras model, as keras-hub builds its own: ``{"token_ids", "padding_mask"}`` → ``GPTEmbedding``
+(token + learned position tables, the tied LM head) → ``num_layers`` post-LN ``TransformerBlock``s
+(``gpt_tf/nn/layers.py``) → the final states, every projection a Keras ``Dense`` and the token table a Keras
+``ReversibleEmbedding``, so ``summary()``, ``plot_model``, ``enable_lora`` and ``quantize`` act on it. Beside the
+graph, ``states`` runs the same layers for every block's states (layer-transfer studies) or the last block at one
+position per row only (a task head's input). ``config`` is its ``GPTConfig`` (``gpt_tf/config.py``;
+``from_gpt_config`` builds one from it); the LSTM baseline of Table 5 is a subclass that swaps the blocks
+(``gpt_tf/gpt1/lstm.py``). Weights saved by the earlier subclassed layout load too (``load_weights``).
 """
 
 from __future__ import annotations
 
 import keras
 import keras_hub
+from keras import ops
 
+from gpt_tf.convert.old_layout import is_old_layout, load_old_layout
 from gpt_tf.gpt1.keras_hub_adapter import name_tasks_in_metadata
 from gpt_tf.nn.layers import PACKAGE, GPTEmbedding, TransformerBlock
 from gpt_tf.convert.preset_io import FindsPresets, backbone_kwargs, config_from_kwargs
@@ -35,7 +40,8 @@ class GPT1Backbone(FindsPresets, keras_hub.models.Backbone):
         layer_norm_epsilon, init_std: 1e-5 and N(0, 0.02).
         dtype: e.g. ``"float32"`` or ``"mixed_bfloat16"``.
 
-    LoRA (``enable_lora``) is not supported: fine-tune every weight, as the paper does, or freeze layers.
+    ``enable_lora(rank)`` puts low-rank adapters on the fused query/key/value projections (``c_attn``) and trains
+    only them (keras-hub's ``enable_lora``); ``quantize("int8")`` quantizes every projection and the token table.
 
     Example:
 
@@ -61,16 +67,17 @@ class GPT1Backbone(FindsPresets, keras_hub.models.Backbone):
             attention_dropout=attention_dropout, embedding_dropout=embedding_dropout,
             num_special_tokens=num_special_tokens, layer_norm_epsilon=layer_norm_epsilon, init_std=init_std),
             model_type=self.model_type)
-        super().__init__(dtype=dtype, **kwargs)  # sets the dtype policy the layers below are built in
+        # === Layers ===
+        c = config
         self.config = config
-        c, policy = config, self.dtype_policy
         self.embed = GPTEmbedding(c.total_vocab, c.n_ctx, c.n_embd, c.embd_pdrop, c.init_std, name="embed",
-                                  dtype=policy)
-        self.blocks = [self.make_block(i) for i in range(c.n_layer)]
-        self.embed.build()
-        for block in self.blocks:
-            block.build((None, None, c.n_embd))
-        self.built = True
+                                  dtype=dtype)
+        self.blocks = [self.make_block(i, dtype) for i in range(c.n_layer)]
+        # === Functional model ===
+        token_ids = keras.Input(shape=(None,), dtype="int32", name="token_ids")
+        padding_mask = keras.Input(shape=(None,), dtype="int32", name="padding_mask")  # causal: right padding is free
+        super().__init__(inputs={"token_ids": token_ids, "padding_mask": padding_mask},
+                         outputs=self.states(token_ids), dtype=dtype, **kwargs)
 
     @classmethod
     def from_gpt_config(cls, config, **kwargs) -> "GPT1Backbone":
@@ -81,22 +88,45 @@ class GPT1Backbone(FindsPresets, keras_hub.models.Backbone):
                              "(gpt_tf.gpt1.build.backbone_for builds either)")
         return cls(**backbone_kwargs(config), **kwargs)
 
-    def make_block(self, i):
+    def make_block(self, i, dtype):
         """Block ``i``: a post-LN transformer block (the LSTM baseline overrides this)."""
         c = self.config
         return TransformerBlock(c.n_head, c.d_ff, c.attn_pdrop, c.resid_pdrop, c.layer_norm_epsilon, c.init_std,
-                                name=f"h{i}", dtype=self.dtype_policy)
+                                name=f"h{i}", dtype=dtype)
 
     @property
     def token_embedding(self):
-        return self.embed
+        """The token table, a Keras ``ReversibleEmbedding`` tied to the LM head (keras-hub's name)."""
+        return self.embed.token_embedding
 
-    def call(self, inputs, training=False, return_all_states=False, positions=None):
-        """``inputs``: token ids, or keras-hub's ``{"token_ids", "padding_mask"}`` (the mask is not needed: attention
-        is causal and padding comes last). States ``[batch, length, n_embd]`` (or every block's, a list); with
-        ``positions`` [batch], only the final state at that position of each row, ``[batch, 1, n_embd]``: the last
-        block then runs its query, projection and MLP for that position alone (a task head's input)."""
-        token_ids = inputs["token_ids"] if isinstance(inputs, dict) else inputs
+    def default_lora_layer_names(self):
+        """LoRA's targets: the fused query/key/value projection of every block (GPT-1 computes Q, K and V in one
+        matmul, ``c_attn``; keras-hub's default names ``query``/``value`` do not exist here)."""
+        return ["c_attn"]
+
+    def enable_lora(self, rank, target_layer_names=None):
+        """keras-hub's ``enable_lora``: every weight frozen, low-rank adapters (``rank``) on the target projections
+        (default ``c_attn``: ``default_lora_layer_names``), and only the adapters trained (the targets' biases stay
+        frozen too). ``save_lora_weights`` / ``load_lora_weights`` keep them apart from the backbone's weights."""
+        super().enable_lora(rank, target_layer_names=target_layer_names)
+        for layer in self._flatten_layers(include_self=False):
+            if getattr(layer, "lora_enabled", False) and getattr(layer, "bias", None) is not None:
+                layer.bias.trainable = False
+
+    def __call__(self, inputs, *args, **kwargs):
+        """``inputs``: keras-hub's ``{"token_ids", "padding_mask"}`` or the token ids alone (the mask is not needed:
+        attention is causal and padding comes last)."""
+        if not isinstance(inputs, dict):
+            if not isinstance(inputs, keras.KerasTensor):
+                inputs = ops.convert_to_tensor(inputs)
+            inputs = {"token_ids": inputs, "padding_mask": ops.ones_like(inputs)}
+        return super().__call__(inputs, *args, **kwargs)
+
+    def states(self, token_ids, training=False, return_all_states=False, positions=None):
+        """The layers' wiring, once: the functional graph is this on symbolic ids. States ``[batch, length, n_embd]``
+        (or every block's, a list); with ``positions`` [batch], only the final state at that position of each row,
+        ``[batch, 1, n_embd]``: the last block then runs its query, projection and MLP for that position alone (a task
+        head's input; the same values as the graph's, a fraction of the last block's work)."""
         if positions is not None and return_all_states:
             raise ValueError("positions and return_all_states do not go together")
         h = self.embed(token_ids, training=training)
@@ -108,13 +138,12 @@ class GPT1Backbone(FindsPresets, keras_hub.models.Backbone):
             states.append(h)
         return states if return_all_states else h
 
-    def enable_lora(self, rank, target_layer_names=None):
-        """Not supported: keras-hub's LoRA adapts ``Dense`` / ``EinsumDense`` kernels, and GPT-1's attention and MLP
-        kernels are ``Conv1D`` layers (``c_attn``, ``c_proj``, ``c_fc``) without low-rank adapters. Raises."""
-        raise NotImplementedError(
-            f"{type(self).__name__} does not support LoRA (enable_lora(rank={rank})): its attention and MLP kernels "
-            "(Conv1D c_attn, c_proj, c_fc) have no low-rank adapters. Fine-tune every weight (the paper's recipe: "
-            "task.compile() then fit) or freeze layers with `layer.trainable = False`.")
+    def load_weights(self, filepath, *args, **kwargs):
+        """Keras's ``load_weights``; a weights file of the earlier subclassed layout (``gpt_tf/convert/old_layout.py``)
+        loads too."""
+        if str(filepath).endswith(".weights.h5") and is_old_layout(filepath):
+            return load_old_layout(self, filepath)
+        return super().load_weights(filepath, *args, **kwargs)
 
     def save_to_preset(self, preset_dir, max_shard_size=10):
         """keras-hub's ``save_to_preset``; ``metadata.json`` then names the family's task classes

@@ -55,19 +55,25 @@ class GPT1CausalLM(FindsPresets, keras_hub.models.CausalLM):
     preprocessor_cls = GPT1CausalLMPreprocessor
 
     def __init__(self, backbone, preprocessor=None, compile=True, **kwargs):  # pylint: disable=redefined-builtin
-        super().__init__(compile=False, **kwargs)
+        # === Layers ===
         if preprocessor is not None and preprocessor.sequence_length is None:
             preprocessor.sequence_length = backbone.config.n_ctx
         self.backbone = backbone
         self.preprocessor = preprocessor
-        self.dtype_policy = backbone.dtype_policy
-        self.built = True
+        # === Functional model: the backbone, then the LM head tied to its token table ===
+        inputs = backbone.input
+        outputs = backbone.embed(backbone(inputs), reverse=True)
+        super().__init__(inputs=inputs, outputs=outputs, compile=False, **kwargs)
         if compile:
             self.compile()
 
-    def call(self, inputs, training=False):
-        token_ids = inputs["token_ids"] if isinstance(inputs, dict) else inputs
-        return self.backbone.embed.logits(self.backbone(token_ids, training=training))
+    def __call__(self, inputs, *args, **kwargs):
+        """``inputs``: ``{"token_ids", "padding_mask"}`` or the token ids alone (as ``GPT1Backbone`` takes them)."""
+        if not isinstance(inputs, dict):
+            if not isinstance(inputs, keras.KerasTensor):
+                inputs = ops.convert_to_tensor(inputs)
+            inputs = {"token_ids": inputs, "padding_mask": ops.ones_like(inputs)}
+        return super().__call__(inputs, *args, **kwargs)
 
     def compile(self, optimizer="auto", loss="auto", *, weighted_metrics="auto", sampler="top_k", **kwargs):
         if backend.on_tensorflow():  # no XLA on TensorFlow: the fused kernels and the exported graphs are plain ops
@@ -133,7 +139,7 @@ class GPT1CausalLM(FindsPresets, keras_hub.models.CausalLM):
             cache = ()
 
             def next_logits(prompt, cache, index):
-                state = self.backbone(prompt, positions=ops.full([batch], index - 1, "int32"))
+                state = self.backbone.states(prompt, positions=ops.full([batch], index - 1, "int32"))
                 return self.backbone.embed.logits(state)[:, 0], cache
 
         mask = ops.cast(padding_mask, "bool")
@@ -164,8 +170,6 @@ class GPT1CausalLM(FindsPresets, keras_hub.models.CausalLM):
             padding_mask = ops.ones_like(token_ids, dtype="bool")
         return {"token_ids": token_ids, "padding_mask": padding_mask}
 
-    def get_config(self):
-        return keras_hub.models.Task.get_config(self)
 
 
 def _any_equal(token_ids, stop_token_ids):

@@ -3,7 +3,7 @@
 ``LSTMBackbone`` is a ``GPT1Backbone`` whose blocks are LSTM layers: ``call(ids)`` → states ``[batch, length,
 n_embd]``, ``.embed`` (the same ``GPTEmbedding``: token + position tables, dropout, and the tied LM
 head ``.embed.logits``), ``.config`` (``model_type="lstm"``) and ``.blocks`` (one ``LSTMBlock`` per layer, for
-layer transfer) — so ``GPT1CausalLM``, ``Pretrainer``, ``GPTTaskModel`` and ``Finetuner`` train it
+layer transfer) — so ``GPT1CausalLM``, ``Pretrainer``, the tasks and ``Finetuner`` train it
 unchanged (``--model=lstm_tiny``; ``gpt_tf.gpt1.build.backbone_for`` picks it for an LSTM
 config). The learned position table is kept so that checkpoints, layer
 transfer and ``n_ctx`` work as for the transformer; the recurrence does not need it.
@@ -39,6 +39,11 @@ class LSTMBlock(keras.layers.Layer):
         if self.proj is not None:
             self.proj.build((*input_shape[:-1], self.units))
 
+    def compute_output_spec(self, x, training=False, positions=None):
+        if positions is not None:
+            return super().compute_output_spec(x, training=training, positions=positions)
+        return keras.KerasTensor((*x.shape[:-1], self.n_embd), dtype=self.compute_dtype)
+
     def call(self, x, training=False, positions=None):
         """With ``positions`` [batch]: only the output at that position of each row, [batch, 1, n_embd]."""
         h = self.lstm(x, training=training)  # the recurrence needs every step anyway
@@ -71,6 +76,6 @@ class LSTMBackbone(GPT1Backbone):
     model_type = "lstm"
     supports_cache = False  # generation runs the recurrence over the whole sequence at each step
 
-    def make_block(self, i):
+    def make_block(self, i, dtype):
         c = self.config
-        return LSTMBlock(c.d_ff, c.n_embd, c.resid_pdrop, c.init_std, name=f"h{i}", dtype=self.dtype_policy)
+        return LSTMBlock(c.d_ff, c.n_embd, c.resid_pdrop, c.init_std, name=f"h{i}", dtype=dtype)

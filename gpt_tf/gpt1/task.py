@@ -1,12 +1,16 @@
-"""What the GPT-1 fine-tuning tasks share: the head, Eq. 5's loss, the paper's optimiser, ``fit``.
+"""What the GPT-1 fine-tuning tasks share: the functional graph, Eq. 5's loss, the paper's optimiser, ``fit``.
 
-Each task holds a ``GPTTaskModel`` (``gpt_tf/nn/task_model.py``: W_y on the extract-token state, the
-symmetric sum, multiple choice) on its ``GPT1Backbone``, so a task computes what the CLI's fine-tuning
-computes. The loss is the fine-tuning objective of ``gpt_tf/nn/objectives.py``, the one the CLI's loop
-minimises: ``compute_loss`` is Eq. 5, L3 = L2 + λ·L1 (λ = ``lm_coef``, 0.5 by default), L1 at the real
+Each task is a functional Keras model, as keras-hub builds its tasks: ``{"input_ids", "extract_index",
+"lm_weights"}`` → ``Views`` (the K views as rows) → its ``GPT1Backbone`` → ``TaskHead`` (W_y on the
+extract-token state, the symmetric sum, multiple choice: ``gpt_tf/nn/task_head.py``). The command line's fine-tuning
+trains these same classes (``task_for_spec``). ``forward`` runs the graph's layers with the choices the graph cannot
+make: without the LM head the last block runs at the extract tokens only (the same values, a fraction of its work),
+and with it the LM logits for L1 come out beside the task's (at the real next tokens only on TensorFlow); ``call``
+(what ``predict``, ``evaluate`` and Keras's train steps run) is ``forward``. The loss is the fine-tuning objective of
+``gpt_tf/nn/objectives.py``, the one the CLI's loop minimises: ``compute_loss`` is Eq. 5, L3 = L2 + λ·L1 (λ = ``lm_coef``, 0.5 by default), L1 at the real
 next tokens only. On TensorFlow, ``train_step`` normalises it by the global batch's examples and LM tokens
 (``global_counts``, ``finetune_update_loss``) and sums the replicas' gradients once before clipping, as
-the loop does (``gpt_tf.training.loop.all_reduce_and_apply``): on one device or under ``MirroredStrategy``
+the loop does (``gpt_tf.nn.optim.all_reduce_and_apply``): on one device or under ``MirroredStrategy``
 the update is the loop's. On JAX and PyTorch, Keras's own train step of that backend runs: ``call`` in training
 returns the LM's logits beside the task's (λ > 0) and ``compute_loss`` takes Eq. 5 from them, per batch (on one
 device, the same normalisation). ``compile()``'s defaults are the paper's (§4.1, §3.2): ``GPTAdamW`` (decay
@@ -20,26 +24,28 @@ import math
 
 import keras
 import numpy as np
+from keras import ops
 from gpt_tf.backend import tf  # imported at first use: the family imports without TensorFlow
 
 import gpt_tf.gpt1.batching as batching
 from gpt_tf import backend
-from gpt_tf.nn.optim import GPTAdamW, WarmupDecay, make_optimizer
+from gpt_tf.nn.optim import GPTAdamW, WarmupDecay, all_reduce_and_apply, make_optimizer
 from gpt_tf.convert.preset_io import FindsPresets
-from gpt_tf.training.recipes import PAPER_FINETUNE
+from gpt_tf.nn.recipes import PAPER_FINETUNE
 from gpt_tf.nn.objectives import finetune_loss, finetune_update_loss, global_counts
-from gpt_tf.nn.task_model import GPTTaskModel
+from gpt_tf.nn.task_head import TaskHead, Views
 from gpt_tf.tasks import TaskSpec
-from gpt_tf.training.loop import all_reduce_and_apply
 
-# compile()'s keywords and their defaults: the paper's recipe (gpt_tf/training/recipes.py).
+# compile()'s keywords and their defaults: the paper's recipe (gpt_tf/nn/recipes.py).
 COMPILE_RECIPE = ("learning_rate", "warmup_fraction", "weight_decay", "clip_norm", "lm_coef")
 
 
 class GPT1TaskMixin(FindsPresets):
     """Mixed into each keras-hub task class (before it): see the module doc."""
 
-    def _setup(self, backbone, preprocessor, spec: TaskSpec, dropout: float, lm_coef: float):
+    def _setup(self, backbone, preprocessor, spec: TaskSpec, dropout: float, lm_coef: float, **kwargs):
+        """The layers, then the functional graph ``{"input_ids", "extract_index", "lm_weights"}`` → task output
+        (keras-hub's ``Task.__init__`` with ``inputs`` and ``outputs``; ``kwargs`` go to it)."""
         if not 0.0 <= float(lm_coef):
             raise ValueError(f"lm_coef must be >= 0, got {lm_coef}")
         n_ctx = backbone.config.n_ctx
@@ -54,26 +60,71 @@ class GPT1TaskMixin(FindsPresets):
             if vocab != backbone.config.total_vocab:
                 raise ValueError(f"the tokenizer has {vocab} ids (BPE + specials) but the backbone "
                                  f"{backbone.config.total_vocab}")
+        # === Layers ===
         self.backbone = backbone
         self.preprocessor = preprocessor
         self.task_spec = spec
         self.dropout = float(dropout)
         self.lm_coef = float(lm_coef)
-        self.task_model = GPTTaskModel(backbone, spec, clf_pdrop=dropout, dtype=backbone.dtype_policy, name="head")
-        self.dtype_policy = backbone.dtype_policy
-        self.built = True
+        self.views = Views(name="views")
+        self.head = TaskHead(spec, dropout, backbone.config.init_std, dtype=backbone.dtype_policy, name="head")
+        # === Functional model ===
+        k = None if spec.input_type == "multiple_choice" else spec.num_views  # any number of candidates
+        inputs = {"input_ids": keras.Input((k, None), dtype="int32", name="input_ids"),
+                  "extract_index": keras.Input((k,), dtype="int32", name="extract_index"),
+                  "lm_weights": keras.Input((k, None), dtype="float32", name="lm_weights")}
+        outputs = self.head(self.backbone(self.views(inputs["input_ids"])), inputs["extract_index"])
+        super(GPT1TaskMixin, self).__init__(inputs=inputs, outputs=outputs, compile=False, **kwargs)
 
     # ------------------------------------------------------------------ forward
-    def call(self, inputs, training=False):
-        """The task output: class logits ``[B, C]``, scores ``[B]`` or candidate logits ``[B, K]``. In training with
-        λ > 0, ``GPTTaskModel``'s outputs dict: the task's and the LM's (what ``compute_loss`` needs; Keras's train
-        step of JAX and PyTorch calls this)."""
+    def _check_views(self, input_ids):
+        """Static checks of ``input_ids``: rank 3 and the K the input type requires."""
+        if len(input_ids.shape) != 3:
+            raise ValueError(f"features['input_ids'] must be [batch, views, length], got shape {input_ids.shape}")
+        got = input_ids.shape[1]
+        if got is not None and not self.task_spec.accepts_views(got):
+            raise ValueError(
+                f"task {self.task_spec.name!r} ({self.task_spec.input_type}) needs {self.task_spec.num_views} view(s) "
+                f"per example, got input_ids of shape {input_ids.shape}")
+
+    def forward(self, features, training=False, with_lm=False) -> dict:
+        """``features`` → ``{"task": ...}`` (the graph's output), and with ``with_lm`` the LM logits for L1:
+        True, at every position (``"lm"`` ``[B, K, T, V]``); ``"targets"``, only where ``features["lm_weights"] > 0``
+        (a real next token: what L1 counts), as ``"lm"`` ``[N, V]`` with their targets ``"lm_targets"`` [N] and
+        weights ``"lm_target_weights"`` [N]: padding and the last token then cost no LM-head work (the fine-tuning
+        loop's choice; on TensorFlow: the other backends compile for static shapes, and take every position as
+        with True, the same L1). Without the LM head the last block runs at the extract tokens only."""
+        input_ids = ops.convert_to_tensor(features["input_ids"], "int32")
+        self._check_views(input_ids)
+        index = ops.convert_to_tensor(features["extract_index"], "int32")
+        rows = self.views(input_ids)
+        if not with_lm:
+            last = self.backbone.states(rows, training=training, positions=ops.reshape(index, (-1,)))
+            return {"task": self.head(last, index, training=training, at_extract=True)}
+        states = self.backbone(rows, training=training)
+        outputs = {"task": self.head(states, index, training=training)}
+        shape = ops.shape(input_ids)
+        states = ops.reshape(states, (shape[0], shape[1], shape[2], states.shape[-1]))
+        pieces = backend.tf_pieces()
+        if with_lm == "targets" and pieces is not None:  # a shape known at run time: TensorFlow's graphs only
+            weights = ops.convert_to_tensor(features["lm_weights"], "float32")
+            at_targets, outputs["lm_targets"], outputs["lm_target_weights"] = pieces.real_targets(states, input_ids,
+                                                                                               weights)
+            outputs["lm"] = self.backbone.embed.logits(at_targets)
+        else:
+            outputs["lm"] = self.backbone.embed.logits(states)
+        return outputs
+
+    def call(self, inputs, training=False, mask=None):  # pylint: disable=unused-argument
+        """The task output: class logits ``[B, C]``, scores ``[B]`` or candidate logits ``[B, K]`` (``forward``). In
+        training with λ > 0, ``forward``'s outputs dict: the task's and the LM's (what ``compute_loss`` needs; Keras's
+        train step of JAX and PyTorch calls this)."""
         if training and self.lm_coef:
-            return self.task_model(inputs, training=True, with_lm="targets")
-        return self.task_model(inputs, training=training, with_lm=False)["task"]
+            return self.forward(inputs, training=True, with_lm="targets")
+        return self.forward(inputs, training=training)["task"]
 
     def compute_loss(self, x=None, y=None, y_pred=None, sample_weight=None, training=True):
-        """Eq. 5 on this batch (``finetune_loss``). ``y_pred``: the task output, or ``GPTTaskModel``'s outputs dict
+        """Eq. 5 on this batch (``finetune_loss``). ``y_pred``: the task output, or ``forward``'s outputs dict
         (with the LM's, in training)."""
         outputs = y_pred if isinstance(y_pred, dict) else {"task": y_pred}
         lm_coef = self.lm_coef if "lm" in outputs else 0.0
@@ -111,7 +162,7 @@ class GPT1TaskMixin(FindsPresets):
         counts = global_counts(x, y, self.lm_coef)
         variables = self.trainable_variables
         with tf.GradientTape() as tape:
-            loss, _, outputs = finetune_update_loss(self.task_model, self.task_spec, x, self._checked_labels(y), counts,
+            loss, _, outputs = finetune_update_loss(self, self.task_spec, x, self._checked_labels(y), counts,
                                                     self.lm_coef)
         grads = tape.gradient(loss, variables)
         if isinstance(self.optimizer, GPTAdamW):
@@ -124,7 +175,7 @@ class GPT1TaskMixin(FindsPresets):
 
     # ------------------------------------------------------------------ optimiser
     def compile(self, optimizer="auto", loss="auto", *, metrics="auto", **kwargs):
-        """The paper's recipe by default (``gpt_tf/training/recipes.py``; the ``COMPILE_RECIPE`` keywords override it); the
+        """The paper's recipe by default (``gpt_tf/nn/recipes.py``; the ``COMPILE_RECIPE`` keywords override it); the
         loss is ``compute_loss``'s."""
         optimizer = self._paper_compile(optimizer, kwargs)
         if metrics == "auto":
@@ -226,32 +277,6 @@ class GPT1TaskMixin(FindsPresets):
         if not len(order):
             return None
         return (*_in_order(x, y, kwargs, order), steps)
-
-    def export(self, filepath, format="tf_saved_model", verbose=None, input_signature=None,
-               **kwargs):  # pylint: disable=redefined-builtin
-        """Keras's ``Model.export``, for serving: with a preprocessor, ``format="tf_saved_model"`` writes at
-        ``filepath`` the SavedModel ``serving.export.export_task`` writes (``serving_default`` takes the
-        raw strings of each input field; core TF ops only, no TF-Text op, no custom op: stock TF Serving and
-        a process importing only ``tensorflow`` run it; plus ``tokens``, ``features``, ``classify`` /
-        ``regress`` and warm-up requests). Keras's own export traces ``call`` on token ids instead: it is
-        what runs for another ``format``, an ``input_signature`` or a task without preprocessor.
-
-        ```python
-        classifier.export("exported/sst2/1")
-        tf.saved_model.load("exported/sst2/1").signatures["serving_default"](sentence=tf.constant(["a gem"]))
-        ```
-        """
-        if format != "tf_saved_model" or input_signature is not None or self.preprocessor is None or kwargs:
-            return super().export(filepath, format=format, verbose=verbose, input_signature=input_signature,
-                                  **kwargs)
-        backend.require_tensorflow(f"{type(self).__name__}.export (a TF Serving SavedModel taking raw strings)")
-        from serving.export import export_task_at  # pylint: disable=import-outside-toplevel
-
-        path = export_task_at(self, str(filepath))
-        if verbose:
-            print(f"Saved artifact at '{path}': serving_default takes raw strings "
-                  f"({', '.join(self.task_spec.input_fields)}).")
-        return path
 
     def _task_config(self) -> dict:
         return {"dropout": self.dropout, "lm_coef": self.lm_coef}

@@ -39,7 +39,8 @@ class GPT1TextClassifier(GPT1TaskMixin, keras_hub.models.TextClassifier):
     ``learning_rate``, ``warmup_fraction``, ``weight_decay``, ``clip_norm`` and ``lm_coef`` change it.
     ``from_preset`` of a fine-tuned task preset keeps its head and label names; with ``num_classes`` the
     head is new (keras-hub's rule), and one of another size needs its ``label_names`` too.
-    ``export(path)`` writes a SavedModel whose ``serving_default`` takes raw strings (``GPT1TaskMixin.export``).
+    ``serving.export.export_task_at(classifier, path)`` writes a SavedModel whose ``serving_default`` takes raw
+    strings (stock TF Serving runs it).
 
     Example:
 
@@ -59,7 +60,6 @@ class GPT1TextClassifier(GPT1TaskMixin, keras_hub.models.TextClassifier):
 
     def __init__(self, backbone, num_classes, preprocessor=None, input_type=None, dropout=0.1, lm_coef=0.5,
                  label_names=None, activation=None, compile=True, **kwargs):  # pylint: disable=redefined-builtin
-        super().__init__(compile=False, **kwargs)
         if isinstance(num_classes, bool) or not isinstance(num_classes, int) or num_classes < 2:
             raise ValueError(f"num_classes must be an integer >= 2, got {num_classes!r}")
         input_type = _check_input_type(preprocessor, input_type, ("single", "pair", "pair_symmetric"))
@@ -68,10 +68,11 @@ class GPT1TextClassifier(GPT1TaskMixin, keras_hub.models.TextClassifier):
             raise ValueError(f"num_classes={num_classes} but {len(labels)} label_names ({', '.join(labels)}): a task "
                              "preset's head keeps its label names, so a head of another size needs its own "
                              f"label_names=[...] ({num_classes} names; None: 0..{num_classes - 1})")
-        spec = TaskSpec("keras_classifier", input_type, "classification", labels, ("accuracy",))
+        spec = kwargs.pop("task_spec", None) or TaskSpec("keras_classifier", input_type, "classification", labels,
+                                                          ("accuracy",))
         self.num_classes, self.input_type, self.label_names = num_classes, input_type, labels
         self.activation = activation
-        self._setup(backbone, preprocessor, spec, dropout, lm_coef)
+        self._setup(backbone, preprocessor, spec, dropout, lm_coef, **kwargs)
         if compile:
             self.compile()
 
@@ -103,11 +104,10 @@ class GPT1TextRegressor(GPT1TaskMixin, keras_hub.models.Task):
 
     def __init__(self, backbone, preprocessor=None, input_type="pair_symmetric", dropout=0.1, lm_coef=0.5,
                  compile=True, **kwargs):  # pylint: disable=redefined-builtin
-        super().__init__(compile=False, **kwargs)
         input_type = _check_input_type(preprocessor, input_type, ("pair_symmetric", "pair", "single"))
-        spec = TaskSpec("keras_regressor", input_type, "regression", (), ("pearson",))
+        spec = kwargs.pop("task_spec", None) or TaskSpec("keras_regressor", input_type, "regression", (), ("pearson",))
         self.input_type = input_type
-        self._setup(backbone, preprocessor, spec, dropout, lm_coef)
+        self._setup(backbone, preprocessor, spec, dropout, lm_coef, **kwargs)
         if compile:
             self.compile()
 
@@ -140,15 +140,15 @@ class GPT1MultipleChoice(GPT1TaskMixin, keras_hub.models.Task):
 
     def __init__(self, backbone, num_choices=2, preprocessor=None, dropout=0.1, lm_coef=0.5, compile=True,
                  **kwargs):  # pylint: disable=redefined-builtin
-        super().__init__(compile=False, **kwargs)
         if not isinstance(num_choices, int) or num_choices < 2:
             raise ValueError(f"num_choices must be an integer >= 2, got {num_choices!r}")
         if preprocessor is not None:
             preprocessor.input_type, preprocessor.num_choices = "multiple_choice", num_choices
         labels = tuple(str(i) for i in range(num_choices))
-        spec = TaskSpec("keras_choice", "multiple_choice", "choice", labels, ("accuracy",), num_choices=num_choices)
+        spec = kwargs.pop("task_spec", None) or TaskSpec("keras_choice", "multiple_choice", "choice", labels,
+                                                          ("accuracy",), num_choices=num_choices)
         self.num_choices = num_choices
-        self._setup(backbone, preprocessor, spec, dropout, lm_coef)
+        self._setup(backbone, preprocessor, spec, dropout, lm_coef, **kwargs)
         if compile:
             self.compile()
 
@@ -157,3 +157,17 @@ class GPT1MultipleChoice(GPT1TaskMixin, keras_hub.models.Task):
 
     def get_config(self):
         return {**keras_hub.models.Task.get_config(self), **self._task_config(), "num_choices": self.num_choices}
+
+
+def task_for_spec(backbone, spec: TaskSpec, dropout=0.1, preprocessor=None, lm_coef=0.5, **kwargs):
+    """The family's task for a registry ``TaskSpec`` (``gpt_tf.tasks``; the command line's ``--task``) on
+    ``backbone``: ``GPT1TextRegressor`` for a regression head, ``GPT1MultipleChoice`` for choice, else
+    ``GPT1TextClassifier`` with the task's label names; ``task_spec`` is ``spec`` itself (its name, metrics and labels
+    what the CLI reports). Uncompiled (the CLI's loop brings its optimizer)."""
+    kwargs = {"task_spec": spec, "compile": False, "dropout": dropout, "lm_coef": lm_coef, **kwargs}
+    if spec.head == "regression":
+        return GPT1TextRegressor(backbone, preprocessor, input_type=spec.input_type, **kwargs)
+    if spec.head == "choice":
+        return GPT1MultipleChoice(backbone, spec.num_choices or 2, preprocessor, **kwargs)
+    return GPT1TextClassifier(backbone, len(spec.label_names), preprocessor, input_type=spec.input_type,
+                              label_names=spec.label_names, **kwargs)

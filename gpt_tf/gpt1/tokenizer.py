@@ -58,6 +58,7 @@ class GPT1Tokenizer(FindsPresets, keras_hub.tokenizers.Tokenizer):
 
     def __init__(self, vocabulary=None, merges=None, **kwargs):
         super().__init__(**kwargs)
+        self.built = True  # nothing to build (its tables come with the BPE files); Model.quantize asks every layer
         self.file_assets = [ENCODER_FILE, MERGES_FILE]
         self._bpe = _BPE()
         for name, token in SPECIAL_TOKEN_NAMES.items():  # start_token = "_start_", start_token_id (None until loaded)

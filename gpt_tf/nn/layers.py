@@ -76,33 +76,59 @@ def _normal(std):
 
 
 @keras.saving.register_keras_serializable(package=PACKAGE)
-class Conv1D(keras.layers.Layer):
-    """The release's ``conv1d`` with receptive field 1: ``x @ w + b`` over the last axis, then
-    ``activation`` (None or ``"gelu"``), in this layer's name scope (see ``tf_pieces.dense``)."""
+def gelu_tanh(x):
+    """``gelu`` as a Keras activation (``Conv1D``'s, for the code paths Keras runs itself: int8 and LoRA)."""
+    return gelu(x)
+
+
+@keras.saving.register_keras_serializable(package=PACKAGE)
+class Conv1D(keras.layers.Dense):
+    """The release's ``conv1d`` with receptive field 1 as a Keras ``Dense``: ``activation(x @ kernel + bias)`` over
+    the last axis, ``activation`` None or ``"gelu"``; ``w`` and ``b`` are the release's names of its kernel and bias.
+
+    A ``Dense``, so Keras's features act on it: ``enable_lora`` (the kernel plus its low-rank update) and
+    ``quantize("int8")`` (Keras's int8 kernel, scale and call). In float mode on TensorFlow it runs the
+    same arithmetic through ``tf_pieces.dense`` (a 2-D MatMul + BiasAdd that oneDNN fuses, in this layer's name
+    scope, and in training the padded weight gradient and the fused GELU kernel); elsewhere ``Dense``'s own call.
+    """
 
     ACTIVATIONS = (None, "gelu")
 
     def __init__(self, units, init_std=0.02, activation=None, **kwargs):
-        super().__init__(**kwargs)
         if activation not in self.ACTIVATIONS:
             raise ValueError(f"activation must be one of {list(self.ACTIVATIONS)}, got {activation!r}")
-        self.units = units
+        for key in ("kernel_initializer", "use_bias"):  # Dense's config keys: this layer's are fixed
+            kwargs.pop(key, None)
+        kwargs.pop("bias_initializer", None)
+        super().__init__(units, activation=gelu_tanh if activation else None,
+                         kernel_initializer=_normal(init_std), **kwargs)
         self.init_std = init_std
-        self.activation = activation
+        self.activation_name = activation
 
-    def build(self, input_shape):
-        self.w = self.add_weight(name="w", shape=(input_shape[-1], self.units), initializer=_normal(self.init_std))
-        self.b = self.add_weight(name="b", shape=(self.units,), initializer="zeros")
+    @property
+    def w(self):
+        """The kernel variable (``[in, units]``; the release's ``w``)."""
+        return self._kernel
 
-    def call(self, x, training=False):
+    @property
+    def b(self):
+        """The bias variable (the release's ``b``)."""
+        return self.bias
+
+    def call(self, inputs, training=False):
         pieces = backend.tf_pieces()
         if pieces is not None:
-            return pieces.dense(x, self.w, self.b, self.activation, training)
-        y = ops.matmul(x, self.w) + self.b
-        return gelu(y) if self.activation else y
+            return pieces.dense(inputs, self.kernel, self.bias, self.activation_name, training)
+        return super().call(inputs)
+
+    def quantize(self, mode=None, type_check=True, config=None):  # pylint: disable=unused-argument
+        """``Dense.quantize`` (int8, int4, float8): this layer is a ``Dense`` with a faster float call."""
+        super().quantize(mode, type_check=False, config=config)
 
     def get_config(self):
-        return {**super().get_config(), "units": self.units, "init_std": self.init_std, "activation": self.activation}
+        config = {key: value for key, value in super().get_config().items()
+                  if key not in ("activation", "kernel_initializer", "use_bias", "bias_initializer")}
+        return {**config, "init_std": self.init_std, "activation": self.activation_name}
 
 
 def causal_bias(length, static_length=None):
@@ -271,6 +297,13 @@ class TransformerBlock(keras.layers.Layer):
         for layer in (self.attn, self.ln_1, self.mlp, self.ln_2):
             layer.build(input_shape)
 
+    def compute_output_spec(self, x, training=False, positions=None, cache=None, cache_update_index=None):
+        """The functional graph's shape: ``x``'s (the graph runs every position, no cache)."""
+        if positions is not None or cache_update_index is not None:
+            return super().compute_output_spec(x, training=training, positions=positions, cache=cache,
+                                               cache_update_index=cache_update_index)
+        return keras.KerasTensor(x.shape, dtype=self.compute_dtype)
+
     def call(self, x, training=False, positions=None, cache=None, cache_update_index=None):
         """``[batch, length, d]`` -> the same; with ``positions`` [batch], only the state at that
         position of each row, ``[batch, 1, d]`` (what a task head reads from the last block). With
@@ -296,12 +329,48 @@ class TransformerBlock(keras.layers.Layer):
 
 
 @keras.saving.register_keras_serializable(package=PACKAGE)
-class GPTEmbedding(keras.layers.Layer):
-    """Token + learned position embedding with embedding dropout; also the tied LM head (Eq. 2).
+class TokenEmbedding(keras.layers.ReversibleEmbedding):
+    """Keras's ``ReversibleEmbedding`` (tied: the LM head is its transpose) whose table is read in its own dtype:
+    ``GPTEmbedding`` gathers float32 rows and casts them, where Keras's autocast would cast the whole table to the
+    compute dtype on every call under mixed precision. ``quantize`` is ``ReversibleEmbedding``'s."""
 
-    The tables are read in their own (float32) dtype: the rows are gathered, then cast to the compute
-    dtype. Keras's autocast would cast the whole token table to bfloat16 on every call first (40k
-    rows for a few hundred gathered under ``mixed_bfloat16``)."""
+    def add_weight(self, *args, **kwargs):
+        if kwargs.get("name") == "embeddings":
+            kwargs["autocast"] = False
+        return super().add_weight(*args, **kwargs)
+
+    def quantize(self, mode=None, type_check=True, config=None):  # pylint: disable=unused-argument
+        super().quantize(mode, type_check=False, config=config)
+
+
+@keras.saving.register_keras_serializable(package=PACKAGE)
+class PositionTable(keras.layers.Layer):
+    """The learned position table ``positions_embed`` ``[n_ctx, n_embd]``, N(0, init_std), read in its own dtype
+    (``GPTEmbedding`` adds it to the gathered token rows; a layer of its own so that the token table comes first
+    among the embedding's weights, as in the release)."""
+
+    def __init__(self, n_ctx, n_embd, init_std=0.02, **kwargs):
+        super().__init__(**kwargs)
+        self.n_ctx, self.n_embd, self.init_std = n_ctx, n_embd, init_std
+
+    def build(self, input_shape=None):
+        self.positions_embed = self.add_weight(name="positions_embed", shape=(self.n_ctx, self.n_embd),
+                                               initializer=_normal(self.init_std), autocast=False)
+
+    def get_config(self):
+        return {**super().get_config(), "n_ctx": self.n_ctx, "n_embd": self.n_embd, "init_std": self.init_std}
+
+
+@keras.saving.register_keras_serializable(package=PACKAGE)
+class GPTEmbedding(keras.layers.Layer):
+    """Token + learned position embedding with embedding dropout; with ``reverse=True`` the tied LM head (Eq. 2).
+
+    The token table is a Keras ``ReversibleEmbedding`` (``token_embedding``, a ``TokenEmbedding``; tied: the LM head
+    is its transpose),
+    so ``quantize("int8")`` and ``enable_lora`` act on it; the position table is a ``PositionTable``. In float
+    mode the tables are read in their own (float32) dtype: the rows are gathered and added, then cast to the
+    compute dtype (Keras's autocast would cast the whole token table to bfloat16 on every call first, and the sum
+    would round twice under ``mixed_bfloat16``); the head casts the table to the states' dtype."""
 
     def __init__(self, total_vocab, n_ctx, n_embd, embd_pdrop=0.1, init_std=0.02, **kwargs):
         super().__init__(**kwargs)
@@ -313,29 +382,56 @@ class GPTEmbedding(keras.layers.Layer):
         self.dropout = Dropout16(embd_pdrop, dtype=self.dtype_policy)
 
     def build(self, input_shape=None):
-        self.tokens_embed = self.add_weight(
-            name="tokens_embed", shape=(self.total_vocab, self.n_embd), initializer=_normal(self.init_std),
-            autocast=False,  # see the class doc; ``logits`` casts the table itself
-        )
-        self.positions_embed = self.add_weight(
-            name="positions_embed", shape=(self.n_ctx, self.n_embd), initializer=_normal(self.init_std),
-            autocast=False,
-        )
+        # Made here, not in __init__: its initializer takes its seed when it is made, and made at build (as both
+        # tables' were before the token table became a Keras layer), the same seed draws the same weights.
+        self.token_embedding = TokenEmbedding(
+            self.total_vocab, self.n_embd, tie_weights=True, embeddings_initializer=_normal(self.init_std),
+            name="tokens_embed", dtype=self.dtype_policy)
+        self.token_embedding.build()
+        self.position_table = PositionTable(self.n_ctx, self.n_embd, self.init_std, name="positions_embed",
+                                            dtype=self.dtype_policy)
+        self.position_table.build()
 
-    def call(self, token_ids, training=False, start_index=0):
-        """Token + position embeddings of ``token_ids`` ``[batch, length]`` at positions ``start_index`` on."""
-        length = ops.shape(token_ids)[-1]
+    @property
+    def positions_embed(self):
+        """The position table variable (``[n_ctx, n_embd]``)."""
+        return self.position_table.positions_embed
+
+    @property
+    def tokens_embed(self):
+        """The token table (``[total_vocab, n_embd]``; the release's ``we`` rows before the positions)."""
+        return self.token_embedding.embeddings
+
+    def _float_tables(self) -> bool:
+        return self.token_embedding.quantization_mode is None and not self.token_embedding.lora_enabled
+
+    def call(self, inputs, training=False, start_index=0, reverse=False):
+        """Token + position embeddings of ``inputs`` (token ids ``[batch, length]``) at positions ``start_index`` on;
+        with ``reverse=True``, the LM head's logits of ``inputs`` (states ``[..., n_embd]``; ``logits``)."""
+        if reverse:
+            return self.logits(inputs)
+        length = ops.shape(inputs)[-1]
         if isinstance(start_index, int) and start_index == 0:
             positions = self.positions_embed[:length]
         else:  # a generation step: the position of its token
             table = ops.convert_to_tensor(self.positions_embed)
             positions = ops.slice(table, [start_index, 0], [length, self.n_embd])
-        h = ops.take(self.tokens_embed, token_ids, axis=0) + positions
-        return self.dropout(ops.cast(h, self.compute_dtype), training=training)
+        if self._float_tables():
+            h = ops.cast(ops.take(self.tokens_embed, inputs, axis=0) + positions, self.compute_dtype)
+        else:  # int8 / LoRA: Keras's embedding call
+            h = self.token_embedding(inputs) + ops.cast(positions, self.compute_dtype)
+        return self.dropout(h, training=training)
 
     def logits(self, h):
-        """The LM head tied to the token embedding: ``h @ W_e^T``."""
-        return ops.matmul(h, ops.transpose(ops.cast(self.tokens_embed, h.dtype)))
+        """The LM head tied to the token embedding: ``h @ W_eᵀ``."""
+        if self._float_tables():
+            return ops.matmul(h, ops.transpose(ops.cast(self.tokens_embed, h.dtype)))
+        return ops.cast(self.token_embedding(h, reverse=True), h.dtype)
+
+    def compute_output_spec(self, inputs, training=False, start_index=0, reverse=False):
+        if reverse:
+            return keras.KerasTensor((*inputs.shape[:-1], self.total_vocab), dtype=self.compute_dtype)
+        return keras.KerasTensor((*inputs.shape, self.n_embd), dtype=self.compute_dtype)
 
     def get_config(self):
         return {

@@ -196,3 +196,12 @@ def make_optimizer(variables, learning_rate, weight_decay=0.01, clip_norm=1.0, b
     optimizer.exclude_from_weight_decay(var_list=[v for v in variables if len(v.shape) < 2])
     optimizer.build(variables)
     return optimizer
+
+
+def all_reduce_and_apply(grads, variables, optimizer):
+    """In a ``tf.distribute`` replica: sums the gradients over the replicas (once), then clips and applies them with
+    ``optimizer`` (a ``GPTAdamW``); returns the global norm. The training loop's update and the keras-hub tasks'
+    ``fit`` on TensorFlow."""
+    tf = backend.tf
+    grads = tf.distribute.get_replica_context().all_reduce(tf.distribute.ReduceOp.SUM, grads)
+    return optimizer.clip_and_apply(grads, variables)

@@ -1,7 +1,7 @@
 """TensorFlow's drop-in pieces of the model's math: the arithmetic of the ``keras.ops`` code they stand in for,
 in TensorFlow code that runs faster on a CPU.
 
-The model is written once, in ``keras.ops`` (``gpt_tf/nn/layers.py``, ``gpt_tf/nn/task_model.py``,
+The model is written once, in ``keras.ops`` (``gpt_tf/nn/layers.py``, ``gpt_tf/nn/task_head.py``,
 ``gpt_tf/nn/objectives.py``). Where Keras runs on TensorFlow (``gpt_tf.backend.tf_pieces()`` returns this module),
 each piece below computes its part instead; on JAX and PyTorch Keras's ops do. Each says what it gains:
 

@@ -157,19 +157,20 @@ def restore_weights(variables, prefix: str) -> None:
 
 
 def build_task_models(model_config: GPTConfig, tasks, clf_pdrop: float, precision: str) -> list:
-    """One ``GPTTaskModel`` per task, all on one backbone (the primary task first): a run's model.
+    """One keras-hub task of the family per task (``task_for_spec``), all on one backbone (the primary task first):
+    a run's model.
 
     Fine-tuning and ``load_task_model`` build it here alike, so the checkpoint keys (variable order) match.
     """
     from gpt_tf.gpt1.build import backbone_for
-    from gpt_tf.nn.task_model import GPTTaskModel
+    from gpt_tf.gpt1.text_classifier import task_for_spec
 
     backbone = backbone_for(model_config, dtype=precision)
-    return [GPTTaskModel(backbone, task, clf_pdrop=clf_pdrop, dtype=precision) for task in tasks]
+    return [task_for_spec(backbone, task, dropout=clf_pdrop) for task in tasks]
 
 
 def load_task_model(run, precision: str = "float32"):
-    """(``GPTTaskModel``, ``TaskSpec``) of a fine-tuning run's latest checkpoint: its primary task.
+    """(the keras-hub task, ``TaskSpec``) of a fine-tuning run's latest checkpoint: its primary task.
 
     ``run``: the run folder as ``gpt_tf.runs.folder.RunFolder`` read it once (its ``model_config``,
     ``run_config`` and the ``tasks`` its data manifests name). A multi-task run gets its shared backbone and

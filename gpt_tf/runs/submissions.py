@@ -11,7 +11,7 @@ import io
 import os
 
 from gpt_tf.runs.files import write_text_atomic
-from gpt_tf.nn.task_model import task_predictions
+from gpt_tf.nn.task_head import task_predictions
 
 # GLUE's submission files: name per task (and eval split) and whether labels are written as ids.
 GLUE_SUBMISSIONS = {

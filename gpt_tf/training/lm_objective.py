@@ -21,7 +21,7 @@ from gpt_tf.convert.pretrained import continue_from_pretrained
 from gpt_tf.gpt1.build import causal_lm_for
 from gpt_tf.nn.objectives import lm_loss
 from gpt_tf.nn.optim import WarmupDecay, make_optimizer
-from gpt_tf.training.recipes import PAPER_FINETUNE
+from gpt_tf.nn.recipes import PAPER_FINETUNE
 from gpt_tf.runs.files import save_run_configs
 from gpt_tf.training.loop import TrainLoop, named_data_error
 from pipelines.reader import batches_per_pipeline, pretraining_dataset

@@ -33,6 +33,7 @@ import os
 from gpt_tf.backend import tf  # imported at first use: the family imports without TensorFlow
 
 from gpt_tf.backend import require_tensorflow
+from gpt_tf.nn.optim import all_reduce_and_apply
 from gpt_tf.runs.checkpoints import checkpoint_managers, remove_scratch, restore_latest, variables_by_key
 from gpt_tf.training.preemption import Preempted, StopRequest
 from gpt_tf.strategy import is_chief
@@ -57,12 +58,6 @@ def named_data_error(err: tf.errors.OpError, data_dirs) -> DataError:
     detail = err.message.strip().splitlines()[0][:200]
     return DataError(f"reading the data failed: {where} [{type(err).__name__}: {detail}]; "
                      "no checkpoint was written after the failed read")
-
-
-def all_reduce_and_apply(grads, variables, optimizer):
-    """In a replica: sums gradients over replicas (once), then clips and applies them; returns the norm."""
-    grads = tf.distribute.get_replica_context().all_reduce(tf.distribute.ReduceOp.SUM, grads)
-    return optimizer.clip_and_apply(grads, variables)
 
 
 def micro_batches(batch, accum: int):

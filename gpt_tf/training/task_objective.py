@@ -38,8 +38,8 @@ from gpt_tf.config import GPTConfig
 from gpt_tf.metrics import compute_metrics
 from gpt_tf.nn.objectives import finetune_update_loss, global_counts
 from gpt_tf.nn.optim import WarmupDecay, make_optimizer
-from gpt_tf.training.recipes import PAPER_FINETUNE
-from gpt_tf.nn.task_model import GPTTaskModel, task_predictions
+from gpt_tf.nn.recipes import PAPER_FINETUNE
+from gpt_tf.nn.task_head import task_predictions
 from gpt_tf.tasks import TaskSpec
 from gpt_tf.training.loop import TrainLoop
 from pipelines.task_batches import bucket_lengths
@@ -82,7 +82,7 @@ class _Head:
 
     task: TaskSpec
     data_dir: str
-    model: GPTTaskModel
+    model: keras.Model  # the family's keras-hub task (gpt_tf/gpt1/text_classifier.py: task_for_spec)
 
 
 def mixture_schedule(weights, total_steps: int, seed: int) -> np.ndarray:
@@ -211,7 +211,7 @@ class Finetuner:
 
         def replica(features, label):
             with inference_gelu.passes():  # never an export: the GELU kernel where faster (gpt_tf/speed/inference_gelu.py)
-                outputs = model(features, training=False, with_lm=False)
+                outputs = model.forward(features, training=False)
             return outputs["task"], label, features["record_index"]
 
         def step(batch):

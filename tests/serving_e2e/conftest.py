@@ -23,7 +23,7 @@ from tensorflow_serving.apis import get_model_status_pb2, model_service_pb2_grpc
 from gpt_tf.config import get_size
 from gpt_tf.gpt1.backbone import GPT1Backbone
 from gpt_tf.gpt1.build import causal_lm_for
-from gpt_tf.nn.task_model import GPTTaskModel
+from gpt_tf.gpt1.text_classifier import task_for_spec
 from gpt_tf.tasks import get_task
 from gpt_tf.text.tokenizer import GPTTokenizer
 from tests.serving_e2e.helpers import (ENV, MAX_REQUEST_BYTES, ROOT, free_port, glue_examples, offline_features,
@@ -112,7 +112,7 @@ def exported(server, base, sst2_run, tokenizer, tf_tokenizer, config):
     export_run(sst2_run, str(base), "sst2")
     shared = copy.copy(tokenizer)
     shared.tf_tokenizer = lambda: tf_tokenizer
-    stsb = GPTTaskModel(GPT1Backbone.from_gpt_config(config, name="backbone"), get_task("stsb"))
+    stsb = task_for_spec(GPT1Backbone.from_gpt_config(config, name="backbone"), get_task("stsb"))
     export_task_model(stsb, get_task("stsb"), shared, str(base), "stsb")
     lm = causal_lm_for(config)
     export_lm(lm, shared, str(base), "lm", top_k=5)

@@ -14,7 +14,7 @@ import pytest
 import tensorflow as tf
 
 from gpt_tf.gpt1.backbone import GPT1Backbone
-from gpt_tf.nn.task_model import GPTTaskModel
+from gpt_tf.gpt1.text_classifier import task_for_spec
 from gpt_tf.tasks import get_task
 from serving.task_module import TaskServingModule, input_specs
 from tests.serving_e2e.helpers import ENV, ROOT, TOL, glue_examples, offline_features
@@ -71,7 +71,7 @@ def test_in_graph_preprocessing_equals_the_offline_pipeline(loaded, exported, sh
         got_ids, got_extract = got["input_ids"], got["extract_index"]
     else:
         backbone = GPT1Backbone.from_gpt_config(config, name="backbone")
-        module = TaskServingModule(GPTTaskModel(backbone, task), task, tf_tokenizer)
+        module = TaskServingModule(task_for_spec(backbone, task), task, tf_tokenizer)
         got_ids, got_extract = tf.function(module.features)(texts)
     np.testing.assert_array_equal(got_extract.numpy(), extract)
     pad = config.special_id("pad")

@@ -1,0 +1,167 @@
+"""What Keras and keras-hub do to a model, done to the GPT-1 family: it is a functional model on Keras layers.
+
+``summary`` and ``plot_model`` show its graph; ``enable_lora`` trains the adapters alone; ``quantize("int8")``
+quantizes every projection and the token table, and the int8 model saves, loads and exports; weights saved in the
+earlier subclassed layout load, and ``gpt_tf.convert --preset`` re-saves them. Models are the ``test`` shape on the
+tiny preset's 8k BPE.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+from tests.small_runs import CHILD_SITE, ENV, TF_ONLY
+from tests.small_runs import GPT1_TEXTS as TEXTS
+from tests.small_runs import gpt1_backbone as _backbone
+from tests.small_runs import gpt1_tokenizer
+
+IDS = np.array([[5, 6, 7, 8, 9, 10], [11, 12, 13, 14, 15, 16]], "int32")
+PROJECTIONS = ("c_attn", "c_proj", "c_fc")
+
+
+@pytest.fixture(scope="module")
+def tokenizer():
+    return gpt1_tokenizer()
+
+
+def _leaves(model):
+    return [layer for layer in model._flatten_layers(include_self=False) if not layer._layers]
+
+
+def test_the_backbone_and_lm_are_functional_graphs_of_keras_layers(tmp_path):
+    import keras
+
+    import gpt_tf
+
+    backbone = _backbone()
+    assert set(backbone.input) == {"token_ids", "padding_mask"}  # a functional model's symbolic inputs and outputs
+    assert isinstance(backbone.output, keras.KerasTensor) and backbone.output.shape == (None, None, 32)
+    lm = gpt_tf.GPT1CausalLM(backbone)
+    assert lm.input["token_ids"] is backbone.input["token_ids"] and lm.output.shape == (None, None, backbone.config.total_vocab)
+    lines = []
+    lm.summary(print_fn=lines.append, expand_nested=True)
+    text = "\n".join(lines)
+    for name in ("gpt1_backbone", "GPTEmbedding", "TransformerBlock", "token_ids", "padding_mask"):
+        assert name in text, name
+    projections = [layer for layer in _leaves(backbone) if layer.name in PROJECTIONS]
+    assert len(projections) == 4 * backbone.config.n_layer
+    assert all(isinstance(layer, keras.layers.Dense) for layer in projections)
+    assert isinstance(backbone.token_embedding, keras.layers.ReversibleEmbedding)
+    # the graph equals the layers run one by one, and the LM head is the token table's transpose
+    np.testing.assert_array_equal(backbone(IDS), backbone.states(IDS))
+    np.testing.assert_array_equal(lm(IDS), backbone.embed.logits(backbone(IDS)))
+    keras.utils.model_to_dot(lm, expand_nested=True)  # plot_model's graph (pydot), without writing a picture
+
+
+def test_lora_trains_the_adapters_alone_through_a_task(tokenizer):
+    import keras
+
+    import gpt_tf
+
+    classifier = gpt_tf.GPT1TextClassifier(_backbone(), num_classes=2,
+                                           preprocessor=gpt_tf.GPT1TaskPreprocessor(tokenizer))
+    backbone = classifier.backbone
+    backbone.enable_lora(4)
+    names = sorted({v.path.split("/")[-1] for v in backbone.trainable_weights})
+    assert names == ["lora_kernel_a", "lora_kernel_b"]
+    assert len(backbone.trainable_weights) == 2 * backbone.config.n_layer
+    head = [v for v in classifier.trainable_weights if not any(v is w for w in backbone.weights)]
+    assert head and all("clf" in v.path for v in head)  # W_y trains with the adapters
+    frozen = {v.path: np.array(v) for v in backbone.weights if "lora" not in v.path}
+    adapters = {v.path: np.array(v) for v in backbone.trainable_weights}
+    keras.utils.set_random_seed(1)
+    classifier.compile(learning_rate=1e-2, warmup_fraction=0.0)
+    classifier.fit(TEXTS, [0, 1, 0], batch_size=3, epochs=2, verbose=0)
+    for v in backbone.weights:
+        if v.path in frozen:
+            np.testing.assert_array_equal(np.array(v), frozen[v.path], err_msg=v.path)  # frozen: not one bit moved
+    assert any(not np.array_equal(np.array(v), adapters[v.path]) for v in backbone.trainable_weights)
+
+
+def test_int8_quantizes_every_projection_and_the_token_table_and_saves_loads_and_exports(tokenizer, tmp_path):
+    import keras
+
+    import gpt_tf
+
+    keras.utils.set_random_seed(0)
+    lm = gpt_tf.GPT1CausalLM(_backbone(), gpt_tf.GPT1CausalLMPreprocessor(tokenizer, sequence_length=16))
+    before = np.asarray(lm(IDS))
+    lm.quantize("int8")
+    quantized = {layer.path: layer.quantization_mode for layer in _leaves(lm) if layer.quantization_mode}
+    expected = {f"h{i}/{scope}" for i in range(lm.backbone.config.n_layer)
+                for scope in ("attn/c_attn", "attn/c_proj", "mlp/c_fc", "mlp/c_proj")} | {"embed/tokens_embed"}
+    assert set(quantized) == expected and set(quantized.values()) == {"int8"}
+    after = np.asarray(lm(IDS))
+    assert 0 < np.abs(after - before).max() < 0.05 * np.abs(before).max()  # int8's rounding, not another model
+    lm.save(tmp_path / "lm.keras")
+    np.testing.assert_array_equal(keras.saving.load_model(tmp_path / "lm.keras")(IDS), after)
+    lm.save_to_preset(tmp_path / "preset")
+    np.testing.assert_array_equal(gpt_tf.GPT1CausalLM.from_preset(str(tmp_path / "preset"))(IDS), after)
+    classifier = gpt_tf.GPT1TextClassifier(_backbone(), num_classes=2,
+                                           preprocessor=gpt_tf.GPT1TaskPreprocessor(tokenizer))
+    classifier.quantize("int8")
+    assert all(layer.quantization_mode == "int8" for layer in _leaves(classifier.backbone) if layer.name in PROJECTIONS)
+    import tensorflow as tf
+
+    want = tf.nn.softmax(classifier.predict(TEXTS, verbose=0)).numpy()
+    from serving.export import export_task_at
+
+    path = export_task_at(classifier, str(tmp_path / "exported"))
+    script = ("import json, sys, tensorflow as tf\n"
+              f"out = tf.saved_model.load({path!r}).signatures['serving_default'](sentence=tf.constant({TEXTS!r}))\n"
+              "print(json.dumps(out['probabilities'].numpy().tolist()))\n")
+    proc = subprocess.run([sys.executable, "-c", TF_ONLY + script], capture_output=True, text=True, timeout=300,
+                          check=False, env={**ENV, "PYTHONPATH": CHILD_SITE, "TF_CPP_MIN_LOG_LEVEL": "3"},
+                          cwd=str(tmp_path))  # TensorFlow alone: stock TF Serving's situation
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    np.testing.assert_allclose(json.loads(proc.stdout.strip().splitlines()[-1]), want, atol=1e-5)
+
+
+def test_weights_of_the_earlier_layout_load_and_convert_to_todays(tokenizer, tmp_path):
+    """A preset of the earlier subclassed layout (written here by hand, as that code laid its arrays out) loads
+    through ``from_preset`` and re-saves with ``python -m gpt_tf.convert --preset``; the logits are the same."""
+    import h5py
+
+    import gpt_tf
+    from gpt_tf.convert.layout import all_block_slots
+
+    source = _backbone(seed=3)
+    source.save_to_preset(str(tmp_path / "new"))
+    tokenizer.save_to_preset(str(tmp_path / "new"))
+    want = np.asarray(source(IDS))
+    old = tmp_path / "old"
+    old.mkdir()
+    for name in os.listdir(tmp_path / "new"):
+        if name != "model.weights.h5":
+            os.replace(tmp_path / "new" / name, old / name)
+    with h5py.File(old / "model.weights.h5", "w") as f:
+        for k, table in enumerate((source.embed.tokens_embed, source.embed.positions_embed)):
+            f[f"embed/vars/{k}"] = np.array(table).astype("float16")
+        layers = ("attn/c_attn", "attn/c_proj", "ln_1", "mlp/c_fc", "mlp/c_proj", "ln_2")
+        slots = all_block_slots(source)
+        for i in range(source.config.n_layer):
+            block = "transformer_block" + (f"_{i}" if i else "")
+            for j, layer in enumerate(layers):
+                for k in (0, 1):
+                    f[f"blocks/{block}/{layer}/vars/{k}"] = np.array(slots[12 * i + 2 * j + k][2]).astype("float16")
+    got = gpt_tf.GPT1Backbone.from_preset(str(old))
+    np.testing.assert_allclose(np.asarray(got(IDS)), want, atol=2e-2)  # float16 storage: the arrays' roundings
+    proc = subprocess.run([sys.executable, "-m", "gpt_tf.convert", f"--preset={old}", f"--preset_dir={tmp_path / 'resaved'}"],
+                          capture_output=True, text=True, timeout=300, check=False, env=ENV)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    with h5py.File(tmp_path / "resaved" / "model.weights.h5") as f:
+        assert "layers" in f and "blocks" not in f
+        stored = set()
+        f.visititems(lambda _, item: stored.add(str(item.dtype)) if isinstance(item, h5py.Dataset) else None)
+    assert stored == {"float16"}  # float16 storage stays float16
+    np.testing.assert_array_equal(gpt_tf.GPT1Backbone.from_preset(str(tmp_path / "resaved"))(IDS), got(IDS))
+    with h5py.File(old / "model.weights.h5", "a") as f:
+        del f["blocks/transformer_block_1/ln_2"]
+    with pytest.raises(ValueError, match="transformer_block_1/ln_2/vars is missing"):
+        gpt_tf.GPT1Backbone.from_preset(str(old))
