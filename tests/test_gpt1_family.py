@@ -92,6 +92,34 @@ def test_preprocessor_applies_the_papers_transformations(tokenizer):
     assert (got["input_ids"].numpy()[0, :, 0] == tokenizer.start_token_id).all()
 
 
+def test_causal_lm_preprocessor_takes_one_string_or_a_batch_eagerly_and_in_tf_data(tokenizer):
+    """As keras-hub's: one string gives outputs of one rank less, and ``ds.map(preprocessor)`` before ``batch`` (on
+    ``(text, label)`` pairs: the labels are replaced) gives the eager batch's values (one pipeline: each takes
+    seconds to start, the in-graph tokenizer's)."""
+    import tensorflow as tf
+
+    import gpt_tf
+
+    pre = gpt_tf.GPT1CausalLMPreprocessor(tokenizer, sequence_length=16)
+    batch = _lm_arrays(pre(TEXTS))
+    assert [t.shape for t in batch] == [(3, 16)] * 4  # token_ids, padding_mask, next ids, their mask
+    for got, want in zip(_lm_arrays(pre(TEXTS[1])), batch):
+        np.testing.assert_array_equal(got, want[1])
+    prompt = pre.generate_preprocess(TEXTS[1])
+    assert prompt["token_ids"].shape == (16,)
+    np.testing.assert_array_equal(prompt["token_ids"], pre.generate_preprocess(TEXTS)["token_ids"][1])
+    assert pre.generate_postprocess(prompt) == TEXTS[1]
+    labelled = tf.data.Dataset.from_tensor_slices((TEXTS, [0, 1, 2]))
+    for got, want in zip(_lm_arrays(next(iter(labelled.map(pre).batch(3)))), batch):
+        np.testing.assert_array_equal(got, want)
+
+
+def _lm_arrays(outputs) -> list:
+    """The language model preprocessor's ``(x, y, sample_weight)`` as arrays: token ids, padding mask, y, weights."""
+    x, y, sample_weight = outputs
+    return [np.asarray(t) for t in (x["token_ids"], x["padding_mask"], y, sample_weight)]
+
+
 def test_task_presets_round_trip_with_identical_logits(tokenizer, tmp_path):
     import keras_hub
 

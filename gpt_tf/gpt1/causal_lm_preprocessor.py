@@ -1,8 +1,9 @@
 """``GPT1CausalLMPreprocessor``: texts → the language model's token ids, for ``fit`` and ``generate``.
 
 GPT-1 pre-trained on a plain token stream (no start or end token), so none is added; padding uses the pad
-id and comes last. ``SequenceLength`` is what it shares with the tasks' ``GPT1TaskPreprocessor``
-(``gpt_tf/gpt1/preprocessor.py``).
+id and comes last. As keras-hub's preprocessors, it takes one string or a batch, eagerly or in ``tf.data`` (mapped
+before or after ``batch``): one string gives outputs of one rank less. ``SequenceLength`` is what it shares with the
+tasks' ``GPT1TaskPreprocessor`` (``gpt_tf/gpt1/preprocessor.py``).
 """
 
 from __future__ import annotations
@@ -40,14 +41,24 @@ class GPT1CausalLMPreprocessor(SequenceLength, keras_hub.models.CausalLMPreproce
     """Texts → ``({"token_ids", "padding_mask"}, next ids, mask)`` for the LM, and ``generate``'s prompts.
 
     GPT-1 pre-trained on a plain token stream (no start or end token), so none is added; padding
-    uses the pad id and comes last.
+    uses the pad id and comes last, every output ``sequence_length`` long.
+
+    Args:
+        tokenizer: a ``GPT1Tokenizer``.
+        sequence_length: the packed length (``GPT1CausalLM`` sets it to its context where it is None). ``call`` and
+            ``generate_preprocess`` take a ``sequence_length`` that overrides it.
+
+    Inputs: one string (outputs ``[T]``) or a batch ``[B]`` (outputs ``[B, T]``), eagerly or in ``tf.data``:
+    ``ds.map(preprocessor)`` before ``batch`` (then batched) or after it.
 
     Example:
 
     ```python
-    import gpt_tf
+    import gpt_tf, tensorflow as tf
     pre = gpt_tf.GPT1CausalLMPreprocessor.from_preset("gpt1_tiny_books_en", sequence_length=16)
     x, y, sample_weight = pre(["the man walked into the room ."])   # y: x["token_ids"] shifted by one
+    x, y, sample_weight = pre("the man walked")                     # one string: x["token_ids"] is [16]
+    ds = tf.data.Dataset.from_tensor_slices(["she said", "it was a dark night"]).map(pre).batch(32)
     ```
     """
 
@@ -62,27 +73,30 @@ class GPT1CausalLMPreprocessor(SequenceLength, keras_hub.models.CausalLMPreproce
         self.add_start_token = self.add_end_token = False
 
     def _pack(self, x, length):
-        ids = self.tokenizer.tokenize(tf.convert_to_tensor(x, tf.string))
-        scalar = ids.shape.rank == 1
-        if scalar:
-            ids = ids[tf.newaxis]
-        ids = ids[:, :length]
+        """Strings ``[]`` or ``[B]`` → ``(token_ids, padding_mask)``, ``[length]`` or ``[B, length]``: the ids
+        truncated to ``length``, then padded. One string is tokenized as a batch of one (the tokenizer gives a lone
+        string's ids dense, a batch's ragged), its outputs taken back out of it."""
+        x = tf.convert_to_tensor(x, tf.string)
+        if x.shape.rank not in (0, 1):
+            raise ValueError(f"{type(self).__name__} takes one string or a batch of them, got shape {x.shape}")
+        scalar = x.shape.rank == 0
+        ids = self.tokenizer.tokenize(x[tf.newaxis] if scalar else x)[:, :length]
         token_ids = ids.to_tensor(default_value=self.tokenizer.pad_token_id, shape=[None, length])
         mask = tf.sequence_mask(ids.row_lengths(), length)
-        return token_ids, mask, scalar
+        return (token_ids[0], mask[0]) if scalar else (token_ids, mask)
 
     @preprocessing_function
     def call(self, x, y=None, sample_weight=None, sequence_length=None):
-        length = int(sequence_length or self.sequence_length)
-        token_ids, mask, _ = self._pack(x, length + 1)
-        x = {"token_ids": token_ids[:, :-1], "padding_mask": mask[:, :-1]}
-        return keras.utils.pack_x_y_sample_weight(x, token_ids[:, 1:], mask[:, 1:])
+        """``(x, y, sample_weight)``: ``x["token_ids"]`` and its mask, the next ids and their mask (``y`` and
+        ``sample_weight`` given are replaced, as keras-hub's do)."""
+        token_ids, mask = self._pack(x, int(sequence_length or self.sequence_length) + 1)
+        x = {"token_ids": token_ids[..., :-1], "padding_mask": mask[..., :-1]}
+        return keras.utils.pack_x_y_sample_weight(x, token_ids[..., 1:], mask[..., 1:])
 
     @preprocessing_function
     def generate_preprocess(self, x, sequence_length=None):
-        token_ids, mask, scalar = self._pack(x, int(sequence_length or self.sequence_length))
-        if scalar:
-            return {"token_ids": token_ids[0], "padding_mask": mask[0]}
+        """Prompts → ``{"token_ids", "padding_mask"}``, padded to ``sequence_length`` (generation's length)."""
+        token_ids, mask = self._pack(x, int(sequence_length or self.sequence_length))
         return {"token_ids": token_ids, "padding_mask": mask}
 
     @preprocessing_function
