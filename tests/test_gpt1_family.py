@@ -114,6 +114,26 @@ def test_causal_lm_preprocessor_takes_one_string_or_a_batch_eagerly_and_in_tf_da
         np.testing.assert_array_equal(got, want)
 
 
+def test_preprocessors_from_a_preset_take_the_backbones_sequence_length():
+    """A preset without ``preprocessor.json`` gives the backbone's ``max_sequence_length`` (books_tiny's 128), through
+    the family's class or keras-hub's base class; a ``sequence_length`` given wins."""
+    import keras_hub
+
+    import gpt_tf
+
+    classes = (gpt_tf.GPT1CausalLMPreprocessor, keras_hub.models.CausalLMPreprocessor, gpt_tf.GPT1TaskPreprocessor,
+               keras_hub.models.TextClassifierPreprocessor)
+    loaded = [cls.from_preset("gpt1_tiny_books_en") for cls in classes]
+    assert [(type(p).__name__, p.sequence_length) for p in loaded] == [
+        ("GPT1CausalLMPreprocessor", 128), ("GPT1CausalLMPreprocessor", 128), ("GPT1TaskPreprocessor", 128),
+        ("GPT1TaskPreprocessor", 128)]
+    assert loaded[0](TEXTS[0])[0]["token_ids"].shape == (128,)
+    assert loaded[2](TEXTS)["input_ids"].shape[:2] == (3, 1)
+    assert gpt_tf.GPT1CausalLMPreprocessor.from_preset("gpt1_tiny_books_en", sequence_length=20).sequence_length == 20
+    with pytest.raises(ValueError, match="sequence_length is not set"):
+        gpt_tf.GPT1CausalLMPreprocessor(loaded[0].tokenizer)(TEXTS)
+
+
 def _lm_arrays(outputs) -> list:
     """The language model preprocessor's ``(x, y, sample_weight)`` as arrays: token ids, padding mask, y, weights."""
     x, y, sample_weight = outputs

@@ -3,7 +3,7 @@
 GPT-1 pre-trained on a plain token stream (no start or end token), so none is added; padding uses the pad
 id and comes last. As keras-hub's preprocessors, it takes one string or a batch, eagerly or in ``tf.data`` (mapped
 before or after ``batch``): one string gives outputs of one rank less. ``SequenceLength`` is what it shares with the
-tasks' ``GPT1TaskPreprocessor`` (``gpt_tf/gpt1/preprocessor.py``).
+tasks' ``GPT1TaskPreprocessor`` (``gpt_tf/gpt1/preprocessor.py``), ``from_preset``'s default length included.
 """
 
 from __future__ import annotations
@@ -13,7 +13,7 @@ import keras_hub
 from gpt_tf.backend import tf  # imported at first use: the family imports without TensorFlow
 
 from gpt_tf.gpt1.backbone import GPT1Backbone
-from gpt_tf.gpt1.keras_hub_adapter import preprocessing_function
+from gpt_tf.gpt1.keras_hub_adapter import preprocessing_function, preset_sequence_length
 from gpt_tf.gpt1.tokenizer import GPT1Tokenizer
 from gpt_tf.nn.layers import PACKAGE
 from gpt_tf.convert.preset_io import FindsPresets
@@ -21,7 +21,12 @@ from gpt_tf.convert.preset_io import FindsPresets
 
 class SequenceLength(FindsPresets):
     """What both preprocessors share: a settable ``sequence_length`` (keras-hub's packer is not used), a
-    ``build`` with nothing to build, and ``from_preset``'s error for a preset not found (``FindsPresets``)."""
+    ``build`` with nothing to build, and ``from_preset``'s error for a preset not found (``FindsPresets``).
+
+    ``from_preset`` (the class's, or keras-hub's base class's: ``keras_hub.models.CausalLMPreprocessor`` /
+    ``TextClassifierPreprocessor``) of a preset without ``preprocessor.json`` sets ``sequence_length`` to the
+    backbone's ``max_sequence_length`` in the preset's config, unless one is given; a task preset's
+    ``preprocessor.json`` holds its own."""
 
     @property
     def sequence_length(self):
@@ -31,6 +36,23 @@ class SequenceLength(FindsPresets):
     @sequence_length.setter
     def sequence_length(self, value):
         self._sequence_length = None if value is None else int(value)
+
+    @classmethod
+    def _add_missing_kwargs(cls, loader, kwargs):
+        """keras-hub's hook for a preset without ``preprocessor.json``: the tokenizer (keras-hub's), and the
+        backbone's ``max_sequence_length`` where no ``sequence_length`` is given (``keras_hub_adapter``)."""
+        kwargs = super()._add_missing_kwargs(loader, kwargs)
+        if kwargs.get("sequence_length") is None:
+            kwargs["sequence_length"] = preset_sequence_length(loader)
+        return kwargs
+
+    def _length(self, sequence_length=None) -> int:
+        """``sequence_length`` (a call's override) or the layer's; a ValueError where neither is set."""
+        length = sequence_length or self.sequence_length
+        if length is None:
+            raise ValueError(f"{type(self).__name__}: sequence_length is not set: pass sequence_length, load it with "
+                             "from_preset or attach it to a task")
+        return int(length)
 
     def build(self, input_shape=None):
         self.built = True
@@ -45,8 +67,9 @@ class GPT1CausalLMPreprocessor(SequenceLength, keras_hub.models.CausalLMPreproce
 
     Args:
         tokenizer: a ``GPT1Tokenizer``.
-        sequence_length: the packed length (``GPT1CausalLM`` sets it to its context where it is None). ``call`` and
-            ``generate_preprocess`` take a ``sequence_length`` that overrides it.
+        sequence_length: the packed length (``from_preset``: the backbone's ``max_sequence_length`` unless given;
+            ``GPT1CausalLM`` sets it to its context where it is None). ``call`` and ``generate_preprocess`` take a
+            ``sequence_length`` that overrides it.
 
     Inputs: one string (outputs ``[T]``) or a batch ``[B]`` (outputs ``[B, T]``), eagerly or in ``tf.data``:
     ``ds.map(preprocessor)`` before ``batch`` (then batched) or after it.
@@ -59,6 +82,7 @@ class GPT1CausalLMPreprocessor(SequenceLength, keras_hub.models.CausalLMPreproce
     x, y, sample_weight = pre(["the man walked into the room ."])   # y: x["token_ids"] shifted by one
     x, y, sample_weight = pre("the man walked")                     # one string: x["token_ids"] is [16]
     ds = tf.data.Dataset.from_tensor_slices(["she said", "it was a dark night"]).map(pre).batch(32)
+    gpt_tf.GPT1CausalLMPreprocessor.from_preset("gpt1_tiny_books_en").sequence_length   # 128: the backbone's
     ```
     """
 
@@ -89,14 +113,14 @@ class GPT1CausalLMPreprocessor(SequenceLength, keras_hub.models.CausalLMPreproce
     def call(self, x, y=None, sample_weight=None, sequence_length=None):
         """``(x, y, sample_weight)``: ``x["token_ids"]`` and its mask, the next ids and their mask (``y`` and
         ``sample_weight`` given are replaced, as keras-hub's do)."""
-        token_ids, mask = self._pack(x, int(sequence_length or self.sequence_length) + 1)
+        token_ids, mask = self._pack(x, self._length(sequence_length) + 1)
         x = {"token_ids": token_ids[..., :-1], "padding_mask": mask[..., :-1]}
         return keras.utils.pack_x_y_sample_weight(x, token_ids[..., 1:], mask[..., 1:])
 
     @preprocessing_function
     def generate_preprocess(self, x, sequence_length=None):
         """Prompts → ``{"token_ids", "padding_mask"}``, padded to ``sequence_length`` (generation's length)."""
-        token_ids, mask = self._pack(x, int(sequence_length or self.sequence_length))
+        token_ids, mask = self._pack(x, self._length(sequence_length))
         return {"token_ids": token_ids, "padding_mask": mask}
 
     @preprocessing_function

@@ -70,7 +70,8 @@ class GPT1TaskPreprocessor(SequenceLength, keras_hub.models.TextClassifierPrepro
 
     Args:
         tokenizer: a ``GPT1Tokenizer``.
-        sequence_length: ``n_ctx`` of the views (default: the backbone's, set by the task).
+        sequence_length: ``n_ctx`` of the views (``from_preset``: the backbone's ``max_sequence_length`` unless
+            given; a task sets it to its backbone's where it is None).
         input_type: ``"single"`` (``<s> a <e>``), ``"pair"`` (``<s> a $ b <e>``), ``"pair_symmetric"``
             (both orders) or ``"multiple_choice"`` (``<s> context $ choice_k <e>`` for each k).
         num_choices: candidates per example (multiple choice).
@@ -117,8 +118,7 @@ class GPT1TaskPreprocessor(SequenceLength, keras_hub.models.TextClassifierPrepro
 
     @preprocessing_function
     def call(self, x, y=None, sample_weight=None):
-        if self.sequence_length is None:
-            raise ValueError("sequence_length is not set: attach the preprocessor to a task or pass sequence_length")
+        self._length()
         if isinstance(x, dict) and "input_ids" in x:  # already the model's features: passed through
             return keras.utils.pack_x_y_sample_weight(x, y, sample_weight)
         features = self.features(_as_fields(x, self.input_type))
@@ -126,7 +126,7 @@ class GPT1TaskPreprocessor(SequenceLength, keras_hub.models.TextClassifierPrepro
 
     def features(self, fields: dict) -> dict:
         """``{field: tf.string [B]}`` (choices ``[B, K]``) → the model's features, padded to a bucket."""
-        n_ctx, special, task = int(self.sequence_length), self.tokenizer.special_ids(), self._task()
+        n_ctx, special, task = self._length(), self.tokenizer.special_ids(), self._task()
         first = fields[next(iter(fields))]
         scalar = first.dtype == tf.string and first.shape.rank == 0
         if scalar:
