@@ -128,10 +128,42 @@ def test_preprocessors_from_a_preset_take_the_backbones_sequence_length():
         ("GPT1CausalLMPreprocessor", 128), ("GPT1CausalLMPreprocessor", 128), ("GPT1TaskPreprocessor", 128),
         ("GPT1TaskPreprocessor", 128)]
     assert loaded[0](TEXTS[0])[0]["token_ids"].shape == (128,)
-    assert loaded[2](TEXTS)["input_ids"].shape[:2] == (3, 1)
+    assert loaded[2](TEXTS)["input_ids"].shape == (3, 1, 128)
     assert gpt_tf.GPT1CausalLMPreprocessor.from_preset("gpt1_tiny_books_en", sequence_length=20).sequence_length == 20
     with pytest.raises(ValueError, match="sequence_length is not set"):
         gpt_tf.GPT1CausalLMPreprocessor(loaded[0].tokenizer)(TEXTS)
+
+
+def test_task_preprocessor_pads_to_sequence_length_so_map_then_batch_works(tokenizer):
+    """keras-hub's pipeline ``from_tensor_slices((texts, labels)).map(preprocessor).batch(n)`` on texts of different
+    lengths: every view is padded to ``sequence_length``; one example gives features of one rank less. Length
+    buckets are asked for (``pad_to_bucket=True``), as the tasks' ``preprocess_samples`` does."""
+    import tensorflow as tf
+
+    import gpt_tf
+
+    pre = gpt_tf.GPT1TaskPreprocessor(tokenizer, sequence_length=32)
+    features = {k: np.asarray(v) for k, v in pre(TEXTS).items()}
+    assert {k: v.shape for k, v in features.items()} == {"input_ids": (3, 1, 32), "extract_index": (3, 1),
+                                                         "lm_weights": (3, 1, 32)}
+    for key, value in pre(TEXTS[1]).items():
+        np.testing.assert_array_equal(value, features[key][1])
+    got, labels = next(iter(tf.data.Dataset.from_tensor_slices((TEXTS, [1, 0, 1])).map(pre).batch(3)))
+    assert labels.numpy().tolist() == [1, 0, 1]
+    for key, value in got.items():
+        np.testing.assert_array_equal(value, features[key])
+    bucketed = pre(TEXTS, pad_to_bucket=True)
+    length = bucketed["input_ids"].shape[2]
+    assert length == 16 > int(features["extract_index"].max())  # the bucket of the longest view, not 32
+    np.testing.assert_array_equal(bucketed["input_ids"], features["input_ids"][:, :, :length])
+    task = gpt_tf.GPT1TextClassifier(_backbone(), 2, pre)
+    assert task.preprocess_samples(TEXTS)["input_ids"].shape[2] == length
+
+    choice = gpt_tf.GPT1TaskPreprocessor(tokenizer, sequence_length=32, input_type="multiple_choice", num_choices=2)
+    choices = [["yes .", "no , not at all ."], ["maybe .", "never ."]]
+    one = choice({"context": TEXTS[0], "choices": choices[0]})
+    assert one["input_ids"].shape == (2, 32) and one["extract_index"].shape == (2,)
+    np.testing.assert_array_equal(one["input_ids"], choice({"context": TEXTS[:2], "choices": choices})["input_ids"][0])
 
 
 def _lm_arrays(outputs) -> list:
