@@ -59,10 +59,17 @@ def test_lengths_are_the_longest_view_the_preprocessor_builds(tokenizer):
     assert max(batching.lengths(pretokenize(cases[1][1], tokenizer, "pair"), "pair", 12).numpy()) == 12
 
 
-def test_fit_runs_the_planned_batches_and_predict_keeps_the_callers_order(tokenizer):
+def test_fit_runs_the_planned_batches_and_predict_keeps_the_callers_order(tokenizer, monkeypatch):
     texts = [" ".join(["word"] * n) + " ." for n in (1, 30, 3, 12, 2, 25, 5, 40, 1, 8)]
     labels = [n % 2 for n in range(10)]
     classifier = _classifier(tokenizer)
+    features, padding = classifier.preprocessor.features, []
+
+    def recorded(fields, **kwargs):  # how fit / predict / evaluate have their batches padded
+        padding.append(kwargs.get("pad_to_bucket"))
+        return features(fields, **kwargs)
+
+    monkeypatch.setattr(classifier.preprocessor, "features", recorded)
     classifier.fit(texts, labels, batch_size=4, epochs=2, verbose=0)
     assert int(classifier.optimizer.iterations.numpy()) == 2 * (10 // 4)  # planned: N // B batches an epoch
     together = classifier.predict(texts, batch_size=4, verbose=0)
@@ -70,3 +77,4 @@ def test_fit_runs_the_planned_batches_and_predict_keeps_the_callers_order(tokeni
     np.testing.assert_allclose(together, alone, atol=1e-5)
     metrics = classifier.evaluate(texts, labels, batch_size=4, verbose=0, return_dict=True)
     assert metrics["accuracy"] == pytest.approx(np.mean(together.argmax(-1) == np.asarray(labels)))
+    assert padding and set(padding) == {True}  # each batch to its bucket: the explicit choice of the task's path

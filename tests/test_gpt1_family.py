@@ -85,6 +85,86 @@ def test_preprocessor_applies_the_papers_transformations(tokenizer):
     assert (got["input_ids"].numpy()[0, :, 0] == tokenizer.start_token_id).all()
 
 
+def test_causal_lm_preprocessor_takes_one_string_or_a_batch_eagerly_and_in_tf_data(tokenizer):
+    """As keras-hub's: one string gives outputs of one rank less, and ``ds.map(preprocessor)`` before ``batch`` (on
+    ``(text, label)`` pairs: the labels are replaced) gives the eager batch's values (one pipeline: each takes
+    seconds to start, the in-graph tokenizer's)."""
+    import tensorflow as tf
+
+    import gpt_tf
+
+    pre = gpt_tf.GPT1CausalLMPreprocessor(tokenizer, sequence_length=16)
+    batch = _lm_arrays(pre(TEXTS))
+    assert [t.shape for t in batch] == [(3, 16)] * 4  # token_ids, padding_mask, next ids, their mask
+    for got, want in zip(_lm_arrays(pre(TEXTS[1])), batch):
+        np.testing.assert_array_equal(got, want[1])
+    prompt = pre.generate_preprocess(TEXTS[1])
+    assert prompt["token_ids"].shape == (16,)
+    np.testing.assert_array_equal(prompt["token_ids"], pre.generate_preprocess(TEXTS)["token_ids"][1])
+    assert pre.generate_postprocess(prompt) == TEXTS[1]
+    labelled = tf.data.Dataset.from_tensor_slices((TEXTS, [0, 1, 2]))
+    for got, want in zip(_lm_arrays(next(iter(labelled.map(pre).batch(3)))), batch):
+        np.testing.assert_array_equal(got, want)
+
+
+def test_preprocessors_from_a_preset_take_the_backbones_sequence_length():
+    """A preset without ``preprocessor.json`` gives the backbone's ``max_sequence_length`` (books_tiny's 128), through
+    the family's class or keras-hub's base class; a ``sequence_length`` given wins."""
+    import keras_hub
+
+    import gpt_tf
+
+    classes = (gpt_tf.GPT1CausalLMPreprocessor, keras_hub.models.CausalLMPreprocessor, gpt_tf.GPT1TaskPreprocessor,
+               keras_hub.models.TextClassifierPreprocessor)
+    loaded = [cls.from_preset("gpt1_tiny_books_en") for cls in classes]
+    assert [(type(p).__name__, p.sequence_length) for p in loaded] == [
+        ("GPT1CausalLMPreprocessor", 128), ("GPT1CausalLMPreprocessor", 128), ("GPT1TaskPreprocessor", 128),
+        ("GPT1TaskPreprocessor", 128)]
+    assert loaded[0](TEXTS[0])[0]["token_ids"].shape == (128,)
+    assert loaded[2](TEXTS)["input_ids"].shape == (3, 1, 128)
+    assert gpt_tf.GPT1CausalLMPreprocessor.from_preset("gpt1_tiny_books_en", sequence_length=20).sequence_length == 20
+    with pytest.raises(ValueError, match="sequence_length is not set"):
+        gpt_tf.GPT1CausalLMPreprocessor(loaded[0].tokenizer)(TEXTS)
+
+
+def test_task_preprocessor_pads_to_sequence_length_so_map_then_batch_works(tokenizer):
+    """keras-hub's pipeline ``from_tensor_slices((texts, labels)).map(preprocessor).batch(n)`` on texts of different
+    lengths: every view is padded to ``sequence_length``; one example gives features of one rank less. Length
+    buckets are asked for (``pad_to_bucket=True``), as the tasks' ``preprocess_samples`` does."""
+    import tensorflow as tf
+
+    import gpt_tf
+
+    pre = gpt_tf.GPT1TaskPreprocessor(tokenizer, sequence_length=32)
+    features = {k: np.asarray(v) for k, v in pre(TEXTS).items()}
+    assert {k: v.shape for k, v in features.items()} == {"input_ids": (3, 1, 32), "extract_index": (3, 1),
+                                                         "lm_weights": (3, 1, 32)}
+    for key, value in pre(TEXTS[1]).items():
+        np.testing.assert_array_equal(value, features[key][1])
+    got, labels = next(iter(tf.data.Dataset.from_tensor_slices((TEXTS, [1, 0, 1])).map(pre).batch(3)))
+    assert labels.numpy().tolist() == [1, 0, 1]
+    for key, value in got.items():
+        np.testing.assert_array_equal(value, features[key])
+    bucketed = pre(TEXTS, pad_to_bucket=True)
+    length = bucketed["input_ids"].shape[2]
+    assert length == 16 > int(features["extract_index"].max())  # the bucket of the longest view, not 32
+    np.testing.assert_array_equal(bucketed["input_ids"], features["input_ids"][:, :, :length])
+    task = gpt_tf.GPT1TextClassifier(_backbone(), 2, pre)
+    assert task.preprocess_samples(TEXTS)["input_ids"].shape[2] == length
+
+    choice = gpt_tf.GPT1TaskPreprocessor(tokenizer, sequence_length=32, input_type="multiple_choice", num_choices=2)
+    choices = [["yes .", "no , not at all ."], ["maybe .", "never ."]]
+    one = choice({"context": TEXTS[0], "choices": choices[0]})
+    assert one["input_ids"].shape == (2, 32) and one["extract_index"].shape == (2,)
+    np.testing.assert_array_equal(one["input_ids"], choice({"context": TEXTS[:2], "choices": choices})["input_ids"][0])
+
+
+def _lm_arrays(outputs) -> list:
+    """The language model preprocessor's ``(x, y, sample_weight)`` as arrays: token ids, padding mask, y, weights."""
+    x, y, sample_weight = outputs
+    return [np.asarray(t) for t in (x["token_ids"], x["padding_mask"], y, sample_weight)]
+
+
 def test_task_presets_round_trip_with_identical_logits(tokenizer, tmp_path):
     import keras_hub
 

@@ -68,6 +68,31 @@ def test_preprocessing_function_converts_once_and_only_eagerly():
     expect(isinstance(next(iter(graph)), tf.RaggedTensor), "a call in tf.data converts its outputs")
 
 
+def test_preprocessors_of_a_preset_without_their_config_get_the_backbone_config(monkeypatch):
+    """``preset_sequence_length``: keras-hub builds the preprocessor of a preset without ``preprocessor.json`` through
+    the class's ``_add_missing_kwargs(loader, kwargs)``, ``loader.config`` the preset's ``config.json``."""
+    import keras_hub
+
+    import gpt_tf
+    import gpt_tf.gpt1.causal_lm_preprocessor as module
+
+    loaders, original = [], module.preset_sequence_length
+
+    def recorded(loader):
+        loaders.append(loader)
+        return original(loader)
+
+    monkeypatch.setattr(module, "preset_sequence_length", recorded)
+    keras_hub.models.CausalLMPreprocessor.from_preset("gpt1_tiny_books_en")
+    expect(len(loaders) == 1, "from_preset of a preset without preprocessor.json no longer calls the class's "
+           "_add_missing_kwargs")
+    config = getattr(loaders[0], "config", None)
+    expect(isinstance(config, dict) and config.get("config", {}).get("max_sequence_length") == 128,
+           "the preset loader's `config` is not the preset's config.json")
+    expect(gpt_tf.GPT1TaskPreprocessor.from_preset("gpt1_tiny_books_en").sequence_length == 128,
+           "from_preset of a preset without preprocessor.json gives no sequence_length")
+
+
 def test_saved_presets_name_the_family_task_classes(tmp_path):
     """``name_tasks_in_metadata``: ``metadata.json`` has a ``tasks`` list, which ``save_to_preset`` then holds as the
     family's task classes (keras-hub writes each task's first base class: the family's mixins)."""

@@ -1,6 +1,7 @@
 """The order in which ``fit`` / ``evaluate`` / ``predict`` feed in-memory examples: the CLI's length buckets.
 
-The preprocessor pads each batch to the bucket of its longest view. That alone saves little when a
+The tasks' ``preprocess_samples`` has the preprocessor pad each batch keras-hub forms to the bucket of its
+longest view (``pad_to_bucket=True``; called alone, it pads to ``sequence_length``). That alone saves little when a
 batch is 32 examples drawn at random: its longest SST-2 phrase is ~3× the median. So, as the CLI's
 input pipeline does (``pipelines.task_batches``), ``fit`` orders the examples by ``epoch_plan``: each
 epoch a random permutation (its last N mod B examples sit the epoch out), stably sorted by bucket,

@@ -1,8 +1,9 @@
 """``GPT1CausalLMPreprocessor``: texts → the language model's token ids, for ``fit`` and ``generate``.
 
 GPT-1 pre-trained on a plain token stream (no start or end token), so none is added; padding uses the pad
-id and comes last. ``SequenceLength`` is what it shares with the tasks' ``GPT1TaskPreprocessor``
-(``gpt_tf/gpt1/preprocessor.py``).
+id and comes last. As keras-hub's preprocessors, it takes one string or a batch, eagerly or in ``tf.data`` (mapped
+before or after ``batch``): one string gives outputs of one rank less. ``SequenceLength`` is what it shares with the
+tasks' ``GPT1TaskPreprocessor`` (``gpt_tf/gpt1/preprocessor.py``), ``from_preset``'s default length included.
 """
 
 from __future__ import annotations
@@ -12,7 +13,7 @@ import keras_hub
 from gpt_tf.backend import tf  # imported at first use: the family imports without TensorFlow
 
 from gpt_tf.gpt1.backbone import GPT1Backbone
-from gpt_tf.gpt1.keras_hub_adapter import preprocessing_function
+from gpt_tf.gpt1.keras_hub_adapter import preprocessing_function, preset_sequence_length
 from gpt_tf.gpt1.tokenizer import GPT1Tokenizer
 from gpt_tf.nn.layers import PACKAGE
 from gpt_tf.convert.preset_io import FindsPresets
@@ -20,7 +21,12 @@ from gpt_tf.convert.preset_io import FindsPresets
 
 class SequenceLength(FindsPresets):
     """What both preprocessors share: a settable ``sequence_length`` (keras-hub's packer is not used), a
-    ``build`` with nothing to build, and ``from_preset``'s error for a preset not found (``FindsPresets``)."""
+    ``build`` with nothing to build, and ``from_preset``'s error for a preset not found (``FindsPresets``).
+
+    ``from_preset`` (the class's, or keras-hub's base class's: ``keras_hub.models.CausalLMPreprocessor`` /
+    ``TextClassifierPreprocessor``) of a preset without ``preprocessor.json`` sets ``sequence_length`` to the
+    backbone's ``max_sequence_length`` in the preset's config, unless one is given; a task preset's
+    ``preprocessor.json`` holds its own."""
 
     @property
     def sequence_length(self):
@@ -31,6 +37,23 @@ class SequenceLength(FindsPresets):
     def sequence_length(self, value):
         self._sequence_length = None if value is None else int(value)
 
+    @classmethod
+    def _add_missing_kwargs(cls, loader, kwargs):
+        """keras-hub's hook for a preset without ``preprocessor.json``: the tokenizer (keras-hub's), and the
+        backbone's ``max_sequence_length`` where no ``sequence_length`` is given (``keras_hub_adapter``)."""
+        kwargs = super()._add_missing_kwargs(loader, kwargs)
+        if kwargs.get("sequence_length") is None:
+            kwargs["sequence_length"] = preset_sequence_length(loader)
+        return kwargs
+
+    def _length(self, sequence_length=None) -> int:
+        """``sequence_length`` (a call's override) or the layer's; a ValueError where neither is set."""
+        length = sequence_length or self.sequence_length
+        if length is None:
+            raise ValueError(f"{type(self).__name__}: sequence_length is not set: pass sequence_length, load it with "
+                             "from_preset or attach it to a task")
+        return int(length)
+
     def build(self, input_shape=None):
         self.built = True
 
@@ -40,14 +63,26 @@ class GPT1CausalLMPreprocessor(SequenceLength, keras_hub.models.CausalLMPreproce
     """Texts → ``({"token_ids", "padding_mask"}, next ids, mask)`` for the LM, and ``generate``'s prompts.
 
     GPT-1 pre-trained on a plain token stream (no start or end token), so none is added; padding
-    uses the pad id and comes last.
+    uses the pad id and comes last, every output ``sequence_length`` long.
+
+    Args:
+        tokenizer: a ``GPT1Tokenizer``.
+        sequence_length: the packed length (``from_preset``: the backbone's ``max_sequence_length`` unless given;
+            ``GPT1CausalLM`` sets it to its context where it is None). ``call`` and ``generate_preprocess`` take a
+            ``sequence_length`` that overrides it.
+
+    Inputs: one string (outputs ``[T]``) or a batch ``[B]`` (outputs ``[B, T]``), eagerly or in ``tf.data``:
+    ``ds.map(preprocessor)`` before ``batch`` (then batched) or after it.
 
     Example:
 
     ```python
-    import gpt_tf
+    import gpt_tf, tensorflow as tf
     pre = gpt_tf.GPT1CausalLMPreprocessor.from_preset("gpt1_tiny_books_en", sequence_length=16)
     x, y, sample_weight = pre(["the man walked into the room ."])   # y: x["token_ids"] shifted by one
+    x, y, sample_weight = pre("the man walked")                     # one string: x["token_ids"] is [16]
+    ds = tf.data.Dataset.from_tensor_slices(["she said", "it was a dark night"]).map(pre).batch(32)
+    gpt_tf.GPT1CausalLMPreprocessor.from_preset("gpt1_tiny_books_en").sequence_length   # 128: the backbone's
     ```
     """
 
@@ -62,27 +97,30 @@ class GPT1CausalLMPreprocessor(SequenceLength, keras_hub.models.CausalLMPreproce
         self.add_start_token = self.add_end_token = False
 
     def _pack(self, x, length):
-        ids = self.tokenizer.tokenize(tf.convert_to_tensor(x, tf.string))
-        scalar = ids.shape.rank == 1
-        if scalar:
-            ids = ids[tf.newaxis]
-        ids = ids[:, :length]
+        """Strings ``[]`` or ``[B]`` → ``(token_ids, padding_mask)``, ``[length]`` or ``[B, length]``: the ids
+        truncated to ``length``, then padded. One string is tokenized as a batch of one (the tokenizer gives a lone
+        string's ids dense, a batch's ragged), its outputs taken back out of it."""
+        x = tf.convert_to_tensor(x, tf.string)
+        if x.shape.rank not in (0, 1):
+            raise ValueError(f"{type(self).__name__} takes one string or a batch of them, got shape {x.shape}")
+        scalar = x.shape.rank == 0
+        ids = self.tokenizer.tokenize(x[tf.newaxis] if scalar else x)[:, :length]
         token_ids = ids.to_tensor(default_value=self.tokenizer.pad_token_id, shape=[None, length])
         mask = tf.sequence_mask(ids.row_lengths(), length)
-        return token_ids, mask, scalar
+        return (token_ids[0], mask[0]) if scalar else (token_ids, mask)
 
     @preprocessing_function
     def call(self, x, y=None, sample_weight=None, sequence_length=None):
-        length = int(sequence_length or self.sequence_length)
-        token_ids, mask, _ = self._pack(x, length + 1)
-        x = {"token_ids": token_ids[:, :-1], "padding_mask": mask[:, :-1]}
-        return keras.utils.pack_x_y_sample_weight(x, token_ids[:, 1:], mask[:, 1:])
+        """``(x, y, sample_weight)``: ``x["token_ids"]`` and its mask, the next ids and their mask (``y`` and
+        ``sample_weight`` given are replaced, as keras-hub's do)."""
+        token_ids, mask = self._pack(x, self._length(sequence_length) + 1)
+        x = {"token_ids": token_ids[..., :-1], "padding_mask": mask[..., :-1]}
+        return keras.utils.pack_x_y_sample_weight(x, token_ids[..., 1:], mask[..., 1:])
 
     @preprocessing_function
     def generate_preprocess(self, x, sequence_length=None):
-        token_ids, mask, scalar = self._pack(x, int(sequence_length or self.sequence_length))
-        if scalar:
-            return {"token_ids": token_ids[0], "padding_mask": mask[0]}
+        """Prompts → ``{"token_ids", "padding_mask"}``, padded to ``sequence_length`` (generation's length)."""
+        token_ids, mask = self._pack(x, self._length(sequence_length))
         return {"token_ids": token_ids, "padding_mask": mask}
 
     @preprocessing_function

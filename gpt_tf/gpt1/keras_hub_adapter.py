@@ -15,6 +15,11 @@ gpt_tf/gpt1/keras_hub_adapter.py" when an upgrade breaks it.
 3. ``name_tasks_in_metadata``: ``save_to_preset`` writes ``metadata.json``'s ``tasks`` from each task
    class's first base class (``__base__``), which for the family's tasks (a mixin first) names the mixin.
    The family's task classes that load the backbone are written instead.
+4. ``preset_sequence_length``: a preset with no ``preprocessor.json`` (the shipped ones: a backbone and its
+   tokenizer) gives a preprocessor no ``sequence_length``; keras-hub's own presets carry it in that file. keras-hub
+   builds such a preprocessor through the classmethod ``_add_missing_kwargs(loader, kwargs)`` (its docstring offers
+   it for overriding), whose ``loader.config`` is the preset's ``config.json``: the family's preprocessors take the
+   backbone's ``max_sequence_length`` from it there.
 """
 
 from __future__ import annotations
@@ -44,6 +49,16 @@ def register_presets(presets: dict, backbone_cls) -> None:
     """Registers ``{name: {"metadata": {...}, "kaggle_handle": folder}}`` as built-in presets of ``backbone_cls``:
     ``from_preset(name)`` of the backbone, its tasks, tokenizer and preprocessors then loads the folder."""
     _register_presets(presets, backbone_cls)
+
+
+def preset_sequence_length(loader):
+    """The ``max_sequence_length`` in the backbone config of the preset ``loader`` reads (keras-hub's preset loader,
+    as ``Preprocessor._add_missing_kwargs`` gets it), or None where its config has none (not a Keras preset)."""
+    config = getattr(loader, "config", None)
+    if not isinstance(config, dict):
+        raise ValueError(changed("a preset loader has no dict `config` (the preset's config.json)"))
+    value = (config.get("config") or {}).get("max_sequence_length")
+    return None if value is None else int(value)
 
 
 def task_classes(backbone_cls) -> list:

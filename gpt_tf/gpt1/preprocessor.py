@@ -2,10 +2,14 @@
 
 ``GPT1TaskPreprocessor`` tokenizes each text field (``GPT1Tokenizer``) and builds every example's
 views with ``pipelines.transforms.transform_record``, the one definition the data pipelines and the
-served SavedModels use (truncation rule included). A batch is padded to the smallest length bucket
-(``pipelines.task_batches.bucket_lengths``: 8, 16, 24, 32, 48, …, ``sequence_length``) that holds
-its longest view, so ``fit`` on short texts does not pay for ``n_ctx`` of padding and Keras traces
-few shapes. (``GPT1CausalLMPreprocessor``, the language model's, is ``gpt_tf/gpt1/causal_lm_preprocessor.py``.)
+served SavedModels use (truncation rule included). As keras-hub's preprocessors, it takes one example
+or a batch, eagerly or in ``tf.data`` (mapped before or after ``batch``), and pads every view to
+``sequence_length``. Called with ``pad_to_bucket=True`` (what the tasks' ``preprocess_samples`` does for the
+batches keras-hub's ``fit`` / ``evaluate`` / ``predict`` build: ``gpt_tf/gpt1/task.py``) it pads a batch
+only to the smallest length bucket (``pipelines.task_batches.bucket_lengths``: 8, 16, 24, 32, 48, …,
+``sequence_length``) that holds its longest view, so ``fit`` on short texts does not pay for ``n_ctx`` of
+padding and Keras traces few shapes. (``GPT1CausalLMPreprocessor``, the language model's, is
+``gpt_tf/gpt1/causal_lm_preprocessor.py``.)
 """
 
 from __future__ import annotations
@@ -66,26 +70,39 @@ def pretokenize(x, tokenizer, input_type: str):
 
 @keras.saving.register_keras_serializable(package=PACKAGE)
 class GPT1TaskPreprocessor(SequenceLength, keras_hub.models.TextClassifierPreprocessor):
-    """Texts → ``{"input_ids" [B, K, L], "extract_index" [B, K], "lm_weights" [B, K, L]}`` (§3.3).
+    """Texts → ``{"input_ids" [B, K, L], "extract_index" [B, K], "lm_weights" [B, K, L]}`` (§3.3), L =
+    ``sequence_length``.
 
     Args:
         tokenizer: a ``GPT1Tokenizer``.
-        sequence_length: ``n_ctx`` of the views (default: the backbone's, set by the task).
+        sequence_length: ``n_ctx`` of the views (``from_preset``: the backbone's ``max_sequence_length`` unless
+            given; a task sets it to its backbone's where it is None).
         input_type: ``"single"`` (``<s> a <e>``), ``"pair"`` (``<s> a $ b <e>``), ``"pair_symmetric"``
             (both orders) or ``"multiple_choice"`` (``<s> context $ choice_k <e>`` for each k).
         num_choices: candidates per example (multiple choice).
 
     Inputs: a batch of strings (single), a tuple ``(a, b)`` (pairs), ``(context, choices [B, K])``
     (multiple choice), or a dict by field name (``gpt_tf.tasks.INPUT_FIELDS`` and ``"choices"``).
-    Called alone, a tuple is Keras's ``(x, y)``: give pairs as a dict.
+    Called alone, a tuple is Keras's ``(x, y)``: give pairs as a dict. One example (each field a string,
+    choices ``[K]``) gives features of one rank less (``input_ids`` ``[K, L]``), so
+    ``ds.map(preprocessor).batch(n)`` works, as does mapping after ``batch``.
+
+    Call arguments: ``x``, ``y``, ``sample_weight`` (returned as given) and ``pad_to_bucket``: False (default)
+    pads to ``sequence_length``; True pads a batch only to the length bucket of its longest view
+    (``pipelines.task_batches.bucket_lengths``), one length per batch: for batches already formed, as the tasks'
+    ``fit`` / ``evaluate`` / ``predict`` form them (``gpt_tf/gpt1/task.py``), not for ``map`` before ``batch``.
 
     Example:
 
     ```python
-    import gpt_tf
+    import gpt_tf, tensorflow as tf
     pre = gpt_tf.GPT1TaskPreprocessor.from_preset("gpt1_tiny_books_en", sequence_length=64, input_type="pair")
     features = pre({"premise": ["a man sleeps ."], "hypothesis": ["a person rests ."]})
-    features["input_ids"]                          # [1, 1, 16]: <s> premise $ hypothesis <e>, padded
+    features["input_ids"]                          # [1, 1, 64]: <s> premise $ hypothesis <e>, padded
+    pre({"premise": ["a man sleeps ."], "hypothesis": ["a person rests ."]}, pad_to_bucket=True)["input_ids"]
+                                                   # [1, 1, 16]: the bucket of the longest view
+    single = gpt_tf.GPT1TaskPreprocessor.from_preset("gpt1_tiny_books_en")      # sequence_length 128
+    ds = tf.data.Dataset.from_tensor_slices((["a gem", "a dull , tired mess"], [1, 0])).map(single).batch(2)
     ```
     """
 
@@ -116,17 +133,18 @@ class GPT1TaskPreprocessor(SequenceLength, keras_hub.models.TextClassifierPrepro
         return TaskSpec("keras", self.input_type, head, labels, ("accuracy",), num_choices=self.num_choices)
 
     @preprocessing_function
-    def call(self, x, y=None, sample_weight=None):
-        if self.sequence_length is None:
-            raise ValueError("sequence_length is not set: attach the preprocessor to a task or pass sequence_length")
+    def call(self, x, y=None, sample_weight=None, pad_to_bucket=False):
+        """``(features, y, sample_weight)``; features given (a dict with ``input_ids``) pass through."""
+        self._length()
         if isinstance(x, dict) and "input_ids" in x:  # already the model's features: passed through
             return keras.utils.pack_x_y_sample_weight(x, y, sample_weight)
-        features = self.features(_as_fields(x, self.input_type))
+        features = self.features(_as_fields(x, self.input_type), pad_to_bucket=pad_to_bucket)
         return keras.utils.pack_x_y_sample_weight(features, y, sample_weight)
 
-    def features(self, fields: dict) -> dict:
-        """``{field: tf.string [B]}`` (choices ``[B, K]``) → the model's features, padded to a bucket."""
-        n_ctx, special, task = int(self.sequence_length), self.tokenizer.special_ids(), self._task()
+    def features(self, fields: dict, pad_to_bucket: bool = False) -> dict:
+        """``{field: tf.string [B]}`` (choices ``[B, K]``), or one example's (``[]``, choices ``[K]``) → the model's
+        features, padded to ``sequence_length`` or (``pad_to_bucket``) to the bucket of the longest view."""
+        n_ctx, special, task = self._length(), self.tokenizer.special_ids(), self._task()
         first = fields[next(iter(fields))]
         scalar = first.dtype == tf.string and first.shape.rank == 0
         if scalar:
@@ -148,10 +166,12 @@ class GPT1TaskPreprocessor(SequenceLength, keras_hub.models.TextClassifierPrepro
                 tf.TensorSpec([k, n_ctx], tf.float32))
         batch = tf.shape(fields[names[0]])[0]
         ids, extract, weights = tf.map_fn(one, tf.range(batch), fn_output_signature=spec)
-        buckets = tf.constant(bucket_lengths(n_ctx), tf.int32)
-        longest = tf.reduce_max(extract) + 1
-        length = tf.gather(buckets, tf.searchsorted(buckets, longest[tf.newaxis])[0])
-        out = {"input_ids": ids[:, :, :length], "extract_index": extract, "lm_weights": weights[:, :, :length]}
+        if pad_to_bucket:  # one length for the whole batch: the bucket of its longest view
+            buckets = tf.constant(bucket_lengths(n_ctx), tf.int32)
+            longest = tf.reduce_max(extract) + 1
+            length = tf.gather(buckets, tf.searchsorted(buckets, longest[tf.newaxis])[0])
+            ids, weights = ids[:, :, :length], weights[:, :, :length]
+        out = {"input_ids": ids, "extract_index": extract, "lm_weights": weights}
         return {k: v[0] for k, v in out.items()} if scalar else out
 
     def _ids(self, value):

@@ -28,6 +28,7 @@ from keras import ops
 from gpt_tf.backend import tf  # imported at first use: the family imports without TensorFlow
 
 import gpt_tf.gpt1.batching as batching
+from gpt_tf.gpt1.preprocessor import GPT1TaskPreprocessor
 from gpt_tf import backend
 from gpt_tf.nn.optim import GPTAdamW, WarmupDecay, all_reduce_and_apply, make_optimizer
 from gpt_tf.convert.preset_io import FindsPresets
@@ -212,6 +213,14 @@ class GPT1TaskMixin(FindsPresets):
         total = int(keras.ops.convert_to_numpy(self.optimizer.iterations)) + steps * epochs
         schedule.total_steps, schedule.warmup_steps = total, math.ceil(fraction * steps * epochs)
         self.train_function = None  # retrace with the new schedule
+
+    def preprocess_samples(self, x, y=None, sample_weight=None):
+        """keras-hub's, for the batches its ``fit`` / ``evaluate`` / ``predict`` / ``*_on_batch`` form (they map it
+        after ``batch``): the preprocessor pads each batch only to its length bucket (``pad_to_bucket=True``), which
+        the bucket order of texts in memory (``gpt_tf/gpt1/batching.py``) makes pay."""
+        if not isinstance(self.preprocessor, GPT1TaskPreprocessor):
+            return super().preprocess_samples(x, y, sample_weight)
+        return self.preprocessor(x, y=y, sample_weight=sample_weight, pad_to_bucket=True)
 
     def _pretokenize(self, x):
         from gpt_tf.gpt1.preprocessor import pretokenize  # pylint: disable=import-outside-toplevel
