@@ -11,6 +11,6 @@ Server (imports only tensorflow, grpcio and tensorflow-serving-api):
     ``errors`` convert protos and status codes.
 Client: ``client`` (library and CLI), for this server or stock TF Serving; ``protos`` (TF Serving's messages
 without TensorFlow's start-up, numpy <-> TensorProto).
-All three need the ``serving`` extra (``pip install "gpt-tf[serving]"``: grpcio, tensorflow-serving-api);
+All three need the ``serving`` extra (``pip install ".[serving]"`` in the checkout: grpcio, tensorflow-serving-api);
 ``extra`` checks for it first and names it when it is missing.
 """

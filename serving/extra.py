@@ -1,18 +1,18 @@
-"""The ``serving`` extra: what ``serving/`` needs beyond ``pip install gpt-tf``.
+"""The ``serving`` extra: what ``serving/`` needs beyond the runtime install (``pip install .``).
 
-``pip install "gpt-tf[serving]"`` adds grpcio and tensorflow-serving-api: TF Serving's protos (the export's
-warm-up records, the server's requests) and gRPC (the server and the client). ``python -m serving.export``,
-``serving.server`` and ``serving.client`` call :func:`require` before importing either: without them the command
-exits with one line naming the extra, and an import of those modules from other code (a task's ``export()``)
-raises ``ModuleNotFoundError`` with the same sentence. Only the modules are looked up (no import), so the check
-costs nothing when the extra is installed.
+``pip install ".[serving]"``, from the repository root, adds grpcio and tensorflow-serving-api: TF Serving's
+protos (the export's warm-up records, the server's requests) and gRPC (the server and the client).
+``python -m serving.export``, ``serving.server`` and ``serving.client`` call :func:`require` before importing
+either: without them the command exits with one line naming the extra, and an import of those modules from other
+code (a task's ``export()``) raises ``ModuleNotFoundError`` with the same sentence. Only the modules are looked up
+(no import), so the check costs nothing when the extra is installed.
 """
 
 from __future__ import annotations
 
 import importlib.util
 
-INSTALL = 'pip install "gpt-tf[serving]"'
+INSTALL = 'pip install ".[serving]" from the repository root'  # gpt-tf is not on PyPI: a checkout's extra
 # Top-level module -> the distribution of the extra that provides it (protobuf, the extra's third entry, comes
 # with TensorFlow itself).
 MODULES = {"grpc": "grpcio", "tensorflow_serving": "tensorflow-serving-api"}

@@ -21,8 +21,11 @@ RULES = {
     "a placeholder of another tool": re.compile(r"\$OUT\b|<files_at>|\bfiles_at\b"),
     "words about how the project is developed": re.compile(
         r"\b(?:lent|device call|development machine|this session|earlier session|a session)\b", re.I),
-    # a short hex word with letters and digits, where a commit would be named ("at 1a2b3c4", "clone of `1a2b3c4`")
-    "a commit hash": re.compile(r"\b(?:at|of|commit|revision|since)\s+`?(?=[0-9a-f]*\d)(?=[0-9a-f]*[a-f])[0-9a-f]{7,12}\b"),
+    # a word of 7 to 40 hex digits with a letter among them, anywhere but after "sha256" ("at 1a2b3c4",
+    # "--baseline_ref=1a2b3c4", "git show 1a2b3c4:path"); one of digits only where a commit would be named
+    "a commit hash": re.compile(
+        r"(?<!sha256 )(?<![\w.-])(?=[0-9a-f]*\d)(?=[0-9a-f]*[a-f])[0-9a-f]{7,40}(?![\w-])"
+        r"|(?:`|\b(?:at|of|commit|revision|since|ref|base)[\s=]+`?)\d{7,40}(?![\w-])"),
 }
 
 
@@ -40,5 +43,43 @@ def test_the_rules_catch_what_they_name():
     caught = {what: bool(rule.search(text)) for (what, rule), text in zip(RULES.items(), (
         "as asked in issue #31", "see /work/main/runs/x", "copy it to $OUT", "on a lent GPU", "a fresh clone of 054d592"))}
     assert all(caught.values()), caught
-    clean = "Section [results](#results-at-a-glance), `~/.cache/gpt_tf`, /models in the container, 4.5e-06, sha256 f393d09d"
+    hashes = ("python -m bench.tokenizer --baseline_ref=ef438ba", "`git show ec0684d:bench/results/w.npz`",
+              "the fix (`1e2411d`)", "at `7129582`, before it", "--base=3f2a1b9c0d4e5f60718293a4b5c6d7e8f9a0b1c2")
+    assert [text for text in hashes if not RULES["a commit hash"].search(text)] == []
+    clean = ("Section [results](#results-at-a-glance), `~/.cache/gpt_tf`, /models in the container, 4.5e-06, "
+             "sha256 f393d09d, 2,566,421 tokens, a 64-digit digest " + "a1" * 32 + ", `--base=REV`, 1234567 bytes")
     assert not any(rule.search(clean) for rule in RULES.values())
+
+
+FENCED = re.compile(r"^```.*?^```", re.M | re.S)
+LINK = re.compile(r"\[[^\]\n]*\]\(([^)\s]+)\)")
+
+
+def anchors(path: Path) -> set[str]:
+    """The anchors GitHub gives a markdown file's headings: lower case, punctuation dropped, spaces as hyphens,
+    a repeated one numbered."""
+    found: set[str] = set()
+    for heading in re.findall(r"^#{1,6}\s+(.+?)\s*#*$", FENCED.sub("", path.read_text(encoding="utf-8")), re.M):
+        slug = re.sub(r"[^\w\- ]", "", heading.lower()).replace(" ", "-")
+        number, unique = 0, slug
+        while unique in found:
+            number += 1
+            unique = f"{slug}-{number}"
+        found.add(unique)
+    return found
+
+
+@pytest.mark.parametrize("path", DOCS, ids=lambda p: p.relative_to(ROOT).as_posix())
+def test_links_between_the_docs_resolve(path):
+    dead = []
+    text = re.sub(r"`[^`\n]*`", "", FENCED.sub("", path.read_text(encoding="utf-8")))
+    for target in LINK.findall(text):
+        if re.match(r"[a-z]+:", target):
+            continue  # a web address
+        file, _, anchor = target.partition("#")
+        linked = (path.parent / file).resolve() if file else path
+        if not linked.exists():
+            dead.append(f"{target}: no such file")
+        elif anchor and linked.suffix == ".md" and anchor not in anchors(linked):
+            dead.append(f"{target}: no such heading")
+    assert not dead, f"{path.relative_to(ROOT)}: " + "; ".join(dead)

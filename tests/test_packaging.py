@@ -375,10 +375,12 @@ def test_the_serving_commands_name_the_extra_in_one_line_when_it_is_missing(tmp_
     assert blocker.returncode == 1 and "ModuleNotFoundError" in blocker.stderr, blocker.stderr  # the stand-in works
     for command in ("serving.server", "serving.client", "serving.export"):
         done = run("-m", command, "--help")
-        expected = f'{command} needs gpt-tf\'s serving extra ({named} not installed): pip install "gpt-tf[serving]"'
+        expected = (f'{command} needs gpt-tf\'s serving extra ({named} not installed): '
+                    'pip install ".[serving]" from the repository root')
         assert (done.returncode, done.stderr.strip(), done.stdout) == (1, expected, ""), (command, done)
     # Imported by other code (a task's export() imports serving.export): an ImportError saying the same.
     imported = run("-c", "import serving.export")
     assert imported.returncode == 1, imported.stderr
     assert imported.stderr.strip().splitlines()[-1] == ("ModuleNotFoundError: serving.export needs gpt-tf's serving "
-                                                       f'extra ({named} not installed): pip install "gpt-tf[serving]"')
+                                                       f'extra ({named} not installed): pip install ".[serving]" '
+                                                       "from the repository root")

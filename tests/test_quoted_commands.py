@@ -1,8 +1,8 @@
 """Every command quoted in README.md, docs/*.md, WORKSPACE.md, bench/README.md and tools/*/README.md still runs as far as its
 command line goes: each ``python -m <module>`` of the project still exists and defines every ``--flag`` quoted
-for it, each ``bash <script>`` and ``--flagfile=<file>`` is there. A moved module or a renamed flag fails here.
-A script removed from the tree may keep its command beside the results it made, where each doc quoting it names
-the ``git log --diff-filter=D --oneline -- <path>`` that finds it in the repository's history.
+for it, each ``bash <script>`` and ``--flagfile=<file>`` is there, and so is every file of the project the docs
+(and the shipped presets' model cards) name. A moved module or a renamed flag fails here; a figure whose script
+is gone keeps no command beside it.
 
 Cheap: one subprocess runs each quoted module's ``__main__`` block with ``absl.app.run`` (and argparse's
 ``parse_args``) replaced by a stop that records the flags defined by then, so nothing runs (the benchmarks take
@@ -17,8 +17,6 @@ import subprocess
 import sys
 from pathlib import Path
 
-import pytest
-
 from tests.small_runs import ENV
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -29,8 +27,10 @@ FENCE = re.compile(r"^```[^\n]*\n(.*?)^```", re.M | re.S)
 INLINE = re.compile(r"`([^`\n]+)`")
 # `python -m a.b --x=1 --y` up to the end of the command (a shell operator, a comment, a redirection)
 PYTHON_M = re.compile(r"(?:^|[\s;&|(])(?:\S*/)?python3?\s+-m\s+([A-Za-z_][\w.]*)((?:[ \t]+(?![;&|#>])\S+)*)")
-HISTORY = re.compile(r"git log --diff-filter=D --oneline -- ((?:bench|tools)/[\w/.-]+\.py)")
 BASH = re.compile(r"(?:^|[\s;&|(])bash\s+((?:scripts|bench|tools)/[\w/.-]+\.sh)\b")
+# a file of the project named anywhere in a doc (not a placeholder such as `configs/finetune_<task>_tiny.flags`)
+PROJECT_FILE = re.compile(r"(?<![\w./-])((?:bench|configs|gpt_tf|pipelines|scripts|serving|tests|tools)/[\w/.-]*\w"
+                          r"\.(?:py|sh|flags|json|jsonl|md|png|txt|config|h|cc))(?![\w{<])")
 
 # Run in a fresh interpreter: {module: {"flags": [...], "bools": [...]} or {"error": "..."}} on stdout.
 PROBE = r'''
@@ -107,15 +107,6 @@ def quoted_modules() -> dict[str, dict[str, set[str]]]:
     return found
 
 
-def removed_scripts() -> dict[str, set[str]]:
-    """``{path: {doc, ...}}``: the scripts whose history the docs point to (``git log --diff-filter=D ...``)."""
-    found: dict[str, set[str]] = {}
-    for doc in DOCS:
-        for path in HISTORY.findall((ROOT / doc).read_text(encoding="utf-8")):
-            found.setdefault(path, set()).add(doc)
-    return found
-
-
 def test_the_docs_quote_the_project_commands_this_test_reads():
     modules = quoted_modules()
     # The parser sees what the README's walk-through and the docs quote (a parser that finds nothing passes all).
@@ -128,7 +119,7 @@ def test_the_docs_quote_the_project_commands_this_test_reads():
 
 
 def test_every_quoted_module_exists_and_defines_the_flags_quoted_for_it():
-    modules, removed = quoted_modules(), removed_scripts()
+    modules = quoted_modules()
     done = subprocess.run([sys.executable, "-c", PROBE, *sorted(modules)], cwd=ROOT, capture_output=True, text=True,
                           env=ENV, timeout=300)
     assert done.returncode == 0 and "@@" in done.stdout, done.stderr[-3000:]
@@ -137,9 +128,6 @@ def test_every_quoted_module_exists_and_defines_the_flags_quoted_for_it():
     for module, quoted in sorted(modules.items()):
         where = ", ".join(sorted(quoted[""]))
         if "error" in defined[module]:
-            path = module.replace(".", "/") + ".py"
-            if not (ROOT / path).exists() and quoted[""] <= removed.get(path, set()):
-                continue  # a removed script's command, kept beside its results by docs that say where it lives now
             problems.append(f"python -m {module} (quoted in {where}): {defined[module]['error']}")
             continue
         flags, bools = set(defined[module]["flags"]), set(defined[module]["bools"])
@@ -158,12 +146,11 @@ def test_every_quoted_script_and_flagfile_exists():
     assert not missing, missing
 
 
-def test_the_removed_scripts_the_docs_name_are_gone_and_git_finds_them():
-    removed = removed_scripts()
-    assert not [path for path in removed if (ROOT / path).exists()]
-    shallow = subprocess.run(["git", "rev-parse", "--is-shallow-repository"], cwd=ROOT, capture_output=True, text=True)
-    if shallow.returncode or shallow.stdout.strip() != "false":
-        pytest.skip("not a git checkout with its whole history: the removals cannot be looked up")
-    lost = [path for path in removed if not subprocess.run(["git", "log", "--diff-filter=D", "--oneline", "--", path],
-                                                           cwd=ROOT, capture_output=True, text=True).stdout.strip()]
-    assert not lost, f"the docs point to the history of files git never saw removed: {lost}"
+def test_every_project_file_the_docs_name_exists():
+    docs = (*DOCS, *sorted(p.relative_to(ROOT).as_posix() for p in (ROOT / "gpt_tf").rglob("presets/*/README.md")))
+    missing = [f"{doc}:{number}: {path}" for doc in docs
+               for number, line in enumerate((ROOT / doc).read_text(encoding="utf-8").splitlines(), 1)
+               for path in PROJECT_FILE.findall(line) if not (ROOT / path).exists()]
+    assert not missing, "\n".join(missing)
+    assert PROJECT_FILE.findall("`tests/test_x.py::test_y`, configs/finetune_<task>_tiny.flags, ../bench/README.md") \
+        == ["tests/test_x.py"]
