@@ -66,6 +66,7 @@ def test_lora_trains_the_adapters_alone_through_a_task(tokenizer):
 
     classifier = gpt_tf.GPT1TextClassifier(_backbone(), num_classes=2,
                                            preprocessor=gpt_tf.GPT1TaskPreprocessor(tokenizer))
+    classifier.compile(learning_rate=1e-2, warmup_fraction=0.0)  # before LoRA: fit makes the optimizer anew
     backbone = classifier.backbone
     backbone.enable_lora(4)
     names = sorted({v.path.split("/")[-1] for v in backbone.trainable_weights})
@@ -76,7 +77,6 @@ def test_lora_trains_the_adapters_alone_through_a_task(tokenizer):
     frozen = {v.path: np.array(v) for v in backbone.weights if "lora" not in v.path}
     adapters = {v.path: np.array(v) for v in backbone.trainable_weights}
     keras.utils.set_random_seed(1)
-    classifier.compile(learning_rate=1e-2, warmup_fraction=0.0)
     classifier.fit(TEXTS, [0, 1, 0], batch_size=3, epochs=2, verbose=0)
     for v in backbone.weights:
         if v.path in frozen:

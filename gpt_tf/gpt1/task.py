@@ -178,6 +178,7 @@ class GPT1TaskMixin(FindsPresets):
     def compile(self, optimizer="auto", loss="auto", *, metrics="auto", **kwargs):
         """The paper's recipe by default (``gpt_tf/nn/recipes.py``; the ``COMPILE_RECIPE`` keywords override it); the
         loss is ``compute_loss``'s."""
+        self._compiled_with = {"optimizer": optimizer, "loss": loss, "metrics": metrics, **kwargs}
         optimizer = self._paper_compile(optimizer, kwargs)
         if metrics == "auto":
             metrics = self._default_metrics()
@@ -194,6 +195,7 @@ class GPT1TaskMixin(FindsPresets):
             schedule = WarmupDecay(recipe["learning_rate"], 0, 1, "linear")
             optimizer = make_optimizer(self.trainable_variables, schedule, recipe["weight_decay"], recipe["clip_norm"])
             self._auto_schedule = (schedule, recipe["warmup_fraction"])
+            self._auto_variables = [id(v) for v in self.trainable_variables]
         return optimizer
 
     def _plan_schedule(self, x, batch_size, epochs, steps_per_epoch):
@@ -233,6 +235,9 @@ class GPT1TaskMixin(FindsPresets):
         buckets (``gpt_tf/gpt1/batching.py``): every epoch a fresh random plan of batches that each hold texts of
         one bucket, padded to it, so short texts do not pay for long ones' padding. With ``compile()``'s default
         optimizer the schedule spans this call."""
+        if getattr(self, "_auto_schedule", None) is not None and \
+                [id(v) for v in self.trainable_variables] != self._auto_variables:
+            self.compile(**self._compiled_with)  # enable_lora or frozen layers since compile(): an optimizer for these
         raw = x
         if isinstance(validation_data, tuple) and not isinstance(validation_data[0], tf.data.Dataset):
             validation_data = (self._pretokenize(validation_data[0]), *validation_data[1:])
