@@ -123,7 +123,7 @@ def export_task_model(model, task, tokenizer, base_path: str, model_name: str, v
 
 def export_task(task, base_path: str, model_name: str = "", version: int = 0) -> str:
     """Writes a fine-tuned task of the Python API (``gpt_tf.GPT1TextClassifier``, ``GPT1TextRegressor``,
-    ``GPT1MultipleChoice``: anything with ``forward``, ``task_spec`` and a ``GPT1Tokenizer`` in its
+    ``GPT1MultipleChoice``: anything with ``task_outputs``, ``task_spec`` and a ``GPT1Tokenizer`` in its
     ``preprocessor``) as a servable version: the same core-TF signatures as a fine-tuning run's (raw
     strings in; no TF-Text op, no custom op). Returns its folder."""
     from serving.saved_model_io import save_version, traced_signatures

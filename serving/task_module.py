@@ -126,7 +126,7 @@ class TaskServingModule(tf.Module):
 
     def predict_tokens(self, input_ids, extract_index) -> dict:
         """Task outputs (float32) for the model's features; see the module doc."""
-        out = self.model.forward({"input_ids": input_ids, "extract_index": extract_index}, training=False)
+        out = self.model.task_outputs({"input_ids": input_ids, "extract_index": extract_index}, training=False)
         out = tf.cast(out["task"], tf.float32)
         if self.task.head == "regression":
             return {"score": out}

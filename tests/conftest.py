@@ -35,7 +35,7 @@ def shared_data() -> Path:
 LONGEST_FIRST = ("serving_e2e", "test_walkthrough", "test_finetune_loop", "test_train", "test_gpt1_presets_cli",
                  "test_backends", "test_finetune", "test_tokenizer", "test_scale", "test_server_hardening",
                  "test_serving_ab", "test_jax_pretrain", "test_torch_pretrain", "test_disk_faults", "test_gpt1_family",
-                 "test_fuzz_serving", "test_hot_swap_memory", "test_buckets")
+                 "test_gpt1_harness", "test_fuzz_serving", "test_hot_swap_memory", "test_buckets")
 
 
 # The numerics-sensitive tests: they compare floats TensorFlow computes, against a reference, between two computation
@@ -49,7 +49,7 @@ NUMERICS = (
     "test_model", "test_task_model", "test_weights", "test_gpt1_fit", "test_gpt1_presets_cli", "test_gpt1_batching",
     "test_kernels", "test_inference_gelu", "test_aliased_grads", "test_lstm", "test_torch_lstm", "test_optim",
     "test_backends",
-    "test_gpt1_family::test_backbone_and_classifier_compute_what_the_projects_model_computes",
+    "test_gpt1_family::test_predict_on_texts_computes_what_task_outputs_computes_on_their_features",
     "test_gpt1_family::test_task_presets_round_trip_with_identical_logits",
     "test_gpt1_family::test_the_loops_language_model_starts_from_a_preset",
     "test_gpt1_family::test_release_shards_and_runs_convert_to_presets",

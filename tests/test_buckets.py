@@ -111,7 +111,7 @@ def test_resuming_at_a_batch_replays_the_stream_from_there(built):
 
 def per_example_losses(model, task, features, label):
     """(task loss, summed LM loss) per example, as task_loss adds them up."""
-    out = model.forward(features, training=False, with_lm=True)
+    out = model.task_outputs(features, training=False, with_lm=True)
     task_out = tf.cast(out["task"], tf.float32)
     if task.head == "regression":
         task_l = tf.square(task_out - label)

@@ -48,15 +48,15 @@ def test_import_is_light_and_keras_hub_resolves_gpt1_presets():
     assert proc.stdout.split() == ["GPT1Backbone", "GPT1TextClassifier", "GPT1TextClassifier", "True"]
 
 
-def test_predict_on_texts_computes_what_forward_computes_on_their_features(tokenizer):
+def test_predict_on_texts_computes_what_task_outputs_computes_on_their_features(tokenizer):
     classifier = _classifier(tokenizer, "pair_symmetric")
     features = classifier.preprocessor({"sentence1": TEXTS, "sentence2": TEXTS[::-1]})  # a tuple would be (x, y)
     from pipelines.task_batches import bucket_lengths
 
     assert features["input_ids"].shape[1] == 2 and features["input_ids"].shape[2] in bucket_lengths(32)
-    # two paths (predict's traced graph on length-sorted batches, an eager forward): within TWO_PATHS
+    # two paths (predict's traced graph on length-sorted batches, an eager task_outputs): within TWO_PATHS
     np.testing.assert_allclose(classifier.predict((TEXTS, TEXTS[::-1]), verbose=0),
-                               classifier.forward(features)["task"].numpy(), **TWO_PATHS)
+                               classifier.task_outputs(features)["task"].numpy(), **TWO_PATHS)
 
 
 def test_preprocessor_applies_the_papers_transformations(tokenizer):

@@ -155,4 +155,4 @@ def test_a_finetuning_run_converts_to_a_task_preset_with_the_runs_logits(loop_ru
     features = {k: batches[0][0][k] for k in ("input_ids", "extract_index", "lm_weights")}
     # bit for bit on every CPU: the preset holds the run's weights exactly, and the task's call runs the reference's
     # eager ops on the same shapes
-    np.testing.assert_array_equal(task(features).numpy(), reference.forward(features)["task"].numpy())
+    np.testing.assert_array_equal(task(features).numpy(), reference.task_outputs(features)["task"].numpy())

@@ -86,3 +86,38 @@ class GPT1CausalLMTest(TestCase):
         import gpt_tf
 
         self.run_serialization_test(gpt_tf.GPT1CausalLM(**self.init_kwargs))
+
+
+class GPT1TasksTest(TestCase):
+    """``run_task_test`` on the three fine-tuning tasks: the preprocessor's output against the model's inputs,
+    ``predict`` on texts, on a batched dataset and with preprocessing split off (``ds.map(preprocessor)``), ``fit``
+    likewise, and ``fit`` refused before ``compile``."""
+
+    def _kwargs(self, **preprocessor_kwargs):
+        import gpt_tf
+
+        tokenizer = gpt_tf.GPT1Tokenizer(str(BOOKS_TINY_BPE))
+        return {"backbone": gpt_tf.GPT1Backbone(**SHAPE),
+                "preprocessor": gpt_tf.GPT1TaskPreprocessor(tokenizer, sequence_length=16, **preprocessor_kwargs)}
+
+    def test_classifier(self):
+        import gpt_tf
+
+        self.run_task_test(cls=gpt_tf.GPT1TextClassifier, init_kwargs={**self._kwargs(), "num_classes": 2},
+                           train_data=(["the quick brown fox .", "the earth is round ."], [1, 0]),
+                           expected_output_shape=(2, 2))
+
+    def test_regressor(self):
+        import gpt_tf
+
+        pairs = (["a man sings .", "a cat sleeps ."], ["a man is singing .", "a dog runs ."])
+        self.run_task_test(cls=gpt_tf.GPT1TextRegressor, init_kwargs=self._kwargs(input_type="pair_symmetric"),
+                           train_data=(pairs, [4.5, 0.5]), expected_output_shape=(2,))
+
+    def test_multiple_choice(self):
+        import gpt_tf
+
+        x = (["she opened the door .", "it rained ."], [["she walked in .", "the door ate her ."],
+                                                        ["the street was wet .", "the sun ate it ."]])
+        self.run_task_test(cls=gpt_tf.GPT1MultipleChoice, init_kwargs={**self._kwargs(), "num_choices": 2},
+                           train_data=(x, [0, 0]), expected_output_shape=(2, 2))

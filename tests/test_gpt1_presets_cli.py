@@ -76,7 +76,7 @@ def test_a_finetuning_run_converts_by_the_cli_to_a_task_preset_with_the_runs_log
     task = keras_hub.models.TextClassifier.from_preset(str(runs / "ft_preset"))
     assert type(task).__name__ == "GPT1TextClassifier" and task.label_names == spec.label_names
     features = task.preprocessor(TEXTS)
-    want = model.forward(features)["task"].numpy()
+    want = model.task_outputs(features)["task"].numpy()
     np.testing.assert_array_equal(task(features).numpy(), want)  # exact weights, the same eager ops: bit for bit
     np.testing.assert_allclose(task.predict(TEXTS, verbose=0), want, **TWO_PATHS)  # the same, traced in a graph
 

@@ -4,8 +4,8 @@ The layers are WORKSPACE.md's table under ``<!-- layers -->``: each row a layer,
 (the longest name that is the module or a package above it decides) and the layers it may import. This test
 reads that table, so the map and the check are one. The packages in ``SPLIT`` have files in several layers
 (the keras-hub family is the model, the weight conversions sit where their imports put them), so each of their
-files is named in the table. One import goes up, named in ``LAZY``: the tasks' ``export`` loads
-``serving.export`` inside the method. ``gpt_tf/__init__.py`` loads the family by name, lazily (no import
+files is named in the table. No import goes up (``LAZY`` would name one, each inside a function: none today).
+``gpt_tf/__init__.py`` loads the family by name, lazily (no import
 statement: it is how ``import gpt_tf`` stays light). Every other import counts, those inside functions too (they
 are how heavy modules are loaded lazily, not a way around the layers).
 """
@@ -21,7 +21,7 @@ PACKAGES = ("gpt_tf", "pipelines", "serving")
 TOP = ("bench", "tools")  # on top of the package: they may import any of it, and no module of it imports them
 SPLIT = ("gpt_tf.gpt1", "gpt_tf.convert")  # packages whose files sit in several layers: each file named
 # Imports that go up a layer, each inside a function (never at module level): (importer, imported).
-LAZY = {("gpt_tf.gpt1.task", "serving.export")}
+LAZY: set[tuple[str, str]] = set()
 
 
 def read_layers(text: str) -> tuple[dict[str, str], dict[str, set[str]]]:

@@ -66,11 +66,11 @@ def test_task_heads_run_on_the_lstm(task, views):
     model = task_for_spec(backbone, get_task(task))
     feats = {"input_ids": np.random.default_rng(1).integers(0, CONFIG.vocab_size, (3, views, 16)),
              "extract_index": np.full((3, views), 9)}
-    out = model.forward(feats, with_lm=True)
+    out = model.task_outputs(feats, with_lm=True)
     expected = {"sst2": (3, 2), "story_cloze": (3, 2), "stsb": (3,)}[task]
     assert tuple(out["task"].shape) == expected and tuple(out["lm"].shape) == (3, views, 16, CONFIG.total_vocab)
     # Without the LM head the last block's output is taken at the extract tokens only: the same values.
-    np.testing.assert_allclose(np.asarray(model.forward(feats)["task"]), np.asarray(out["task"]), atol=1e-5)
+    np.testing.assert_allclose(np.asarray(model.task_outputs(feats)["task"]), np.asarray(out["task"]), atol=1e-5)
 
 
 def test_layer_transfer_between_lstms_and_only_embeddings_from_a_transformer():

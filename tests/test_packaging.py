@@ -296,6 +296,8 @@ def test_every_package_the_runtime_code_imports_is_declared_where_that_code_is_i
 NEEDED_WITHOUT_IMPORT = {
     "pytest-xdist": "scripts/test.sh runs the suite on two workers (-n 2)",
     "accelerate": "transformers.Trainer needs it (bench/finetune_speed.py's reference)",
+    "grain": "keras-hub's test harness imports it (tests/test_gpt1_harness.py)",
+    "pydot": "keras.utils.model_to_dot draws the family's graph with it (tests/test_gpt1_keras_features.py)",
 }
 
 

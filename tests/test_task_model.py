@@ -52,8 +52,8 @@ def _model(task, config=CONFIG, seed=0, clf_pdrop=0.1):
 
 
 def _fwd(model, feats, with_lm=True, training=False):
-    """The task's ``forward``, the LM head at every position by default (what Eq. 5's tests read)."""
-    return model.forward(feats, training=training, with_lm=with_lm)
+    """The task's ``task_outputs``, the LM head at every position by default (what Eq. 5's tests read)."""
+    return model.task_outputs(feats, training=training, with_lm=with_lm)
 
 
 @pytest.fixture(scope="module")

@@ -24,6 +24,16 @@ from gpt_tf.nn.layers import PACKAGE, GPTEmbedding, TransformerBlock
 from gpt_tf.convert.preset_io import FindsPresets, backbone_kwargs, config_from_kwargs
 
 
+def as_inputs(inputs) -> dict:
+    """keras-hub's ``{"token_ids", "padding_mask"}`` of token ids given alone (a mask of ones: attention is causal and
+    padding comes last, so the models never read it); a dict as it is."""
+    if isinstance(inputs, dict):
+        return inputs
+    if not isinstance(inputs, keras.KerasTensor):
+        inputs = ops.convert_to_tensor(inputs)
+    return {"token_ids": inputs, "padding_mask": ops.ones_like(inputs)}
+
+
 @keras.saving.register_keras_serializable(package=PACKAGE)
 class GPT1Backbone(FindsPresets, keras_hub.models.Backbone):
     """GPT-1 (Radford et al. 2018): token ids ``[batch, length]`` → final states ``[batch, length, hidden_dim]``.
@@ -116,11 +126,10 @@ class GPT1Backbone(FindsPresets, keras_hub.models.Backbone):
     def __call__(self, inputs, *args, **kwargs):
         """``inputs``: keras-hub's ``{"token_ids", "padding_mask"}`` or the token ids alone (the mask is not needed:
         attention is causal and padding comes last)."""
-        if not isinstance(inputs, dict):
-            if not isinstance(inputs, keras.KerasTensor):
-                inputs = ops.convert_to_tensor(inputs)
-            inputs = {"token_ids": inputs, "padding_mask": ops.ones_like(inputs)}
-        return super().__call__(inputs, *args, **kwargs)
+        return super().__call__(as_inputs(inputs), *args, **kwargs)
+
+    def call(self, inputs, training=None, mask=None):
+        return super().call(as_inputs(inputs), training=training, mask=mask)  # Keras's stateless calls (JAX's fit)
 
     def states(self, token_ids, training=False, return_all_states=False, positions=None):
         """The layers' wiring, once: the functional graph is this on symbolic ids. States ``[batch, length, n_embd]``

@@ -22,7 +22,7 @@ import keras_hub
 from keras import ops
 
 from gpt_tf import backend
-from gpt_tf.gpt1.backbone import GPT1Backbone
+from gpt_tf.gpt1.backbone import GPT1Backbone, as_inputs
 from gpt_tf.gpt1.causal_lm_preprocessor import GPT1CausalLMPreprocessor
 from gpt_tf.nn.layers import PACKAGE
 from gpt_tf.convert.preset_io import FindsPresets
@@ -69,11 +69,10 @@ class GPT1CausalLM(FindsPresets, keras_hub.models.CausalLM):
 
     def __call__(self, inputs, *args, **kwargs):
         """``inputs``: ``{"token_ids", "padding_mask"}`` or the token ids alone (as ``GPT1Backbone`` takes them)."""
-        if not isinstance(inputs, dict):
-            if not isinstance(inputs, keras.KerasTensor):
-                inputs = ops.convert_to_tensor(inputs)
-            inputs = {"token_ids": inputs, "padding_mask": ops.ones_like(inputs)}
-        return super().__call__(inputs, *args, **kwargs)
+        return super().__call__(as_inputs(inputs), *args, **kwargs)
+
+    def call(self, inputs, training=None, mask=None):
+        return super().call(as_inputs(inputs), training=training, mask=mask)  # Keras's stateless calls (JAX's fit)
 
     def compile(self, optimizer="auto", loss="auto", *, weighted_metrics="auto", sampler="top_k", **kwargs):
         if backend.on_tensorflow():  # no XLA on TensorFlow: the fused kernels and the exported graphs are plain ops

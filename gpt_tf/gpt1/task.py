@@ -2,12 +2,13 @@
 
 Each task is a functional Keras model, as keras-hub builds its tasks: ``{"input_ids", "extract_index",
 "lm_weights"}`` → ``Views`` (the K views as rows) → its ``GPT1Backbone`` → ``TaskHead`` (W_y on the
-extract-token state, the symmetric sum, multiple choice: ``gpt_tf/nn/task_head.py``). The command line's fine-tuning
-trains these same classes (``task_for_spec``). ``forward`` runs the graph's layers with the choices the graph cannot
-make: without the LM head the last block runs at the extract tokens only (the same values, a fraction of its work),
-and with it the LM logits for L1 come out beside the task's (at the real next tokens only on TensorFlow); ``call``
-(what ``predict``, ``evaluate`` and Keras's train steps run) is ``forward``. The loss is the fine-tuning objective of
-``gpt_tf/nn/objectives.py``, the one the CLI's loop minimises: ``compute_loss`` is Eq. 5, L3 = L2 + λ·L1 (λ = ``lm_coef``, 0.5 by default), L1 at the real
+extract-token state, the symmetric sum, multiple choice: ``gpt_tf/nn/task_head.py``). The command line's
+fine-tuning trains these same classes (``task_for_spec``). ``task_outputs`` runs the graph's layers with the
+choices the graph cannot make: without the LM head the last block runs at the extract tokens only (the same
+values, a fraction of its work), and with it the LM logits for L1 come out beside the task's (at the real next
+tokens only on TensorFlow); ``call`` (what ``predict``, ``evaluate`` and Keras's train steps run) is
+``task_outputs``. The loss is the fine-tuning objective of ``gpt_tf/nn/objectives.py``, the one the CLI's loop
+minimises: ``compute_loss`` is Eq. 5, L3 = L2 + λ·L1 (λ = ``lm_coef``, 0.5 by default), L1 at the real
 next tokens only. On TensorFlow, ``train_step`` normalises it by the global batch's examples and LM tokens
 (``global_counts``, ``finetune_update_loss``) and sums the replicas' gradients once before clipping, as
 the loop does (``gpt_tf.nn.optim.all_reduce_and_apply``): on one device or under ``MirroredStrategy``
@@ -77,7 +78,7 @@ class GPT1TaskMixin(FindsPresets):
         outputs = self.head(self.backbone(self.views(inputs["input_ids"])), inputs["extract_index"])
         super(GPT1TaskMixin, self).__init__(inputs=inputs, outputs=outputs, compile=False, **kwargs)
 
-    # ------------------------------------------------------------------ forward
+    # ------------------------------------------------------------------ outputs
     def _check_views(self, input_ids):
         """Static checks of ``input_ids``: rank 3 and the K the input type requires."""
         if len(input_ids.shape) != 3:
@@ -88,7 +89,7 @@ class GPT1TaskMixin(FindsPresets):
                 f"task {self.task_spec.name!r} ({self.task_spec.input_type}) needs {self.task_spec.num_views} view(s) "
                 f"per example, got input_ids of shape {input_ids.shape}")
 
-    def forward(self, features, training=False, with_lm=False) -> dict:
+    def task_outputs(self, features, training=False, with_lm=False) -> dict:
         """``features`` → ``{"task": ...}`` (the graph's output), and with ``with_lm`` the LM logits for L1:
         True, at every position (``"lm"`` ``[B, K, T, V]``); ``"targets"``, only where ``features["lm_weights"] > 0``
         (a real next token: what L1 counts), as ``"lm"`` ``[N, V]`` with their targets ``"lm_targets"`` [N] and
@@ -117,15 +118,15 @@ class GPT1TaskMixin(FindsPresets):
         return outputs
 
     def call(self, inputs, training=False, mask=None):  # pylint: disable=unused-argument
-        """The task output: class logits ``[B, C]``, scores ``[B]`` or candidate logits ``[B, K]`` (``forward``). In
-        training with λ > 0, ``forward``'s outputs dict: the task's and the LM's (what ``compute_loss`` needs; Keras's
+        """The task output: class logits ``[B, C]``, scores ``[B]`` or candidate logits ``[B, K]`` (``task_outputs``). In
+        training with λ > 0, ``task_outputs``'s outputs dict: the task's and the LM's (what ``compute_loss`` needs; Keras's
         train step of JAX and PyTorch calls this)."""
         if training and self.lm_coef:
-            return self.forward(inputs, training=True, with_lm="targets")
-        return self.forward(inputs, training=training)["task"]
+            return self.task_outputs(inputs, training=True, with_lm="targets")
+        return self.task_outputs(inputs, training=training)["task"]
 
     def compute_loss(self, x=None, y=None, y_pred=None, sample_weight=None, training=True):
-        """Eq. 5 on this batch (``finetune_loss``). ``y_pred``: the task output, or ``forward``'s outputs dict
+        """Eq. 5 on this batch (``finetune_loss``). ``y_pred``: the task output, or ``task_outputs``'s outputs dict
         (with the LM's, in training)."""
         outputs = y_pred if isinstance(y_pred, dict) else {"task": y_pred}
         lm_coef = self.lm_coef if "lm" in outputs else 0.0

@@ -55,7 +55,7 @@ def token_cross_entropy(logits, targets):
 def task_loss(task, outputs, features, label, lm_coef) -> dict:
     """Eq. 5, L3 = L2 + λ·L1, in float32, for one (per-replica) batch.
 
-    ``outputs``: a keras-hub task's ``forward`` (``gpt_tf/gpt1/task.py``). Returns ``total``, ``task`` (L2: mean
+    ``outputs``: a keras-hub task's ``task_outputs`` (``gpt_tf/gpt1/task.py``). Returns ``total``, ``task`` (L2: mean
     cross-entropy for classification/choice, mean squared error for regression) and ``lm`` (L1:
     ``sum(CE·lm_weights) / sum(lm_weights)`` with targets ``input_ids[..., t+1]``; padding never counts).
     For exact averaging across replicas and micro-batches it also returns the sums behind the means:
@@ -67,7 +67,7 @@ def task_loss(task, outputs, features, label, lm_coef) -> dict:
     task_sum, examples = _task_loss_sum(as_task_spec(task).head, outputs["task"], label)
     if lm_coef:
         if "lm" not in outputs:
-            raise ValueError("lm_coef is non-zero but outputs lack 'lm' (run forward with with_lm=True)")
+            raise ValueError("lm_coef is non-zero but outputs lack 'lm' (run task_outputs with with_lm=True)")
         if "lm_targets" in outputs:
             lm_sum, lm_tokens = lm_loss(outputs["lm"], outputs["lm_targets"], outputs["lm_target_weights"])
         else:
@@ -124,9 +124,9 @@ def finetune_loss(task, outputs, features, label, lm_coef, counts=None):
 
 def finetune_update_loss(task_model, task, features, label, counts, lm_coef):
     """``(loss, parts, outputs)`` of one training pass of ``task_model`` (a keras-hub task of the family: its
-    ``forward``) over a (micro-)batch:
+    ``task_outputs``) over a (micro-)batch:
     the LM head only at the real next tokens (``with_lm="targets"``) and only when λ > 0, then
     ``finetune_loss`` with the global batch's ``counts``. Call it under the gradient tape."""
-    outputs = task_model.forward(features, training=True, with_lm="targets" if lm_coef else False)
+    outputs = task_model.task_outputs(features, training=True, with_lm="targets" if lm_coef else False)
     loss, parts = finetune_loss(task, outputs, features, label, lm_coef, counts)
     return loss, parts, outputs

@@ -211,7 +211,7 @@ class Finetuner:
 
         def replica(features, label):
             with inference_gelu.passes():  # never an export: the GELU kernel where faster (gpt_tf/speed/inference_gelu.py)
-                outputs = model.forward(features, training=False)
+                outputs = model.task_outputs(features, training=False)
             return outputs["task"], label, features["record_index"]
 
         def step(batch):

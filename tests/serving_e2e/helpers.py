@@ -47,7 +47,7 @@ def offline_features(task, examples, tokenizer, config):
 
 
 def reference_probabilities(model, ids, extract):
-    out = model.forward({"input_ids": ids, "extract_index": extract}, training=False)["task"]
+    out = model.task_outputs({"input_ids": ids, "extract_index": extract}, training=False)["task"]
     return tf.nn.softmax(tf.cast(out, tf.float32)).numpy()
 
 

@@ -48,7 +48,16 @@ def _compiler() -> str:
 def _command(cxx: str, out: Path) -> list[str]:
     import tensorflow as tf
 
-    return [cxx, *CXXFLAGS, str(SOURCE), "-o", str(out), *tf.sysconfig.get_compile_flags(), *tf.sysconfig.get_link_flags()]
+    return [cxx, *CXXFLAGS, *_cpu_exceptions(), str(SOURCE), "-o", str(out), *tf.sysconfig.get_compile_flags(),
+            *tf.sysconfig.get_link_flags()]
+
+
+def _cpu_exceptions() -> tuple[str, ...]:
+    """``-march=native``'s instruction sets the TensorFlow headers cannot be compiled with: on a CPU with AVX512-FP16
+    (Intel Sapphire Rapids and later), Eigen's half-precision packet code in TensorFlow 2.21's headers fails to
+    compile under g++ 12 ("expected initializer before '<' token", ``PacketMathFP16.h``), so it is turned off (the
+    kernels use no float16; a compiler that enables AVX512-FP16 with ``-march=native`` knows its ``-mno-`` flag)."""
+    return ("-mno-avx512fp16",) if "avx512_fp16" in _cpu_signature().split() else ()
 
 
 def _cpu_signature() -> str:
