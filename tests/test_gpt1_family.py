@@ -247,13 +247,44 @@ def test_public_classes_document_an_example_and_summarise(tokenizer):
     assert "gpt1_text_classifier" in text.lower() and "Total params" in text, text
 
 
+# The metadata header of every shipped model card (the fields the Hugging Face and Kaggle hubs read).
+CARD_METADATA = {"license": "apache-2.0", "library_name": "keras-hub", "language": ["en"],
+                 "pipeline_tag": "text-generation"}
+
+
+def front_matter(card: str) -> tuple[dict, str]:
+    """A model card's YAML front matter (between its first line, ``---``, and the next ``---`` line: ``key: value``
+    lines, and ``key:`` followed by ``- item`` lines) as a dict, and the card's text after it."""
+    assert card.startswith("---\n"), "a model card starts with its metadata header"
+    header, closed, body = card[4:].partition("\n---\n")
+    assert closed, "the metadata header has no closing `---` line"
+    fields, key = {}, None
+    for line in header.splitlines():
+        if line.startswith("- ") and isinstance(fields.get(key), list):
+            fields[key].append(line[2:].strip())
+            continue
+        key, colon, value = line.partition(":")
+        assert colon and key == key.strip() and key not in fields, f"not a header line: {line!r}"
+        fields[key] = value.strip() or []
+    try:
+        import yaml
+    except ImportError:
+        pass
+    else:  # the hubs parse it as YAML: the same fields
+        assert yaml.safe_load(header) == fields
+    return fields, body
+
+
 def test_each_shipped_preset_has_a_model_card_and_names_the_family_tasks():
     from gpt_tf.convert.preset_io import PRESET_ALIASES, shipped_presets
 
     folders = {name: folder for name, folder in shipped_presets().items() if name not in PRESET_ALIASES}
     assert "gpt1_tiny_books_en" in folders and shipped_presets()["books_tiny"] == folders["gpt1_tiny_books_en"]
     for name, folder in folders.items():
-        card = (Path(folder) / "README.md").read_text()
+        metadata, card = front_matter((Path(folder) / "README.md").read_text())
+        assert {field: metadata.get(field) for field in CARD_METADATA} == CARD_METADATA, name
+        assert {"gpt1", "keras", "tensorflow"} <= set(metadata.get("tags", [])), name
+        card = card.lstrip("\n")
         for heading in ("## Model", "## Training data", "## Training", "## Quality", "## Intended use", "## Limits",
                         "## License"):
             assert f"\n{heading}\n" in card, (name, heading)
