@@ -18,7 +18,7 @@ import pytest
 
 from tests.small_runs import BOOKS_TINY as BOOKS
 from tests.small_runs import BOOKS_TINY_BPE as BPE
-from tests.small_runs import CHILD_SITE, ENV, TF_ONLY, TWO_PATHS
+from tests.small_runs import CHILD_SITE, ENV, TF_ONLY, TWO_PATHS, FakeHubs
 from tests.small_runs import GPT1_TEXTS as TEXTS
 from tests.small_runs import gpt1_backbone as _backbone
 from tests.small_runs import gpt1_classifier as _classifier
@@ -293,6 +293,36 @@ def test_each_shipped_preset_has_a_model_card_and_names_the_family_tasks():
         assert all(backend in card for backend in ("JAX", "PyTorch", "TensorFlow")), (name, "the backends it runs on")
         tasks = json.loads((Path(folder) / "metadata.json").read_text())["tasks"]
         assert tasks == ["GPT1CausalLM", "GPT1MultipleChoice", "GPT1TextClassifier", "GPT1TextRegressor"], name
+
+
+def test_upload_preset_keeps_the_model_card(tmp_path, monkeypatch):
+    """``gpt_tf.gpt1.presets.upload_preset`` (the hubs' calls mocked): the hub gets the preset's files with its model
+    card, on Hugging Face (a new repository, one holding an older card, a bare name) and on Kaggle, where
+    ``keras_hub.upload_preset`` alone would put its generated stub on a new Hugging Face repository and delete the
+    folder's card; the folder is left as it was, and nothing reaches a hub from a folder that is not a preset."""
+    from gpt_tf.gpt1.presets import upload_preset
+
+    hubs = FakeHubs(tmp_path / "hub").install(monkeypatch)
+    before = {p.relative_to(BOOKS): p.read_bytes() for p in BOOKS.rglob("*") if p.is_file()}
+    card, config = before[Path("README.md")], before[Path("config.json")]
+    hubs.create_repo("me/older")
+    (hubs.repo("me/older") / "README.md").write_text("an older card\n")
+    for uri, preset, repo in (("hf://me/gpt1_tiny_books_en", "gpt1_tiny_books_en", "me/gpt1_tiny_books_en"),
+                              ("hf://me/older", str(BOOKS), "me/older"),
+                              ("hf://bare", "books_tiny", "me/bare"),
+                              ("kaggle://me/gpt1/keras/gpt1_tiny_books_en", str(BOOKS), "me/gpt1/keras/gpt1_tiny_books_en")):
+        hubs.calls.clear()
+        upload_preset(uri, preset)
+        uploaded = hubs.repo(repo)
+        assert (uploaded / "README.md").read_bytes() == card, (uri, (uploaded / "README.md").read_text()[:300])
+        assert (uploaded / "config.json").read_bytes() == config and (uploaded / "model.weights.h5").is_file(), uri
+        assert hubs.calls[-1] == ("model_upload" if uri.startswith("kaggle") else "upload_folder"), (uri, hubs.calls)
+    assert {p.relative_to(BOOKS): p.read_bytes() for p in BOOKS.rglob("*") if p.is_file()} == before
+    hubs.calls.clear()
+    (tmp_path / "empty").mkdir()
+    with pytest.raises(FileNotFoundError, match="is not a preset folder: it holds no config.json"):
+        upload_preset("hf://me/empty", str(tmp_path / "empty"))
+    assert hubs.calls == []
 
 
 def test_tokenizer_special_tokens_follow_the_bpe_ids(tokenizer):

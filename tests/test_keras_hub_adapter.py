@@ -6,11 +6,12 @@ from __future__ import annotations
 
 import json
 import re
+import shutil
 from pathlib import Path
 
 import pytest
 
-from tests.small_runs import ROOT
+from tests.small_runs import BOOKS_TINY, ROOT, FakeHubs
 from tests.small_runs import gpt1_backbone as _backbone
 
 FAMILY_TASKS = ["GPT1CausalLM", "GPT1MultipleChoice", "GPT1TextClassifier", "GPT1TextRegressor"]
@@ -116,6 +117,25 @@ def test_saved_presets_name_the_family_task_classes(tmp_path):
     tasks = json.loads(path.read_text()).get("tasks")
     expect(tasks is not None, "metadata.json has no 'tasks'")
     assert tasks == FAMILY_TASKS
+
+
+def test_upload_to_a_hugging_face_repository_holding_a_card_uploads_the_folders_card(tmp_path, monkeypatch):
+    """``upload_preset``: ``keras_hub.upload_preset`` (the hubs' calls mocked) to a Hugging Face repository that holds
+    a ``README.md`` uploads the folder's own card and leaves it in the folder; the family's upload relies on it."""
+    import keras_hub
+
+    hubs = FakeHubs(tmp_path / "hub").install(monkeypatch)
+    hubs.create_repo("me/carded")
+    (hubs.repo("me/carded") / "README.md").write_text("an older card\n")
+    folder = tmp_path / "preset"
+    shutil.copytree(BOOKS_TINY, folder)
+    card = (folder / "README.md").read_bytes()
+    keras_hub.upload_preset("hf://me/carded", str(folder))
+    expect("upload_folder" in hubs.calls, "upload_preset to hf:// no longer calls huggingface_hub.upload_folder")
+    expect((hubs.repo("me/carded") / "README.md").read_bytes() == card, "upload_preset to a Hugging Face "
+           "repository holding a README.md no longer uploads the folder's own card")
+    expect((folder / "README.md").is_file() and (folder / "README.md").read_bytes() == card,
+           "upload_preset to a Hugging Face repository holding a README.md changes the folder's card")
 
 
 def test_keras_hub_is_used_through_its_public_api_elsewhere():

@@ -22,6 +22,10 @@ gpt_tf/gpt1/keras_hub_adapter.py" when an upgrade breaks it.
    builds such a preprocessor through the classmethod ``_add_missing_kwargs(loader, kwargs)`` (its docstring offers
    it for overriding), whose ``loader.config`` is the preset's ``config.json``: the family's preprocessors take the
    backbone's ``max_sequence_length`` from it there.
+5. ``upload_preset`` keeps no model card on a new Hugging Face repository: ``keras_hub.upload_preset`` to a repository
+   without ``README.md`` writes its generated stub over the folder's card, uploads it and deletes the folder's
+   ``README.md``; to a repository holding one it uploads the folder's card as it is. ``presets.upload_preset`` (public
+   calls only, so no code here) puts the card on the repository first and has keras-hub upload a copy of the folder.
 """
 
 from __future__ import annotations
