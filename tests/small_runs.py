@@ -195,6 +195,53 @@ def gpt1_classifier(tokenizer, input_type="single", num_classes=2):
     return gpt_tf.GPT1TextClassifier(gpt1_backbone(), num_classes=num_classes, preprocessor=preprocessor)
 
 
+class FakeHubs:
+    """The Kaggle and Hugging Face hubs as ``keras_hub.upload_preset`` and ``gpt_tf.gpt1.presets.upload_preset`` call
+    them, on local folders (no network): ``install(monkeypatch)`` replaces ``kagglehub.model_upload`` and
+    ``huggingface_hub``'s ``create_repo``, ``file_exists``, ``upload_file`` and ``upload_folder``; each repository is
+    the folder ``repo(handle)`` under ``root``, written when the call is made (keras-hub deletes what it generated
+    right after). ``calls`` lists the calls, in order, by name."""
+
+    def __init__(self, root: Path):
+        self.root, self.calls = Path(root), []
+
+    def repo(self, handle: str) -> Path:
+        return self.root / handle
+
+    def install(self, monkeypatch) -> "FakeHubs":
+        import huggingface_hub
+        import kagglehub
+
+        for name in ("create_repo", "file_exists", "upload_file", "upload_folder"):
+            monkeypatch.setattr(huggingface_hub, name, getattr(self, name))
+        monkeypatch.setattr(kagglehub, "model_upload", self.model_upload)
+        return self
+
+    def create_repo(self, repo_id, exist_ok=False, **_):
+        from types import SimpleNamespace
+
+        repo_id = repo_id if "/" in repo_id else f"me/{repo_id}"  # the Hub puts a bare name under the caller's name
+        self.calls.append("create_repo")
+        self.repo(repo_id).mkdir(parents=True, exist_ok=exist_ok)
+        return SimpleNamespace(repo_id=repo_id)
+
+    def file_exists(self, repo_id, filename, **_):
+        self.calls.append("file_exists")
+        return (self.repo(repo_id) / filename).is_file()
+
+    def upload_file(self, path_or_fileobj, path_in_repo, repo_id, **_):
+        self.calls.append("upload_file")
+        shutil.copyfile(path_or_fileobj, self.repo(repo_id) / path_in_repo)
+
+    def upload_folder(self, repo_id, folder_path, **_):
+        self.calls.append("upload_folder")
+        shutil.copytree(folder_path, self.repo(repo_id), dirs_exist_ok=True)
+
+    def model_upload(self, handle, local_model_dir, *_, **__):
+        self.calls.append("model_upload")
+        shutil.copytree(local_model_dir, self.repo(handle), dirs_exist_ok=True)
+
+
 # The preamble of a script that must run with TensorFlow alone (stock TF Serving's situation): `import
 # tensorflow` imports keras when it is installed, so it is unloaded, and any import of it, of the project,
 # TF Text or keras-hub is blocked before the SavedModels are loaded and run. `BLOCKED` names them.

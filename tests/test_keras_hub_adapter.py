@@ -6,11 +6,12 @@ from __future__ import annotations
 
 import json
 import re
+import shutil
 from pathlib import Path
 
 import pytest
 
-from tests.small_runs import ROOT
+from tests.small_runs import BOOKS_TINY, ROOT, FakeHubs
 from tests.small_runs import gpt1_backbone as _backbone
 
 FAMILY_TASKS = ["GPT1CausalLM", "GPT1MultipleChoice", "GPT1TextClassifier", "GPT1TextRegressor"]
@@ -24,22 +25,36 @@ def expect(condition: bool, what: str) -> None:
 
 
 def test_shipped_presets_resolve_by_name_through_keras_hub():
-    """``register_presets``: keras-hub's built-in preset table takes the shipped presets' folders as handles."""
+    """``register_presets``: keras-hub's built-in preset table takes the shipped presets' folders as handles and lists
+    each with its description; an earlier name (an alias) loads its preset by name but is not listed."""
     import keras_hub
 
     import gpt_tf
-    from gpt_tf.convert.preset_io import shipped_presets
+    from gpt_tf.convert.preset_io import PRESET_ALIASES, shipped_presets
+    from gpt_tf.gpt1.presets import DESCRIPTIONS
 
-    shipped = shipped_presets()
-    expect(set(shipped) <= set(keras_hub.models.Backbone.presets), "registered presets are not listed in "
-           "keras_hub.models.Backbone.presets")
-    expect(set(shipped) <= set(gpt_tf.GPT1Backbone.presets), "registered presets are not the GPT1Backbone's")
-    for name in shipped:
+    names = [name for name in shipped_presets() if name not in PRESET_ALIASES]
+    assert {"gpt1_tiny_books_en", "gpt1_small_books_en"} <= set(names)
+    listed = keras_hub.models.Backbone.presets
+    expect(set(names) <= set(listed), "registered presets are not listed in keras_hub.models.Backbone.presets")
+    expect(set(names) <= set(gpt_tf.GPT1Backbone.presets), "registered presets are not the GPT1Backbone's")
+    for name in names:
+        metadata = listed[name].get("metadata", {})
+        expect(metadata.get("description") == DESCRIPTIONS[name], f"the listing lost {name}'s description")
+        expect(metadata.get("params", 0) > 0, f"the listing lost {name}'s parameter count")
+    for listing in (listed, gpt_tf.GPT1Backbone.presets, keras_hub.models.TextClassifier.presets):
+        assert not set(PRESET_ALIASES) & set(listing), "an earlier name is listed as a preset of its own"
+    tokenizers = {}
+    for name in names:
         backbone = keras_hub.models.Backbone.from_preset(name, load_weights=False)
         expect(type(backbone) is gpt_tf.GPT1Backbone, f"from_preset({name!r}) built a {type(backbone).__name__}")
-        tokenizer = keras_hub.tokenizers.Tokenizer.from_preset(name)
-        expect(type(tokenizer) is gpt_tf.GPT1Tokenizer and tokenizer.loaded,
+        tokenizers[name] = keras_hub.tokenizers.Tokenizer.from_preset(name)
+        expect(type(tokenizers[name]) is gpt_tf.GPT1Tokenizer and tokenizers[name].loaded,
                f"Tokenizer.from_preset({name!r}) did not load the preset's BPE files")
+    for alias, name in PRESET_ALIASES.items():  # one load by each earlier name: its preset's BPE
+        tokenizer = keras_hub.tokenizers.Tokenizer.from_preset(alias)
+        expect(type(tokenizer) is gpt_tf.GPT1Tokenizer and tokenizer.get_vocabulary() ==
+               tokenizers[name].get_vocabulary(), f"Tokenizer.from_preset({alias!r}) did not load {name}'s BPE")
 
 
 def test_preprocessing_function_converts_once_and_only_eagerly():
@@ -102,6 +117,25 @@ def test_saved_presets_name_the_family_task_classes(tmp_path):
     tasks = json.loads(path.read_text()).get("tasks")
     expect(tasks is not None, "metadata.json has no 'tasks'")
     assert tasks == FAMILY_TASKS
+
+
+def test_upload_to_a_hugging_face_repository_holding_a_card_uploads_the_folders_card(tmp_path, monkeypatch):
+    """``upload_preset``: ``keras_hub.upload_preset`` (the hubs' calls mocked) to a Hugging Face repository that holds
+    a ``README.md`` uploads the folder's own card and leaves it in the folder; the family's upload relies on it."""
+    import keras_hub
+
+    hubs = FakeHubs(tmp_path / "hub").install(monkeypatch)
+    hubs.create_repo("me/carded")
+    (hubs.repo("me/carded") / "README.md").write_text("an older card\n")
+    folder = tmp_path / "preset"
+    shutil.copytree(BOOKS_TINY, folder)
+    card = (folder / "README.md").read_bytes()
+    keras_hub.upload_preset("hf://me/carded", str(folder))
+    expect("upload_folder" in hubs.calls, "upload_preset to hf:// no longer calls huggingface_hub.upload_folder")
+    expect((hubs.repo("me/carded") / "README.md").read_bytes() == card, "upload_preset to a Hugging Face "
+           "repository holding a README.md no longer uploads the folder's own card")
+    expect((folder / "README.md").is_file() and (folder / "README.md").read_bytes() == card,
+           "upload_preset to a Hugging Face repository holding a README.md changes the folder's card")
 
 
 def test_keras_hub_is_used_through_its_public_api_elsewhere():

@@ -115,7 +115,8 @@ def test_the_notice_names_every_file_it_attributes():
     notice = (ROOT / "NOTICE").read_text()
     paths = set(re.findall(r"\b((?:gpt_tf|bench|pipelines|serving)/[\w/.{}-]+)", notice))
     assert {"gpt_tf/text/spacy_en_rules.json", "gpt_tf/text/word_split.py", "gpt_tf/text/fix_encoding_rules.py",
-            "gpt_tf/text/tf_fix_encoding.py", "gpt_tf/text/text_clean.py", "gpt_tf/presets/gpt1_tiny_books_en/"} <= paths, paths
+            "gpt_tf/text/tf_fix_encoding.py", "gpt_tf/text/text_clean.py", "gpt_tf/presets/gpt1_tiny_books_en/",
+            "gpt_tf/presets/gpt1_small_books_en/"} <= paths, paths  # each shipped preset: its books and BPE
     missing = [p for p in sorted(paths) if "{" not in p and not (ROOT / p.rstrip(".")).exists()]
     assert not missing, f"NOTICE names files that do not exist: {missing}"
 

@@ -4,7 +4,8 @@ The project's model lives here: ``GPT1Backbone`` (its one backbone; ``LSTMBackbo
 a subclass) and ``GPT1CausalLM`` (its one language model), which the command lines train too
 (``build.py``). Importing this package registers the classes with Keras (so
 ``keras_hub.models.Backbone.from_preset`` and ``keras_hub.models.TextClassifier.from_preset`` resolve GPT-1
-presets to them) and the presets shipped inside ``gpt_tf`` (``gpt1_tiny_books_en``, alias ``books_tiny``).
+presets to them) and the presets shipped inside ``gpt_tf`` (``gpt1_tiny_books_en``, ``gpt1_small_books_en``; the
+earlier name ``books_tiny`` loads the tiny one without being listed).
 ``import gpt_tf`` imports it as soon as keras-hub is imported (``gpt_tf/__init__.py``).
 """
 
