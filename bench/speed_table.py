@@ -129,13 +129,11 @@ def best(rows: list, preset: str, stack: str):
 
 def base_lines(report: dict) -> list:
     """With ``--base``: this checkout's ours against ours at the base commit, per size × precision and fine-tuning."""
-    lines = []
-    for r in report.get("pretraining", []):
-        if "rev" in r:
-            this = next(t for t in report["pretraining"] if t["stack"] == "ours" and "rev" not in t
-                        and (t["preset"], t["precision"]) == (r["preset"], r["precision"]))
-            lines.append(f"| pre-training {r['preset']} {r['precision']} | {this['tokens_per_s']:,.0f} tokens/s | "
-                         f"{r['tokens_per_s']:,.0f} tokens/s | {this['tokens_per_s'] / r['tokens_per_s']:.3f}× |")
+    from bench.train_throughput import base_pairs
+
+    lines = [f"| pre-training {r['preset']} {r['precision']} | {this['tokens_per_s']:,.0f} tokens/s | "
+             f"{r['tokens_per_s']:,.0f} tokens/s | {this['tokens_per_s'] / r['tokens_per_s']:.3f}× |"
+             for this, r in base_pairs(report.get("pretraining", []))]
     rows = (report.get("finetuning") or {}).get("summary", {}).get("rows", {})
     for name, r in rows.items():
         if "@" in name:
@@ -146,7 +144,7 @@ def base_lines(report: dict) -> list:
                                  f"{r[phase]} examples/s | {this[phase] / r[phase]:.3f}× |")
     if not lines:
         return []
-    return ["", f"Ours against ours at `{report['base']}` (same run, interleaved):", "",
+    return ["", f"Ours against ours at `{report['revs']['base']}` (same run, interleaved):", "",
             "| what | this checkout | base | this / base |", "|---|---:|---:|---:|", *lines]
 
 
@@ -382,7 +380,7 @@ def main(argv):
     with base_checkout(FLAGS.base) if FLAGS.base else contextlib.nullcontext((None, None)) as (tree, revs):
         base = (str(tree), revs["base"]) if tree else None
         if base:
-            report["base"], report["revs"] = revs["base"], revs
+            report["revs"] = revs
         for part in parts:  # the report is saved after each part: a long run cut short keeps what it measured
             if part == "finetuning":
                 report["finetuning"] = finetuning(info, log, base)

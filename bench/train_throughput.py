@@ -170,19 +170,25 @@ def markdown(report):
     )
 
 
+def base_pairs(rows):
+    """With ``--base``: ``(this checkout's ours, ours at the base)`` rows of each preset × precision (the base's rows
+    carry its ``rev``)."""
+    for row in rows:
+        if row["stack"] == "ours" and row.get("rev"):
+            yield next(r for r in rows if r["stack"] == "ours" and not r.get("rev")
+                       and (r["preset"], r["precision"]) == (row["preset"], row["precision"])), row
+
+
 def ab_lines(report):
     """With ``--base``: this checkout's ours against the base's, per preset × precision (same run, interleaved)."""
     revs = report.get("revs")
     if not revs:
         return []
     lines = [""]
-    for row in report["rows"]:
-        if row["stack"] == "ours" and row.get("rev"):
-            this = next(r for r in report["rows"] if r["stack"] == "ours" and not r.get("rev")
-                        and (r["preset"], r["precision"]) == (row["preset"], row["precision"]))
-            lines.append(f"- {row['preset']} {row['precision']}: ours at {revs['this']} / ours at {revs['base']}: "
-                         f"**{this['tokens_per_s'] / row['tokens_per_s']:.3f}×** "
-                         f"({this['tokens_per_s']:,.0f} / {row['tokens_per_s']:,.0f} tokens/s)")
+    for this, row in base_pairs(report["rows"]):
+        lines.append(f"- {row['preset']} {row['precision']}: ours at {revs['this']} / ours at {revs['base']}: "
+                     f"**{this['tokens_per_s'] / row['tokens_per_s']:.3f}×** "
+                     f"({this['tokens_per_s']:,.0f} / {row['tokens_per_s']:,.0f} tokens/s)")
     return lines
 
 

@@ -6,7 +6,7 @@ mlp/c_fc, mlp/c_proj, ln_2}/vars/{0,1}``, the blocks named ``transformer_block``
 order. Today's file is Keras's layout of the functional model (``layers/embed/...``, ``layers/h0/...``). The arrays
 are the same; only their places moved. ``is_old_layout`` tells the two apart, ``old_layout_arrays`` reads an
 old file in the release's order (``layout.all_block_slots``), ``load_old_layout`` assigns them (every shape checked
-before any is assigned), and ``python -m gpt_tf.convert --from_preset=OLD --output_dir=NEW`` re-saves a preset
+before any is assigned), and ``python -m gpt_tf.convert --preset=OLD --preset_dir=NEW`` re-saves a preset
 folder in today's layout.
 """
 

@@ -16,16 +16,6 @@ from gpt_tf.gpt1.backbone import GPT1Backbone
 from gpt_tf.gpt1.tokenizer import GPT1Tokenizer
 
 
-def copy_weights(source, target) -> None:
-    """Variable by variable (two layers of one layout); ValueError on any shape mismatch."""
-    if len(source.weights) != len(target.weights):
-        raise ValueError(f"{len(source.weights)} weights vs {len(target.weights)}: not the same model")
-    for a, b in zip(source.weights, target.weights):
-        if tuple(a.shape) != tuple(b.shape):
-            raise ValueError(f"{a.path} {tuple(a.shape)} vs {b.path} {tuple(b.shape)}")
-        b.assign(a)
-
-
 def save_backbone_preset(backbone, tokenizer_dir: str, preset_dir: str, weights_dtype: str = "float32") -> str:
     """Writes ``backbone`` and the BPE files of ``tokenizer_dir`` as a preset; returns ``preset_dir``.
     ``weights_dtype="float16"`` stores the float32 weights rounded to float16 (half the file; see

@@ -34,8 +34,20 @@ def as_inputs(inputs) -> dict:
     return {"token_ids": inputs, "padding_mask": ops.ones_like(inputs)}
 
 
+class TakesTokenIds:
+    """Mixed into the functional models whose inputs are ``{"token_ids", "padding_mask"}`` (before their Keras base):
+    they take the token ids alone too (``as_inputs``), called (``__call__``, before Keras checks the inputs' structure)
+    and in Keras's stateless calls (``call``: JAX's ``fit``)."""
+
+    def __call__(self, inputs, *args, **kwargs):
+        return super().__call__(as_inputs(inputs), *args, **kwargs)
+
+    def call(self, inputs, training=None, mask=None):
+        return super().call(as_inputs(inputs), training=training, mask=mask)
+
+
 @keras.saving.register_keras_serializable(package=PACKAGE)
-class GPT1Backbone(FindsPresets, keras_hub.models.Backbone):
+class GPT1Backbone(TakesTokenIds, FindsPresets, keras_hub.models.Backbone):
     """GPT-1 (Radford et al. 2018): token ids ``[batch, length]`` → final states ``[batch, length, hidden_dim]``.
 
     Post-LN decoder blocks with learned positions and a token embedding tied to the LM head
@@ -122,14 +134,6 @@ class GPT1Backbone(FindsPresets, keras_hub.models.Backbone):
         for layer in self._flatten_layers(include_self=False):
             if getattr(layer, "lora_enabled", False) and getattr(layer, "bias", None) is not None:
                 layer.bias.trainable = False
-
-    def __call__(self, inputs, *args, **kwargs):
-        """``inputs``: keras-hub's ``{"token_ids", "padding_mask"}`` or the token ids alone (the mask is not needed:
-        attention is causal and padding comes last)."""
-        return super().__call__(as_inputs(inputs), *args, **kwargs)
-
-    def call(self, inputs, training=None, mask=None):
-        return super().call(as_inputs(inputs), training=training, mask=mask)  # Keras's stateless calls (JAX's fit)
 
     def states(self, token_ids, training=False, return_all_states=False, positions=None):
         """The layers' wiring, once: the functional graph is this on symbolic ids. States ``[batch, length, n_embd]``

@@ -22,14 +22,14 @@ import keras_hub
 from keras import ops
 
 from gpt_tf import backend
-from gpt_tf.gpt1.backbone import GPT1Backbone, as_inputs
+from gpt_tf.gpt1.backbone import GPT1Backbone, TakesTokenIds
 from gpt_tf.gpt1.causal_lm_preprocessor import GPT1CausalLMPreprocessor
 from gpt_tf.nn.layers import PACKAGE
 from gpt_tf.convert.preset_io import FindsPresets
 
 
 @keras.saving.register_keras_serializable(package=PACKAGE)
-class GPT1CausalLM(FindsPresets, keras_hub.models.CausalLM):
+class GPT1CausalLM(TakesTokenIds, FindsPresets, keras_hub.models.CausalLM):
     """GPT-1's language model (Eq. 1–2): ``{"token_ids", "padding_mask"}`` → next-token logits
     ``[B, T, vocabulary_size]``; ``generate()`` takes and returns strings.
 
@@ -66,13 +66,6 @@ class GPT1CausalLM(FindsPresets, keras_hub.models.CausalLM):
         super().__init__(inputs=inputs, outputs=outputs, compile=False, **kwargs)
         if compile:
             self.compile()
-
-    def __call__(self, inputs, *args, **kwargs):
-        """``inputs``: ``{"token_ids", "padding_mask"}`` or the token ids alone (as ``GPT1Backbone`` takes them)."""
-        return super().__call__(as_inputs(inputs), *args, **kwargs)
-
-    def call(self, inputs, training=None, mask=None):
-        return super().call(as_inputs(inputs), training=training, mask=mask)  # Keras's stateless calls (JAX's fit)
 
     def compile(self, optimizer="auto", loss="auto", *, weighted_metrics="auto", sampler="top_k", **kwargs):
         if backend.on_tensorflow():  # no XLA on TensorFlow: the fused kernels and the exported graphs are plain ops

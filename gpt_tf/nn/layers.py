@@ -93,13 +93,13 @@ class Conv1D(keras.layers.Dense):
     """
 
     ACTIVATIONS = (None, "gelu")
+    FIXED = ("activation", "kernel_initializer", "use_bias", "bias_initializer")  # Dense's keys this layer sets itself
 
     def __init__(self, units, init_std=0.02, activation=None, **kwargs):
         if activation not in self.ACTIVATIONS:
             raise ValueError(f"activation must be one of {list(self.ACTIVATIONS)}, got {activation!r}")
-        for key in ("kernel_initializer", "use_bias"):  # Dense's config keys: this layer's are fixed
+        for key in self.FIXED[1:]:  # in a Dense config; ``activation`` is this layer's own argument
             kwargs.pop(key, None)
-        kwargs.pop("bias_initializer", None)
         super().__init__(units, activation=gelu_tanh if activation else None,
                          kernel_initializer=_normal(init_std), **kwargs)
         self.init_std = init_std
@@ -126,8 +126,7 @@ class Conv1D(keras.layers.Dense):
         super().quantize(mode, type_check=False, config=config)
 
     def get_config(self):
-        config = {key: value for key, value in super().get_config().items()
-                  if key not in ("activation", "kernel_initializer", "use_bias", "bias_initializer")}
+        config = {key: value for key, value in super().get_config().items() if key not in self.FIXED}
         return {**config, "init_std": self.init_std, "activation": self.activation_name}
 
 
