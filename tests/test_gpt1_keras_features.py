@@ -123,6 +123,39 @@ def test_int8_quantizes_every_projection_and_the_token_table_and_saves_loads_and
     np.testing.assert_allclose(json.loads(proc.stdout.strip().splitlines()[-1]), want, atol=1e-5)
 
 
+def test_a_task_preset_holds_the_model_not_the_optimizers_moments(tokenizer, tmp_path):
+    import keras
+
+    import gpt_tf
+
+    classifier = gpt_tf.GPT1TextClassifier(_backbone(), num_classes=2,
+                                           preprocessor=gpt_tf.GPT1TaskPreprocessor(tokenizer))
+    classifier.compile(learning_rate=1e-2, warmup_fraction=0.0)
+    classifier.fit(TEXTS, [0, 1, 0], batch_size=3, verbose=0)
+    assert classifier.optimizer.variables  # Adam's moments exist: the case in point
+    want = classifier.predict(TEXTS, verbose=0)
+    classifier.save_to_preset(tmp_path / "preset")
+    stored = _datasets(tmp_path / "preset" / "task.weights.h5")
+    assert stored and not any(name.startswith("optimizer") for name in stored), sorted(stored)
+    head = [v for v in classifier.weights if not any(v is w for w in classifier.backbone.weights)]
+    assert sum(map(np.prod, stored.values())) == sum(np.prod(v.shape) for v in head)  # W_y alone
+    np.testing.assert_array_equal(gpt_tf.GPT1TextClassifier.from_preset(str(tmp_path / "preset")).predict(TEXTS, verbose=0), want)
+    # a preset saved with the optimizer's state (as keras-hub's save_task_weights does) still loads
+    keras.saving.save_weights(classifier, tmp_path / "preset" / "task.weights.h5",
+                              objects_to_skip=list(classifier.backbone._flatten_layers()))
+    np.testing.assert_array_equal(gpt_tf.GPT1TextClassifier.from_preset(str(tmp_path / "preset")).predict(TEXTS, verbose=0), want)
+
+
+def _datasets(path) -> dict:
+    """An .h5 file's arrays: name -> shape."""
+    import h5py
+
+    found = {}
+    with h5py.File(path) as f:
+        f.visititems(lambda name, obj: found.update({name: obj.shape}) if isinstance(obj, h5py.Dataset) else None)
+    return found
+
+
 def test_weights_of_the_earlier_layout_load_and_convert_to_todays(tokenizer, tmp_path):
     """A preset of the earlier subclassed layout (written here by hand, as that code laid its arrays out) loads
     through ``from_preset`` and re-saves with ``python -m gpt_tf.convert --preset``; the logits are the same."""

@@ -78,6 +78,25 @@ class GPT1TaskMixin(FindsPresets):
         outputs = self.head(self.backbone(self.views(inputs["input_ids"])), inputs["extract_index"])
         super(GPT1TaskMixin, self).__init__(inputs=inputs, outputs=outputs, compile=False, **kwargs)
 
+    # ------------------------------------------------------------------ preset weights
+    def _not_task_weights(self) -> list:
+        """What ``task.weights.h5`` leaves out: the backbone's layers (in ``model.weights.h5``) and the optimizer,
+        whose moments would double the file (the paper's optimizer is made at ``compile``, so a task loaded from a
+        preset already has them); training resumes from the command line's checkpoints, not from presets."""
+        return [*self.backbone._flatten_layers(), *([self.optimizer] if self.optimizer is not None else [])]  # pylint: disable=protected-access
+
+    def save_task_weights(self, filepath):
+        """keras-hub's, without the optimizer's state (``_not_task_weights``)."""
+        if not str(filepath).endswith(".weights.h5"):
+            raise ValueError(f"The filename must end in `.weights.h5`. Received: filepath={filepath}")
+        keras.saving.save_weights(self, filepath=filepath, objects_to_skip=self._not_task_weights())
+
+    def load_task_weights(self, filepath):
+        """keras-hub's; an optimizer state in the file (presets saved before it was left out) is not read."""
+        if not str(filepath).endswith(".weights.h5"):
+            raise ValueError(f"The filename must end in `.weights.h5`. Received: filepath={filepath}")
+        keras.saving.load_weights(self, filepath, objects_to_skip=self._not_task_weights())
+
     # ------------------------------------------------------------------ outputs
     def _check_views(self, input_ids):
         """Static checks of ``input_ids``: rank 3 and the K the input type requires."""
