@@ -123,6 +123,26 @@ def test_int8_quantizes_every_projection_and_the_token_table_and_saves_loads_and
     np.testing.assert_allclose(json.loads(proc.stdout.strip().splitlines()[-1]), want, atol=1e-5)
 
 
+def test_int8_on_tensorflow_computes_kerass_int8_arithmetic(tokenizer):
+    """The int8 projections' and LM head's TensorFlow path (the int8 product as a float32 MatMul) gives Keras's own
+    int8 call's numbers: the same integers at these inner sizes (≤ 1040), so equal to the bit."""
+    import keras
+
+    import gpt_tf
+
+    keras.utils.set_random_seed(0)
+    lm = gpt_tf.GPT1CausalLM(_backbone(), gpt_tf.GPT1CausalLMPreprocessor(tokenizer, sequence_length=16))
+    lm.quantize("int8")
+    h = np.random.default_rng(0).normal(size=(2, 6, 32)).astype("float32") * 3
+    layers = [layer for layer in _leaves(lm.backbone) if layer.name in PROJECTIONS]
+    assert layers
+    for layer in layers:
+        x = h if layer.kernel.shape[0] == 32 else np.tile(h, (1, 1, layer.kernel.shape[0] // 32))
+        np.testing.assert_array_equal(layer(x), keras.layers.Dense._int8_call(layer, x), err_msg=layer.path)
+    table = lm.backbone.token_embedding
+    np.testing.assert_array_equal(table(h, reverse=True), keras.layers.ReversibleEmbedding._int8_call(table, h, reverse=True))
+
+
 def test_a_task_preset_holds_the_model_not_the_optimizers_moments(tokenizer, tmp_path):
     import keras
 

@@ -165,7 +165,7 @@ def test_mlp_inference_runs_the_gelu_inside_the_fused_matmul_where_onednn_rewrit
 def test_mixed_precision_embedding_casts_the_gathered_rows_not_the_table():
     """Under mixed_bfloat16 the token table stays float32: the rows are gathered, then cast (Keras's
     autocast would cast the whole [vocab, d] table on every call); the output is that cast exactly."""
-    from gpt_tf.nn.layers import GPTEmbedding
+    from gpt_tf.nn.embedding import GPTEmbedding
 
     layer = GPTEmbedding(300, 16, 8, embd_pdrop=0.1, dtype="mixed_bfloat16")
     layer.build()

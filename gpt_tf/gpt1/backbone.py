@@ -20,7 +20,8 @@ from keras import ops
 
 from gpt_tf.convert.old_layout import is_old_layout, load_old_layout
 from gpt_tf.gpt1.keras_hub_adapter import name_tasks_in_metadata
-from gpt_tf.nn.layers import PACKAGE, GPTEmbedding, TransformerBlock
+from gpt_tf.nn.embedding import GPTEmbedding
+from gpt_tf.nn.layers import PACKAGE, TransformerBlock
 from gpt_tf.convert.preset_io import FindsPresets, backbone_kwargs, config_from_kwargs
 
 

@@ -71,7 +71,7 @@ def attention_scores(q, k):
     return pieces.attention_scores(q, k) if pieces is not None else ops.matmul(q, ops.swapaxes(k, -1, -2))
 
 
-def _normal(std):
+def normal_init(std):
     return keras.initializers.RandomNormal(stddev=std)
 
 
@@ -87,7 +87,7 @@ class Conv1D(keras.layers.Dense):
     the last axis, ``activation`` None or ``"gelu"``; ``w`` and ``b`` are the release's names of its kernel and bias.
 
     A ``Dense``, so Keras's features act on it: ``enable_lora`` (the kernel plus its low-rank update) and
-    ``quantize("int8")`` (Keras's int8 kernel, scale and call). In float mode on TensorFlow it runs the
+    ``quantize("int8")`` (Keras's int8 kernel, scale and call; on TensorFlow its int8 product as a float32 MatMul). In float mode on TensorFlow it runs the
     same arithmetic through ``tf_pieces.dense`` (a 2-D MatMul + BiasAdd that oneDNN fuses, in this layer's name
     scope, and in training the padded weight gradient and the fused GELU kernel); elsewhere ``Dense``'s own call.
     """
@@ -101,7 +101,7 @@ class Conv1D(keras.layers.Dense):
         for key in self.FIXED[1:]:  # in a Dense config; ``activation`` is this layer's own argument
             kwargs.pop(key, None)
         super().__init__(units, activation=gelu_tanh if activation else None,
-                         kernel_initializer=_normal(init_std), **kwargs)
+                         kernel_initializer=normal_init(init_std), **kwargs)
         self.init_std = init_std
         self.activation_name = activation
 
@@ -124,6 +124,20 @@ class Conv1D(keras.layers.Dense):
     def quantize(self, mode=None, type_check=True, config=None):  # pylint: disable=unused-argument
         """``Dense.quantize`` (int8, int4, float8): this layer is a ``Dense`` with a faster float call."""
         super().quantize(mode, type_check=False, config=config)
+
+    def _int8_call(self, inputs, training=None):
+        """Keras's int8 call (the hook ``quantize("int8")`` runs): the inputs quantized per row, the int8 product
+        de-scaled, bias, activation. In TensorFlow inference the int8 product is a float32 MatMul
+        (``tf_pieces.int8_product``: the same integers, ~5x faster on a CPU); the rest is Keras's arithmetic."""
+        pieces = backend.tf_pieces()
+        if pieces is None or training or self.lora_enabled or not self.inputs_quantizer:
+            return super()._int8_call(inputs, training=training)
+        q, inputs_scale = self.inputs_quantizer(inputs, axis=-1)
+        x = ops.cast(pieces.int8_product(q, self.w), self.compute_dtype)
+        x = ops.divide(x, ops.multiply(self.kernel_scale, inputs_scale))
+        if self.bias is not None:
+            x = ops.add(x, self.bias)
+        return self.activation(x) if self.activation is not None else x
 
     def get_config(self):
         config = {key: value for key, value in super().get_config().items() if key not in self.FIXED}
@@ -323,121 +337,5 @@ class TransformerBlock(keras.layers.Layer):
             "attn_pdrop": self.attn_pdrop,
             "resid_pdrop": self.resid_pdrop,
             "layer_norm_epsilon": self.layer_norm_epsilon,
-            "init_std": self.init_std,
-        }
-
-
-@keras.saving.register_keras_serializable(package=PACKAGE)
-class TokenEmbedding(keras.layers.ReversibleEmbedding):
-    """Keras's ``ReversibleEmbedding`` (tied: the LM head is its transpose) whose table is read in its own dtype:
-    ``GPTEmbedding`` gathers float32 rows and casts them, where Keras's autocast would cast the whole table to the
-    compute dtype on every call under mixed precision. ``quantize`` is ``ReversibleEmbedding``'s."""
-
-    def add_weight(self, *args, **kwargs):
-        if kwargs.get("name") == "embeddings":
-            kwargs["autocast"] = False
-        return super().add_weight(*args, **kwargs)
-
-    def quantize(self, mode=None, type_check=True, config=None):  # pylint: disable=unused-argument
-        super().quantize(mode, type_check=False, config=config)
-
-
-@keras.saving.register_keras_serializable(package=PACKAGE)
-class PositionTable(keras.layers.Layer):
-    """The learned position table ``positions_embed`` ``[n_ctx, n_embd]``, N(0, init_std), read in its own dtype
-    (``GPTEmbedding`` adds it to the gathered token rows; a layer of its own so that the token table comes first
-    among the embedding's weights, as in the release)."""
-
-    def __init__(self, n_ctx, n_embd, init_std=0.02, **kwargs):
-        super().__init__(**kwargs)
-        self.n_ctx, self.n_embd, self.init_std = n_ctx, n_embd, init_std
-
-    def build(self, input_shape=None):
-        self.positions_embed = self.add_weight(name="positions_embed", shape=(self.n_ctx, self.n_embd),
-                                               initializer=_normal(self.init_std), autocast=False)
-
-    def get_config(self):
-        return {**super().get_config(), "n_ctx": self.n_ctx, "n_embd": self.n_embd, "init_std": self.init_std}
-
-
-@keras.saving.register_keras_serializable(package=PACKAGE)
-class GPTEmbedding(keras.layers.Layer):
-    """Token + learned position embedding with embedding dropout; with ``reverse=True`` the tied LM head (Eq. 2).
-
-    The token table is a Keras ``ReversibleEmbedding`` (``token_embedding``, a ``TokenEmbedding``; tied: the LM head
-    is its transpose),
-    so ``quantize("int8")`` and ``enable_lora`` act on it; the position table is a ``PositionTable``. In float
-    mode the tables are read in their own (float32) dtype: the rows are gathered and added, then cast to the
-    compute dtype (Keras's autocast would cast the whole token table to bfloat16 on every call first, and the sum
-    would round twice under ``mixed_bfloat16``); the head casts the table to the states' dtype."""
-
-    def __init__(self, total_vocab, n_ctx, n_embd, embd_pdrop=0.1, init_std=0.02, **kwargs):
-        super().__init__(**kwargs)
-        self.total_vocab = total_vocab
-        self.n_ctx = n_ctx
-        self.n_embd = n_embd
-        self.embd_pdrop = embd_pdrop
-        self.init_std = init_std
-        self.dropout = Dropout16(embd_pdrop, dtype=self.dtype_policy)
-
-    def build(self, input_shape=None):
-        # Made here, not in __init__: its initializer takes its seed when it is made, and made at build (as both
-        # tables' were before the token table became a Keras layer), the same seed draws the same weights.
-        self.token_embedding = TokenEmbedding(
-            self.total_vocab, self.n_embd, tie_weights=True, embeddings_initializer=_normal(self.init_std),
-            name="tokens_embed", dtype=self.dtype_policy)
-        self.token_embedding.build()
-        self.position_table = PositionTable(self.n_ctx, self.n_embd, self.init_std, name="positions_embed",
-                                            dtype=self.dtype_policy)
-        self.position_table.build()
-
-    @property
-    def positions_embed(self):
-        """The position table variable (``[n_ctx, n_embd]``)."""
-        return self.position_table.positions_embed
-
-    @property
-    def tokens_embed(self):
-        """The token table (``[total_vocab, n_embd]``; the release's ``we`` rows before the positions)."""
-        return self.token_embedding.embeddings
-
-    def _float_tables(self) -> bool:
-        return self.token_embedding.quantization_mode is None and not self.token_embedding.lora_enabled
-
-    def call(self, inputs, training=False, start_index=0, reverse=False):
-        """Token + position embeddings of ``inputs`` (token ids ``[batch, length]``) at positions ``start_index`` on;
-        with ``reverse=True``, the LM head's logits of ``inputs`` (states ``[..., n_embd]``; ``logits``)."""
-        if reverse:
-            return self.logits(inputs)
-        length = ops.shape(inputs)[-1]
-        if isinstance(start_index, int) and start_index == 0:
-            positions = self.positions_embed[:length]
-        else:  # a generation step: the position of its token
-            table = ops.convert_to_tensor(self.positions_embed)
-            positions = ops.slice(table, [start_index, 0], [length, self.n_embd])
-        if self._float_tables():
-            h = ops.cast(ops.take(self.tokens_embed, inputs, axis=0) + positions, self.compute_dtype)
-        else:  # int8 / LoRA: Keras's embedding call
-            h = self.token_embedding(inputs) + ops.cast(positions, self.compute_dtype)
-        return self.dropout(h, training=training)
-
-    def logits(self, h):
-        """The LM head tied to the token embedding: ``h @ W_eᵀ``."""
-        if self._float_tables():
-            return ops.matmul(h, ops.transpose(ops.cast(self.tokens_embed, h.dtype)))
-        return ops.cast(self.token_embedding(h, reverse=True), h.dtype)
-
-    def compute_output_spec(self, inputs, training=False, start_index=0, reverse=False):
-        if reverse:
-            return keras.KerasTensor((*inputs.shape[:-1], self.total_vocab), dtype=self.compute_dtype)
-        return keras.KerasTensor((*inputs.shape, self.n_embd), dtype=self.compute_dtype)
-
-    def get_config(self):
-        return {
-            **super().get_config(),
-            "total_vocab": self.total_vocab,
-            "n_ctx": self.n_ctx,
-            "n_embd": self.n_embd,
-            "embd_pdrop": self.embd_pdrop,
             "init_std": self.init_std,
         }
