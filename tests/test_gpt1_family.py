@@ -30,12 +30,14 @@ def tokenizer():
     return gpt1_tokenizer()
 
 
-def test_import_is_light_and_keras_hub_resolves_gpt1_presets():
+def test_import_is_light_and_importing_the_family_registers_it_with_keras_hub():
     script = textwrap.dedent(f"""
         import sys
         import gpt_tf
         assert "tensorflow" not in sys.modules and "keras_hub" not in sys.modules, "import gpt_tf must stay light"
         import keras_hub
+        assert "gpt_tf.gpt1" not in sys.modules, "importing keras-hub must not import the family behind one's back"
+        import gpt_tf.gpt1
         backbone = keras_hub.models.Backbone.from_preset("{BOOKS}")
         classifier = keras_hub.models.TextClassifier.from_preset("gpt1_tiny_books_en", num_classes=2)
         named = gpt_tf.GPT1TextClassifier.from_preset("books_tiny", num_classes=2)  # the preset's earlier name

@@ -11,7 +11,7 @@ r"""Command line: a run folder, GPT-1's released shards or a ``transformers`` st
         --preset_dir=gpt_tf/presets/gpt1_small_books_en                  # tools/jax_pretrain --tokens's float16 parts
     python -m gpt_tf.convert --preset=presets/old --preset_dir=presets/new  # a preset of the earlier weights layout
 
-The preset loads with ``keras_hub.models.Backbone.from_preset(dir)`` (after ``import gpt_tf``) and the task
+The preset loads with ``keras_hub.models.Backbone.from_preset(dir)`` (after ``import gpt_tf.gpt1``) and the task
 classes' ``from_preset``, fine-tunes and continues pre-training with ``python -m gpt_tf.train
 --init_checkpoint=dir``, and exports with ``python -m serving.export --preset=dir``.
 """

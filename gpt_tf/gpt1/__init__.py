@@ -6,7 +6,7 @@ a subclass) and ``GPT1CausalLM`` (its one language model), which the command lin
 ``keras_hub.models.Backbone.from_preset`` and ``keras_hub.models.TextClassifier.from_preset`` resolve GPT-1
 presets to them) and the presets shipped inside ``gpt_tf`` (``gpt1_tiny_books_en``, ``gpt1_small_books_en``; the
 earlier name ``books_tiny`` loads the tiny one without being listed).
-``import gpt_tf`` imports it as soon as keras-hub is imported (``gpt_tf/__init__.py``).
+``import gpt_tf.gpt1`` is how a user registers them; ``gpt_tf``'s ``GPT1*`` names import it on first use.
 """
 
 from gpt_tf.gpt1.backbone import GPT1Backbone
