@@ -5,7 +5,7 @@ the data they share.
 books of ``../shared/data/books/train``; the SST-2 training texts (``glue/SST-2/train.tsv``,
 67,349) tokenized with it into the project's task TFRecords, 6% of them held out by id hash as the
 ``dev`` split that evaluation reads (so both phases run on training texts); and, for PyTorch, the
-same records as token-id views (``<s> text <e>``, cut to n_ctx as `pipelines.transforms` does).
+same records as token-id views (``<s> text <e>``, cut to n_ctx as `gpt_tf.data.transforms` does).
 
 ``ours``: `gpt_tf.training.task_objective.Finetuner`, the loop `python -m gpt_tf.train --task=sst2` runs: its
 tf.data pipeline, its `strategy.run` train step (forward, Eq. 5 loss, backward, clipping, AdamW)
@@ -75,7 +75,7 @@ def _views(task_dir: Path, split: str, n_ctx: int) -> dict:
     import tensorflow as tf
 
     from gpt_tf.config import get_size
-    from pipelines.transforms import parse_record, special_ids_from_config
+    from gpt_tf.data.transforms import parse_record, special_ids_from_config
 
     special = special_ids_from_config(get_size("tiny"))
     ids, labels = [], []
@@ -104,7 +104,7 @@ def padding_summary(task_dir: Path, batch_size: int, n_ctx: int) -> dict:
     import torch
     from transformers.trainer_pt_utils import get_length_grouped_indices
 
-    from pipelines.task_batches import bucket_lengths, epoch_plan
+    from gpt_tf.data.task_batches import bucket_lengths, epoch_plan
 
     lengths = np.array([len(x) for x in json.loads((task_dir / VIEWS_FILE).read_text())["train"]["input_ids"]])
     _, padded = epoch_plan(lengths, bucket_lengths(n_ctx), batch_size, 0, 0, training=True)
@@ -132,7 +132,7 @@ class Ours:
 
         from gpt_tf.config import get_size
         from gpt_tf.training.task_objective import FinetuneConfig, Finetuner
-        from pipelines.transforms import load_task_spec
+        from gpt_tf.data.transforms import load_task_spec
 
         tf.config.threading.set_intra_op_parallelism_threads(spec["threads"])
         tf.config.threading.set_inter_op_parallelism_threads(spec["threads"])
@@ -179,7 +179,7 @@ class KerasFit:
         import gpt_tf
         from gpt_tf.config import get_size
         from gpt_tf.nn.optim import WarmupDecay, make_optimizer
-        from pipelines.records import read_manifest
+        from gpt_tf.data.records import read_manifest
 
         tf.config.threading.set_intra_op_parallelism_threads(spec["threads"])
         tf.config.threading.set_inter_op_parallelism_threads(spec["threads"])

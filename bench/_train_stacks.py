@@ -214,7 +214,7 @@ def _write_random_records(folder: Path, vocab: int, n_ctx: int, sequences: int, 
 
     from pipelines.book_stream import write_split
     from pipelines.pretrain_data import PretrainConfig
-    from pipelines.records import COMPRESSION, MANIFEST
+    from gpt_tf.data.records import COMPRESSION, MANIFEST
 
     stream = np.random.default_rng(seed).integers(0, vocab, sequences * n_ctx + 1)
     cfg = PretrainConfig(input_dir="", output_dir=str(folder), tokenizer_dir="", n_ctx=n_ctx, shard_size=sequences,

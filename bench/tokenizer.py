@@ -243,7 +243,8 @@ class ReferenceEncoder:
 def fidelity_sets(data_dir: Path, names=SETS) -> dict:
     """``{set name: [text, ...]}`` read with the project's own readers."""
     from gpt_tf.tasks import get_task
-    from pipelines import books, task_readers
+    from gpt_tf.data import task_readers
+    from pipelines import books
 
     def examples(task, folder, split):
         return task_readers.read_examples(get_task(task), data_dir / folder, split)[0]

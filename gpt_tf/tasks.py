@@ -12,7 +12,7 @@ which metrics report it (`metrics`, the first is the paper's headline metric).
 
 `eval_splits` names the splits a trainer evaluates on: MNLI's matched and mismatched dev sets;
 RACE's middle and high dev sets and "dev" (both together, RACE-all). Label names are the
-human-readable classes; the readers (`pipelines/task_readers.py`) map each file's raw label
+human-readable classes; the readers (`gpt_tf/data/task_readers.py`) map each file's raw label
 values (e.g. GLUE's "0"/"1") onto these indices.
 
 The `csv` spec is a template for user data (a single-text classifier by default); build a

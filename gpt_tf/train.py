@@ -211,7 +211,7 @@ def _worker_lost(err) -> str:
 
 def _setup() -> Setup:
     """Each data folder's manifest (read once) checked with its files and tokenizer, then the mode's set-up."""
-    from pipelines.records import data_file_problems, read_manifest, tokenizer_problems
+    from gpt_tf.data.records import data_file_problems, read_manifest, tokenizer_problems
 
     manifests, problems = [], []
     for data_dir in [FLAGS.data_dir, *FLAGS.aux_data_dirs]:

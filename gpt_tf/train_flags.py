@@ -17,7 +17,7 @@ from absl import flags, logging
 from gpt_tf import flag_checks
 from gpt_tf.runs.files import CHECKPOINTS
 from gpt_tf.nn.recipes import PAPER_FINETUNE
-from pipelines.records import has_manifest
+from gpt_tf.data.records import has_manifest
 
 FLAGS = flags.FLAGS
 

@@ -11,7 +11,7 @@ plus one more token so that targets are the inputs shifted by one. The stride is
 consecutive windows share their boundary token (the last target of one is the first input of
 the next) and every token but the first is predicted exactly once. There are
 floor((T - 1) / n_ctx) records; the remaining (T - 1) % n_ctx tokens of the tail are dropped.
-Record format and file names: `pipelines.records`.
+Record format and file names: `gpt_tf.data.records`.
 """
 
 from __future__ import annotations
@@ -27,8 +27,8 @@ import numpy as np
 from gpt_tf.console import import_tensorflow, progress
 from gpt_tf.write_errors import writing
 from pipelines.books import Book
-from pipelines.common import encode_pieces
-from pipelines.records import COMPRESSION, PRETRAIN_FEATURE, sha256_file, shard_file
+from gpt_tf.data.common import encode_pieces
+from gpt_tf.data.records import COMPRESSION, PRETRAIN_FEATURE, sha256_file, shard_file
 
 SEPARATOR_TOKEN = "\n</w>"
 _BLOCK_CHARS = 8192  # books are cut at newlines into blocks of about this size for encode_batch
@@ -58,7 +58,7 @@ def text_blocks(text: str, max_chars: int = _BLOCK_CHARS) -> list[str]:
 
 def encode_book(tokenizer, text: str, newline_id: int) -> np.ndarray:
     """Tokens of one book (int32): its blocks joined by the newline token, in bounded memory
-    (``pipelines.common.encode_pieces``: a line longer than a block is tokenized in pieces)."""
+    (``gpt_tf.data.common.encode_pieces``: a line longer than a block is tokenized in pieces)."""
     parts, last = [], -1
     for block, ids in encode_pieces(tokenizer, text_blocks(text)):
         if ids:

@@ -6,10 +6,10 @@
         [--text_a_column=.. --text_b_column=.. --label_column=.. --label_names=.. --delimiter=..
          --input_type=single --head=classification   (task=csv only)] [--overwrite]
 
-Reading: `pipelines.task_readers.read_examples` (official formats; malformed rows raise naming
+Reading: `gpt_tf.data.task_readers.read_examples` (official formats; malformed rows raise naming
 file:line, or with --skip_malformed are skipped and listed in the manifest). Text is tokenized with
 `GPTTokenizer.encode_batch`; no special token and no truncation is applied here: the records hold
-every token, and `pipelines.transforms` builds the model inputs (and truncates) for a given n_ctx.
+every token, and `gpt_tf.data.transforms` builds the model inputs (and truncates) for a given n_ctx.
 
 Records (`tf.train.Example`, file `{split}.tfrecord.gz`, GZIP):
     guid           bytes
@@ -54,13 +54,13 @@ from gpt_tf.text import word_split
 from gpt_tf.console import import_tensorflow, progress
 from gpt_tf.write_errors import refused_build, writing
 from gpt_tf.tasks import TaskSpec, csv_task, get_task
-from pipelines.common import command_line, commit_dir, encode_texts, remove_stale_temps, run_cli, tokenizer_files
-from pipelines.records import COMPRESSION, MISSING_LABEL, TASK_FEATURES, find_manifest, record_file, sha256_file, \
+from gpt_tf.data.common import command_line, commit_dir, encode_texts, remove_stale_temps, run_cli, tokenizer_files
+from gpt_tf.data.records import COMPRESSION, MISSING_LABEL, TASK_FEATURES, find_manifest, record_file, sha256_file, \
     tokenizer_entry, write_manifest
-from pipelines.task_splits import plan_outputs
-from pipelines.task_readers import CsvOptions, available_splits, infer_csv_labels, missing_split_reason, \
+from gpt_tf.data.task_splits import plan_outputs
+from gpt_tf.data.task_readers import CsvOptions, available_splits, infer_csv_labels, missing_split_reason, \
     read_examples, split_files
-from pipelines.task_rows import Example
+from gpt_tf.data.task_rows import Example
 
 FORMAT_VERSION = 1
 REFERENCE_N_CTX = 512  # the paper's context; the manifest counts views longer than this

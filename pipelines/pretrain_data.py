@@ -37,8 +37,8 @@ from gpt_tf.write_errors import refused_build
 from pipelines.book_stream import SEPARATOR_TOKEN, PretrainDataError, num_sequences, separator_id, tokenize_split, \
     write_split
 from pipelines.books import Book, Skipped, find_book_files, iter_books
-from pipelines.common import command_line, commit_dir, hash_unit, remove_stale_temps, run_cli, tokenizer_files
-from pipelines.records import COMPRESSION, PRETRAIN_FEATURE, find_manifest, sha256_file, tokenizer_entry, \
+from gpt_tf.data.common import command_line, commit_dir, hash_unit, remove_stale_temps, run_cli, tokenizer_files
+from gpt_tf.data.records import COMPRESSION, PRETRAIN_FEATURE, find_manifest, sha256_file, tokenizer_entry, \
     write_manifest
 
 FORMAT_VERSION = 1

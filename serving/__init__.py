@@ -2,7 +2,7 @@
 
 Export (imports the model code):
     ``export`` (CLI) -> ``task_module`` / ``lm_module`` (the signatures, core TF ops only, built on
-    ``gpt_tf.text.tf_tokenizer`` and ``pipelines.transforms``) -> ``saved_model_io`` (versions, method
+    ``gpt_tf.text.tf_tokenizer`` and ``gpt_tf.data.transforms``) -> ``saved_model_io`` (versions, method
     names, warm-up records).
 Server (imports only tensorflow, grpcio and tensorflow-serving-api):
     ``server`` (CLI) -> ``server_config`` (models.config, batching file) -> ``model_registry``

@@ -3,7 +3,7 @@
 * ``save_version`` writes the SavedModel into a hidden temporary folder beside the target
   (``.<version>.tmp-<pid>``) and renames it into place, so a model server polling the base path
   never sees half a version; the temporary folders of killed exports are removed as the data
-  builders remove theirs (``pipelines.common.remove_stale_temps``). A save the storage refuses (a full
+  builders remove theirs (``gpt_tf.data.common.remove_stale_temps``). A save the storage refuses (a full
   disk, a read-only folder) removes its temporary folder and raises ``gpt_tf.write_errors.WriteError``
   naming the version: the versions already there are untouched.
 * TF2's ``tf.saved_model.save`` marks every signature ``tensorflow/serving/predict``; TF Serving's
@@ -27,7 +27,7 @@ from tensorflow_serving.apis import (classification_pb2, input_pb2, model_pb2, p
                                      regression_pb2)
 
 from gpt_tf.write_errors import writing
-from pipelines.common import remove_stale_temps
+from gpt_tf.data.common import remove_stale_temps
 
 METHOD_NAMES = {"classify": "tensorflow/serving/classify", "regress": "tensorflow/serving/regress"}
 WARMUP_FILE = os.path.join("assets.extra", "tf_serving_warmup_requests")

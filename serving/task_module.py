@@ -1,7 +1,7 @@
 """A fine-tuned task model as a ``tf.Module`` whose signatures stock TF Serving can run.
 
 Every signature is core TensorFlow (``gpt_tf.text.tf_tokenizer`` for the text, the §3.3
-transformation of ``pipelines.transforms.transform_record`` -- the very function training
+transformation of ``gpt_tf.data.transforms.transform_record`` -- the very function training
 uses -- and the Keras layers traced into plain ops), so the SavedModel loads in a process that
 imports only ``tensorflow``.
 
@@ -24,7 +24,7 @@ Signatures (inputs -> outputs; B = any batch size >= 1, K = views per example):
 
 Text is cleaned and tokenized as offline (limits in ``gpt_tf/text/tf_tokenizer.py``), then each
 example goes through ``transform_record``: its truncation rule (module doc of
-``pipelines/transforms.py``) applies to inputs longer than the context. Views are padded to
+``gpt_tf/data/transforms.py``) applies to inputs longer than the context. Views are padded to
 the batch's longest view rather than to n_ctx; attention is causal, so the extract-token state
 is the same. Requests are rejected (``InvalidArgumentError``, i.e. INVALID_ARGUMENT) when the
 batch is empty, a text is not valid UTF-8 or encodes to no token (the offline pipeline refuses
@@ -36,7 +36,7 @@ from __future__ import annotations
 import tensorflow as tf
 
 from gpt_tf.tasks import TaskSpec
-from pipelines.transforms import special_ids_from_config, transform_record
+from gpt_tf.data.transforms import special_ids_from_config, transform_record
 
 CHOICES = "choices"  # the candidates' signature input (multiple choice)
 

@@ -1,4 +1,4 @@
-"""Length-bucketed fine-tuning batches (pipelines/task_batches.py): same losses, every record once, seeded,
+"""Length-bucketed fine-tuning batches (gpt_tf/data/task_batches.py): same losses, every record once, seeded,
 resumable, the same global batches on any number of replicas. Their CLI runs end to end (kill -9 at an epoch's
 end + resume, two mirrored replicas = one device) are in tests/test_finetune_loop.py, sharing its runs.
 
@@ -15,8 +15,8 @@ import tensorflow as tf
 from gpt_tf.config import get_size
 from gpt_tf.tasks import get_task
 from pipelines import finetune_data as fd
-from pipelines import transforms
-from pipelines.task_batches import bucket_lengths, epoch_plan
+from gpt_tf.data import transforms
+from gpt_tf.data.task_batches import bucket_lengths, epoch_plan
 
 SPECIAL = {"start": 40478, "delimiter": 40479, "extract": 40480, "pad": 40481}
 TASKS = {"sst2": ("glue/SST-2", {"max_examples": 64}), "rte": ("glue/RTE", {"max_examples": 40}),

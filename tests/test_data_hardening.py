@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from pipelines import common
+from gpt_tf.data import common
 from pipelines.books import decode_book, load_book
 from tests.small_runs import ENV, ROOT, TRAIN_FLAGS, build_data, run_cli
 
@@ -74,7 +74,7 @@ def test_a_corrupt_read_names_the_shard_and_no_checkpoint_follows_it(data_dir, t
 def test_invalid_utf8_in_task_files_names_file_and_line(tmp_path, shared_data):
     from gpt_tf.tasks import get_task
     from pipelines.finetune_data import build_task_data
-    from pipelines.task_readers import read_examples
+    from gpt_tf.data.task_readers import read_examples
 
     glue = tmp_path / "SST-2"
     glue.mkdir()

@@ -159,7 +159,7 @@ def test_a_run_folder_read_only_from_the_start_is_one_line_before_anything_runs(
 def _refused_build_left_the_data_as_it_was(proc, disk, out, written: str, before: bytes):
     """A data build refused by a full disk: exit 1, one line naming the file (``written``, a pattern) and the free
     space, and the data folder as it was (its manifest and the files it names)."""
-    from pipelines.records import data_file_problems
+    from gpt_tf.data.records import data_file_problems
 
     assert proc.returncode == 1, proc.stderr[-3000:]
     line = proc.stderr.strip().splitlines()[-1]
@@ -173,7 +173,7 @@ def _refused_build_left_the_data_as_it_was(proc, disk, out, written: str, before
 def test_pretraining_shards_on_a_full_disk(shared_data, tmp_path):
     """A rebuild that runs out of space: one line, the previous build intact (manifest and every shard's sha256),
     no temporary folder; with the space freed the same command finishes the build."""
-    from pipelines.records import data_file_problems, read_manifest
+    from gpt_tf.data.records import data_file_problems, read_manifest
     from tests.small_runs import books_folder
 
     from pipelines.pretrain_data import PretrainConfig, build_pretraining_data
@@ -199,7 +199,7 @@ def test_pretraining_shards_on_a_full_disk(shared_data, tmp_path):
 
 def test_fine_tuning_records_on_a_full_disk(shared_data, tmp_path):
     from pipelines.finetune_data import build_task_data
-    from pipelines.records import data_file_problems, read_manifest
+    from gpt_tf.data.records import data_file_problems, read_manifest
 
     bpe = shared_data / "gpt1_bpe"
     with small_disk(tmp_path / "disk", "1m") as disk:
@@ -310,7 +310,7 @@ def test_a_submission_is_written_whole_or_not_at_all(tmp_path, monkeypatch):
     tuner = SimpleNamespace(task=task, config=SimpleNamespace(data_dir="d"),
                             predict=lambda split: ({"logits": np.array([[0.0, 1.0]] * 3)}, None))
     monkeypatch.setattr(submissions, "task_predictions", lambda task, outs: np.array([1, 0, 1]))
-    monkeypatch.setattr("pipelines.transforms.split_guids", lambda data_dir, split: ["test-0", "test-1", "test-2"])
+    monkeypatch.setattr("gpt_tf.data.transforms.split_guids", lambda data_dir, split: ["test-0", "test-1", "test-2"])
     path = submissions.write_submission(tuner, "test", str(tmp_path))
     assert Path(path).read_text() == "index\tprediction\n0\t1\n1\t0\n2\t1\n"
     old = Path(path).read_bytes()

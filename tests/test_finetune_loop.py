@@ -110,7 +110,7 @@ def test_grad_accum_2_gives_the_full_batch_update(one_device, tmp_path):
 
 
 def test_two_mirrored_replicas_equal_one_device(one_device, tmp_path):
-    """The length-bucketed global batches split between 2 replicas (pipelines/task_batches.py)."""
+    """The length-bucketed global batches split between 2 replicas (gpt_tf/data/task_batches.py)."""
     flags, one, one_result = one_device
     two = run_cli("gpt_tf.train", *flags, f"--run_dir={tmp_path / 'two'}", "--strategy=mirrored", "--num_cpu_devices=2",
                   timeout=240)

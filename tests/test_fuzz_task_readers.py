@@ -1,4 +1,4 @@
-"""The task readers on generated malformed files (``pipelines/task_readers.py``, ``task_rows.py``): GLUE TSV,
+"""The task readers on generated malformed files (``gpt_tf/data/task_readers.py``, ``task_rows.py``): GLUE TSV,
 SNLI / MultiNLI JSONL, RACE JSON, Story Cloze and generic CSV, with random fields, wrong column counts, bytes
 that are not UTF-8, stray quotes, wrong JSON types, huge numbers, deep nesting and lone surrogates.
 
@@ -20,7 +20,7 @@ from hypothesis import example, given
 from hypothesis import strategies as st
 
 from gpt_tf.tasks import csv_task, get_task
-from pipelines.task_readers import CsvOptions, read_examples
+from gpt_tf.data.task_readers import CsvOptions, read_examples
 from tests.small_runs import fuzz_settings
 
 # Text a field may hold: any Unicode, the characters that matter to the formats, and values a label takes.

@@ -24,7 +24,7 @@ def _padded_tokens(lengths, order, batch_size, buckets):
 
 def test_fit_order_is_the_clis_epoch_plan_and_pays_little_padding():
     from gpt_tf.gpt1 import batching
-    from pipelines.task_batches import bucket_lengths
+    from gpt_tf.data.task_batches import bucket_lengths
 
     rng = np.random.default_rng(0)
     lengths = np.minimum(rng.geometric(1 / 14, 400) + 2, 64).astype(np.int32)  # SST-2-like: many short, a few long

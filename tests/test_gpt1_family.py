@@ -54,7 +54,7 @@ def test_import_is_light_and_importing_the_family_registers_it_with_keras_hub():
 def test_predict_on_texts_computes_what_task_outputs_computes_on_their_features(tokenizer):
     classifier = _classifier(tokenizer, "pair_symmetric")
     features = classifier.preprocessor({"sentence1": TEXTS, "sentence2": TEXTS[::-1]})  # a tuple would be (x, y)
-    from pipelines.task_batches import bucket_lengths
+    from gpt_tf.data.task_batches import bucket_lengths
 
     assert features["input_ids"].shape[1] == 2 and features["input_ids"].shape[2] in bucket_lengths(32)
     # two paths (predict's traced graph on length-sorted batches, an eager task_outputs): within TWO_PATHS
@@ -66,7 +66,7 @@ def test_preprocessor_applies_the_papers_transformations(tokenizer):
     import tensorflow as tf
 
     import gpt_tf
-    from pipelines.transforms import transform_record
+    from gpt_tf.data.transforms import transform_record
 
     ids = {name: tokenizer.offline.encode(t) for name, t in zip("ab", TEXTS)}
     for input_type in ("single", "pair", "pair_symmetric"):

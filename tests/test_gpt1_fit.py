@@ -47,7 +47,7 @@ def loop_run(data, tmp_path_factory):
     import gpt_tf
 
     from gpt_tf.training.task_objective import Finetuner, FinetuneConfig
-    from pipelines.transforms import load_task_spec, special_ids_from_config, task_dataset
+    from gpt_tf.data.transforms import load_task_spec, special_ids_from_config, task_dataset
 
     task, config = load_task_spec(str(data)), _config()
     preset = tmp_path_factory.mktemp("preset")

@@ -29,7 +29,7 @@ def test_a_piece_stops_at_a_save_the_same_command_finishes_and_tensorflow_loads_
     import keras
 
     import gpt_tf
-    from pipelines.reader import pretraining_dataset
+    from gpt_tf.data.reader import pretraining_dataset
 
     data, run_dir = build_data(shared_data, tmp_path, tokenizer=BOOKS_TINY_BPE), tmp_path / "run"
     first = _run(data, run_dir, "--piece_minutes=0.001")  # stops at its first save

@@ -22,7 +22,7 @@ from gpt_tf.gpt1.text_classifier import task_for_spec
 from gpt_tf.nn.transfer import transfer_layers
 from gpt_tf.tasks import get_task
 from gpt_tf.runs.checkpoints import variables_by_key
-from pipelines.transforms import load_task_spec
+from gpt_tf.data.transforms import load_task_spec
 
 CONFIG = get_size("lstm_test")
 

@@ -14,7 +14,7 @@ import pytest
 
 from pipelines import books as books_lib
 from pipelines import pretrain_data as pd
-from pipelines import records
+from gpt_tf.data import records
 from tests.small_runs import ENV
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -256,7 +256,7 @@ def _rows(ds):
 
 
 def test_reader_shapes_and_shift(built):
-    from pipelines.reader import pretraining_dataset
+    from gpt_tf.data.reader import pretraining_dataset
     cfg, manifest, _ = built
     ds = pretraining_dataset(cfg.output_dir, "train", batch_size=8, n_ctx=N_CTX, seed=3)
     inputs, targets = next(iter(ds))
@@ -275,7 +275,7 @@ def test_reader_shapes_and_shift(built):
 @pytest.mark.parametrize("split,pipelines", [("train", 2), ("valid", 0)])
 def test_reader_workers_get_disjoint_covering_shards(built, split, pipelines):
     import tensorflow as tf
-    from pipelines.reader import pretraining_dataset
+    from gpt_tf.data.reader import pretraining_dataset
     cfg, manifest, _ = built
     n_files = manifest["splits"][split]["num_shards"]
     pipelines = pipelines or n_files + 1  # more pipelines than files: sharded by record

@@ -98,10 +98,10 @@ def test_release_shards_and_other_folders(tmp_path, shared_data):
 
 
 def test_a_data_manifest_missing_or_corrupt_is_named_by_every_reader(tmp_path):
-    """``pipelines.records.read_manifest`` is the data manifests' one reader: the builders' up-to-date check
+    """``gpt_tf.data.records.read_manifest`` is the data manifests' one reader: the builders' up-to-date check
     (``find_manifest``), ``RunFolder.open`` and the training data readers go through it and its errors."""
-    from pipelines.records import find_manifest, has_manifest, read_manifest
-    from pipelines.transforms import load_task_spec
+    from gpt_tf.data.records import find_manifest, has_manifest, read_manifest
+    from gpt_tf.data.transforms import load_task_spec
 
     path = tmp_path / "data" / "manifest.json"
     path.parent.mkdir()
@@ -124,8 +124,8 @@ def test_a_data_manifest_is_parsed_once_while_it_stays_the_same_file(tmp_path, m
     it is opened once, each caller gets its own copy, and a rewritten manifest is read again."""
     import os
 
-    from pipelines import records
-    from pipelines.transforms import load_task_spec, num_examples
+    from gpt_tf.data import records
+    from gpt_tf.data.transforms import load_task_spec, num_examples
 
     folder = data_folder(tmp_path / "data", tmp_path / "bpe", task="sst2",
                          splits={"train": {"examples": 7, "files": []}})

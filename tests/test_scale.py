@@ -57,7 +57,7 @@ def reference_run(data_dir, run_dir, flags, pipelines=1, **overrides):
     from gpt_tf.config import get_size
     from gpt_tf.text.tokenizer import GPTTokenizer
     from gpt_tf.training.lm_objective import Pretrainer, TrainConfig
-    from pipelines.reader import pretraining_dataset
+    from gpt_tf.data.reader import pretraining_dataset
 
     value = {f.split("=", 1)[0][2:]: f.split("=", 1)[1] for f in flags if "=" in f}
     manifest = json.loads((Path(data_dir) / "manifest.json").read_text())
@@ -223,7 +223,7 @@ def test_every_input_pipeline_yields_the_counted_batches(data_dir, pipelines):
     """Multi-worker evaluation takes ``batches_per_pipeline`` batches on every worker: each must have them."""
     import tensorflow as tf
 
-    from pipelines.reader import batches_per_pipeline, pretraining_dataset
+    from gpt_tf.data.reader import batches_per_pipeline, pretraining_dataset
 
     counted = batches_per_pipeline(data_dir, "valid", 4, pipelines)
     actual = [

@@ -281,7 +281,7 @@ def test_registry_loads_swaps_and_reports_versions(tmp_path):
 
 def test_an_export_removes_the_temporary_folders_of_killed_exports(tmp_path):
     """A killed export's ``.<version>.tmp-<pid>`` folder is removed by the next export into that model folder, as
-    the data builders remove theirs (``pipelines.common.remove_stale_temps``); one of a live process stays."""
+    the data builders remove theirs (``gpt_tf.data.common.remove_stale_temps``); one of a live process stays."""
     import subprocess
     import sys
 

@@ -12,8 +12,8 @@ import tensorflow as tf
 
 from gpt_tf.tasks import TASKS, TaskSpec, csv_task, get_task
 from pipelines import finetune_data as fd
-from pipelines import transforms
-from pipelines.task_readers import CsvOptions, read_examples
+from gpt_tf.data import transforms
+from gpt_tf.data.task_readers import CsvOptions, read_examples
 from tests.small_runs import ENV
 
 
@@ -210,7 +210,7 @@ def test_skipped_rows_reach_the_manifest(tmp_path, tokenizer_dir):
     assert all(s["reason"].startswith("malformed") for s in m["skipped"])
     assert json.loads((tmp_path / "out/manifest.json").read_text())["skipped"] == m["skipped"]
     from gpt_tf.text.tokenizer import GPTTokenizer
-    from pipelines.task_rows import Example
+    from gpt_tf.data.task_rows import Example
 
     with pytest.raises(ValueError, match="'g1': text_b encodes to no token"):
         fd.tokenize_examples(GPTTokenizer.from_dir(tokenizer_dir), [Example("g1", "a", "\x00", None, 0)])

@@ -126,7 +126,7 @@ def test_reference_run_round_trip(records, tmp_path, model):
     from gpt_tf.config import GPTConfig
     from gpt_tf.gpt1.build import causal_lm_for
     from gpt_tf.convert.pretrained import initialise_from_pretrained, restore_pretrained_lm
-    from pipelines.records import COMPRESSION, PRETRAIN_FEATURE as FEATURE
+    from gpt_tf.data.records import COMPRESSION, PRETRAIN_FEATURE as FEATURE
 
     tokens = tmp_path / "tokens.npz.xz"  # the form that travels to the GPU machine (streams.py)
     meta = export(str(records), str(tokens))

@@ -1,4 +1,4 @@
-"""Fine-tuning data, (1): the input transformations of §3.3 on hand-made records (pipelines/transforms.py)."""
+"""Fine-tuning data, (1): the input transformations of §3.3 on hand-made records (gpt_tf/data/transforms.py)."""
 
 import random
 
@@ -8,7 +8,7 @@ import tensorflow as tf
 
 from gpt_tf.tasks import TaskSpec, get_task
 from pipelines import finetune_data as fd
-from pipelines import transforms
+from gpt_tf.data import transforms
 
 SPECIAL = {"start": 100, "delimiter": 101, "extract": 102, "pad": 103}
 S, D, E, P = 100, 101, 102, 103

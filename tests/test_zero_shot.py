@@ -24,8 +24,8 @@ from gpt_tf.analysis.lm_scorer import LMScorer
 from gpt_tf.metrics import matthews
 from gpt_tf.gpt1.build import causal_lm_for
 from gpt_tf.text.tokenizer import GPTTokenizer
-from pipelines.task_rows import Example
-from pipelines.winograd import read_dpr
+from gpt_tf.data.task_rows import Example
+from gpt_tf.data.winograd import read_dpr
 from tests.small_runs import run_cli
 
 DPR_SAMPLE = """The dog chased the cat because it barked loudly.

@@ -7,7 +7,7 @@ Why it exists: the command line's loop (``python -m gpt_tf.train``) is TensorFlo
 trains the same model (``GPT1CausalLM`` on ``GPT1Backbone`` of ``--model``: ``gpt_tf/config.py``'s sizes) with the
 paper's pre-training recipe (``gpt_tf.nn.optim``: AdamW with decay 0.01 on matrices only, clipping at norm 1, a 2%
 linear warm-up then cosine decay to 0), by Keras's ``fit`` on the JAX backend (``jit``-compiled steps), on exactly
-the (n_ctx + 1)-token windows ``pipelines.pretrain_data`` wrote, read by ``pipelines.reader.pretraining_dataset`` in
+the (n_ctx + 1)-token windows ``pipelines.pretrain_data`` wrote, read by ``gpt_tf.data.reader.pretraining_dataset`` in
 its seeded order. It needs ``jax`` (for a GPU: ``jax[cuda12]``) beside ``tensorflow`` (CPU is enough: tf.data reads
 the records and tokenizes).
 
@@ -332,8 +332,8 @@ def main(argv):
     from gpt_tf.gpt1 import GPT1CausalLM, GPT1CausalLMPreprocessor, GPT1Tokenizer
     from gpt_tf.gpt1.build import backbone_for
     from gpt_tf.nn.optim import WarmupDecay, make_optimizer
-    from pipelines.reader import batches_per_pipeline, pretraining_dataset
-    from pipelines.records import read_manifest
+    from gpt_tf.data.reader import batches_per_pipeline, pretraining_dataset
+    from gpt_tf.data.records import read_manifest
 
     run_dir, manifest = Path(FLAGS.run_dir), read_manifest(FLAGS.data_dir)
     config = get_size(FLAGS.model, vocab_size=int(manifest["tokenizer"]["vocab_size"]))

@@ -21,7 +21,7 @@ from bench.harness import ROOT
 
 # Context per task, from the token lengths in the task manifests (max view lengths: SST-2 73,
 # CoLA 52, STS-B 142, MRPC 135, RTE 370, Story Cloze 94); longer views are truncated by the
-# documented rule of pipelines/transforms.py.
+# documented rule of gpt_tf/data/transforms.py.
 N_CTX = {"sst2": 64, "cola": 64, "stsb": 96, "mrpc": 128, "rte": 128, "story_cloze": 96}
 
 

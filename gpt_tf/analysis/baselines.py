@@ -11,7 +11,7 @@ import math
 
 import numpy as np
 
-from pipelines.reader import pretraining_dataset
+from gpt_tf.data.reader import pretraining_dataset
 
 
 def _token_counts(data_dir: str, split: str, n_ctx: int, vocab_size: int, batch_size: int) -> np.ndarray:

@@ -37,9 +37,9 @@ import numpy as np
 
 from gpt_tf.metrics import METRICS
 from gpt_tf.tasks import get_task
-from pipelines.task_readers import read_examples
-from pipelines.task_splits import sample_by_hash, split_by_hash
-from pipelines.winograd import read_dpr
+from gpt_tf.data.task_readers import read_examples
+from gpt_tf.data.task_splits import sample_by_hash, split_by_hash
+from gpt_tf.data.winograd import read_dpr
 
 
 @dataclasses.dataclass(frozen=True)

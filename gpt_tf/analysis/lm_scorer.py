@@ -13,7 +13,7 @@ nearest to it; a continuation longer than ``n_ctx + 1`` tokens keeps only its en
 scoreable when the prefix is empty; without it that token is context only and is not counted.
 
 Requests are sorted by length and each batch is padded to a length bucket (the shortest of
-``pipelines.task_batches.bucket_lengths(n_ctx)``, 8, 16, 24, 32, 48, ..., that holds its longest
+``gpt_tf.data.task_batches.bucket_lengths(n_ctx)``, 8, 16, 24, 32, 48, ..., that holds its longest
 sequence): batches hold sequences of similar length, and the few fixed shapes let XLA and TPUs
 compile once per bucket. One ``tf.function`` with a ``[None, None]`` signature serves them all.
 The LM head, the largest matmul (``n_embd × vocabulary``), runs only at the scored positions
@@ -29,7 +29,7 @@ import numpy as np
 import tensorflow as tf
 
 from gpt_tf.backend import require_tensorflow
-from pipelines.task_batches import bucket_lengths
+from gpt_tf.data.task_batches import bucket_lengths
 
 
 class LMScorer:

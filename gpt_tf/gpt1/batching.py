@@ -3,7 +3,7 @@
 The tasks' ``preprocess_samples`` has the preprocessor pad each batch keras-hub forms to the bucket of its
 longest view (``pad_to_bucket=True``; called alone, it pads to ``sequence_length``). That alone saves little when a
 batch is 32 examples drawn at random: its longest SST-2 phrase is ~3× the median. So, as the CLI's
-input pipeline does (``pipelines.task_batches``), ``fit`` orders the examples by ``epoch_plan``: each
+input pipeline does (``gpt_tf.data.task_batches``), ``fit`` orders the examples by ``epoch_plan``: each
 epoch a random permutation (its last N mod B examples sit the epoch out), stably sorted by bucket,
 cut into batches of B, the batches in random order. Evaluation and prediction run the examples
 sorted by bucket, and ``predict`` puts its outputs back in the caller's order.
@@ -18,8 +18,8 @@ from gpt_tf.backend import tf  # imported at first use: the family imports witho
 
 from gpt_tf.gpt1.preprocessor import CHOICES
 from gpt_tf.tasks import INPUT_FIELDS
-from pipelines.task_batches import bucket_lengths, epoch_plan
-from pipelines.transforms import view_lengths
+from gpt_tf.data.task_batches import bucket_lengths, epoch_plan
+from gpt_tf.data.transforms import view_lengths
 
 
 def plannable(x) -> bool:
@@ -29,7 +29,7 @@ def plannable(x) -> bool:
 
 
 def lengths(x: dict, input_type: str, n_ctx: int) -> tf.Tensor:
-    """Each example's longest view after truncation (``pipelines.transforms.view_lengths``): int32 [N]."""
+    """Each example's longest view after truncation (``gpt_tf.data.transforms.view_lengths``): int32 [N]."""
     names = INPUT_FIELDS[input_type]
 
     def count(ids):

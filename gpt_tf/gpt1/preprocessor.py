@@ -1,12 +1,12 @@
 """Preprocessors: raw strings → the model's features, by the paper's §3.3 input transformations.
 
 ``GPT1TaskPreprocessor`` tokenizes each text field (``GPT1Tokenizer``) and builds every example's
-views with ``pipelines.transforms.transform_record``, the one definition the data pipelines and the
+views with ``gpt_tf.data.transforms.transform_record``, the one definition the data pipelines and the
 served SavedModels use (truncation rule included). As keras-hub's preprocessors, it takes one example
 or a batch, eagerly or in ``tf.data`` (mapped before or after ``batch``), and pads every view to
 ``sequence_length``. Called with ``pad_to_bucket=True`` (what the tasks' ``preprocess_samples`` does for the
 batches keras-hub's ``fit`` / ``evaluate`` / ``predict`` build: ``gpt_tf/gpt1/task.py``) it pads a batch
-only to the smallest length bucket (``pipelines.task_batches.bucket_lengths``: 8, 16, 24, 32, 48, …,
+only to the smallest length bucket (``gpt_tf.data.task_batches.bucket_lengths``: 8, 16, 24, 32, 48, …,
 ``sequence_length``) that holds its longest view, so ``fit`` on short texts does not pay for ``n_ctx`` of
 padding and Keras traces few shapes. (``GPT1CausalLMPreprocessor``, the language model's, is
 ``gpt_tf/gpt1/causal_lm_preprocessor.py``.)
@@ -24,8 +24,8 @@ from gpt_tf.gpt1.keras_hub_adapter import preprocessing_function
 from gpt_tf.gpt1.tokenizer import GPT1Tokenizer
 from gpt_tf.nn.layers import PACKAGE
 from gpt_tf.tasks import INPUT_FIELDS, INPUT_TYPES
-from pipelines.task_batches import bucket_lengths
-from pipelines.transforms import transform_record
+from gpt_tf.data.task_batches import bucket_lengths
+from gpt_tf.data.transforms import transform_record
 
 CHOICES = "choices"
 
@@ -89,7 +89,7 @@ class GPT1TaskPreprocessor(SequenceLength, keras_hub.models.TextClassifierPrepro
 
     Call arguments: ``x``, ``y``, ``sample_weight`` (returned as given) and ``pad_to_bucket``: False (default)
     pads to ``sequence_length``; True pads a batch only to the length bucket of its longest view
-    (``pipelines.task_batches.bucket_lengths``), one length per batch: for batches already formed, as the tasks'
+    (``gpt_tf.data.task_batches.bucket_lengths``), one length per batch: for batches already formed, as the tasks'
     ``fit`` / ``evaluate`` / ``predict`` form them (``gpt_tf/gpt1/task.py``), not for ``map`` before ``batch``.
 
     Example:

@@ -135,7 +135,7 @@ class GPT1Tokenizer(FindsPresets, keras_hub.tokenizers.Tokenizer):
         return self.offline.encoder[token]
 
     def special_ids(self) -> dict:
-        """``{"start", "delimiter", "extract", "pad"} -> id`` (what ``pipelines/transforms.py`` takes)."""
+        """``{"start", "delimiter", "extract", "pad"} -> id`` (what ``gpt_tf/data/transforms.py`` takes)."""
         return {name: self.offline.vocab_size + i for i, name in enumerate(SPECIAL_TOKENS)}
 
     # ------------------------------------------------------------------ text <-> ids

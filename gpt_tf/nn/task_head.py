@@ -1,6 +1,6 @@
 """The fine-tuning head (paper §3.2–3.3) as Keras layers: W_y on the final block's state at the extract token.
 
-Inputs are the traversal-style token sequences built by ``pipelines/transforms.py`` (``input_ids`` ``[B, K, T]``,
+Inputs are the traversal-style token sequences built by ``gpt_tf/data/transforms.py`` (``input_ids`` ``[B, K, T]``,
 ``extract_index`` ``[B, K]``). All K views of a batch go through the backbone in ONE call on the reshaped
 ``[B·K, T]`` batch (``Views``); ``TaskHead`` reads the final state at each view's extract token:
 

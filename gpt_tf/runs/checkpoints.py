@@ -25,7 +25,7 @@ from gpt_tf.backend import tf  # imported at first use: the family imports witho
 from gpt_tf.config import GPTConfig
 from gpt_tf.runs.files import CHECKPOINTS
 from gpt_tf.strategy import is_chief
-from pipelines.common import pid_alive
+from gpt_tf.data.common import pid_alive
 
 
 def variables_by_key(variables):

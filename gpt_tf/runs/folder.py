@@ -12,7 +12,7 @@ the tokenizer and the checkpoint list are read when first asked for.
 
 Export (``serving/export.py``), zero-shot (``gpt_tf/analysis/zero_shot.py``), the conversion to a preset
 (``gpt_tf/convert/presets.py``), the §5 study and ``gpt_tf.runs.checkpoints.load_task_model`` take the run from
-here. It reads data manifests (``pipelines.records``), so it sits above ``pipelines`` (as does the whole of
+here. It reads data manifests (``gpt_tf.data.records``), so it sits above ``pipelines`` (as does the whole of
 ``gpt_tf/runs``). Nothing here imports TensorFlow until ``checkpoints`` is asked for.
 """
 
@@ -27,7 +27,7 @@ from gpt_tf.config import GPTConfig
 from gpt_tf.convert.pretrained import is_release, pretrained_model_config
 from gpt_tf.runs.files import RUN_CONFIGS, read_json
 from gpt_tf.tasks import TaskSpec
-from pipelines.records import MANIFEST, has_manifest, read_manifest, tokenizer_problems
+from gpt_tf.data.records import MANIFEST, has_manifest, read_manifest, tokenizer_problems
 
 
 @dataclasses.dataclass(frozen=True)

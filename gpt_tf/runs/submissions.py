@@ -36,7 +36,7 @@ def write_submission(tuner, split: str, run_dir: str, write: bool = True) -> str
 
     Every worker must call it (prediction is collective); only those with ``write`` write the file.
     """
-    from pipelines.transforms import split_guids
+    from gpt_tf.data.transforms import split_guids
 
     task = tuner.task
     outs, _ = tuner.predict(split)

@@ -24,7 +24,7 @@ from gpt_tf.nn.optim import WarmupDecay, make_optimizer
 from gpt_tf.nn.recipes import PAPER_FINETUNE
 from gpt_tf.runs.files import save_run_configs
 from gpt_tf.training.loop import TrainLoop, named_data_error
-from pipelines.reader import batches_per_pipeline, pretraining_dataset
+from gpt_tf.data.reader import batches_per_pipeline, pretraining_dataset
 
 
 @dataclasses.dataclass(frozen=True)

@@ -50,7 +50,7 @@ def named_data_error(err: tf.errors.OpError, data_dirs) -> DataError:
     The files are found by their sha256 against the manifests. Raised from the failed step, before
     its update is applied or any checkpoint is saved, so the last checkpoint predates the bad read.
     """
-    from pipelines.records import data_file_problems, read_manifest
+    from gpt_tf.data.records import data_file_problems, read_manifest
 
     bad = [line for d in data_dirs for line in data_file_problems(d, read_manifest(d))]
     where = "; ".join(bad[:3]) + (f"; and {len(bad) - 3} more" if len(bad) > 3 else "")

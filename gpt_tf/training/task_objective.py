@@ -42,8 +42,8 @@ from gpt_tf.nn.recipes import PAPER_FINETUNE
 from gpt_tf.nn.task_head import task_predictions
 from gpt_tf.tasks import TaskSpec
 from gpt_tf.training.loop import TrainLoop
-from pipelines.task_batches import bucket_lengths
-from pipelines.transforms import load_task_spec, num_examples, special_ids_from_config, task_dataset
+from gpt_tf.data.task_batches import bucket_lengths
+from gpt_tf.data.transforms import load_task_spec, num_examples, special_ids_from_config, task_dataset
 
 
 @dataclasses.dataclass(frozen=True)
@@ -68,7 +68,7 @@ class FinetuneConfig:
     train_split: str = "train"
     aux_data_dirs: tuple = ()  # multi-task: more tasks' TFRecords, trained together with data_dir's
     mixture: tuple = ()  # sampling weights for (data_dir, *aux_data_dirs); () = proportional to examples
-    length_buckets: bool = True  # pad each batch to a length bucket (pipelines/task_batches.py); False: to n_ctx
+    length_buckets: bool = True  # pad each batch to a length bucket (gpt_tf/data/task_batches.py); False: to n_ctx
     buckets_per_octave: int = 4  # bucket lengths per doubling (fewer: less padding cut, fewer XLA/TPU compilations)
     grad_accum_steps: int = 1  # micro-batches per update (within a replica); the update equals the full batch's
     jit_compile: bool = False  # XLA-compile each micro-batch's forward/backward pass

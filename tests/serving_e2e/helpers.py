@@ -13,8 +13,8 @@ from tensorflow_serving.apis import predict_pb2, prediction_service_pb2_grpc
 
 from gpt_tf.tasks import get_task
 from pipelines.finetune_data import tokenize_examples
-from pipelines.task_readers import read_examples
-from pipelines.transforms import special_ids_from_config, transform_record
+from gpt_tf.data.task_readers import read_examples
+from gpt_tf.data.transforms import special_ids_from_config, transform_record
 from tests.small_runs import ENV  # noqa: F401 -- the servers' and CLIs' environment (tests/child_site on the path)
 
 ROOT = Path(__file__).resolve().parents[2]

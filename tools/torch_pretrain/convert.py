@@ -50,8 +50,8 @@ def split_stream(data_dir: str, split: str) -> np.ndarray:
     """The token stream whose stride-n_ctx windows are the split's records."""
     import tensorflow as tf
 
-    from pipelines.records import COMPRESSION, PRETRAIN_FEATURE as FEATURE
-    from pipelines.reader import resolve_shards
+    from gpt_tf.data.records import COMPRESSION, PRETRAIN_FEATURE as FEATURE
+    from gpt_tf.data.reader import resolve_shards
 
     files, manifest = resolve_shards(data_dir, split)
     n_ctx = manifest["config"]["n_ctx"]
@@ -70,7 +70,7 @@ def split_stream(data_dir: str, split: str) -> np.ndarray:
 
 
 def export(data_dir: str, out: str) -> dict:
-    from pipelines.records import read_manifest
+    from gpt_tf.data.records import read_manifest
 
     manifest = read_manifest(data_dir)
     streams = {split: split_stream(data_dir, split) for split in ("train", "valid")}
@@ -126,7 +126,7 @@ def import_run(weights_dir: str, data_dir: str, run_dir: str, model: str) -> dic
     from gpt_tf.config import get_size
     from gpt_tf.convert.state_dicts import load_torch_state_dict, read_state_dict
     from gpt_tf.training.lm_objective import Pretrainer, TrainConfig
-    from pipelines.records import read_manifest
+    from gpt_tf.data.records import read_manifest
 
     setting, rows = read_log(weights_dir)
     if setting.get("model", model) != model:

@@ -1,6 +1,6 @@
 """Which records form each fine-tuning batch, and how far it is padded: length buckets.
 
-A record's *length* is its longest view after truncation (`pipelines.transforms.record_lengths`),
+A record's *length* is its longest view after truncation (`gpt_tf.data.transforms.record_lengths`),
 so the K candidates of a multiple-choice example and the two orders of a similarity pair always
 share one bucket. Its bucket is the shortest of `bucket_lengths(n_ctx)` that holds it (by default
 four per doubling: 8, 12, 16, 20, 24, 28, 32, 40, 48, 56, 64, 80, ..., n_ctx, each at most ~25%

@@ -1,7 +1,7 @@
 """The on-disk format of the data folders: record features, file names and ``manifest.json``.
 
 The one home of what the builders (``pipelines.pretrain_data``, ``pipelines.finetune_data``) write
-and what the readers (``pipelines.reader``, ``pipelines.transforms``), training and serving read back.
+and what the readers (``gpt_tf.data.reader``, ``gpt_tf.data.transforms``), training and serving read back.
 
 Pre-training folder: ``{split}-{k:05d}-of-{n:05d}.tfrecord.gz`` shards of ``tf.train.Example``
 with one feature ``input_ids`` (int64 [n_ctx + 1]). Fine-tuning folder: ``{split}.tfrecord.gz``

@@ -1,4 +1,4 @@
-"""Row-level reading shared by the task readers (``pipelines.task_readers``, ``pipelines.winograd``).
+"""Row-level reading shared by the task readers (``gpt_tf.data.task_readers``, ``gpt_tf.data.winograd``).
 
 `Example` is what every reader yields. `Rows` collects malformed rows (or raises on the first,
 naming file:line); a row parser raises `BadRow` and its caller reports it. `read_table` reads a

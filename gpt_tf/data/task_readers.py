@@ -20,7 +20,7 @@ Formats (`path_or_dir` is the dataset's folder, or one file to read for any spli
              RandomFifthSentenceQuiz1/2, AnswerRightEnding -> text_a = the 4 sentences, 2 choices, label 0/1.
   csv        generic: `{split}.csv` / `{split}.tsv` with columns named by `CsvOptions`.
 
-Conventions (rows are read by `pipelines.task_rows`). Labels are class indices into
+Conventions (rows are read by `gpt_tf.data.task_rows`). Labels are class indices into
 `task.label_names` (a float score for STS-B / regression csv). A gold label '-' (SNLI/MNLI: no
 annotator consensus) is always skipped, as the official evaluation does, and counted in `skipped`. A malformed row (wrong column count, unknown label, empty
 text, non-numeric or out-of-range score, bad JSON, JSON too deep or with an integer too long to read, a JSON
@@ -36,7 +36,7 @@ from pathlib import Path
 from typing import Optional
 
 from gpt_tf.tasks import TaskSpec
-from pipelines.task_rows import BadRow, Example, Rows, bad_utf8, first_file, iter_table, label_index, label_map, \
+from gpt_tf.data.task_rows import BadRow, Example, Rows, bad_utf8, first_file, iter_table, label_index, label_map, \
     parse_json, parse_score, peek_header, read_table, require_columns, text_field
 
 GLUE_TASKS = ("cola", "sst2", "mrpc", "stsb", "qqp", "mnli", "qnli", "rte")

@@ -12,7 +12,7 @@ by a blank line::
 As the dataset's description says, "if the target pronoun appears more than once in the sentence,
 its first occurrence is the one to be resolved": the first whole-word, case-insensitive match.
 
-Each example becomes a ``pipelines.task_rows.Example`` ready for the substitution heuristic
+Each example becomes a ``gpt_tf.data.task_rows.Example`` ready for the substitution heuristic
 (§5): ``text_a`` = the sentence before the pronoun, ``text_b`` = the rest after it, ``choices`` =
 the two candidates, ``label`` = the index of the correct one. Malformed examples (not four lines,
 not two candidates, an answer that is neither candidate, a pronoun not in the sentence or nothing
@@ -25,7 +25,7 @@ from __future__ import annotations
 import re
 from pathlib import Path
 
-from pipelines.task_rows import Example, Rows
+from gpt_tf.data.task_rows import Example, Rows
 
 SPLITS = ("train", "test")
 

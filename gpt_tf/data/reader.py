@@ -20,7 +20,7 @@ from typing import Optional
 
 import tensorflow as tf
 
-from pipelines.records import COMPRESSION, MANIFEST, PRETRAIN_FEATURE, pretrain_feature_spec, read_manifest
+from gpt_tf.data.records import COMPRESSION, MANIFEST, PRETRAIN_FEATURE, pretrain_feature_spec, read_manifest
 
 _BUILDER = "pipelines.pretrain_data"
 _DEFAULT_PARALLEL_READS = 4  # fixed (not AUTOTUNE) so the record order is the same on every machine

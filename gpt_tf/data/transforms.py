@@ -36,8 +36,8 @@ from gpt_tf.backend import tf  # imported at first use: the family imports witho
 
 from gpt_tf.config import SPECIAL_TOKENS
 from gpt_tf.tasks import TaskSpec
-from pipelines.records import COMPRESSION, MANIFEST, TASK_TOKEN_FEATURES, read_manifest, split_entry, task_feature_spec
-from pipelines.task_batches import bucket_lengths, check_buckets, planned_batches
+from gpt_tf.data.records import COMPRESSION, MANIFEST, TASK_TOKEN_FEATURES, read_manifest, split_entry, task_feature_spec
+from gpt_tf.data.task_batches import bucket_lengths, check_buckets, planned_batches
 
 
 def special_ids_from_config(config) -> dict:
@@ -219,7 +219,7 @@ def task_dataset(task: TaskSpec, data_dir: str, split: str, batch_size: int, n_c
                  special_ids: Mapping[str, int], *, training: bool = False, seed: int = 0,
                  buckets: Optional[Sequence[int]] = None, start_batch: int = 0,
                  input_context: Optional[tf.distribute.InputContext] = None) -> tf.data.Dataset:
-    """Per-replica batches of (features, label) of one split, length-bucketed (`pipelines.task_batches`).
+    """Per-replica batches of (features, label) of one split, length-bucketed (`gpt_tf.data.task_batches`).
 
     ``batch_size`` is the GLOBAL batch; each batch holds ``batch_size / replicas`` examples (the
     replicas of ``input_context``). Features are those of `transform_record`, padded to the batch's

@@ -1,6 +1,6 @@
 """How the fine-tuning builder carves its output splits: hold-out by guid hash, train subsample, RACE-all.
 
-Both rules hash the example id (``pipelines.common.hash_unit``), so they do not depend on file
+Both rules hash the example id (``gpt_tf.data.common.hash_unit``), so they do not depend on file
 order and give the same examples on every machine. See ``pipelines/finetune_data.py``'s doc.
 """
 
@@ -9,8 +9,8 @@ from __future__ import annotations
 import collections
 from typing import Optional
 
-from pipelines.common import hash_unit
-from pipelines.task_rows import Example
+from gpt_tf.data.common import hash_unit
+from gpt_tf.data.task_rows import Example
 
 
 def split_by_hash(examples: list[Example], fraction: float, where: str) -> tuple[list, list]:
