@@ -7,6 +7,10 @@ r"""Command line: pre-train, evaluate or sample a GPT language model; fine-tune 
     python -m gpt_tf.train --flagfile=configs/finetune_sst2.flags --mode=eval     # run_dir/metrics.json
     python -m gpt_tf.train --flagfile=configs/finetune_sst2.flags --mode=predict --predict_split=test  # submission
 
+(``gpt-tf-train`` is the same command.) The flagfiles named here are in the sources' ``configs/`` (the repository and
+the source distribution), run from the folder holding it; an installed wheel has no flagfiles: give the flags, or a
+flagfile of your own (``--helpfull`` lists every flag with its default).
+
 With ``--task`` the run fine-tunes (§3.2) and the paper's fine-tuning recipe is the default for
 any flag the command line leaves unset (lr 6.25e-5, batch 32, 3 epochs, 0.2% warm-up, λ 0.5).
 Both run the one training loop (``gpt_tf/training``); a flag of the other kind of run is an error
@@ -401,6 +405,7 @@ def _finetune(setup: Setup, keras) -> Summary:
 
 
 def run():
+    """``python -m gpt_tf.train`` and the ``gpt-tf-train`` console script."""
     define_flags()
     flags.adopt_module_key_flags(train_flags)  # --help lists them
     app.run(main, flags_parser=flag_checks.lenient_parser("gpt_tf.train"))

@@ -254,6 +254,11 @@ def main(argv):
     print(path, flush=True)
 
 
-if __name__ == "__main__":
+def run():
+    """The console script's entry point (pyproject's [project.scripts])."""
     define_flags()
     app.run(main)
+
+
+if __name__ == "__main__":
+    run()

@@ -387,3 +387,47 @@ def test_the_serving_commands_name_the_extra_in_one_line_when_it_is_missing(tmp_
     assert imported.stderr.strip().splitlines()[-1] == ("ModuleNotFoundError: serving.export needs gpt-tf's serving "
                                                        f'extra ({named} not installed): pip install ".[serving]" '
                                                        "from the repository root")
+
+
+def test_the_console_scripts_resolve_and_answer(installed, tmp_path):
+    """pyproject's [project.scripts]: each names a function of a shipped module, and each answers --help from a
+    folder without the sources (the wheel alone on the path)."""
+    names, site = installed
+    (info,) = {n.split("/")[0] for n in names if n.split("/")[0].endswith(".dist-info")}
+    entry_points = (site / info / "entry_points.txt").read_text()
+    scripts = dict(re.findall(r"^(gpt-tf-[\w-]+) = ([\w.]+:\w+)$", entry_points, re.M))
+    assert set(scripts) == {"gpt-tf-train", "gpt-tf-convert", "gpt-tf-export", "gpt-tf-serve", "gpt-tf-client"}, scripts
+    assert "gpt_tf/py.typed" in names
+    for script, target in scripts.items():
+        module, function = target.split(":")
+        code = (f"import sys; sys.argv = [{script!r}, '--helpshort']; import {module} as m; m.{function}()")
+        done = _run(site, tmp_path, "-c", code)
+        assert done.returncode in (0, 1), f"{script} exited {done.returncode}:\n{done.stderr[-3000:]}"
+        assert "Traceback" not in done.stderr and "--" in done.stdout + done.stderr, (script, done.stderr[-2000:])
+
+
+def test_the_source_distribution_holds_what_pyproject_says(tmp_path):
+    """The sdist carries the packages, the docs, the flagfiles the commands' help names and the pinned stack."""
+    if importlib.util.find_spec("setuptools") is None:
+        pytest.fail("setuptools is not installed in this environment; cannot build the sdist")
+    src = tmp_path / "src"
+    skip = {ROOT: {".git", ".venv", "data", "runs", ".pytest_cache", ".hypothesis"}, ROOT / "gpt_tf": {"presets"}}
+
+    def ignore(folder, names):  # the checkout's outputs, and the presets' 54 MB (package data, checked in the wheel)
+        return [n for n in names if n in skip.get(Path(folder), ()) or n == "__pycache__" or n.endswith((".pyc", ".egg-info"))]
+
+    shutil.copytree(ROOT, src, ignore=ignore)
+    build = subprocess.run([sys.executable, "-c", "from setuptools import build_meta as b; import sys; "
+                            "print(b.build_sdist(sys.argv[1]))", str(tmp_path / "dist")],
+                           cwd=src, capture_output=True, text=True, timeout=300)
+    assert build.returncode == 0, build.stderr[-3000:]
+    (sdist,) = (tmp_path / "dist").glob("*.tar.gz")
+    import tarfile
+
+    with tarfile.open(sdist) as t:
+        names = {n.split("/", 1)[1] for n in t.getnames() if "/" in n}
+    for must in ("README.md", "LICENSE", "NOTICE", "WORKSPACE.md", "constraints.txt", "pyproject.toml",
+                 "docs/training.md", "configs/gpt1_pretrain.flags", "configs/finetune_sst2.flags",
+                 "gpt_tf/train.py", "gpt_tf/data/transforms.py", "pipelines/finetune_data.py", "serving/server.py"):
+        assert must in names, must
+    assert not any(n.endswith(".pyc") for n in names)
