@@ -51,9 +51,9 @@ class ServingClient:
         if protocol == "grpc":
             # TF Serving's messages without TensorFlow's start-up (serving/protos.py): a gRPC command takes
             # about as long as a REST one.
-            self._predict_pb2, stubs = protos.serving_apis()
+            self._request_class, _ = protos.predict_messages()
             self._channel = grpc.insecure_channel(f"{host}:{port}")
-            self._stub = stubs.PredictionServiceStub(self._channel)
+            self._predict = protos.predict_call(self._channel)
         self._local = threading.local()
 
     def close(self) -> None:
@@ -65,14 +65,14 @@ class ServingClient:
                 version: int | None = None) -> dict:
         """``{input: list or array}`` -> ``{output: np.ndarray}`` (strings as ``str``)."""
         if self.protocol == "grpc":
-            request = self._predict_pb2.PredictRequest()
+            request = self._request_class()
             request.model_spec.name, request.model_spec.signature_name = model_name, signature
             if version:
                 request.model_spec.version.value = version
             for name, value in inputs.items():
                 protos.fill_proto(request.inputs[name], value)
             try:
-                response = self._stub.Predict(request, timeout=self.timeout)
+                response = self._predict(request, timeout=self.timeout)
             except grpc.RpcError as err:
                 raise ServingError(err.code(), err.details()) from None
             outputs = {k: protos.to_ndarray(v, k) for k, v in response.outputs.items()}

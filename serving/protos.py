@@ -1,14 +1,15 @@
-"""TF Serving's gRPC messages without TensorFlow's start-up, and numpy arrays <-> ``TensorProto``.
+"""TF Serving's Predict messages without TensorFlow's start-up, and numpy arrays <-> ``TensorProto``.
 
 ``tensorflow_serving.apis`` takes its messages' dependencies (``TensorProto`` and the like) from
-``tensorflow.core``: plain generated protobuf modules inside the ``tensorflow`` package. Importing them the
-usual way runs ``tensorflow/__init__.py`` first, TensorFlow's whole start-up: most of a gRPC client
-command's time (a command took 6.4 s with it and 0.37 s without, the messages ~0.2 s of that, on a 2-core
-AMD EPYC Zen 3, 2026-11-26).
-``serving_apis()`` imports them under a bare stand-in for the ``tensorflow`` package (its folder, none of
-its ``__init__``), then takes the stand-in away: a later ``import tensorflow`` in the process runs as usual
-and reuses these message modules, so the process has one ``TensorProto`` class. Where TensorFlow is
-already imported, the usual imports run.
+``tensorflow.core``, inside the ``tensorflow`` package: importing them runs TensorFlow's whole start-up, most of a
+gRPC client command's time (a command took 6.4 s with it and 0.37 s without, on a 2-core AMD EPYC Zen 3).
+The client needs only the Predict call's messages. Their descriptors (``predict.proto`` and the files it imports,
+as the installed ``tensorflow-serving-api`` defines them) ship in ``predict_descriptors.binpb``, a
+``FileDescriptorSet`` that ``write_descriptors`` makes and ``tests/test_protos.py`` holds equal to the installed
+package's. ``predict_messages`` builds the message classes from it in a descriptor pool of their own (not
+protobuf's default pool, which TensorFlow's modules fill: the two never clash, and ``import tensorflow`` later in
+the process runs as usual); ``predict_call`` is the gRPC method on a channel. The bytes on the wire are TF
+Serving's: a message moves between the two classes by ``SerializeToString`` / ``FromString``.
 
 ``fill_proto`` / ``to_ndarray`` are the client's side of ``tf.make_tensor_proto`` / ``tf.make_ndarray`` for
 the types a served model takes and gives (strings, floats, integers, booleans); tests/test_protos.py checks
@@ -17,34 +18,58 @@ them against TensorFlow's.
 
 from __future__ import annotations
 
-import importlib.util
-import sys
-import threading
-import types
+import functools
+from pathlib import Path
 
 import numpy as np
 
-_LOCK = threading.Lock()
+DESCRIPTORS = Path(__file__).with_name("predict_descriptors.binpb")
+PREDICT = "/tensorflow.serving.PredictionService/Predict"  # the gRPC method: /<package>.<service>/<method>
 
 
-def serving_apis():
-    """``(predict_pb2, prediction_service_pb2_grpc)``, without TensorFlow's start-up."""
-    with _LOCK:
-        stand_in = None
-        if "tensorflow" not in sys.modules:
-            spec = importlib.util.find_spec("tensorflow")
-            if spec is None or not spec.submodule_search_locations:
-                raise ImportError("serving.client over gRPC needs the tensorflow package installed (TF Serving's "
-                                  "messages live in it)")
-            stand_in = types.ModuleType("tensorflow")
-            stand_in.__path__ = list(spec.submodule_search_locations)
-            sys.modules["tensorflow"] = stand_in
-        try:
-            from tensorflow_serving.apis import predict_pb2, prediction_service_pb2_grpc
-        finally:
-            if stand_in is not None and sys.modules.get("tensorflow") is stand_in:
-                del sys.modules["tensorflow"]
-    return predict_pb2, prediction_service_pb2_grpc
+@functools.lru_cache(maxsize=None)
+def predict_messages():
+    """``(PredictRequest, PredictResponse)``: TF Serving's message classes, from the shipped descriptors."""
+    from google.protobuf import descriptor_pb2, descriptor_pool, message_factory
+
+    files = descriptor_pb2.FileDescriptorSet.FromString(DESCRIPTORS.read_bytes())
+    pool = descriptor_pool.DescriptorPool()
+    for file in files.file:  # dependencies first, as write_descriptors orders them
+        pool.Add(file)
+    return tuple(message_factory.GetMessageClass(pool.FindMessageTypeByName(f"tensorflow.serving.{name}"))
+                 for name in ("PredictRequest", "PredictResponse"))
+
+
+def predict_call(channel):
+    """The channel's Predict method: ``call(request, timeout=...)`` -> ``PredictResponse``."""
+    request, response = predict_messages()
+    return channel.unary_unary(PREDICT, request_serializer=request.SerializeToString,
+                               response_deserializer=response.FromString)
+
+
+def write_descriptors(path: Path = DESCRIPTORS) -> bytes:
+    """Writes the ``FileDescriptorSet`` of the installed ``tensorflow-serving-api``'s ``predict.proto`` and every
+    file it imports (dependencies first) to ``path``; returns its bytes. Run where that package (and TensorFlow)
+    is installed, after an upgrade of it: ``python -c "import serving.protos as p; p.write_descriptors()"``."""
+    from google.protobuf import descriptor_pb2
+    from tensorflow_serving.apis import predict_pb2
+
+    ordered, seen = [], set()
+
+    def visit(file):
+        if file.name in seen:
+            return
+        seen.add(file.name)
+        for dependency in file.dependencies:
+            visit(dependency)
+        proto = descriptor_pb2.FileDescriptorProto()
+        file.CopyToProto(proto)
+        ordered.append(proto)
+
+    visit(predict_pb2.DESCRIPTOR)
+    data = descriptor_pb2.FileDescriptorSet(file=ordered).SerializeToString(deterministic=True)
+    Path(path).write_bytes(data)
+    return data
 
 
 # DataType number -> (numpy dtype, the TensorProto field its values sit in when not in tensor_content).

@@ -1,5 +1,5 @@
 """serving/protos.py: the gRPC client's TensorProtos read and written as TensorFlow reads and writes them, and
-TF Serving's messages imported without TensorFlow's start-up."""
+TF Serving's Predict messages built from the shipped descriptors, without TensorFlow's start-up."""
 
 from __future__ import annotations
 
@@ -69,11 +69,14 @@ try:
     client.classify_texts("sst2", {"sentence": ["a gripping film"]})
 except ServingError as err:
     print(err.code.name)
-print(sorted(m for m in sys.modules if m.split(".")[:2] == ["tensorflow", "python"]))
-import tensorflow as tf  # still imports whole afterwards, with the messages the client loaded
-request = client._predict_pb2.PredictRequest()
-request.inputs["x"].CopyFrom(tf.make_tensor_proto(["y"]))
-print(tf.make_ndarray(request.inputs["x"]).tolist())
+print(sorted(m for m in sys.modules if m.split(".")[0] in ("tensorflow", "tensorflow_serving")))
+import tensorflow as tf  # imports whole afterwards; TF Serving's own classes read the client's bytes
+from tensorflow_serving.apis import predict_pb2
+request = client._request_class()
+request.model_spec.name = "m"
+request.inputs["x"].MergeFromString(tf.make_tensor_proto(["y"]).SerializeToString())
+theirs = predict_pb2.PredictRequest.FromString(request.SerializeToString())
+print(theirs.model_spec.name, tf.make_ndarray(theirs.inputs["x"]).tolist())
 """
 
 
@@ -82,4 +85,17 @@ def test_a_grpc_client_starts_without_tensorflow_and_tensorflow_still_imports_af
     proc = subprocess.run([sys.executable, "-c", CLIENT_WITHOUT_TENSORFLOW, str(port)], cwd=ROOT, env=ENV,
                           capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, proc.stderr[-3000:]
-    assert proc.stdout.splitlines() == ["UNAVAILABLE", "[]", "[b'y']"], proc.stdout
+    assert proc.stdout.splitlines() == ["UNAVAILABLE", "[]", "m [b'y']"], proc.stdout
+
+
+def test_the_shipped_descriptors_are_the_installed_tf_serving_apis(tmp_path):
+    """predict_descriptors.binpb is what write_descriptors makes from the installed tensorflow-serving-api: an
+    upgrade that changes TF Serving's messages shows here (rewrite the file as write_descriptors says)."""
+    from google.protobuf import descriptor_pb2
+    from tensorflow_serving.apis import predict_pb2
+
+    read = descriptor_pb2.FileDescriptorSet.FromString
+    assert read(protos.DESCRIPTORS.read_bytes()) == read(protos.write_descriptors(tmp_path / "predict.binpb"))
+    for ours, theirs in zip(protos.predict_messages(), (predict_pb2.PredictRequest, predict_pb2.PredictResponse)):
+        assert ours.DESCRIPTOR.full_name == theirs.DESCRIPTOR.full_name
+        assert [f.name for f in ours.DESCRIPTOR.fields] == [f.name for f in theirs.DESCRIPTOR.fields]
