@@ -201,10 +201,12 @@ def test_every_dependency_has_a_pin_in_the_constraints_that_meets_its_range():
 
 
 def test_the_extras_a_user_needs_are_there():
-    """`serving` covers export, the server and the client; `dev` (the tests export and serve) includes it."""
+    """`serving` covers export, the server and the client; `docs` builds the site; `dev` (the tests export, serve
+    and build the site) includes both."""
     extras = _pyproject()["project"]["optional-dependencies"]
     assert {_name(r) for r in extras["serving"]} >= {"tensorflow-serving-api", "grpcio"}, extras["serving"]
-    assert "gpt-tf[serving]" in extras["dev"], extras["dev"]
+    assert {_name(r) for r in extras["docs"]} >= {"mkdocs", "mkdocs-material", "mkdocstrings"}, extras["docs"]
+    assert "gpt-tf[serving,docs]" in extras["dev"], extras["dev"]
 
 
 def _fake_venv(top: Path) -> Path:
@@ -299,6 +301,7 @@ NEEDED_WITHOUT_IMPORT = {
     "accelerate": "transformers.Trainer needs it (bench/finetune_speed.py's reference)",
     "grain": "keras-hub's test harness imports it (tests/test_gpt1_harness.py)",
     "pydot": "keras.utils.model_to_dot draws the family's graph with it (tests/test_gpt1_keras_features.py)",
+    "mkdocs-material": "mkdocs.yml's theme, which mkdocs loads by name (tests/test_docs.py builds the site)",
 }
 
 
@@ -322,7 +325,7 @@ def test_every_declared_dependency_is_imported_or_needed_for_a_stated_reason():
     for module, dists in packages_distributions().items():
         for dist in dists:
             by_distribution.setdefault(_name(dist), set()).add(module)
-    where = {"runtime": PACKAGES, "serving": ("serving",), "dev": ("tests", "bench")}
+    where = {"runtime": PACKAGES, "serving": ("serving",), "docs": ("tests",), "dev": ("tests", "bench")}
     reqs = _requirements()
     assert set(reqs) == set(where), f"an extra the test does not know: {sorted(set(reqs) - set(where))}"
     problems = []

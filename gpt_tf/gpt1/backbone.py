@@ -57,10 +57,14 @@ class GPT1Backbone(TakesTokenIds, FindsPresets, keras_hub.models.Backbone):
     Args:
         vocabulary_size: rows of the token embedding: the BPE tokens, then ``num_special_tokens``
             rows (start, delimiter, extract, pad; paper §3.3). GPT-1: 40478 + 4.
-        num_layers, num_heads, hidden_dim, intermediate_dim: 12, 12, 768, 3072 for GPT-1.
+        num_layers: decoder blocks (12 for GPT-1).
+        num_heads: attention heads per block (12 for GPT-1).
+        hidden_dim: the states' width (768 for GPT-1).
+        intermediate_dim: the feed-forward layer's width (3072 for GPT-1).
         max_sequence_length: ``n_ctx``, 512 for GPT-1.
         dropout: residual dropout; ``attention_dropout`` and ``embedding_dropout`` likewise (0.1).
-        layer_norm_epsilon, init_std: 1e-5 and N(0, 0.02).
+        layer_norm_epsilon: 1e-5.
+        init_std: the weights' N(0, init_std) initialisation (0.02).
         dtype: e.g. ``"float32"`` or ``"mixed_bfloat16"``.
 
     ``enable_lora(rank)`` puts low-rank adapters on the fused query/key/value projections (``c_attn``) and trains
@@ -69,7 +73,7 @@ class GPT1Backbone(TakesTokenIds, FindsPresets, keras_hub.models.Backbone):
     Example:
 
     ```python
-    import gpt_tf, keras_hub, numpy as np
+    import gpt_tf.gpt1, keras_hub, numpy as np
     backbone = keras_hub.models.Backbone.from_preset("gpt1_tiny_books_en")    # a GPT1Backbone
     states = backbone(np.array([[1, 2, 3]]))                                  # [1, 3, 256]
     small = gpt_tf.GPT1Backbone(vocabulary_size=1004, num_layers=2, num_heads=4, hidden_dim=32,

@@ -45,7 +45,7 @@ class GPT1TextClassifier(GPT1TaskMixin, keras_hub.models.TextClassifier):
     Example:
 
     ```python
-    import gpt_tf, keras_hub
+    import gpt_tf.gpt1, keras_hub
     classifier = keras_hub.models.TextClassifier.from_preset("gpt1_tiny_books_en", num_classes=2)
     classifier.compile(learning_rate=5e-4, warmup_fraction=0.05)
     classifier.fit(["a great film", "a dull mess"], [1, 0], batch_size=2)
