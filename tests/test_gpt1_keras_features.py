@@ -166,6 +166,28 @@ def test_a_task_preset_holds_the_model_not_the_optimizers_moments(tokenizer, tmp
     np.testing.assert_array_equal(gpt_tf.GPT1TextClassifier.from_preset(str(tmp_path / "preset")).predict(TEXTS, verbose=0), want)
 
 
+def test_a_saved_task_loads_compiled_as_it_was(tokenizer, tmp_path):
+    """``model.save`` keeps the ``compile()`` call (the recipe's keywords too); ``load_model`` compiles with it,
+    without Keras's warning about a custom ``compile``."""
+    import warnings
+
+    import keras
+
+    import gpt_tf
+
+    classifier = gpt_tf.GPT1TextClassifier(_backbone(), num_classes=2,
+                                           preprocessor=gpt_tf.GPT1TaskPreprocessor(tokenizer))
+    classifier.compile(learning_rate=1e-3, lm_coef=0.25, warmup_fraction=0.1)
+    classifier.save(tmp_path / "task.keras")
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        loaded = keras.saving.load_model(tmp_path / "task.keras")
+    assert not [w for w in caught if "compile" in str(w.message)], [str(w.message) for w in caught]
+    assert loaded._compiled_with == classifier._compiled_with and loaded.lm_coef == 0.25
+    assert type(loaded.optimizer) is type(classifier.optimizer)
+    np.testing.assert_array_equal(loaded.predict(TEXTS, verbose=0), classifier.predict(TEXTS, verbose=0))
+
+
 def _datasets(path) -> dict:
     """An .h5 file's arrays: name -> shape."""
     import h5py

@@ -204,6 +204,15 @@ class GPT1TaskMixin(FindsPresets):
             metrics = self._default_metrics()
         keras.Model.compile(self, optimizer=optimizer, loss=None, metrics=metrics, **kwargs)
 
+    def get_compile_config(self):
+        """The ``compile()`` call as given (the paper's recipe keywords included), so that a saved task loads compiled
+        as it was: Keras's ``load_model`` hands it to ``compile_from_config``."""
+        compiled = getattr(self, "_compiled_with", None)
+        return None if compiled is None else keras.saving.serialize_keras_object(compiled)
+
+    def compile_from_config(self, config):
+        self.compile(**keras.saving.deserialize_keras_object(config))
+
     def _paper_compile(self, optimizer, kwargs):
         """Pops the recipe's arguments from ``kwargs``; for ``optimizer="auto"`` builds the paper's."""
         recipe = {k: kwargs.pop(k, PAPER_FINETUNE[k]) for k in COMPILE_RECIPE}
