@@ -239,4 +239,4 @@ def test_readme_python_api_block_runs_as_written(project):
     lines = proc.stdout.strip().splitlines()
     assert any(line.startswith("{'accuracy'") for line in lines), proc.stdout[-2000:]
     assert any(line.startswith("the man walked into the room and") for line in lines), proc.stdout[-2000:]
-    assert (project / "presets" / "sst2_books_tiny" / "task.json").is_file()
+    assert (project / "presets" / "sst2_tiny" / "task.json").is_file()
