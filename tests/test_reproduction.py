@@ -32,3 +32,23 @@ def test_recorded_commands_hold_no_path_of_this_machine():
            f"--init_checkpoint={ROOT / 'runs' / 'books'}", "--run_dir=/elsewhere/run"]
     assert shown_command(cmd) == ("python -m gpt_tf.train --data_dir=data/tasks/rte --init_checkpoint=runs/books "
                                   "--run_dir=/elsewhere/run")
+
+
+def test_the_scale_table_puts_both_sizes_and_both_arms_side_by_side(tmp_path):
+    """bench/experiments/scale_table.py: per task, each size's arms (median [min–max] (seeds) of the chosen recipe),
+    the gain from pre-training at each size, and the small model's pre-trained median minus the tiny one's; the
+    page's marked section is replaced and the rest kept."""
+    from bench.experiments.scale_table import END, START, cells, rewrite, section
+
+    tiny = [_run("rte", "pretrained", 0, "1e-3", 0.60), _run("rte", "pretrained", 1, "1e-3", 0.58),
+            _run("rte", "pretrained", 2, "1e-3", 0.62), _run("rte", "scratch", 0, "1e-3", 0.52)]
+    small = [_run("rte", "pretrained", 0, "1e-3", 0.65), _run("rte", "pretrained", 0, "5e-4", 0.50)]
+    text = section({"tiny": cells(tiny), "small": cells(small)})
+    rows = [line for line in text.splitlines() if line.startswith(("| tiny", "| small"))]
+    assert rows[0].split(" | ")[1:4] == ["60.0 [58.0–62.0] (3)", "52.0 [52.0–52.0] (1)", "+8.0"], rows[0]
+    assert rows[1].split(" | ")[1:5] == ["65.0 [65.0–65.0] (1)", "–", "–", "+5.0 |"], rows[1]
+    assert "cola" not in text  # a task no size ran has no table
+    doc = tmp_path / "page.md"
+    doc.write_text(f"before\n{START}\nold\n{END}\nafter\n")
+    rewrite(doc, text)
+    assert doc.read_text() == f"before\n{text}\nafter\n"
