@@ -83,7 +83,8 @@ class GPT1TaskMixin(FindsPresets):
         """What ``task.weights.h5`` leaves out: the backbone's layers (in ``model.weights.h5``) and the optimizer,
         whose moments would double the file (the paper's optimizer is made at ``compile``, so a task loaded from a
         preset already has them); training resumes from the command line's checkpoints, not from presets."""
-        return [*self.backbone._flatten_layers(), *([self.optimizer] if self.optimizer is not None else [])]  # pylint: disable=protected-access
+        optimizer = getattr(self, "optimizer", None)  # none before compile (a task built with compile=False)
+        return [*self.backbone._flatten_layers(), *([optimizer] if optimizer is not None else [])]  # pylint: disable=protected-access
 
     def save_task_weights(self, filepath):
         """keras-hub's, without the optimizer's state (``_not_task_weights``)."""
