@@ -74,11 +74,12 @@ def load_lm(model_config, path: str, precision: str = "float32"):
 
 def load_task_preset(folder: str, precision: str = "float32"):
     """The keras-hub task a task preset holds, computing in ``precision``: its ``task.json`` names the class, which
-    GPT-1's family registered with Keras when keras-hub was imported (``gpt_tf/__init__.py``)."""
+    GPT-1's family registers with Keras when ``gpt_tf.gpt1`` is imported."""
     import json
 
     import keras
-    import keras_hub  # noqa: F401 -- importing it registers GPT-1's classes
+
+    import gpt_tf.gpt1  # noqa: F401 -- importing it registers GPT-1's classes
 
     from gpt_tf.convert.preset_io import TASK_FILE
 

@@ -32,10 +32,10 @@ def shared_data() -> Path:
 # xdist orders the groups by their number of tests: the walk-through (2 tests, ~6 min) and the hot-swap
 # test (1) came last, both on one worker (it takes the next group while its current one has 2 tests to
 # go), while the other worker had nothing left to do.
-LONGEST_FIRST = ("serving_e2e", "test_walkthrough", "test_finetune_loop", "test_train", "test_gpt1_presets_cli",
-                 "test_backends", "test_finetune", "test_tokenizer", "test_scale", "test_server_hardening",
-                 "test_serving_ab", "test_jax_pretrain", "test_torch_pretrain", "test_disk_faults", "test_gpt1_family",
-                 "test_gpt1_harness", "test_fuzz_serving", "test_hot_swap_memory", "test_buckets")
+LONGEST_FIRST = ("serving_e2e", "test_walkthrough", "test_gpt1_harness", "test_finetune_loop", "test_train",
+                 "test_gpt1_presets_cli", "test_backends", "test_finetune", "test_tokenizer", "test_scale",
+                 "test_server_hardening", "test_serving_ab", "test_jax_pretrain", "test_torch_pretrain",
+                 "test_disk_faults", "test_gpt1_family", "test_fuzz_serving", "test_hot_swap_memory", "test_buckets")
 
 
 # The numerics-sensitive tests: they compare floats TensorFlow computes, against a reference, between two computation

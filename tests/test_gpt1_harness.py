@@ -5,7 +5,8 @@ variable lengths, mixed precision, quantization policies; ``run_task_test``: the
 the model's inputs, ``predict`` and ``fit`` on strings, datasets and split preprocessing; ``run_preset_test``,
 ``run_model_saving_test``, ``run_preprocessing_layer_test``, ``run_serialization_test``). Its ``TestCase`` lives in
 keras-hub's source tree (it has no public name): this file is the one place it is imported. It runs here on
-the backend the suite runs (TensorFlow); ``tests/test_backends.py`` runs the family on JAX and PyTorch.
+TensorFlow, and most of it again on JAX and PyTorch, each in a process of its own
+(``test_the_harness_passes_on_the_other_backends``); ``tests/test_backends.py`` compares the backends' numbers.
 """
 
 from __future__ import annotations
@@ -121,3 +122,32 @@ class GPT1TasksTest(TestCase):
                                                         ["the street was wet .", "the sun ate it ."]])
         self.run_task_test(cls=gpt_tf.GPT1MultipleChoice, init_kwargs={**self._kwargs(), "num_choices": 2},
                            train_data=(x, [0, 0]), expected_output_shape=(2, 2))
+
+
+# On JAX and PyTorch, in a process of each backend: the backbone's, the tokenizer's, the language model's and the
+# classifier's checks. The regressor's and multiple choice's run_task_test take minutes each on JAX (XLA compiles
+# every shape the harness feeds), so those two run on TensorFlow alone.
+ON_OTHER_BACKENDS = "GPT1BackboneTest or GPT1TokenizerTest or test_causal_lm_basics or test_classifier"
+
+
+@pytest.mark.parametrize("backend", ["jax", "torch"])
+def test_the_harness_passes_on_the_other_backends(backend):
+    import importlib.util
+    import os
+    import subprocess
+    import sys
+
+    from tests.small_runs import ENV, ROOT
+
+    if importlib.util.find_spec(backend) is None:
+        if os.environ.get("CI") == "true":
+            pytest.fail(f"{backend} is not installed (the dev extra's)")
+        pytest.skip(f"{backend} is not installed (the dev extra's)")
+    cmd = [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", __file__,
+           "-k", f"({ON_OTHER_BACKENDS}) and not other_backends"]
+    env = {k: v for k, v in ENV.items() if not k.startswith("PYTEST_")}  # the child is a session of its own
+    done = subprocess.run(cmd, cwd=ROOT, env={**env, "KERAS_BACKEND": backend}, capture_output=True, text=True,
+                          timeout=1200)
+    tail = (done.stdout + done.stderr)[-4000:]
+    assert done.returncode == 0, tail
+    assert " passed" in done.stdout and " failed" not in done.stdout, tail
