@@ -42,6 +42,13 @@ from gpt_tf.tasks import TaskSpec
 COMPILE_RECIPE = ("learning_rate", "warmup_fraction", "weight_decay", "clip_norm", "lm_coef")
 
 
+def _weights_file(filepath):
+    """``filepath`` when it names a ``.weights.h5`` file, as keras-hub's task weights require; else its error."""
+    if not str(filepath).endswith(".weights.h5"):
+        raise ValueError(f"The filename must end in `.weights.h5`. Received: filepath={filepath}")
+    return filepath
+
+
 class GPT1TaskMixin(FindsPresets):
     """Mixed into each keras-hub task class (before it): see the module doc."""
 
@@ -88,15 +95,11 @@ class GPT1TaskMixin(FindsPresets):
 
     def save_task_weights(self, filepath):
         """keras-hub's, without the optimizer's state (``_not_task_weights``)."""
-        if not str(filepath).endswith(".weights.h5"):
-            raise ValueError(f"The filename must end in `.weights.h5`. Received: filepath={filepath}")
-        keras.saving.save_weights(self, filepath=filepath, objects_to_skip=self._not_task_weights())
+        keras.saving.save_weights(self, filepath=_weights_file(filepath), objects_to_skip=self._not_task_weights())
 
     def load_task_weights(self, filepath):
         """keras-hub's; an optimizer state in the file (presets saved before it was left out) is not read."""
-        if not str(filepath).endswith(".weights.h5"):
-            raise ValueError(f"The filename must end in `.weights.h5`. Received: filepath={filepath}")
-        keras.saving.load_weights(self, filepath, objects_to_skip=self._not_task_weights())
+        keras.saving.load_weights(self, _weights_file(filepath), objects_to_skip=self._not_task_weights())
 
     # ------------------------------------------------------------------ outputs
     def _check_views(self, input_ids):
