@@ -20,7 +20,6 @@ Writes ``bench/results/lora_int8_<cpu>.{json,md}``.
 
 from __future__ import annotations
 
-import csv
 import json
 import os
 import resource
@@ -49,12 +48,13 @@ def define_flags():
 
 
 def sst2(glue_dir: str, split: str, limit: int = 0):
-    """GLUE's SST-2 TSV (sentence <tab> label): texts and labels, the first ``limit`` rows (0: all)."""
-    path = Path(glue_dir) / "SST-2" / f"{split}.tsv"
-    with open(path, encoding="utf-8") as f:
-        rows = list(csv.DictReader(f, delimiter="\t", quoting=csv.QUOTE_NONE))
-    rows = rows[:limit] if limit else rows
-    return [r["sentence"] for r in rows], [int(r["label"]) for r in rows]
+    """SST-2's texts and labels as the project reads them (``gpt_tf.data.task_readers``), the first ``limit`` (0: all)."""
+    from gpt_tf.data.task_readers import read_examples
+    from gpt_tf.tasks import get_task
+
+    examples = read_examples(get_task("sst2"), Path(glue_dir) / "SST-2", split)[0]
+    examples = examples[:limit] if limit else examples
+    return [e.text_a for e in examples], [e.label for e in examples]
 
 
 def rss_mib() -> dict:
