@@ -23,6 +23,7 @@ import time
 import grpc
 import numpy as np
 
+from serving import monitoring
 from serving.errors import ServingError
 
 
@@ -134,6 +135,7 @@ class Batcher:
                 self._expected = sum(t.rows for t in batch) + self._queued_rows
 
     def _execute(self, batch: list) -> None:
+        monitoring.record_batch_size(sum(t.rows for t in batch))
         if len(batch) > 1:
             try:
                 merged = {k: np.concatenate([t.inputs[k] for t in batch]) for k in batch[0].inputs}

@@ -5,20 +5,27 @@ r"""Client for exported models behind stock TF Serving or ``serving.server``, ov
         --input="premise=A man is sleeping." --input="hypothesis=Somebody rests."
     python -m serving.client --port=8500 --model_name=story_cloze --input="context=..." \
         --input='choices=["ending one", "ending two"]'
+    python -m serving.client --port=8500 --ssl_ca_file=ca.pem --model_name=sst2 --input="sentence=..."
 
 Repeat an input to send a batch. Prints one JSON object per example: ``label`` and
 ``probabilities`` per class (classification, multiple choice), ``score`` (regression), or every
 output of the signature (other models, e.g. the language model).
 
 As a library: ``ServingClient(host, port, protocol).classify_texts("sst2", {"sentence": [...]})``.
+
+TLS (a server started with ``--ssl_config_file``): ``--ssl_ca_file``, the PEM of the CA that signed the
+server's certificate, whose names must include the ``--host`` asked for; for a server with ``client_verify``,
+also ``--ssl_client_cert_file`` and ``--ssl_client_key_file``, a certificate its ``custom_ca`` signed.
 """
 
 from __future__ import annotations
 
 import http.client
 import json
+import ssl
 import sys
 import threading
+from pathlib import Path
 
 from serving import extra
 
@@ -39,21 +46,35 @@ FLAGS = flags.FLAGS
 _FROM_HTTP = {400: "INVALID_ARGUMENT", 404: "NOT_FOUND", 409: "ABORTED", 411: "INVALID_ARGUMENT",
               413: "RESOURCE_EXHAUSTED", 429: "RESOURCE_EXHAUSTED", 501: "UNIMPLEMENTED", 503: "UNAVAILABLE",
               504: "DEADLINE_EXCEEDED"}
+# A kept-alive connection the server closed meanwhile: plain, or over TLS (a close without TLS's close_notify).
+_CLOSED = (ConnectionError, http.client.HTTPException, ssl.SSLEOFError)
 
 
 class ServingClient:
-    """Predict requests to one server; thread-safe (one HTTP connection per thread for REST)."""
+    """Predict requests to one server; thread-safe (one HTTP connection per thread for REST).
 
-    def __init__(self, host: str = "127.0.0.1", port: int = 8500, protocol: str = "grpc", timeout: float = 30.0):
+    TLS when ``ssl_ca_file`` (the CA that signed the server's certificate; without it, the CAs gRPC or Python
+    trust by default) or a client certificate is given: ``ssl_client_cert_file`` and ``ssl_client_key_file``,
+    PEM files, for a server that verifies its clients. ``OSError`` for a file that cannot be read.
+    """
+
+    def __init__(self, host: str = "127.0.0.1", port: int = 8500, protocol: str = "grpc", timeout: float = 30.0,
+                 *, ssl_ca_file: str = "", ssl_client_cert_file: str = "", ssl_client_key_file: str = ""):
         if protocol not in ("grpc", "rest"):
             raise ValueError(f"protocol must be 'grpc' or 'rest', got {protocol!r}")
+        if bool(ssl_client_cert_file) != bool(ssl_client_key_file):
+            raise ValueError("a client certificate needs its key: give both ssl_client_cert_file and "
+                             "ssl_client_key_file, or neither")
         self.host, self.port, self.protocol, self.timeout = host, port, protocol, timeout
+        tls = (ssl_ca_file, ssl_client_cert_file, ssl_client_key_file) if ssl_ca_file or ssl_client_cert_file else None
         if protocol == "grpc":
             # TF Serving's messages without TensorFlow's start-up (serving/protos.py): a gRPC command takes
             # about as long as a REST one.
             self._request_class, _ = protos.predict_messages()
-            self._channel = grpc.insecure_channel(f"{host}:{port}")
+            self._channel = _grpc_channel(f"{host}:{port}", tls)
             self._predict = protos.predict_call(self._channel)
+        else:
+            self._ssl_context = _https_context(*tls) if tls else None
         self._local = threading.local()
 
     def close(self) -> None:
@@ -92,13 +113,13 @@ class ServingClient:
         for attempt in (0, 1):  # a kept-alive connection the server closed is reopened once
             conn = getattr(self._local, "conn", None)
             if conn is None:
-                conn = self._local.conn = http.client.HTTPConnection(self.host, self.port, timeout=self.timeout)
+                conn = self._local.conn = self._connect()
             try:
                 conn.request(method, path, data, {"Content-Type": "application/json"})
                 response = conn.getresponse()
                 payload = json.loads(response.read() or b"{}")
                 break
-            except (ConnectionError, http.client.HTTPException):
+            except _CLOSED:
                 conn.close()
                 self._local.conn = None
                 if attempt:
@@ -108,10 +129,37 @@ class ServingClient:
             raise ServingError(code, payload.get("error", f"HTTP {response.status}"))
         return payload
 
+    def _connect(self) -> http.client.HTTPConnection:
+        if self._ssl_context is None:
+            return http.client.HTTPConnection(self.host, self.port, timeout=self.timeout)
+        return http.client.HTTPSConnection(self.host, self.port, timeout=self.timeout, context=self._ssl_context)
+
     # ------------------------------------------------------------------ text in, labels out
     def classify_texts(self, model_name: str, fields: dict, version: int | None = None) -> list:
         """Texts (``{field: [text per example]}``) -> one result dict per example; see the module doc."""
         return results_from_outputs(self.predict(model_name, fields, version=version))
+
+
+def _read(path: str) -> bytes | None:
+    return Path(path).read_bytes() if path else None
+
+
+def _grpc_channel(target: str, tls: tuple | None) -> grpc.Channel:
+    """A plain channel, or with ``tls`` (CA, client certificate and key files; "" for none) a TLS one."""
+    if tls is None:
+        return grpc.insecure_channel(target)
+    ca_file, cert_file, key_file = tls
+    return grpc.secure_channel(target, grpc.ssl_channel_credentials(
+        root_certificates=_read(ca_file), private_key=_read(key_file), certificate_chain=_read(cert_file)))
+
+
+def _https_context(ca_file: str, cert_file: str, key_file: str) -> ssl.SSLContext:
+    """REST's TLS context: the server's certificate checked against ``ca_file`` (else the system's CAs) and the
+    host name; the client's certificate sent when given."""
+    context = ssl.create_default_context(cafile=ca_file or None)
+    if cert_file:
+        context.load_cert_chain(cert_file, key_file)
+    return context
 
 
 def _float32(value) -> float:
@@ -154,6 +202,11 @@ def define_flags() -> None:
     flags.DEFINE_multi_string("input", [], "NAME=VALUE (repeat for several inputs and examples; a value starting "
                               "with '[' is a JSON list, e.g. the choices of a multiple-choice example).")
     flags.DEFINE_float("timeout", 30.0, "Seconds to wait for an answer.")
+    flags.DEFINE_string("ssl_ca_file", "", "TLS: PEM of the CA that signed the server's certificate (a server "
+                        "started with --ssl_config_file).")
+    flags.DEFINE_string("ssl_client_cert_file", "", "TLS: PEM of this client's certificate, for a server with "
+                        "client_verify (with --ssl_client_key_file).")
+    flags.DEFINE_string("ssl_client_key_file", "", "TLS: PEM of this client's private key.")
 
 
 def main(argv):
@@ -165,11 +218,18 @@ def main(argv):
         fields = parse_inputs(FLAGS.input)
     except ValueError as err:
         sys.exit(f"serving.client: {err}")
-    client = ServingClient(FLAGS.host, FLAGS.port, FLAGS.protocol, FLAGS.timeout)
+    try:
+        client = ServingClient(FLAGS.host, FLAGS.port, FLAGS.protocol, FLAGS.timeout, ssl_ca_file=FLAGS.ssl_ca_file,
+                               ssl_client_cert_file=FLAGS.ssl_client_cert_file,
+                               ssl_client_key_file=FLAGS.ssl_client_key_file)
+    except (OSError, ValueError) as err:  # a TLS file that cannot be read
+        sys.exit(f"serving.client: {err}")
     try:
         results = client.classify_texts(FLAGS.model_name, fields, FLAGS.model_version or None)
     except ServingError as err:
         sys.exit(f"serving.client: {err.code.name}: {err.message}")
+    except OSError as err:  # REST: no connection, or a TLS handshake that failed (the server's certificate)
+        sys.exit(f"serving.client: {FLAGS.host}:{FLAGS.port}: {err}")
     finally:
         client.close()
     for result in results:

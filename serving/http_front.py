@@ -18,7 +18,11 @@
 * a listen backlog of ``backlog`` (``socketserver``'s default is 5, so a burst waited on SYN retries;
   the kernel caps it at ``net.core.somaxconn``);
 * a client that went away (reset, broken pipe, timeout) is not an error: nothing is logged;
-  any other exception in a handler is one line on the log, never a traceback.
+  any other exception in a handler is one line on the log, never a traceback;
+* with an ``ssl_context``, TLS on every connection and nothing in plain text: the head reader runs each
+  handshake without blocking (within the header deadline, which counts from the accept, so a client that
+  stalls its handshake is closed and never holds a worker), and a connection refused at the connection cap
+  is closed without an answer, as no handshake has been made yet (the 503 of a full wait queue goes over TLS).
 
 Why by hand and not aiohttp or uvicorn: see the REST section of the README.
 """
@@ -32,12 +36,13 @@ import queue
 import resource
 import selectors
 import socket
+import ssl
 import sys
 import threading
 import time
 from http.server import BaseHTTPRequestHandler, HTTPServer
 
-CLIENT_GONE = (ConnectionError, TimeoutError, socket.timeout)
+CLIENT_GONE = (ConnectionError, TimeoutError, socket.timeout, ssl.SSLEOFError, ssl.SSLZeroReturnError)
 _SHED = (b"HTTP/1.1 503 Service Unavailable\r\nContent-Type: application/json\r\nContent-Length: 68\r\n"
          b"Connection: close\r\n\r\n"
          b'{"error": "the server is at its connection limit; retry in a moment"}')
@@ -73,19 +78,41 @@ def release_freed_memory(min_interval: float = 1.0) -> None:
 
 
 MAX_HEAD = 1 << 16  # bytes of request line + headers (http.server's own line limit)
+# What the head reader makes of a connection besides waiting for selectors.EVENT_READ or EVENT_WRITE.
+_HEAD_IN, _GONE = "head in", "gone"
 
 
 class _Connection:
-    """An open connection between requests: its socket, the bytes read of its next request, its deadline."""
+    """An open connection between requests: its socket, the bytes read of its next request, its deadline, and
+    whether its TLS handshake is still to be made."""
 
-    __slots__ = ("sock", "address", "buffer", "deadline")
+    __slots__ = ("sock", "address", "buffer", "deadline", "handshaking")
 
     def __init__(self, sock: socket.socket, address, deadline: float, buffer: bytes = b""):
         self.sock, self.address, self.deadline, self.buffer = sock, address, deadline, buffer
+        self.handshaking = False
 
     def head_complete(self, since: int = 0) -> bool:
         start = max(0, since - 3)
         return self.buffer.find(b"\n\r\n", start) >= 0 or self.buffer.find(b"\n\n", start) >= 0
+
+
+class _SendAll(io.RawIOBase):
+    """A socket's write side that sends all it is given, within the socket's timeout. (A socket file's
+    ``write`` sends what fits in the socket buffer and returns that count, which ``http.server`` ignores: an
+    answer larger than the buffer was cut short.)"""
+
+    def __init__(self, sock: socket.socket):
+        super().__init__()
+        self._sock = sock
+
+    def writable(self) -> bool:
+        return True
+
+    def write(self, data) -> int:
+        self._sock.sendall(data)
+        with memoryview(data) as view:
+            return view.nbytes
 
 
 class _DeadlineReader(io.RawIOBase):
@@ -130,7 +157,7 @@ class DeadlineHandler(BaseHTTPRequestHandler):
         self.connection.settimeout(self.server.timeout)  # writes: a client that stops reading
         self._reader = _DeadlineReader(self.connection, self.server.timeout, self.request.buffer)
         self.rfile = io.BufferedReader(self._reader, 1 << 16)
-        self.wfile = self.connection.makefile("wb", 0)
+        self.wfile = _SendAll(self.connection)
         self.leftover = b""
 
     def handle(self) -> None:
@@ -159,17 +186,19 @@ def _fd_room() -> int:
 
 
 class BoundedHTTPServer(HTTPServer):
-    """See the module doc. ``log``: where the one-line reports of handler failures go."""
+    """See the module doc. ``log``: where the one-line reports of handler failures go; ``ssl_context``: a
+    server-side ``ssl.SSLContext`` for TLS on every connection (None: plain HTTP)."""
 
     daemon_threads = True
 
     def __init__(self, address, handler, num_threads: int = 32, timeout: float = 30.0, backlog: int = 1024,
-                 log=print, header_timeout: float = 5.0, max_connections: int = 1000):
+                 log=print, header_timeout: float = 5.0, max_connections: int = 1000, ssl_context=None):
         if min(num_threads, timeout, backlog, header_timeout, max_connections) <= 0:
             raise ValueError(f"num_threads={num_threads}, timeout={timeout}, backlog={backlog}, header_timeout="
                              f"{header_timeout} and max_connections={max_connections} must be positive")
         self.request_queue_size = backlog
         self.timeout, self.log = timeout, log  # (socketserver's own `timeout` is unused by serve_forever)
+        self.ssl_context = ssl_context
         self.header_timeout = min(header_timeout, timeout)
         self.max_connections = min(max_connections, _fd_room())
         self.shed = 0  # connections answered 503 at a limit
@@ -193,19 +222,30 @@ class BoundedHTTPServer(HTTPServer):
         with self._count_lock:
             full = self._open >= self.max_connections
             self._open += not full
-        if full:
-            self._refuse(request)
+        if full:  # on a TLS port no handshake is made yet: closed without an answer, never one in plain text
+            self._refuse(request, answer=self.ssl_context is None)
             return
         request.setblocking(False)
-        self._to_heads(_Connection(request, client_address, time.monotonic() + self.header_timeout))
+        conn = _Connection(request, client_address, time.monotonic() + self.header_timeout)  # TLS: its handshake too
+        if self.ssl_context is not None:
+            try:  # no I/O here: the head reader makes the handshake, without blocking
+                conn.sock = self.ssl_context.wrap_socket(request, server_side=True, do_handshake_on_connect=False)
+            except OSError:  # the client has gone already
+                self._close(conn)
+                return
+            conn.handshaking = True
+        self._to_heads(conn)
 
-    def _refuse(self, sock) -> None:
+    def _refuse(self, sock, answer: bool = True) -> None:
+        """Closes a connection the server has no room for; with ``answer``, after a 503 sent without waiting
+        (over TLS on a TLS connection; what does not go at once is dropped)."""
         self.shed += 1
-        try:
-            sock.setblocking(False)
-            sock.send(_SHED)  # fits in the socket buffer; never waits
-        except OSError:
-            pass
+        if answer:
+            try:
+                sock.setblocking(False)
+                sock.send(_SHED)  # fits in the socket buffer; never waits
+            except OSError:
+                pass
         self.shutdown_request(sock)
 
     def _close(self, conn: _Connection) -> None:
@@ -226,49 +266,66 @@ class BoundedHTTPServer(HTTPServer):
         selector.register(self._wake_read, selectors.EVENT_READ)
         waiting = {}  # socket -> _Connection
 
-        def drop(conn, dispatch=False):
-            selector.unregister(conn.sock)
-            del waiting[conn.sock]
-            self._dispatch(conn) if dispatch else self._close(conn)
+        def settle(conn: _Connection, outcome) -> None:
+            """Dispatches or closes ``conn`` (_HEAD_IN, _GONE), or has it wait for the event ``outcome``."""
+            if outcome in (_HEAD_IN, _GONE):
+                if conn.sock in waiting:
+                    selector.unregister(conn.sock)
+                    del waiting[conn.sock]
+                self._dispatch(conn) if outcome is _HEAD_IN else self._close(conn)
+            elif conn.sock not in waiting:
+                waiting[conn.sock] = conn
+                selector.register(conn.sock, outcome, conn)
+            elif selector.get_key(conn.sock).events != outcome:
+                selector.modify(conn.sock, outcome, conn)
 
         while not self._closing:
             soonest = min((c.deadline for c in waiting.values()), default=None)
             wait = None if soonest is None else max(0.0, soonest - time.monotonic())
             for key, _ in selector.select(wait):
-                if key.fileobj is self._wake_read:
-                    try:
-                        self._wake_read.recv(4096)
-                    except OSError:
-                        pass
-                    while self._incoming:
-                        conn = self._incoming.popleft()
-                        if conn.head_complete():  # a pipelined request already read whole
-                            self._dispatch(conn)
-                        else:
-                            waiting[conn.sock] = conn
-                            selector.register(conn.sock, selectors.EVENT_READ, conn)
+                if key.fileobj is not self._wake_read:
+                    settle(key.data, self._advance(key.data))
                     continue
-                conn = key.data
                 try:
-                    chunk = conn.sock.recv(MAX_HEAD)
-                except BlockingIOError:
-                    continue
+                    self._wake_read.recv(4096)
                 except OSError:
-                    chunk = b""
-                if not chunk:  # the client went away
-                    drop(conn)
-                    continue
-                if not conn.buffer:  # a keep-alive connection's next request starts: its head has a few seconds
-                    conn.deadline = min(conn.deadline, time.monotonic() + self.header_timeout)
-                seen, conn.buffer = len(conn.buffer), conn.buffer + chunk
-                if conn.head_complete(seen) or len(conn.buffer) > MAX_HEAD:  # too long: http.server answers 431
-                    drop(conn, dispatch=True)
+                    pass
+                while self._incoming:  # new connections, and kept-alive ones back from a worker
+                    conn = self._incoming.popleft()
+                    # A pipelined request may be in whole. Else read now what came, or start the handshake: a
+                    # worker's reads can leave decrypted bytes in the SSL object (``pending()``), which select
+                    # does not see; recv hands them out first.
+                    settle(conn, _HEAD_IN if conn.head_complete() else self._advance(conn))
             now = time.monotonic()
             for conn in [c for c in waiting.values() if c.deadline <= now]:
-                drop(conn)  # its head did not come in time (or it idled too long): closed, no worker held
+                settle(conn, _GONE)  # its head did not come in time (or it idled too long): closed, no worker held
         for conn in list(waiting.values()):
-            drop(conn)
+            settle(conn, _GONE)
         selector.close()
+
+    def _advance(self, conn: _Connection):
+        """Moves ``conn`` on with what its socket holds now, never waiting: its TLS handshake, then the bytes of
+        its request head. Returns the event it waits for (``selectors.EVENT_READ`` or ``EVENT_WRITE``),
+        ``_HEAD_IN`` (its head is in, or too long: http.server answers 431) or ``_GONE``."""
+        try:
+            if conn.handshaking:
+                conn.sock.do_handshake()
+                conn.handshaking = False
+            # A TLS recv hands out at most the rest of one record (16 KiB at most, under MAX_HEAD), so nothing
+            # stays decrypted in the SSL object behind it; the next record is in the kernel, seen by select.
+            chunk = conn.sock.recv(MAX_HEAD)
+        except (BlockingIOError, ssl.SSLWantReadError):
+            return selectors.EVENT_READ
+        except ssl.SSLWantWriteError:
+            return selectors.EVENT_WRITE
+        except OSError:  # a reset, or a failed handshake (a plain request, no client certificate): no answer
+            return _GONE
+        if not chunk:  # the client went away
+            return _GONE
+        if not conn.buffer:  # a keep-alive connection's next request starts: its head has a few seconds
+            conn.deadline = min(conn.deadline, time.monotonic() + self.header_timeout)
+        seen, conn.buffer = len(conn.buffer), conn.buffer + chunk
+        return _HEAD_IN if conn.head_complete(seen) or len(conn.buffer) > MAX_HEAD else selectors.EVENT_READ
 
     def _dispatch(self, conn: _Connection) -> None:
         """A connection whose request head is in, to the workers (503 when they are all busy and

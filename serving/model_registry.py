@@ -18,6 +18,15 @@ never holds up the others; the versions already serving stay.
 A base path that does not exist is a warning when the server starts (and when it goes away), and
 the reason the model's status gives for having no version; the model is served as soon as a
 version appears there.
+
+``reconfigure`` serves a new model list, as TF Serving's ReloadConfig does (a config file read again,
+or a HandleReloadConfigRequest): models added are loaded, models removed are unloaded, a changed
+version policy takes effect, all in one load pass; then the version labels are set. A label must
+name an AVAILABLE version (TF Serving's FAILED_PRECONDITION otherwise, and the labels before stay),
+except that with ``allow_labels_for_unavailable`` a new label, or one that keeps its version, may
+name any version. The labels are checked after the load pass, so a version can be loaded and
+labelled in one change, and a label on version 1 is accepted at start-up once version 1 has loaded
+(TF Serving checks them before its loads finish and refuses such labels at start-up).
 """
 
 from __future__ import annotations
@@ -31,7 +40,10 @@ import traceback
 import tensorflow as tf
 from tensorflow_serving.apis import get_model_status_pb2
 
-from serving.errors import not_found
+from serving import monitoring
+import grpc
+
+from serving.errors import ServingError, invalid, not_found
 from serving.http_front import release_freed_memory
 from serving.saved_model_io import versions
 from serving.servable import Servable
@@ -56,22 +68,76 @@ class ModelRegistry:
     """The models of ``configs`` (``serving.server_config.ModelConfig``) and their loaded versions."""
 
     def __init__(self, configs, batching=None, method_name_check: bool = False, log=print,
-                 max_num_load_retries: int = 5, load_retry_interval: float = 60.0):
-        self.configs = {c.name: c for c in configs}
+                 max_num_load_retries: int = 5, load_retry_interval: float = 60.0,
+                 allow_labels_for_unavailable: bool = False):
         self._batching, self._method_name_check, self._log = batching, method_name_check, log
         self.max_num_load_retries, self.load_retry_interval = max_num_load_retries, max(0.0, load_retry_interval)
-        self._retries = {name: {} for name in self.configs}  # name -> {version: (failures so far, next try time)}
-        self._gave_up = {name: {} for name in self.configs}  # name -> {version: folder_fingerprint at the last try}
+        self.allow_labels_for_unavailable = allow_labels_for_unavailable
+        self.configs = {}  # name -> ModelConfig
+        self._retries = {}  # name -> {version: (failures so far, next try time)}
+        self._gave_up = {}  # name -> {version: folder_fingerprint at the last try}
         self._lock = threading.Lock()
-        self._available = {name: {} for name in self.configs}  # name -> {version: Servable}
-        self._states = {name: {} for name in self.configs}  # name -> {version: (State, error message)}
+        self._passes = threading.RLock()  # one load pass or reconfiguration at a time
+        self._available = {}  # name -> {version: Servable}
+        self._states = {}  # name -> {version: (State, error message)}
+        self._labels = {}  # name -> {label: version}, set by reconfigure
         self._missing = set()  # names whose base path did not exist at the last poll
         self._stop = threading.Event()
         self._thread = None
+        self._set_models(configs)
 
     # ------------------------------------------------------------------ lifecycle
+    def reconfigure(self, configs) -> None:
+        """Serves the models of ``configs`` from now on (see the module doc): one load pass, then the labels.
+        Raises ``ServingError`` (FAILED_PRECONDITION) for a label it refuses; the models are served regardless."""
+        with self._passes:
+            self._set_models(configs)
+            self.poll()
+            self._set_labels(configs)
+
+    def _set_models(self, configs) -> None:
+        """Adds and removes models (a model whose base path changed is removed and added again)."""
+        wanted = {c.name: c for c in configs}
+        for name, config in list(self.configs.items()):
+            if name not in wanted or wanted[name].base_path != config.base_path:
+                self._remove(name)
+        for name in wanted:
+            if name not in self.configs:
+                for table in (self._retries, self._gave_up, self._available, self._states):
+                    table[name] = {}
+        self.configs = wanted
+
+    def _remove(self, name: str) -> None:
+        for version in list(self._available[name]):
+            self._unload(name, version)
+        with self._lock:
+            for table in (self._retries, self._gave_up, self._available, self._states, self._labels):
+                table.pop(name, None)
+            self._missing.discard(name)
+            self.configs = {n: c for n, c in self.configs.items() if n != name}
+        self._log(f"model {name}: no longer in the config; unloaded")
+
+    def _set_labels(self, configs) -> None:
+        """Every config's ``version_labels``, all or none (TF Serving's rule, see the module doc)."""
+        with self._lock:
+            labels = {}
+            for config in configs:
+                for label, version in config.labels:
+                    before = self._labels.get(config.name, {}).get(label)
+                    may_wait = self.allow_labels_for_unavailable and before in (None, version)
+                    if not may_wait and version not in self._available[config.name]:
+                        raise ServingError(grpc.StatusCode.FAILED_PRECONDITION,
+                                           f"Request to assign label to version {version} of model {config.name}, "
+                                           "which is not currently available for inference")
+                    labels.setdefault(config.name, {})[label] = version
+            self._labels = labels
+
     def poll(self) -> None:
         """One pass over every base path: load wanted versions, then unload unwanted ones."""
+        with self._passes:
+            self._poll()
+
+    def _poll(self) -> None:
         for name, config in self.configs.items():
             self._check_base_path(name, config.base_path)
             wanted = config.aspired(versions(config.base_path))
@@ -125,6 +191,7 @@ class ModelRegistry:
             self._failed(name, version, err, attempted)
             return
         self._retries[name].pop(version, None)
+        monitoring.record_load(path, ok=True)
         with self._lock:
             self._available[name][version] = servable
             self._states[name][version] = (State.AVAILABLE, "")
@@ -132,6 +199,7 @@ class ModelRegistry:
 
     def _failed(self, name: str, version: int, err: Exception, attempted: tuple) -> None:
         """A failed load: LOADING with a retry scheduled, or END with the error once retries are spent."""
+        monitoring.record_load(os.path.join(self.configs[name].base_path, str(version)), ok=False)
         failures = self._retries[name].get(version, (0, 0.0))[0] + 1
         attempt = f"attempt {failures} of {self.max_num_load_retries + 1}"
         if failures <= self.max_num_load_retries:
@@ -200,12 +268,11 @@ class ModelRegistry:
     # ------------------------------------------------------------------ lookups
     def servable(self, name: str, version: int | None = None, label: str = "") -> Servable:
         """The servable a request's ModelSpec names (latest available version by default)."""
-        if label:
-            labels = dict(self.configs[name].labels) if name in self.configs else {}
-            if label not in labels:
-                raise not_found(f"Unrecognized servable version label: {label}")
-            version = labels[label]
         with self._lock:
+            if label:
+                if label not in self._labels.get(name, {}):
+                    raise invalid(f"Unrecognized servable version label: {label}")
+                version = self._labels[name][label]
             loaded = self._available.get(name, {})
             if version is None:
                 if not loaded:

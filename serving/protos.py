@@ -40,6 +40,16 @@ def predict_messages():
                  for name in ("PredictRequest", "PredictResponse"))
 
 
+def message_class(file, full_name: str):
+    """The class of message ``full_name`` of ``file`` (a ``FileDescriptorProto`` written in code, for TF Serving's
+    config messages that tensorflow-serving-api does not ship), in a descriptor pool of its own."""
+    from google.protobuf import descriptor_pool, message_factory
+
+    pool = descriptor_pool.DescriptorPool()
+    pool.Add(file)
+    return message_factory.GetMessageClass(pool.FindMessageTypeByName(full_name))
+
+
 def predict_call(channel):
     """The channel's Predict method: ``call(request, timeout=...)`` -> ``PredictResponse``."""
     request, response = predict_messages()

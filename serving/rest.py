@@ -3,6 +3,7 @@
     POST /v1/models/<name>[/versions/<v> | /labels/<l>]:(predict|classify|regress)
     GET  /v1/models/<name>[/versions/<v> | /labels/<l>]            model status
     GET  /v1/models/<name>[/versions/<v> | /labels/<l>]/metadata   signature defs
+    GET  <metrics_path>                                            Prometheus metrics (``serving.monitoring``)
 
 Paths, bodies and errors follow TF Serving (``http_rest_api_handler.cc``): errors are
 ``{"error": "<message>"}`` with the HTTP code of their status (``serving.errors.HTTP_STATUS``).
@@ -21,10 +22,11 @@ import threading
 import time
 import urllib.parse
 
+import grpc
 from google.protobuf import json_format
 from tensorflow_serving.apis import get_model_metadata_pb2, model_pb2
 
-from serving import rest_json
+from serving import monitoring, rest_json
 from serving.errors import ServingError, invalid
 from serving.http_front import CLIENT_GONE, BoundedHTTPServer, DeadlineHandler, release_freed_memory
 from serving.grpc_service import SIGNATURE_DEF, model_metadata, model_status, servable_for
@@ -63,15 +65,17 @@ class _Api:
         self.registry = registry
         self._large = threading.BoundedSemaphore(self.LARGE_BODY_SLOTS)
 
-    def post(self, path: str, body: bytes) -> dict:
+    def post(self, path: str, body: bytes, call: monitoring.Call) -> dict:
+        """The answer to a prediction request; ``call`` learns its model, API, signature and version."""
         match = _PREDICTION.fullmatch(path)
         if not match:
             raise invalid(f"Malformed request: POST {path}")
         spec, method = _spec(*match.group(1, 2, 3)), match.group(4).lower()
+        call.identify(method, spec)
         large = len(body) > self.LARGE_BODY
         try:
             with self._large if large else contextlib.nullcontext():
-                servable, signature, inputs = self._parse(spec, method, body)
+                servable, signature, inputs = self._parse(spec, method, body, call)
         finally:
             if large:
                 release_freed_memory()
@@ -81,11 +85,14 @@ class _Api:
             return rest_json.classify_response(*servable.classify(signature, inputs))
         return rest_json.regress_response(servable.regress(signature, inputs))
 
-    def _parse(self, spec, method: str, body: bytes):
-        """(servable, signature, inputs): ``(arrays, form)`` for predict, serialized examples otherwise."""
+    def _parse(self, spec, method: str, body: bytes, call: monitoring.Call):
+        """(servable, signature, inputs): ``(arrays, form)`` for predict, serialized examples otherwise.
+        The signature is read before the servable is looked up (as TF Serving does), so that a request for an
+        unknown model is counted under its signature too."""
         doc = rest_json.parse_body(body)
+        call.signature = signature = rest_json.signature_name(doc) or DEFAULT_SIGNATURE
         servable = servable_for(self.registry, spec)
-        signature = rest_json.signature_name(doc) or DEFAULT_SIGNATURE
+        call.served(servable.version)
         if method == "predict":
             if signature not in servable.signature_defs:
                 raise invalid(f'Serving signature name: "{signature}" not found in signature def')
@@ -116,18 +123,23 @@ class RestServer:
     ``num_threads`` requests are served at once and as many more wait; past that, or past
     ``max_connections`` open connections, a connection gets 503 (``serving.http_front``).
     ``header_timeout``: seconds a request's head (line and headers) may take to arrive; ``timeout``:
-    seconds its body and answer may take, and a keep-alive connection may idle.
+    seconds its body and answer may take, and a keep-alive connection may idle. ``ssl_context``: TLS on
+    the port (``serving.tls.rest_context``); ``metrics_path``: where a GET reads the Prometheus metrics
+    (``serving.monitoring``; "" for none).
     """
 
     def __init__(self, registry, host: str, port: int, max_request_bytes: int, num_threads: int = 32,
-                 timeout: float = 30.0, log=print, header_timeout: float = 5.0, max_connections: int = 1000):
+                 timeout: float = 30.0, log=print, header_timeout: float = 5.0, max_connections: int = 1000,
+                 ssl_context=None, metrics_path: str = ""):
         api = _Api(registry)
 
         class Handler(DeadlineHandler):
             def _reply(self, status: int, payload: dict) -> None:
-                data = json.dumps(payload, indent=1).encode("utf-8")
+                self._send(status, "application/json", json.dumps(payload, indent=1).encode("utf-8"))
+
+            def _send(self, status: int, content_type: str, data: bytes) -> None:
                 self.send_response(status)
-                self.send_header("Content-Type", "application/json")
+                self.send_header("Content-Type", content_type)
                 self.send_header("Content-Length", str(len(data)))
                 if self.close_connection:
                     self.send_header("Connection", "close")
@@ -156,8 +168,11 @@ class RestServer:
 
             def _handle(self, method: str) -> None:
                 path = urllib.parse.urlsplit(self.path).path
+                if method == "GET" and metrics_path and path == metrics_path:
+                    return self._send(200, monitoring.CONTENT_TYPE, monitoring.REGISTRY.render().encode("utf-8"))
                 if not re.fullmatch(r"(?i)/v1/.*", path):
                     return self._refuse(404, f"Not found: {method} {path}")
+                call = monitoring.Call("REST")  # counted once api.post has named the model (predictions only)
                 try:
                     if method == "GET":
                         return self._reply(200, api.get(path))
@@ -171,13 +186,18 @@ class RestServer:
                     if len(body) < int(length):
                         self.close_connection = True
                         return  # the client went away mid-body
-                    return self._reply(200, api.post(path, body))
+                    return self._reply(200, api.post(path, body, call))
                 except ServingError as err:
+                    call.code = err.code
                     return self._reply(err.http_status, {"error": err.message})
                 except CLIENT_GONE:
+                    call.code = grpc.StatusCode.CANCELLED
                     raise
                 except Exception as err:  # noqa: BLE001 -- reported to the client; the server stays up
+                    call.code = grpc.StatusCode.INTERNAL
                     return self._reply(500, {"error": f"{type(err).__name__}: {err}"})
+                finally:
+                    call.done()
 
             def do_GET(self):  # noqa: N802 -- http.server's naming
                 self._handle("GET")
@@ -186,7 +206,8 @@ class RestServer:
                 self._handle("POST")
 
         self._server = BoundedHTTPServer((host, port), Handler, num_threads=num_threads, timeout=timeout, log=log,
-                                         header_timeout=header_timeout, max_connections=max_connections)
+                                         header_timeout=header_timeout, max_connections=max_connections,
+                                         ssl_context=ssl_context)
         self.port = self._server.server_address[1]
         self._thread = threading.Thread(target=self._server.serve_forever, name="rest", daemon=True)
 

@@ -48,13 +48,42 @@ def _check_flags() -> list:
     if min(FLAGS.rest_api_num_threads, FLAGS.rest_api_timeout_in_ms, FLAGS.rest_api_header_timeout_in_ms) < 1:
         problems.append("--rest_api_num_threads, --rest_api_timeout_in_ms and --rest_api_header_timeout_in_ms "
                         "must be positive")
-    if FLAGS.file_system_poll_wait_seconds < 0:
-        problems.append("--file_system_poll_wait_seconds must be >= 0")
+    if FLAGS.file_system_poll_wait_seconds < 0 or FLAGS.model_config_file_poll_wait_seconds < 0:
+        problems.append("--file_system_poll_wait_seconds and --model_config_file_poll_wait_seconds must be >= 0")
+    if FLAGS.model_config_file_poll_wait_seconds and not FLAGS.model_config_file:
+        problems.append("--model_config_file_poll_wait_seconds needs --model_config_file")
     return problems
 
 
 def _say(message: str) -> None:
     print(f"serving.server: {message}", file=sys.stderr, flush=True)
+
+
+def _watch_model_config(registry, path: str, configs: list, seconds: float, stop: threading.Event) -> None:
+    """Reads ``path`` every ``seconds`` and serves what changed (TF Serving's
+    ``--model_config_file_poll_wait_seconds``). A file that does not parse, or whose labels are refused, is
+    reported once and not retried until it changes again; what serves meanwhile stays."""
+    from serving.errors import ServingError
+    from serving.server_config import read_model_config
+
+    seen, reported = configs, ""
+    while not stop.wait(seconds):
+        try:
+            configs = read_model_config(path)
+        except (OSError, ValueError) as err:
+            if str(err) != reported:
+                _say(f"{path}: not reloaded, the models served stay: {err}")
+                reported = str(err)
+            continue
+        if configs == seen:
+            continue
+        seen, reported = configs, ""
+        try:
+            registry.reconfigure(configs)
+        except ServingError as err:
+            _say(f"{path}: models reloaded, labels not (the labels before stay): {err.message}")
+        else:
+            _say(f"{path}: reloaded; models: {', '.join(sorted(registry.configs))}")
 
 
 def define_flags() -> None:
@@ -84,6 +113,15 @@ def define_flags() -> None:
                       "method name (TF Serving's flag, off by default there too).")
     flags.DEFINE_integer("tensorflow_intra_op_parallelism", 0, "Threads per op (0: TensorFlow's default).")
     flags.DEFINE_integer("tensorflow_inter_op_parallelism", 0, "Ops run in parallel (0: TensorFlow's default).")
+    flags.DEFINE_string("ssl_config_file", "", "SSLConfig text proto (server_key, server_cert, custom_ca, "
+                        "client_verify): TLS on the gRPC and the REST port.")
+    flags.DEFINE_string("monitoring_config_file", "", "MonitoringConfig text proto (prometheus_config { enable: true "
+                        "path: ... }): Prometheus metrics on the REST port.")
+    flags.DEFINE_integer("model_config_file_poll_wait_seconds", 0, "Seconds between reads of --model_config_file: "
+                         "models added, removed and relabelled without a restart (0: read once).")
+    flags.DEFINE_bool("allow_version_labels_for_unavailable_models", False, "A new version label may name a "
+                      "version that is not available yet (a label already in use still moves only to an "
+                      "available version).")
 
 
 def main(argv):
@@ -101,7 +139,9 @@ def main(argv):
     import grpc
     from tensorflow_serving.apis import model_service_pb2_grpc, prediction_service_pb2_grpc
 
+    from serving import monitoring, tls
     from serving.batcher import BatchingParameters
+    from serving.errors import ServingError
     from serving.grpc_service import ModelService, PredictionService
     from serving.model_registry import ModelRegistry
     from serving.rest import RestServer
@@ -116,20 +156,30 @@ def main(argv):
         if FLAGS.enable_batching:
             batching = (read_batching_parameters(FLAGS.batching_parameters_file) if FLAGS.batching_parameters_file
                         else BatchingParameters())
+        ssl_config = tls.read_ssl_config(FLAGS.ssl_config_file) if FLAGS.ssl_config_file else None
+        metrics_path = (monitoring.read_monitoring_config(FLAGS.monitoring_config_file)
+                        if FLAGS.monitoring_config_file else "")
     except (OSError, ValueError) as err:
         sys.exit(f"serving.server: {err}")
 
     registry = ModelRegistry(configs, batching, FLAGS.enable_signature_method_name_check, log=_say,
                              max_num_load_retries=FLAGS.max_num_load_retries,
-                             load_retry_interval=FLAGS.load_retry_interval_micros / 1e6)
-    registry.poll()
+                             load_retry_interval=FLAGS.load_retry_interval_micros / 1e6,
+                             allow_labels_for_unavailable=FLAGS.allow_version_labels_for_unavailable_models)
+    try:
+        registry.reconfigure(configs)  # the first load pass, then the labels
+    except ServingError as err:
+        registry.stop()
+        sys.exit(f"serving.server: {FLAGS.model_config_file}: {err.message}")
     limit = FLAGS.max_request_bytes
     server = grpc.server(futures.ThreadPoolExecutor(max_workers=FLAGS.grpc_max_threads),
                          options=[("grpc.max_receive_message_length", limit), ("grpc.so_reuseport", 0)])
     prediction_service_pb2_grpc.add_PredictionServiceServicer_to_server(PredictionService(registry), server)
     model_service_pb2_grpc.add_ModelServiceServicer_to_server(ModelService(registry), server)
     try:
-        port = server.add_insecure_port(f"{FLAGS.host}:{FLAGS.port}")
+        address = f"{FLAGS.host}:{FLAGS.port}"
+        port = (server.add_secure_port(address, tls.grpc_credentials(ssl_config)) if ssl_config
+                else server.add_insecure_port(address))
     except RuntimeError as err:
         sys.exit(f"serving.server: cannot listen on {FLAGS.host}:{FLAGS.port} for gRPC: {err}")
     rest = None
@@ -137,7 +187,9 @@ def main(argv):
         try:
             rest = RestServer(registry, FLAGS.host, FLAGS.rest_api_port, limit, FLAGS.rest_api_num_threads,
                               FLAGS.rest_api_timeout_in_ms / 1000, log=_say,
-                              header_timeout=FLAGS.rest_api_header_timeout_in_ms / 1000)
+                              header_timeout=FLAGS.rest_api_header_timeout_in_ms / 1000,
+                              ssl_context=tls.rest_context(ssl_config) if ssl_config else None,
+                              metrics_path=metrics_path)
         except OSError as err:
             sys.exit(f"serving.server: cannot listen on {FLAGS.host}:{FLAGS.rest_api_port} for REST: {err}")
         rest.start()
@@ -150,6 +202,10 @@ def main(argv):
     stop = threading.Event()
     for sig in (signal.SIGINT, signal.SIGTERM):
         signal.signal(sig, lambda *_: stop.set())
+    if FLAGS.model_config_file_poll_wait_seconds:
+        threading.Thread(target=_watch_model_config, name="config-poller", daemon=True,
+                         args=(registry, FLAGS.model_config_file, configs, FLAGS.model_config_file_poll_wait_seconds,
+                               stop)).start()
     stop.wait()
     _say("shutting down")
     if rest:

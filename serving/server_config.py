@@ -4,7 +4,8 @@
   ``config { name base_path model_version_policy version_labels }``), parsed with the
   ``tensorflow-serving-api`` proto itself. A relative base path is taken from the config file's
   folder (``serving/models.config`` names ``../exported/sst2``), so the file works from any
-  directory. Stock TF Serving refuses relative base paths ("Expected model ... to have an absolute
+  directory. With ``--model_config_file_poll_wait_seconds`` the server reads it again and applies what
+  changed (``ModelRegistry.reconfigure``). Stock TF Serving refuses relative base paths ("Expected model ... to have an absolute
   path or URI"): its file, ``serving/models.docker.config``, gives the container's absolute paths.
 * ``--batching_parameters_file``: a ``BatchingParameters`` text proto
   (``max_batch_size { value: 32 }`` ...); the fields ``serving.batcher.BatchingParameters``
@@ -54,25 +55,32 @@ def read_model_config(path: str) -> list:
         proto = text_format.Parse(text, model_server_config_pb2.ModelServerConfig())
     except text_format.ParseError as err:
         raise ValueError(f"{path}: not a ModelServerConfig text proto: {err}") from None
+    return model_configs(proto, path, os.path.dirname(os.path.abspath(path)))
+
+
+def model_configs(proto, source: str, base_dir: str) -> list:
+    """``ModelConfig`` s of a ``ModelServerConfig`` message (from a file, or a ReloadConfig request); errors name
+    ``source``; a relative base path is taken from ``base_dir``."""
     if proto.WhichOneof("config") != "model_config_list":
-        raise ValueError(f"{path}: needs a model_config_list")
+        raise ValueError(f"{source}: needs a model_config_list")
     configs = []
     for entry in proto.model_config_list.config:
         if not entry.name or not entry.base_path:
-            raise ValueError(f"{path}: every config needs a name and a base_path")
+            raise ValueError(f"{source}: every config needs a name and a base_path")
         if entry.model_platform not in ("", "tensorflow"):
-            raise ValueError(f"{path}: model {entry.name!r}: model_platform {entry.model_platform!r} is not tensorflow")
+            raise ValueError(f"{source}: model {entry.name!r}: model_platform {entry.model_platform!r} is not "
+                             "tensorflow")
         policy = entry.model_version_policy.WhichOneof("policy_choice") or "latest"
         latest = entry.model_version_policy.latest.num_versions or 1
         base_path = entry.base_path
         if "://" not in base_path and not os.path.isabs(base_path):  # lexically, as the file names it
-            base_path = os.path.normpath(os.path.join(os.path.dirname(os.path.abspath(path)), base_path))
+            base_path = os.path.normpath(os.path.join(base_dir, base_path))
         configs.append(ModelConfig(entry.name, base_path, policy, latest,
                                    tuple(entry.model_version_policy.specific.versions),
                                    tuple(sorted(entry.version_labels.items()))))
     names = [c.name for c in configs]
     if len(set(names)) != len(names):
-        raise ValueError(f"{path}: model names must be unique, got {names}")
+        raise ValueError(f"{source}: model names must be unique, got {names}")
     return configs
 
 

@@ -120,15 +120,15 @@ def wait_for(condition, seconds: float, what: str) -> None:
         time.sleep(0.05)
 
 
-def save_length_model(folder: Path) -> None:
-    """A SavedModel of a tiny string model (``sentence`` -> its ``length``) in ``folder``: the stand-in for a
-    GPT export where a test is about the server, not the model."""
+def save_length_model(folder: Path, plus: int = 0) -> None:
+    """A SavedModel of a tiny string model (``sentence`` -> its ``length`` + ``plus``) in ``folder``: the stand-in
+    for a GPT export where a test is about the server, not the model (``plus`` tells versions apart)."""
     import tensorflow as tf
 
     class Length(tf.Module):
         @tf.function(input_signature=[tf.TensorSpec([None], tf.string, name="sentence")])
         def serve(self, sentence):
-            return {"length": tf.strings.length(sentence)}
+            return {"length": tf.strings.length(sentence) + plus}
 
     module = Length()
     tf.saved_model.save(module, str(folder), signatures={"serving_default": module.serve})
