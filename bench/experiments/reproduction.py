@@ -53,7 +53,8 @@ def define_flags():
     flags.DEFINE_string("tasks_dir", "data/tasks_books", "Task TFRecords built with the pre-trained run's BPE.")
     flags.DEFINE_string("runs_root", "runs/reproduction", "Where the fine-tuning runs go.")
     flags.DEFINE_string("ledger", "bench/results/reproduction.jsonl", "The ledger; the report goes beside it (.md).")
-    flags.DEFINE_string("predictions_dir", "bench/results/test_predictions", "--stage=predict: <arm>/<file>.tsv.")
+    flags.DEFINE_string("predictions_dir", "bench/results/test_predictions", "--stage=predict: <arm>/<file>.tsv "
+                        "(<arm>_<model>/ for a --model other than tiny).")
     flags.DEFINE_string("precision", "float32", "Fine-tuning precision flag.")
 
 
@@ -116,7 +117,8 @@ def predict(records: list[dict]) -> None:
         cmd = spec(task, arm, 0, recipe)["cmd"] + ["--mode=predict", "--predict_split=test"]
         stdout, _ = run_command(cmd)
         written = Path(json.loads(stdout.strip().splitlines()[-1])["path"])  # --json: {"split", "path"}
-        out = Path(FLAGS.predictions_dir) / arm / f"{written.name.split('.')[0]}.tsv"
+        folder = arm if FLAGS.model == "tiny" else f"{arm}_{FLAGS.model}"  # the sizes' files side by side
+        out = Path(FLAGS.predictions_dir) / folder / f"{written.name.split('.')[0]}.tsv"
         out.parent.mkdir(parents=True, exist_ok=True)
         shutil.copy(written, out)
         print(f"{task} {arm}: {shown_command(cmd)} -> {out} (dev {dev_score(run):.1f})", flush=True)
