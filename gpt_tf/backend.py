@@ -10,7 +10,9 @@ time, piece by piece, from ``keras.config.backend()``: one model, not one per ba
 TensorFlow's alone (``require_tensorflow`` raises one line naming the feature under another backend): the
 command lines (``python -m gpt_tf.train`` and the other ``python -m`` entry points, which take TensorFlow for
 their own process: ``use_tensorflow_for_command``), the training loop (``tf.distribute``), checkpoints and run
-folders, the TF Serving export and the server, the zero-shot scorer. Preprocessing (the tokenizers and the
+folders, the TF Serving export and the server, the zero-shot scorer. One command line keeps the backend asked for
+(``asked``): pre-training under ``KERAS_BACKEND=jax`` runs Keras's ``fit`` on JAX (``gpt_tf/training/keras_fit.py``,
+``keras.distribution`` over the devices). Preprocessing (the tokenizers and the
 preprocessors) is ``tf.data`` and TensorFlow ops on every backend, as keras-hub's is.
 
 The modules the family's package imports (``gpt_tf/gpt1/``, the loop, checkpoints, the task pipelines) take
@@ -55,6 +57,11 @@ def name() -> str:
     import keras  # pylint: disable=import-outside-toplevel
 
     return keras.config.backend()
+
+
+def asked() -> str:
+    """The backend ``KERAS_BACKEND`` asks for ("" when unset), read before Keras is imported."""
+    return os.environ.get(ENV, "").strip()
 
 
 def on_tensorflow() -> bool:
@@ -102,5 +109,5 @@ def use_tensorflow_for_command(command: str = "") -> str:
     os.environ[ENV] = TENSORFLOW
     if asked and asked != TENSORFLOW:
         return (f"{command}: runs on TensorFlow (its loop, checkpoints and exports are TensorFlow's); "
-                f"{ENV}={asked} applies to the Python API only")
+                f"{ENV}={asked} applies to the Python API only (and to pre-training: gpt_tf.train without --task)")
     return ""

@@ -72,6 +72,7 @@ NUMERIC = {
     "transfer_layers": Rule(lo=-1),
     # devices
     "num_cpu_devices": POSITIVE, "worker_index": NON_NEGATIVE,
+    "model_parallel": POSITIVE, "num_processes": POSITIVE, "process_id": NON_NEGATIVE,
     # periods and sizes of logs, checkpoints, evaluation, samples
     "log_every": POSITIVE, "checkpoint_every": POSITIVE, "keep_checkpoints": POSITIVE, "eval_every": NON_NEGATIVE,
     "eval_batches": NON_NEGATIVE, "sample_every": NON_NEGATIVE, "sample_length": POSITIVE,
@@ -144,6 +145,34 @@ def mode_problems(flag_values: flags.FlagValues) -> list[str]:
         out.append(f"--lr_decay={flag_values.lr_decay}: fine-tuning decays linearly (the paper's recipe); "
                    "give --lr_decay=linear or drop the flag")
     return out
+
+
+# The flags of one pre-training route only: TensorFlow's loop (tf.distribute, its timing, its periodic callbacks,
+# continued pre-training from its checkpoints) or Keras's fit on JAX (keras.distribution). Given with a value other
+# than the default for the other route (a flagfile's value set back to the default is fine), they are one error.
+TF_LOOP_ONLY = ("strategy", "num_cpu_devices", "tpu", "tpu_zone", "gcp_project", "workers", "worker_index",
+                "grad_accum_steps", "deterministic", "train_budget_minutes", "min_train_steps", "keep_checkpoints",
+                "eval_every", "sample_every", "sample_prompt", "sample_length", "zero_shot_tasks",
+                "zero_shot_data_dirs", "zero_shot_every", "zero_shot_max_examples", "zero_shot_reference_json",
+                "init_checkpoint")
+KERAS_FIT_ONLY = ("distribution", "model_parallel", "coordinator_address", "num_processes", "process_id")
+
+
+def route_problems(fv: flags.FlagValues, keras_fit: bool) -> list[str]:
+    """One line naming the given flags the run's route does not have (``keras_fit``: pre-training by Keras's fit
+    under ``KERAS_BACKEND=jax``; else TensorFlow's loop)."""
+    names = TF_LOOP_ONLY if keras_fit else KERAS_FIT_ONLY
+    given = [f"--{name}={fv[name].value}" for name in names if name in fv and fv[name].value != fv[name].default]
+    if keras_fit and fv["precision"].value == "auto":  # it times TensorFlow's kernels
+        given.append("--precision=auto")
+    if not given:
+        return []
+    if keras_fit:
+        return [f"{', '.join(given)}: TensorFlow's training loop only; under KERAS_BACKEND=jax pre-training runs "
+                "Keras's fit (gpt_tf/training/keras_fit.py): give them their defaults (--flagfile=configs/"
+                "keras_fit.flags after the recipe's does) and --precision=float32 or mixed_bfloat16"]
+    return [f"{', '.join(given)}: pre-training under KERAS_BACKEND=jax only (keras.distribution); this command "
+            "runs TensorFlow's loop"]
 
 
 def strategy_problems(fv: flags.FlagValues, environ=os.environ) -> list[str]:

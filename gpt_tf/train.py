@@ -14,7 +14,10 @@ flagfile of your own (``--helpfull`` lists every flag with its default).
 With ``--task`` the run fine-tunes (§3.2) and the paper's fine-tuning recipe is the default for
 any flag the command line leaves unset (lr 6.25e-5, batch 32, 3 epochs, 0.2% warm-up, λ 0.5).
 Both run the one training loop (``gpt_tf/training``); a flag of the other kind of run is an error
-(``flag_checks.MODE_ONLY``).
+(``flag_checks.MODE_ONLY``). Pre-training under ``KERAS_BACKEND=jax`` runs Keras's ``fit`` on JAX instead
+(``gpt_tf/training/keras_fit.py``; ``--distribution``: one device, ``DataParallel`` or ``ModelParallel``; several
+processes with ``--coordinator_address``, ``--num_processes``, ``--process_id``), from the same flags and data; a
+flag of TensorFlow's loop is an error there (``flag_checks.route_problems``).
 
 Flags are read here and in ``gpt_tf/train_flags.py`` (their definitions, defaults and combined checks) only;
 everything below takes dataclasses. Re-running the same command
@@ -44,8 +47,8 @@ from gpt_tf import flag_checks, train_flags
 
 from gpt_tf.speed import kernels
 from gpt_tf.config import GPTConfig
-from gpt_tf.runs.files import (CHECKPOINTS, DATA_FILE, MODEL_CONFIG, RUN_CONFIGS, data_identity, resume_problems,
-                               write_json_atomic)
+from gpt_tf.runs.files import (CHECKPOINTS, DATA_FILE, MODEL_CONFIG, RUN_CONFIGS, data_identity, has_checkpoints,
+                               has_fit_saves, resume_problems, write_json_atomic)
 from gpt_tf.runs.lock import LOCK_FILE, RunDirLocked, chief_task, lock_run_dir
 from gpt_tf.train_flags import define_flags
 from gpt_tf.write_errors import WriteError, as_write_error, writing
@@ -93,7 +96,7 @@ def _budget_steps(model_config, precision: str) -> int:
 def _lock_run_dir() -> None:
     """The chief takes the run folder's lock for the run (``gpt_tf.runs.lock.lock_run_dir``); a second trainer
     on the folder stops here, exit status 2, before it writes anything."""
-    if not chief_task(FLAGS.workers, FLAGS.worker_index):
+    if not chief_task(FLAGS.workers, FLAGS.worker_index) or FLAGS.process_id:
         return
     try:
         with writing(os.path.join(FLAGS.run_dir, LOCK_FILE)):
@@ -140,6 +143,9 @@ def main(argv):
         flag_checks.fail("gpt_tf.train", list(setup.problems), "cannot start, nothing was written")
     if FLAGS.mode == "train" and not FLAGS.task:
         _lock_run_dir()
+    if train_flags.on_keras_fit():  # Keras's fit on JAX: TensorFlow is not this process's backend
+        _print(_guarded_keras_fit(setup))
+        return
 
     # Imported late: flag errors must show in a second, not after TensorFlow's start-up.
     from gpt_tf.console import import_tensorflow
@@ -171,7 +177,48 @@ def main(argv):
         if fault is None:
             raise
         sys.exit(f"gpt_tf.train: {fault}; {_resume_hint(fault)}")
+    _print(summary)
+
+
+def _print(summary: Summary) -> None:
     print(json.dumps(summary.result) if FLAGS.json and summary.result is not None else summary.line, flush=True)
+
+
+def _guarded_keras_fit(setup: Setup) -> Summary:
+    """``_pretrain_keras_fit`` with the machine's faults as one line: devices that do not fit --distribution (1),
+    SIGTERM (143, saved), a refused write (1)."""
+    from gpt_tf.training.placement import PlacementError
+    from gpt_tf.training.preemption import PREEMPTED_EXIT_CODE, Preempted
+
+    try:
+        return _pretrain_keras_fit(setup)
+    except PlacementError as err:
+        sys.exit(f"gpt_tf.train: {err}")
+    except Preempted as stopped:
+        _say(str(stopped))
+        sys.exit(PREEMPTED_EXIT_CODE)
+    except OSError as err:
+        fault = as_write_error(err)
+        if fault is None:
+            raise
+        sys.exit(f"gpt_tf.train: {fault}; fix the storage and run the same command to resume from the last save")
+
+
+def _pretrain_keras_fit(setup: Setup) -> Summary:
+    """Pre-training by Keras's fit on JAX (``gpt_tf/training/keras_fit.py``), on --distribution's devices."""
+    from gpt_tf.training.keras_fit import KerasFitPretrainer
+    from gpt_tf.training.lm_objective import TrainConfig
+    from gpt_tf.training.placement import describe
+
+    placement = train_flags.placement()
+    trainer = KerasFitPretrainer(setup.model_config, TrainConfig(**setup.train_kwargs), placement,
+                                 FLAGS.tokenizer_dir or setup.manifest["tokenizer"]["dir"], setup.manifest, log=_say)
+    print(f"model {FLAGS.model}: {setup.model_config.n_params / 1e6:.2f}M parameters, Keras's fit on JAX, "
+          f"{describe(placement)}, {FLAGS.precision}, run dir {FLAGS.run_dir}", flush=True)
+    result = trainer.train()
+    return Summary(result, f"trained to step {result['step']}, loss {result['loss']:.4f}, held-out loss "
+                           f"{result['held_out_loss']:.4f}; the run is in {FLAGS.run_dir} (its language model: "
+                           f"{result['preset']})")
 
 
 def _newest_checkpoint() -> str:
@@ -316,6 +363,12 @@ def _pretrain_setup(setup: Setup) -> Setup:
     if FLAGS.mode == "train":
         configs.update({RUN_CONFIGS["pretrain"]: kwargs, DATA_FILE: data_identity(data=manifest)})
     problems += resume_problems(FLAGS.run_dir, configs)
+    if train_flags.on_keras_fit() and has_checkpoints(FLAGS.run_dir):
+        problems.append(f"--run_dir={FLAGS.run_dir} holds checkpoints of TensorFlow's loop: resume it without "
+                        "KERAS_BACKEND=jax, or give a new --run_dir")
+    elif FLAGS.mode == "train" and not train_flags.on_keras_fit() and has_fit_saves(FLAGS.run_dir):
+        problems.append(f"--run_dir={FLAGS.run_dir} holds a run of Keras's fit on JAX: resume it with "
+                        "KERAS_BACKEND=jax, or give a new --run_dir")
     return dataclasses.replace(setup, model_config=model_config, tokenizer=tokenizer, train_kwargs=kwargs,
                                problems=tuple(problems))
 

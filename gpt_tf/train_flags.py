@@ -3,7 +3,8 @@
 Importing a module defines no flag, so the CLIs of the project never collide on a name; the checks
 of their values are in ``gpt_tf/flag_checks.py``. Here too, what the CLI does with the flags as a whole before
 any work starts: the paper's fine-tuning defaults for the flags left unset (``apply_finetune_defaults``), the
-contradictions and missing values among them (``combination_problems``), and the ``--zero_shot_*`` flags as a
+contradictions and missing values among them (``combination_problems``), whether pre-training runs Keras's fit on
+JAX (``on_keras_fit``) and its ``--distribution`` flags (``placement``), and the ``--zero_shot_*`` flags as a
 ``ZeroShotConfig`` (``zero_shot_config``).
 """
 
@@ -14,7 +15,7 @@ import os
 
 from absl import flags, logging
 
-from gpt_tf import flag_checks
+from gpt_tf import backend, flag_checks
 from gpt_tf.runs.files import CHECKPOINTS
 from gpt_tf.nn.recipes import PAPER_FINETUNE
 from gpt_tf.data.records import has_manifest
@@ -79,6 +80,15 @@ def define_flags() -> None:
     flags.DEFINE_list("workers", [], "With --strategy=multi_worker: every worker's host:port (the first is chief); "
                       "writes TF_CONFIG for this process instead of reading it from the environment.")
     flags.DEFINE_integer("worker_index", 0, "With --workers: this process's index in --workers.")
+    flags.DEFINE_enum("distribution", "none", ["none", "data_parallel", "model_parallel"], "KERAS_BACKEND=jax "
+                      "pre-training: keras.distribution over the devices: none (one device), data_parallel "
+                      "(DataParallel over every device), model_parallel (ModelParallel on a (batch, model) mesh).")
+    flags.DEFINE_integer("model_parallel", 1, "--distribution=model_parallel: devices on the mesh's model axis "
+                         "(the weights split over them: GPT1Backbone.get_layout_map).")
+    flags.DEFINE_string("coordinator_address", "", "KERAS_BACKEND=jax, several processes: process 0's host:port "
+                        "(keras.distribution.initialize).")
+    flags.DEFINE_integer("num_processes", 1, "KERAS_BACKEND=jax: the processes that train together.")
+    flags.DEFINE_integer("process_id", 0, "KERAS_BACKEND=jax: this process's index (0 writes the run folder).")
     flags.DEFINE_bool("jit_compile", False, "XLA-compile each replica's forward/backward pass (GPU; TPUs always compile).")
     flags.DEFINE_integer("seed", 0, "Seed for init, dropout and data order.")
     flags.DEFINE_bool("deterministic", False, "Enable TF op determinism (bit-exact resume; slower).")
@@ -125,6 +135,9 @@ def combination_problems() -> list[str]:
     if FLAGS.batch_size > 0 and FLAGS.grad_accum_steps > 0 and FLAGS.batch_size % FLAGS.grad_accum_steps:
         problems.append(f"--batch_size={FLAGS.batch_size} is not divisible by --grad_accum_steps={FLAGS.grad_accum_steps}")
     problems += flag_checks.mode_problems(FLAGS) + flag_checks.strategy_problems(FLAGS)
+    problems += flag_checks.route_problems(FLAGS, on_keras_fit())
+    if on_keras_fit():
+        problems += placement().problems()
     if FLAGS.strategy == "tpu" and FLAGS.precision == "float32":
         logging.warning("TPUs are fastest with --precision=mixed_bfloat16")
     if FLAGS.task:
@@ -139,6 +152,20 @@ def combination_problems() -> list[str]:
     elif FLAGS.zero_shot_tasks:
         problems += zero_shot_config().problems()
     return problems
+
+
+def on_keras_fit() -> bool:
+    """Whether this command pre-trains by Keras's fit on JAX (``gpt_tf/training/keras_fit.py``): pre-training's
+    ``--mode=train`` under ``KERAS_BACKEND=jax``; every other command runs on TensorFlow."""
+    return backend.asked() == "jax" and not FLAGS.task and FLAGS.mode == "train"
+
+
+def placement():
+    """The --distribution flags as a ``gpt_tf.training.placement.Placement``."""
+    from gpt_tf.training.placement import Placement
+
+    return Placement(FLAGS.distribution, FLAGS.model_parallel, FLAGS.coordinator_address, FLAGS.num_processes,
+                     FLAGS.process_id)
 
 
 def zero_shot_config():

@@ -34,8 +34,9 @@ def shared_data() -> Path:
 # go), while the other worker had nothing left to do.
 LONGEST_FIRST = ("serving_e2e", "test_walkthrough", "test_gpt1_harness", "test_finetune_loop", "test_train",
                  "test_gpt1_presets_cli", "test_backends", "test_finetune", "test_tokenizer", "test_scale",
-                 "test_server_hardening", "test_serving_ab", "test_jax_pretrain", "test_torch_pretrain",
-                 "test_disk_faults", "test_gpt1_family", "test_fuzz_serving", "test_hot_swap_memory", "test_buckets")
+                 "test_server_hardening", "test_serving_ab", "test_jax_distribution", "test_jax_pretrain",
+                 "test_torch_pretrain", "test_disk_faults", "test_gpt1_family", "test_fuzz_serving",
+                 "test_hot_swap_memory", "test_buckets")
 
 
 # The numerics-sensitive tests: they compare floats TensorFlow computes, against a reference, between two computation

@@ -1,30 +1,16 @@
-"""Pre-trains the project's GPT-1 family on JAX: ``GPT1CausalLM.fit`` over a data folder's TFRecords, in pieces.
-
-    KERAS_BACKEND=jax python -m tools.jax_pretrain --data_dir=data/books_small --run_dir=runs/books_small_jax \\
-        --model=small --batch_size=128 --learning_rate=5e-4 --epochs=7 --precision=mixed_bfloat16 --piece_minutes=9
-
-Why it exists: the command line's loop (``python -m gpt_tf.train``) is TensorFlow's; on a GPU machine with JAX this
-trains the same model (``GPT1CausalLM`` on ``GPT1Backbone`` of ``--model``: ``gpt_tf/config.py``'s sizes) with the
-paper's pre-training recipe (``gpt_tf.nn.optim``: AdamW with decay 0.01 on matrices only, clipping at norm 1, a 2%
-linear warm-up then cosine decay to 0), by Keras's ``fit`` on the JAX backend (``jit``-compiled steps), on exactly
-the (n_ctx + 1)-token windows ``pipelines.pretrain_data`` wrote, read by ``gpt_tf.data.reader.pretraining_dataset`` in
-its seeded order. It needs ``jax`` (for a GPU: ``jax[cuda12]``) beside ``tensorflow`` (CPU is enough: tf.data reads
-the records and tokenizes).
-
-In pieces: every ``--save_every`` updates the weights and the optimizer's state are written beside
-``run_dir/latest.weights.h5`` and renamed over it, then ``state.json`` (the updates done); a piece stops at the
-first such save after ``--piece_minutes`` of training and exits with status 75. The same command resumes from
-them: the data skipped to the update reached, the schedule where it was. At the end it writes ``run_dir/preset``
-(the language model with its tokenizer: ``from_preset`` on any backend, ``--init_checkpoint`` of the command
-line) and the held-out loss of ``--eval_batches`` batches into ``state.json``. Dropout's random state starts again
-at each piece, so a run in pieces follows another path than one run in a go (the same data, the same recipe).
-
-Where TensorFlow is not installed (the lent GPU machine), ``--tokens`` takes the token streams of
-``tools/torch_pretrain/convert.py --action=export`` instead of ``--data_dir`` (nothing imports TensorFlow: the
-family takes it at first use, ``gpt_tf/backend.py``), in pieces too:
+"""Pre-trains the project's GPT-1 family on JAX without TensorFlow: ``fit`` over token streams, in pieces.
 
     KERAS_BACKEND=jax python -m tools.jax_pretrain --tokens=.gpu/books_small.npz.xz --run_dir=runs/books_small_tokens \\
         --model=small --batch_size=128 --learning_rate=5e-4 --epochs=7 --precision=mixed_bfloat16 --piece_minutes=7
+
+Why it exists: a data folder's TFRecords pre-train on JAX through the command line (``KERAS_BACKEND=jax python -m
+gpt_tf.train --flagfile=...``: ``gpt_tf/training/keras_fit.py``, one device or ``keras.distribution``'s), which reads
+them with tf.data. A lent GPU machine may have JAX and no TensorFlow: there this trains the same model
+(``GPT1CausalLM`` on ``GPT1Backbone`` of ``--model``: ``gpt_tf/config.py``'s sizes) with the paper's pre-training
+recipe (``gpt_tf.nn.optim``: AdamW with decay 0.01 on matrices only, clipping at norm 1, a ``--warmup_fraction``
+linear warm-up then cosine decay to 0) by Keras's ``fit`` on the JAX backend (``jit``-compiled steps), on the token
+streams of ``tools/torch_pretrain/convert.py --action=export`` (nothing imports TensorFlow: the family takes it at
+first use, ``gpt_tf/backend.py``), in pieces that fit a device call.
 
 The windows are ``tools/torch_pretrain/train.py``'s (stride n_ctx; every epoch a fresh ``default_rng(seed)``
 permutation, taken ``batch_size`` at a time across epoch ends; ``epochs × (windows // batch_size)`` updates), fed to
@@ -32,9 +18,10 @@ permutation, taken ``batch_size`` at a time across epoch ends; ``epochs × (wind
 the mean training loss since the line before at every multiple of ``--log_every`` updates (``seconds``: since the
 piece's ``fit`` began). A piece stops at the first such line past ``--piece_minutes`` (counted from the command's
 start, so that start-up and the compilation are inside it), or at SIGTERM after the steps in flight, between two
-lines (its next piece first goes up to the next). It saves as above every ``--save_every`` updates (a multiple of
-``--log_every``, itself of ``--steps_per_execution``), at its stop and at the end; ``state.json`` keeps dropout's
-random state too (the weights file does not) and each piece's figures. The same command resumes (``--piece_minutes``
+lines (its next piece first goes up to the next). It saves every ``--save_every`` updates (a multiple of
+``--log_every``, itself of ``--steps_per_execution``), at its stop and at the end: the weights and the optimizer's
+state beside ``run_dir/latest.weights.h5``, renamed over it, then ``state.json`` (the updates done, dropout's random
+state, which the weights file does not hold, and each piece's figures). The same command resumes (``--piece_minutes``
 may differ; other settings are refused): the weights, the optimizer (so the schedule), dropout's state, the batches
 skipped to the update reached: the updates of a run in one go, to the bit where XLA's are deterministic (on the CPU:
 a test holds the weights equal). Every piece ends with the held-out loss of ``eval_batches × batch_size`` valid
@@ -59,15 +46,16 @@ from pathlib import Path
 
 from absl import app, flags
 
-START = time.monotonic()  # --tokens: --piece_minutes counts from here
+START = time.monotonic()  # --piece_minutes counts from here
 PIECE_EXIT = 75  # as tools/torch_pretrain: a piece stopped at a save; run the same command to go on
 WEIGHTS, STATE = "latest.weights.h5", "state.json"
 FLAGS = flags.FLAGS
 
 
 def define_flags():
-    flags.DEFINE_string("data_dir", None, "a data folder of pipelines.pretrain_data (manifest.json, TFRecords)")
-    flags.DEFINE_string("run_dir", None, "where the weights, state.json and, at the end, the preset go")
+    flags.DEFINE_string("tokens", None, "the token streams (.npz.xz of tools/torch_pretrain/convert.py "
+                        "--action=export)")
+    flags.DEFINE_string("run_dir", None, "where the weights, state.json, log.jsonl and summary.json go")
     flags.DEFINE_string("model", "small", "a model size of gpt_tf/config.py (its n_ctx must be the data's)")
     flags.DEFINE_integer("batch_size", 128, "sequences per update")
     flags.DEFINE_float("learning_rate", 5e-4, "peak learning rate")
@@ -78,14 +66,10 @@ def define_flags():
     flags.DEFINE_enum("precision", "float32", ["float32", "mixed_bfloat16"], "Keras's dtype policy (GPU: bf16)")
     flags.DEFINE_integer("eval_batches", 32, "held-out batches evaluated at the end")
     flags.DEFINE_integer("seed", 0, "the data order's and the initialisation's seed")
-    flags.DEFINE_string("tokens", None, "instead of --data_dir, where TensorFlow is missing: token streams "
-                        "(.npz.xz of tools/torch_pretrain/convert.py --action=export); see the module doc")
-    flags.DEFINE_integer("log_every", 100, "--tokens: updates per log.jsonl line (a multiple of steps_per_execution)")
-    flags.DEFINE_integer("steps_per_execution", 20, "--tokens: training steps per call of fit's step function")
-    flags.DEFINE_float("peak_tflops", 989.0, "--tokens: the accelerator's dense bf16 peak, for summary.json's MFU")
-    flags.mark_flags_as_required(["run_dir"])
-    flags.register_multi_flags_validator(["data_dir", "tokens"], lambda f: bool(f["data_dir"]) != bool(f["tokens"]),
-                                         "give exactly one of --data_dir and --tokens")
+    flags.DEFINE_integer("log_every", 100, "updates per log.jsonl line (a multiple of steps_per_execution)")
+    flags.DEFINE_integer("steps_per_execution", 20, "training steps per call of fit's step function")
+    flags.DEFINE_float("peak_tflops", 989.0, "the accelerator's dense bf16 peak, for summary.json's MFU")
+    flags.mark_flags_as_required(["tokens", "run_dir"])
 
 
 def saving(run_dir: Path, minutes: float, save_every: int, total: int, start: float | None = None, extra=None):
@@ -167,7 +151,7 @@ def compile_seconds():
 
 
 def main_tokens(keras) -> int:
-    """``--tokens``: the run, in pieces (see the module doc); 0 when every update has run, else PIECE_EXIT."""
+    """The run, in pieces (see the module doc); 0 when every update has run, else PIECE_EXIT."""
     import jax
     import numpy as np
 
@@ -326,47 +310,7 @@ def main(argv):
         print(f"tools.jax_pretrain: runs on JAX (KERAS_BACKEND=jax), Keras runs on {keras.config.backend()} here",
               file=sys.stderr)
         return 2
-    if FLAGS.tokens:
-        return main_tokens(keras)
-    from gpt_tf.config import get_size
-    from gpt_tf.gpt1 import GPT1CausalLM, GPT1CausalLMPreprocessor, GPT1Tokenizer
-    from gpt_tf.gpt1.build import backbone_for
-    from gpt_tf.nn.optim import WarmupDecay, make_optimizer
-    from gpt_tf.data.reader import batches_per_pipeline, pretraining_dataset
-    from gpt_tf.data.records import read_manifest
-
-    run_dir, manifest = Path(FLAGS.run_dir), read_manifest(FLAGS.data_dir)
-    config = get_size(FLAGS.model, vocab_size=int(manifest["tokenizer"]["vocab_size"]))
-    per_epoch = batches_per_pipeline(FLAGS.data_dir, "train", FLAGS.batch_size)
-    total = FLAGS.epochs * per_epoch // FLAGS.save_every * FLAGS.save_every  # whole saves
-    if total < FLAGS.save_every:
-        raise app.UsageError(f"{FLAGS.epochs} epochs of {per_epoch} updates make no save of {FLAGS.save_every}")
-    run_dir.mkdir(parents=True, exist_ok=True)
-    state = json.loads((run_dir / STATE).read_text()) if (run_dir / STATE).exists() else {"updates": 0}
-    keras.utils.set_random_seed(FLAGS.seed + state["updates"])  # a piece's dropout: its own stream
-    lm = GPT1CausalLM(backbone_for(config, dtype=FLAGS.precision), preprocessor=None, compile=False)
-    schedule = WarmupDecay(FLAGS.learning_rate, math.ceil(FLAGS.warmup_fraction * total), total, "cosine")
-    lm.compile(optimizer=make_optimizer(lm.trainable_variables, schedule), jit_compile=True)
-    if state["updates"]:
-        lm.load_weights(str(run_dir / WEIGHTS))
-        print(f"resumed at update {state['updates']} of {total}", flush=True)
-    data = pretraining_dataset(FLAGS.data_dir, "train", FLAGS.batch_size, config.n_ctx, seed=FLAGS.seed)
-    if state["updates"] < total:
-        lm.fit(data.skip(state["updates"]), steps_per_epoch=FLAGS.save_every, epochs=total // FLAGS.save_every,
-               initial_epoch=state["updates"] // FLAGS.save_every, verbose=2, shuffle=False,
-               callbacks=[saving(run_dir, FLAGS.piece_minutes, FLAGS.save_every, total)])
-        state = json.loads((run_dir / STATE).read_text())
-        if state["updates"] < total:
-            print(f"piece done at update {state['updates']} of {total}; run the same command to go on", flush=True)
-            return PIECE_EXIT
-    valid = pretraining_dataset(FLAGS.data_dir, "valid", FLAGS.batch_size, config.n_ctx, shuffle=False, repeat=False)
-    held_out = lm.evaluate(valid.take(FLAGS.eval_batches), verbose=0, return_dict=True)["loss"]
-    tokenizer = GPT1Tokenizer(manifest["tokenizer"]["dir"])
-    GPT1CausalLM(lm.backbone, GPT1CausalLMPreprocessor(tokenizer)).save_to_preset(str(run_dir / "preset"))
-    write_state(run_dir, {**state, "held_out_loss": held_out, "held_out_perplexity": math.exp(held_out)})
-    print(f"trained {total} updates; held-out loss {held_out:.4f} (perplexity {math.exp(held_out):.1f}); "
-          f"the preset: {run_dir / 'preset'}", flush=True)
-    return 0
+    return main_tokens(keras)
 
 
 if __name__ == "__main__":

@@ -115,6 +115,43 @@ class GPT1Backbone(TakesTokenIds, FindsPresets, keras_hub.models.Backbone):
                              "(gpt_tf.gpt1.build.backbone_for builds either)")
         return cls(**backbone_kwargs(config), **kwargs)
 
+    @staticmethod
+    def get_layout_map(device_mesh, model_parallel_dim_name="model", data_parallel_dim_name="batch"):
+        """A ``keras.distribution.LayoutMap`` that splits the weights over the mesh's model axis (keras-hub's
+        ``get_layout_map``), for ``keras.distribution.ModelParallel(layout_map=..., batch_dim_name="batch")``.
+
+        Megatron's split of a block: the feed-forward's ``c_fc`` by columns and its ``c_proj`` by rows, the fused
+        query/key/value projection ``c_attn`` by columns and the attention's ``c_proj`` by rows, so each pair needs
+        one reduction. The token table (tied to the LM head) and the position table are split over the hidden
+        dimension, not the vocabulary: GPT-1's 40,482 rows do not divide by 4 or 8, its 768 columns by every
+        usual model axis (a JAX sharding must divide the dimension evenly). The layer norms and the biases added
+        after a reduction stay whole on every device; the data's batch dimension goes over
+        ``data_parallel_dim_name``, which the weights do not use.
+
+        Example (8 devices, 2 replicas of a model split 4 ways):
+
+        ```python
+        mesh = keras.distribution.DeviceMesh((2, 4), ("batch", "model"), keras.distribution.list_devices())
+        layout_map = gpt_tf.GPT1Backbone.get_layout_map(mesh)
+        keras.distribution.set_distribution(keras.distribution.ModelParallel(layout_map=layout_map,
+                                                                              batch_dim_name="batch"))
+        ```
+        """
+        for axis in (model_parallel_dim_name, data_parallel_dim_name):
+            if axis not in device_mesh.axis_names:
+                raise ValueError(f"{axis!r} is not an axis of the device mesh {device_mesh.axis_names}")
+        model = model_parallel_dim_name
+        layout_map = keras.distribution.LayoutMap(device_mesh)
+        block = r"(.*/)?h\d+/"  # the blocks' paths: h0/attn/c_attn/kernel, ... (a task model may prefix them)
+        for path, axes in ((r"(.*/)?embed/tokens_embed/embeddings", (None, model)),
+                           (r"(.*/)?embed/positions_embed/positions_embed", (None, model)),
+                           (block + "attn/c_attn/kernel", (None, model)), (block + "attn/c_attn/bias", (model,)),
+                           (block + "attn/c_proj/kernel", (model, None)),
+                           (block + "mlp/c_fc/kernel", (None, model)), (block + "mlp/c_fc/bias", (model,)),
+                           (block + "mlp/c_proj/kernel", (model, None))):
+            layout_map[path] = axes
+        return layout_map
+
     def make_block(self, i, dtype):
         """Block ``i``: a post-LN transformer block (the LSTM baseline overrides this)."""
         c = self.config

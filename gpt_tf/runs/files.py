@@ -3,7 +3,8 @@
 A run folder holds ``model_config.json`` and ``train_config.json`` (pre-training) or ``finetune_config.json``
 (fine-tuning), plus ``data.json``: the ``config_hash`` of each data folder the run reads, so that data rebuilt
 in place (same path, other content) is noticed too; its checkpoints are in ``checkpoints/``
-(``gpt_tf/runs/checkpoints.py``).
+(``gpt_tf/runs/checkpoints.py``), or, pre-trained by Keras's ``fit`` on JAX, its saves in ``keras_fit/``
+(``gpt_tf/training/keras_fit.py``; ``has_fit_saves``).
 
 Re-running a command on a folder that holds checkpoints resumes it, and the data position is computed from the
 step with the *current* batch size and data, so every hyper-parameter must be the one the run started with.
@@ -31,6 +32,7 @@ from gpt_tf.config import GPTConfig
 from gpt_tf.write_errors import writing
 
 CHECKPOINTS = "checkpoints"  # a run folder's sub-folder
+KERAS_FIT = "keras_fit"  # the sub-folder of a run pre-trained by Keras's fit on JAX (gpt_tf/training/keras_fit.py)
 DATA_FILE = "data.json"
 MODEL_CONFIG = "model_config.json"
 RUN_CONFIGS = {"pretrain": "train_config.json", "finetune": "finetune_config.json"}  # the run config, by kind
@@ -97,6 +99,11 @@ def has_checkpoints(run_dir: str) -> bool:
     return os.path.isfile(os.path.join(run_dir, CHECKPOINTS, "checkpoint"))
 
 
+def has_fit_saves(run_dir: str) -> bool:
+    """Whether the run was pre-trained by Keras's fit on JAX and saved (``keras_fit/state.json``)."""
+    return os.path.isfile(os.path.join(run_dir, KERAS_FIT, "state.json"))
+
+
 def data_identity(**data_manifests: Optional[dict]) -> dict:
     """``data.json``'s content: each data folder's manifest ``config_hash`` (None when it has none)."""
     return {role: (manifest or {}).get("config_hash") for role, manifest in data_manifests.items()}
@@ -110,10 +117,10 @@ def _plain(obj) -> dict:
 def resume_problems(run_dir: str, configs: dict) -> list[str]:
     """One line per field of ``configs`` ({file name: dict}) that differs from the run's saved file.
 
-    Only for a run that has checkpoints (there is nothing to resume otherwise); a file the run
+    Only for a run that has checkpoints or fit's saves (there is nothing to resume otherwise); a file the run
     does not have is not compared, nor a field the command does not give.
     """
-    if not has_checkpoints(run_dir):
+    if not has_checkpoints(run_dir) and not has_fit_saves(run_dir):
         return []
     out, allowed = [], set()
     for name, new in configs.items():
