@@ -35,7 +35,6 @@ command resumes from the newest checkpoint after each.
 from __future__ import annotations
 
 import dataclasses
-import errno
 import json
 import os
 import sys
@@ -47,8 +46,9 @@ from gpt_tf import flag_checks, train_flags
 
 from gpt_tf.speed import kernels
 from gpt_tf.config import GPTConfig
-from gpt_tf.runs.files import (CHECKPOINTS, DATA_FILE, MODEL_CONFIG, RUN_CONFIGS, data_identity, has_checkpoints,
-                               has_fit_saves, resume_problems, write_json_atomic)
+from gpt_tf.runs.faults import resume_hint, worker_lost
+from gpt_tf.runs.files import (DATA_FILE, MODEL_CONFIG, RUN_CONFIGS, data_identity, has_checkpoints, has_fit_saves,
+                               resume_problems, write_json_atomic)
 from gpt_tf.runs.lock import LOCK_FILE, RunDirLocked, chief_task, lock_run_dir
 from gpt_tf.train_flags import define_flags
 from gpt_tf.write_errors import WriteError, as_write_error, writing
@@ -171,12 +171,12 @@ def main(argv):
     except tf.errors.UnavailableError as err:
         if FLAGS.strategy != "multi_worker":
             raise
-        sys.exit(f"gpt_tf.train: {_worker_lost(err)}")
+        sys.exit(f"gpt_tf.train: {worker_lost(err, FLAGS.run_dir)}")
     except (OSError, tf.errors.OpError) as err:
         fault = as_write_error(err)
         if fault is None:
             raise
-        sys.exit(f"gpt_tf.train: {fault}; {_resume_hint(fault)}")
+        sys.exit(f"gpt_tf.train: {fault}; {resume_hint(fault, FLAGS.run_dir, FLAGS.mode == 'train')}")
     _print(summary)
 
 
@@ -219,45 +219,6 @@ def _pretrain_keras_fit(setup: Setup) -> Summary:
     return Summary(result, f"trained to step {result['step']}, loss {result['loss']:.4f}, held-out loss "
                            f"{result['held_out_loss']:.4f}; the run is in {FLAGS.run_dir} (its language model: "
                            f"{result['preset']})")
-
-
-def _newest_checkpoint() -> str:
-    """The run's newest listed checkpoint, as a phrase ("its checkpoint at step N (prefix)"), or "" when none."""
-    import tensorflow as tf
-
-    try:
-        prefix = tf.train.latest_checkpoint(os.path.join(FLAGS.run_dir, CHECKPOINTS))
-    except (tf.errors.OpError, OSError):
-        prefix = None
-    return f"its checkpoint at step {prefix.rsplit('-', 1)[-1]} ({prefix})" if prefix else ""
-
-
-def _resume_hint(fault: WriteError) -> str:
-    """What the operator does after a write the storage refused (what the run still holds, and how to go on)."""
-    if FLAGS.mode != "train":
-        return "the run folder is as it was: fix the storage and run the same command again"
-    if fault.errno == errno.ENOENT:
-        return "put the folder back to resume it, or run the command again to train anew"
-    newest = _newest_checkpoint()
-    kept = f"the run is intact up to {newest}" if newest else "the run has no checkpoint yet"
-    return f"{kept}: {fault.remedy} and run the same command to resume"
-
-
-def _worker_lost(err) -> str:
-    """One line for a ``multi_worker`` cluster that lost a worker (TensorFlow aborted the collectives)."""
-    import re
-
-    text = err.message
-    try:
-        cluster = json.loads(os.environ.get("TF_CONFIG") or "{}").get("cluster", {})
-    except ValueError:
-        cluster = {}
-    tasks = sorted({(job, int(t)) for job, t in re.findall(r"/job:(\w+)/replica:\d+/task:(\d+)", text)})
-    named = [f"{job} {t}" + (f" ({cluster[job][t]})" if t < len(cluster.get(job, ())) else "") for job, t in tasks]
-    lost = ", ".join(named) or "a worker"
-    newest = _newest_checkpoint() or "no checkpoint yet"
-    return (f"the cluster lost {lost}: it stopped answering, and TensorFlow aborted this worker's collectives; training "
-            f"stopped, the run holds {newest}: restart every worker with the same command to resume from it")
 
 
 def _setup() -> Setup:
