@@ -42,11 +42,8 @@ def _handled(method):
 
 
 def servable_for(registry, spec):
-    """The servable a ``ModelSpec`` names (version, label or the latest)."""
+    """The servable a ``ModelSpec`` names (version, label or the latest: its ``version_choice`` oneof holds one)."""
     version = spec.version.value if spec.HasField("version") else None
-    if version is not None and spec.version_label:
-        raise invalid(f"Both model version ({version}) and model version label ({spec.version_label}) "
-                      "cannot be supplied.")
     return registry.servable(spec.name, version, spec.version_label)
 
 
