@@ -37,12 +37,11 @@ import threading
 import time
 import traceback
 
+import grpc
 import tensorflow as tf
 from tensorflow_serving.apis import get_model_status_pb2
 
 from serving import monitoring
-import grpc
-
 from serving.errors import ServingError, invalid, not_found
 from serving.http_front import release_freed_memory
 from serving.saved_model_io import versions
@@ -188,6 +187,7 @@ class ModelRegistry:
         except Exception as err:  # noqa: BLE001 -- any failure is this version's status, the server stays up
             if servable is not None:  # loaded, failed its warm-up: its batch threads stop
                 servable.close()
+            monitoring.record_load(path, ok=False)
             self._failed(name, version, err, attempted)
             return
         self._retries[name].pop(version, None)
@@ -199,7 +199,6 @@ class ModelRegistry:
 
     def _failed(self, name: str, version: int, err: Exception, attempted: tuple) -> None:
         """A failed load: LOADING with a retry scheduled, or END with the error once retries are spent."""
-        monitoring.record_load(os.path.join(self.configs[name].base_path, str(version)), ok=False)
         failures = self._retries[name].get(version, (0, 0.0))[0] + 1
         attempt = f"attempt {failures} of {self.max_num_load_retries + 1}"
         if failures <= self.max_num_load_retries:

@@ -5,8 +5,9 @@
   ``tensorflow-serving-api`` proto itself. A relative base path is taken from the config file's
   folder (``serving/models.config`` names ``../exported/sst2``), so the file works from any
   directory. With ``--model_config_file_poll_wait_seconds`` the server reads it again and applies what
-  changed (``ModelRegistry.reconfigure``). Stock TF Serving refuses relative base paths ("Expected model ... to have an absolute
-  path or URI"): its file, ``serving/models.docker.config``, gives the container's absolute paths.
+  changed (``ModelRegistry.reconfigure``). Stock TF Serving refuses relative base paths ("Expected model
+  ... to have an absolute path or URI"): its file, ``serving/models.docker.config``, gives the
+  container's absolute paths.
 * ``--batching_parameters_file``: a ``BatchingParameters`` text proto
   (``max_batch_size { value: 32 }`` ...); the fields ``serving.batcher.BatchingParameters``
   implements are read, the other TF Serving fields are refused with a clear error.
