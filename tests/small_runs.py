@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import select
 import shutil
 import socket
 import subprocess
@@ -132,6 +133,51 @@ def save_length_model(folder: Path, plus: int = 0) -> None:
 
     module = Length()
     tf.saved_model.save(module, str(folder), signatures={"serving_default": module.serve})
+
+
+def spawn_server(log: Path, *flags: str) -> subprocess.Popen:
+    """``python -m serving.server *flags`` on two free ports (``proc.ports``: gRPC, REST), its stderr to ``log``
+    (``proc.log``); it returns at once (``server_ready`` waits for it), so several servers start side by side."""
+    ports = tuple(free_ports(2))
+    with open(log, "w") as stderr:
+        proc = subprocess.Popen([sys.executable, "-m", "serving.server", f"--port={ports[0]}",
+                                 f"--rest_api_port={ports[1]}", *flags],
+                                cwd=ROOT, env=ENV, stdout=subprocess.PIPE, stderr=stderr, text=True)
+    proc.ports, proc.log = ports, Path(log)
+    return proc
+
+
+def server_ready(proc: subprocess.Popen, timeout: float = 180.0) -> str:
+    """A ``spawn_server`` process's ready line (its first stdout line), waiting at most ``timeout`` seconds;
+    fails with its log's tail when it does not come."""
+    ready, _, _ = select.select([proc.stdout], [], [], timeout)
+    line = proc.stdout.readline() if ready else ""
+    assert "gRPC on" in line, proc.log.read_text()[-3000:]
+    return line
+
+
+def start_server(log: Path, *flags: str) -> subprocess.Popen:
+    """``spawn_server``, once it is serving (killed if it does not come up)."""
+    proc = spawn_server(log, *flags)
+    try:
+        server_ready(proc)
+    except BaseException:
+        proc.kill()
+        raise
+    return proc
+
+
+def stop_servers(*procs: subprocess.Popen) -> None:
+    """SIGTERM to each at once (each takes a few seconds to stop); each must exit 0 within 30 s; none outlives
+    this."""
+    for proc in procs:
+        proc.terminate()
+    try:
+        for proc in procs:
+            assert proc.wait(timeout=30) == 0, proc.log.read_text()[-3000:]
+    finally:
+        for proc in procs:
+            proc.kill()
 
 
 def books_folder(shared_data: Path, root: Path, chars: int = 60_000) -> tuple[Path, Path]:

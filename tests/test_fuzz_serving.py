@@ -13,17 +13,14 @@ from __future__ import annotations
 
 import http.client
 import json
-import subprocess
-import sys
-from pathlib import Path
 
 import grpc
 import pytest
 from hypothesis import example, given
 from hypothesis import strategies as st
 
-from bench.soak import free_port, server_stats
-from tests.small_runs import ENV, ROOT, fuzz_settings, save_length_model
+from bench.soak import server_stats
+from tests.small_runs import fuzz_settings, save_length_model, start_server, stop_servers
 
 HOST = "127.0.0.1"
 PATHS = ["/v1/models/sst2:predict", "/v1/models/sst2:classify", "/v1/models/sst2:regress",
@@ -64,21 +61,10 @@ def server(tmp_path_factory):
     config = root / "models.config"
     config.write_text(f'model_config_list {{ config {{ name: "sst2" base_path: "{root / "sst2"}" model_platform: '
                       '"tensorflow" model_version_policy { all {} } version_labels { key: "stable" value: 1 } } }\n')
-    rest = free_port()
-    log = open(root / "server.log", "w")
-    proc = subprocess.Popen([sys.executable, "-m", "serving.server", f"--model_config_file={config}",
-                             f"--port={free_port()}", f"--rest_api_port={rest}", "--rest_api_num_threads=4",
-                             "--max_request_bytes=200000"], cwd=ROOT, env=ENV, stdout=subprocess.PIPE, stderr=log,
-                            text=True)
-    line = proc.stdout.readline()
-    assert "gRPC on" in line, (root / "server.log").read_text()[-2000:]
-    yield proc, rest
-    proc.terminate()
-    try:
-        assert proc.wait(timeout=30) == 0
-    finally:
-        proc.kill()
-        log.close()
+    proc = start_server(root / "server.log", f"--model_config_file={config}", "--rest_api_num_threads=4",
+                        "--max_request_bytes=200000")
+    yield proc, proc.ports[1]
+    stop_servers(proc)
 
 
 def post(port: int, path: str, body: bytes) -> tuple[int, bytes]:

@@ -24,9 +24,8 @@ from serving.errors import ServingError
 from serving.model_registry import ModelRegistry
 from serving.rest_json import MAX_JSON_DEPTH, json_depth, parse_body
 from serving.server_config import ModelConfig
-from tests.small_runs import ENV, save_length_model, wait_for
+from tests.small_runs import ENV, ROOT, save_length_model, start_server, stop_servers, wait_for
 
-ROOT = Path(__file__).resolve().parents[1]
 HOST = "127.0.0.1"
 THREADS, TIMEOUT_MS = 4, 1500
 
@@ -41,38 +40,22 @@ def test_json_depth_limit():
 
 
 # ---------------------------------------------------------------------------------------------- the server
-def start_server(root: Path, timeout_ms: int, header_ms: int = 5_000):
+def serve_length_model(root: Path, timeout_ms: int, header_ms: int = 5_000):
     """``python -m serving.server`` with THREADS REST threads, a ``timeout_ms`` request deadline and a
-    ``header_ms`` header deadline."""
+    ``header_ms`` header deadline: ``(process, gRPC port, REST port, its log)``."""
     save_length_model(root / "sst2" / "1")
-    grpc_port, rest_port = free_port(), free_port()
-    log_path = root / "server.log"
-    log = open(log_path, "w")
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "serving.server", "--model_name=sst2", f"--model_base_path={root / 'sst2'}",
-         f"--port={grpc_port}", f"--rest_api_port={rest_port}", f"--rest_api_num_threads={THREADS}",
-         f"--rest_api_timeout_in_ms={timeout_ms}", f"--rest_api_header_timeout_in_ms={header_ms}",
-         "--max_request_bytes=2000000"],
-        cwd=ROOT, env=ENV, stdout=subprocess.PIPE, stderr=log, text=True)
-    line = proc.stdout.readline()
-    assert "gRPC on" in line, log_path.read_text()[-2000:]
-    return proc, grpc_port, rest_port, log_path
-
-
-def stop_server(proc) -> None:
-    proc.terminate()
-    try:
-        assert proc.wait(timeout=30) == 0
-    finally:
-        proc.kill()
+    proc = start_server(root / "server.log", "--model_name=sst2", f"--model_base_path={root / 'sst2'}",
+                        f"--rest_api_num_threads={THREADS}", f"--rest_api_timeout_in_ms={timeout_ms}",
+                        f"--rest_api_header_timeout_in_ms={header_ms}", "--max_request_bytes=2000000")
+    return (proc, *proc.ports, proc.log)
 
 
 @pytest.fixture(scope="module")
 def server(tmp_path_factory):
     """The server with a 1.5 s request deadline (TIMEOUT_MS), shared by this module's tests."""
-    started = start_server(tmp_path_factory.mktemp("served"), TIMEOUT_MS)
+    started = serve_length_model(tmp_path_factory.mktemp("served"), TIMEOUT_MS)
     yield started
-    stop_server(started[0])
+    stop_servers(started[0])
 
 
 def request(port, data: bytes, timeout: float = 10.0) -> bytes:
@@ -166,7 +149,7 @@ def test_partial_header_clients_hold_no_worker(tmp_path):
     byte at a time: a complete request beside them is answered 200 (before: the first 2 x THREADS filled the
     workers and their queue and it got 503, for as long as the request deadline), and the server closes every
     partial one at its header deadline (2 s here), well before the 30 s request deadline, without a 503."""
-    proc, _, port, _ = start_server(tmp_path, 30_000, header_ms=2_000)
+    proc, _, port, _ = serve_length_model(tmp_path, 30_000, header_ms=2_000)
     try:
         slow = held(port, 16 * THREADS)
         trickler = socket.create_connection((HOST, port), timeout=30)
@@ -189,7 +172,7 @@ def test_partial_header_clients_hold_no_worker(tmp_path):
             s.close()
         wait_for(lambda: server_stats(proc.pid)["fds"] < 30, 30, "connections left open")
     finally:
-        stop_server(proc)
+        stop_servers(proc)
 
 
 def test_connections_past_the_cap_get_503_and_none_waits_without_bound(tmp_path):

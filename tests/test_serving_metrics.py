@@ -9,22 +9,17 @@ from __future__ import annotations
 
 import http.client
 import json
-import subprocess
-import sys
 import threading
 import time
-from pathlib import Path
 
 import grpc
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from bench._servers import free_port
 from serving import monitoring
 from serving.errors import ServingError, not_found
-from tests.small_runs import ENV, save_length_model
+from tests.small_runs import save_length_model, start_server, stop_servers
 
-ROOT = Path(__file__).resolve().parents[1]
 HOST = "127.0.0.1"
 COUNT = ":tensorflow:serving:request_count"
 LATENCY = ":tensorflow:serving:request_latency"
@@ -136,24 +131,13 @@ def server(tmp_path_factory):
         f'model_config_list {{ config {{ name: "sst2" base_path: "{root / "sst2"}" '
         "model_version_policy { all {} } } }")
     (root / "monitoring.config").write_text('prometheus_config { enable: true path: "/metrics" }')
-    grpc_port, rest_port = free_port(), free_port()
-    log_path = root / "server.log"
-    with open(log_path, "w") as log:
-        proc = subprocess.Popen(
-            [sys.executable, "-m", "serving.server", f"--model_config_file={root / 'models.config'}",
-             f"--monitoring_config_file={root / 'monitoring.config'}", "--enable_batching",
-             "--max_num_load_retries=0", "--file_system_poll_wait_seconds=0", f"--port={grpc_port}",
-             f"--rest_api_port={rest_port}"],
-            cwd=ROOT, env=ENV, stdout=subprocess.PIPE, stderr=log, text=True)
+    proc = start_server(root / "server.log", f"--model_config_file={root / 'models.config'}",
+                        f"--monitoring_config_file={root / 'monitoring.config'}", "--enable_batching",
+                        "--max_num_load_retries=0", "--file_system_poll_wait_seconds=0")
     try:
-        assert "gRPC on" in proc.stdout.readline(), log_path.read_text()[-2000:]
-        yield grpc_port, rest_port, root / "sst2"
+        yield *proc.ports, root / "sst2"
     finally:
-        proc.terminate()
-        try:
-            assert proc.wait(timeout=30) == 0, log_path.read_text()[-2000:]
-        finally:
-            proc.kill()
+        stop_servers(proc)
 
 
 def scrape(port: int, path: str = "/metrics") -> tuple:

@@ -14,7 +14,6 @@ from __future__ import annotations
 import json
 import os
 import re
-import select
 import socket
 import ssl
 import subprocess
@@ -26,14 +25,12 @@ from pathlib import Path
 
 import pytest
 
-from bench._servers import free_port
 from serving import tls
 from serving.client import ServingClient
 from serving.errors import ServingError
 from serving.http_front import BoundedHTTPServer, DeadlineHandler
-from tests.small_runs import ENV, save_length_model
+from tests.small_runs import ENV, ROOT, save_length_model, server_ready, spawn_server, stop_servers
 
-ROOT = Path(__file__).resolve().parents[1]
 HOST = "127.0.0.1"
 HEADER_S = 2.5  # the one-way server's header deadline: a handshake and a request head must come within it
 LENGTHS = {"sentence": ["abc", "hello"]}  # -> length [3, 5]
@@ -81,38 +78,10 @@ def certs(tmp_path_factory) -> dict:
 
 
 # ---------------------------------------------------------------------------------------------- servers
-def start_server(root: Path, config: Path, *flags: str) -> subprocess.Popen:
-    """``python -m serving.server`` on the length model with ``--ssl_config_file=config``, as
-    tests/test_server_hardening.py starts it; ``.ports`` = (gRPC, REST), ``.log`` its stderr."""
-    ports = free_port(), free_port()
-    log = root / f"{config.stem}.log"
-    with open(log, "w") as stderr:
-        proc = subprocess.Popen(
-            [sys.executable, "-m", "serving.server", "--model_name=sst2", f"--model_base_path={root / 'sst2'}",
-             f"--port={ports[0]}", f"--rest_api_port={ports[1]}", f"--ssl_config_file={config}", *flags],
-            cwd=ROOT, env=ENV, stdout=subprocess.PIPE, stderr=stderr, text=True)
-    proc.ports, proc.log = ports, log
-    return proc
-
-
-def first_line(proc: subprocess.Popen, timeout: float = 180.0) -> str:
-    """The server's first stdout line (its ready line), waiting at most ``timeout`` seconds."""
-    ready, _, _ = select.select([proc.stdout], [], [], timeout)
-    line = proc.stdout.readline() if ready else ""
-    assert "gRPC on" in line, proc.log.read_text()[-3000:]
-    return line
-
-
-def stop_servers(procs: list) -> None:
-    """SIGTERM to each at once (each takes a few seconds to stop); each must exit 0."""
-    for proc in procs:
-        proc.terminate()
-    try:
-        for proc in procs:
-            assert proc.wait(timeout=30) == 0, proc.log.read_text()[-3000:]
-    finally:
-        for proc in procs:
-            proc.kill()
+def spawn_tls_server(root: Path, config: Path, *flags: str):
+    """``python -m serving.server`` on the length model with ``--ssl_config_file=config`` (not waited for)."""
+    return spawn_server(root / f"{config.stem}.log", "--model_name=sst2", f"--model_base_path={root / 'sst2'}",
+                        f"--ssl_config_file={config}", *flags)
 
 
 def bad_configs(root: Path, certs: dict) -> dict:
@@ -132,27 +101,28 @@ def launched(tmp_path_factory, certs):
     custom_ca is there but client_verify is off, as TF Serving reads it) and has one REST worker and a HEADER_S
     header deadline; ``"mutual"`` has client_verify."""
     root = tmp_path_factory.mktemp("served")
-    bad = [(config, reason, start_server(root, config)) for config, reason in bad_configs(root, certs).items()]
+    bad = [(config, reason, spawn_tls_server(root, config)) for config, reason in bad_configs(root, certs).items()]
     save_length_model(root / "sst2" / "1")
     key_pair = {"server_key": certs["server_key"], "server_cert": certs["server"], "custom_ca": certs["ca"]}
     started = {
-        "one_way": start_server(root, write_ssl_config(root / "one_way.config", **key_pair),
-                                "--rest_api_num_threads=1", f"--rest_api_header_timeout_in_ms={int(HEADER_S * 1000)}"),
-        "mutual": start_server(root, write_ssl_config(root / "mutual.config", client_verify=True, **key_pair)),
+        "one_way": spawn_tls_server(root, write_ssl_config(root / "one_way.config", **key_pair),
+                                    "--rest_api_num_threads=1",
+                                    f"--rest_api_header_timeout_in_ms={int(HEADER_S * 1000)}"),
+        "mutual": spawn_tls_server(root, write_ssl_config(root / "mutual.config", client_verify=True, **key_pair)),
     }
     try:
         yield {"bad": bad, **started}
     finally:
         for _, _, proc in bad:
             proc.kill()
-        stop_servers(list(started.values()))
+        stop_servers(*started.values())
 
 
 @pytest.fixture(scope="module")
 def servers(launched) -> dict:
     """The two servers of ``launched``, ready."""
     for name in ("one_way", "mutual"):
-        first_line(launched[name])
+        server_ready(launched[name])
     return {name: launched[name] for name in ("one_way", "mutual")}
 
 

@@ -11,8 +11,6 @@ from __future__ import annotations
 
 import http.client
 import json
-import subprocess
-import sys
 import threading
 import time
 from pathlib import Path
@@ -23,13 +21,11 @@ from tensorflow_serving.apis import (get_model_status_pb2, model_management_pb2,
                                      predict_pb2, prediction_service_pb2_grpc)
 from tensorflow_serving.config import model_server_config_pb2
 
-from bench._servers import free_port
 from serving.errors import ServingError
 from serving.model_registry import ModelRegistry
 from serving.server_config import ModelConfig
-from tests.small_runs import ENV, save_length_model, wait_for
+from tests.small_runs import save_length_model, spawn_server, start_server, stop_servers, wait_for
 
-ROOT = Path(__file__).resolve().parents[1]
 HOST = "127.0.0.1"
 POLL_SECONDS = 1
 SENTENCE = "four"  # length 4: version v answers 1000 v + 4
@@ -53,6 +49,14 @@ def write_config(path: Path, models: dict) -> None:
     tmp.replace(path)
 
 
+def reload(server, models: dict) -> None:
+    """Writes the server's config file and waits until the server has applied all of it, its labels included
+    (its log's "reloaded" line: the versions' states and the labels change one after the other)."""
+    reloads = server["log"].read_text().count(": reloaded; models:")
+    write_config(server["config"], models)
+    wait_for(lambda: server["log"].read_text().count(": reloaded; models:") > reloads, 60, "the config reloaded")
+
+
 @pytest.fixture(scope="module")
 def versions_root(tmp_path_factory) -> Path:
     """``m/1``, ``m/2``, ``m/3``: the length model plus 1000, 2000, 3000."""
@@ -62,33 +66,19 @@ def versions_root(tmp_path_factory) -> Path:
     return root
 
 
-def start(config: Path, log: Path, *extra: str):
-    grpc_port, rest_port = free_port(), free_port()
-    proc = subprocess.Popen([sys.executable, "-m", "serving.server", f"--model_config_file={config}",
-                             f"--port={grpc_port}", f"--rest_api_port={rest_port}", "--rest_api_num_threads=4",
-                             "--file_system_poll_wait_seconds=1", *extra],
-                            cwd=ROOT, env=ENV, stdout=subprocess.PIPE, stderr=open(log, "w"), text=True)
-    return proc, grpc_port, rest_port
-
-
 @pytest.fixture(scope="module")
 def server(versions_root, tmp_path_factory):
     """The server polling its config file every POLL_SECONDS; starts with m at versions 1 and 2, stable -> 1."""
     folder = tmp_path_factory.mktemp("versions_server")
-    config, log = folder / "models.config", folder / "server.log"
+    config = folder / "models.config"
     write_config(config, {"m": (versions_root / "m", "specific { versions: 1 versions: 2 }",
                                 {"stable": 1, "canary": 2})})
-    proc, grpc_port, rest_port = start(config, log, f"--model_config_file_poll_wait_seconds={POLL_SECONDS}")
-    line = proc.stdout.readline()
-    assert "gRPC on" in line, log.read_text()[-2000:]
-    channel = grpc.insecure_channel(f"{HOST}:{grpc_port}")
-    yield {"config": config, "log": log, "rest": rest_port, "channel": channel, "root": versions_root}
+    proc = start_server(folder / "server.log", f"--model_config_file={config}", "--rest_api_num_threads=4",
+                        "--file_system_poll_wait_seconds=1", f"--model_config_file_poll_wait_seconds={POLL_SECONDS}")
+    channel = grpc.insecure_channel(f"{HOST}:{proc.ports[0]}")
+    yield {"config": config, "log": proc.log, "rest": proc.ports[1], "channel": channel, "root": versions_root}
     channel.close()
-    proc.terminate()
-    try:
-        assert proc.wait(timeout=30) == 0
-    finally:
-        proc.kill()
+    stop_servers(proc)
 
 
 def rest_predict(port: int, path: str) -> tuple[int, dict]:
@@ -224,18 +214,15 @@ def reload_config(base: Path, policy: str, labels: dict):
 # ---------------------------------------------------------------------------------------------- live config
 def test_the_config_file_adds_removes_and_repolicies_models_without_a_restart(server):
     base = server["root"] / "m"
-    write_config(server["config"], {"m": (base, "latest { num_versions: 1 }", {}),
-                                     "n": (base, "all {}", {})})
-    wait_for(lambda: available(server, "n") == [1, 2, 3], 60, "model n with all three versions")
-    wait_for(lambda: available(server, "m") == [3], 60, "model m at its latest version only")
+    reload(server, {"m": (base, "latest { num_versions: 1 }", {}), "n": (base, "all {}", {})})
+    assert available(server, "n") == [1, 2, 3] and available(server, "m") == [3]
     assert grpc_predict(server["channel"], "n", version=1) == 1004
     status, body = rest_get(server["rest"], "/v1/models/n/versions/3")
     assert status == 200 and body["model_version_status"][0]["state"] == "AVAILABLE"
     status, body = rest_predict(server["rest"], "/v1/models/m/labels/stable:predict")
     assert status == 400  # the labels are the config's: none now
-    write_config(server["config"], {"m": (base, "specific { versions: 2 }", {"stable": 2})})
-    wait_for(lambda: available(server, "n") == [], 60, "model n removed")
-    wait_for(lambda: available(server, "m") == [2], 60, "model m at version 2 only")
+    reload(server, {"m": (base, "specific { versions: 2 }", {"stable": 2})})
+    assert available(server, "n") == [] and available(server, "m") == [2]
     status, body = rest_predict(server["rest"], "/v1/models/n:predict")
     assert status == 404, body
     assert by_label(server, "stable") == (2004, 2004)  # version 2 loaded and labelled in one change
@@ -250,7 +237,7 @@ def test_a_config_file_that_does_not_parse_keeps_what_serves(server):
 def test_a_label_on_a_version_that_did_not_load_stops_the_start(versions_root, tmp_path):
     config, log = tmp_path / "models.config", tmp_path / "server.log"
     write_config(config, {"m": (versions_root / "m", "specific { versions: 1 }", {"stable": 1, "next": 2})})
-    proc, _, _ = start(config, log)
+    proc = spawn_server(log, f"--model_config_file={config}")
     try:
         assert proc.wait(timeout=120) != 0
     finally:
