@@ -19,6 +19,7 @@ from gpt_tf import backend, flag_checks
 from gpt_tf.runs.files import CHECKPOINTS
 from gpt_tf.nn.recipes import PAPER_FINETUNE
 from gpt_tf.data.records import has_manifest
+from gpt_tf.training import placement as placing
 
 FLAGS = flags.FLAGS
 
@@ -80,7 +81,7 @@ def define_flags() -> None:
     flags.DEFINE_list("workers", [], "With --strategy=multi_worker: every worker's host:port (the first is chief); "
                       "writes TF_CONFIG for this process instead of reading it from the environment.")
     flags.DEFINE_integer("worker_index", 0, "With --workers: this process's index in --workers.")
-    flags.DEFINE_enum("distribution", "none", ["none", "data_parallel", "model_parallel"], "KERAS_BACKEND=jax "
+    flags.DEFINE_enum("distribution", "none", list(placing.KINDS), "KERAS_BACKEND=jax "
                       "pre-training: keras.distribution over the devices: none (one device), data_parallel "
                       "(DataParallel over every device), model_parallel (ModelParallel on a (batch, model) mesh).")
     flags.DEFINE_integer("model_parallel", 1, "--distribution=model_parallel: devices on the mesh's model axis "
@@ -162,9 +163,7 @@ def on_keras_fit() -> bool:
 
 def placement():
     """The --distribution flags as a ``gpt_tf.training.placement.Placement``."""
-    from gpt_tf.training.placement import Placement
-
-    return Placement(FLAGS.distribution, FLAGS.model_parallel, FLAGS.coordinator_address, FLAGS.num_processes,
+    return placing.Placement(FLAGS.distribution, FLAGS.model_parallel, FLAGS.coordinator_address, FLAGS.num_processes,
                      FLAGS.process_id)
 
 

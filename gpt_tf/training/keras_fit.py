@@ -89,7 +89,9 @@ class KerasFitPretrainer:
         optimizer = make_optimizer(self.model.trainable_variables, self.schedule, weight_decay=config.weight_decay,
                                    clip_norm=config.clip_norm, beta_1=config.adam_beta_1, beta_2=config.adam_beta_2,
                                    epsilon=config.adam_epsilon)
-        self.model.compile(optimizer=optimizer, jit_compile=True)
+        # the loss alone: keras-hub's default metric (token accuracy) is an argmax over the logits every step, and
+        # nothing reads it
+        self.model.compile(optimizer=optimizer, weighted_metrics=[], jit_compile=True)
         # dropout's random state: variables of the model that its weights file leaves out
         self.seeds = [v for v in self.model.variables if v.path.endswith("seed_generator_state")]
         self.last_loss = None  # the last log line's
