@@ -7,6 +7,8 @@ and returns the loss as a Python float (so the work has finished when it returns
 count.
 
 * ``ours``: ``GPT1CausalLM`` + ``make_optimizer`` in a ``tf.function`` (no XLA);
+* ``ours_jax``: the same model and optimizer under ``KERAS_BACKEND=jax``, compiled as pre-training on JAX compiles
+  them (``gpt_tf.training.keras_fit.compile_lm``: Keras's jit-compiled train step), one ``train_on_batch`` a step;
 * ``keras_hub``: ``TokenAndPositionEmbedding`` + n × post-LN ``TransformerDecoder`` + the tied
   reverse embedding, the same loss (``lm_loss``) and a Keras AdamW in the same ``tf.function``;
 * ``torch``: ``transformers.OpenAIGPTLMHeadModel`` + ``torch.optim.AdamW`` (``fused=True`` by
@@ -142,6 +144,26 @@ def _tf_step(spec, config):
     return (lambda: float(train_step(inputs, targets))), {"n_params": n_params, "optimizer_scope": optimizer.name}
 
 
+def _jax_step(spec, config):
+    """Ours on JAX (the worker runs under ``KERAS_BACKEND=jax``): the JAX route's compiled model, one
+    ``train_on_batch`` per step."""
+    import keras
+    import numpy as np
+
+    from gpt_tf.gpt1.build import causal_lm_for
+    from gpt_tf.nn.optim import make_optimizer
+    from gpt_tf.training.keras_fit import compile_lm
+
+    if keras.backend.backend() != "jax":
+        raise RuntimeError(f"the ours_jax stack needs KERAS_BACKEND=jax, and Keras runs on {keras.backend.backend()}")
+    keras.utils.set_random_seed(0)
+    model = causal_lm_for(config, dtype="mixed_bfloat16" if spec["precision"] == "bfloat16" else None)
+    compile_lm(model, make_optimizer(model.trainable_variables, LEARNING_RATE, WEIGHT_DECAY, CLIP_NORM))
+    inputs, targets = random_batch(config.total_vocab, spec["batch"], spec["seq"])
+    n_params = int(sum(np.prod(v.shape) for v in model.trainable_variables))
+    return (lambda: float(model.train_on_batch(inputs, targets))), {"n_params": n_params}
+
+
 def _torch_step(spec, config):
     """``transformers.OpenAIGPTLMHeadModel`` with ``torch.optim.AdamW``: one eager training step."""
     import torch
@@ -202,7 +224,14 @@ def build_step(spec):
         return _torch_step(spec, config)
     if spec["stack"] in ("ours", "keras_hub"):
         return _tf_step(spec, config)
-    raise ValueError(f"unknown stack {spec['stack']!r}; choose ours, keras_hub or torch")
+    if spec["stack"] == "ours_jax":
+        return _jax_step(spec, config)
+    raise ValueError(f"unknown stack {spec['stack']!r}; choose ours, ours_jax, keras_hub or torch")
+
+
+def worker_env(spec) -> dict:
+    """The environment a stack's worker adds: Keras on JAX for ``ours_jax``."""
+    return {"KERAS_BACKEND": "jax"} if spec.get("stack") == "ours_jax" else {}
 
 
 # ----------------------------------------------------------------------------- the loop

@@ -33,6 +33,9 @@ keeps no cache (transformers' GPT-1 predates them: ``use_cache`` is ignored), an
 the same shape (random weights), transformers' generation with a cache; the goal: the cache ≥ 1.5× transformers.
 It also reports how many generated tokens the stacks share.
 
+``--jax``: ours on JAX too (``KERAS_BACKEND=jax``, compiled as pre-training on JAX compiles it) as one more stack of
+every pre-training group, its own column; the goals stay TensorFlow's.
+
 ``--base=REV``: ours as of commit ``REV`` as one more stack of every pre-training and fine-tuning group (its own
 temporary ``git worktree``, interleaved with the others), and a table of this checkout's ours against it.
 """
@@ -80,6 +83,7 @@ def define_flags():
     flags.DEFINE_integer("generate_rounds", 3, "--mode=generate: timed calls per stack (after one untimed)")
     flags.DEFINE_integer("generate_threads", 1, "--mode=generate: threads of every stack (TF intra- and inter-op, "
                          "torch intra-op); one prompt's matrices are too small to share out well")
+    flags.DEFINE_bool("jax", False, "also time ours on JAX (KERAS_BACKEND=jax) in every pre-training group")
     flags.DEFINE_string("base", None, "also time ours as of this commit (a temporary git worktree), interleaved")
     flags.DEFINE_string("worker", None, "internal: run as a worker with this JSON spec")
 
@@ -96,7 +100,9 @@ def pretraining(info: dict, preset: str, log, base=None) -> list:
     from bench.train_throughput import run_group, summarise
 
     rows, steps = [], min(FLAGS.steps, 3) if preset == "gpt1" else FLAGS.steps
-    stacks = [{"stack": s} for s in STACKS] + ([{"stack": "ours", "rev": base[1], "code_root": base[0]}] if base else [])
+    ours = ["ours", "ours_jax"] if FLAGS.jax else ["ours"]
+    stacks = [{"stack": s} for s in (*STACKS, *ours[1:])]
+    stacks += [{"stack": s, "rev": base[1], "code_root": base[0]} for s in ours] if base else []
     for precision in precisions(info, FLAGS.precisions):
         specs = [{"kind": "train", **stack, "preset": preset, "precision": precision, "threads": os.cpu_count(),
                   "torch_adamw": "fused", "warmup": FLAGS.warmup, "steps": steps, **SIZES[preset]} for stack in stacks]
@@ -131,7 +137,8 @@ def base_lines(report: dict) -> list:
     """With ``--base``: this checkout's ours against ours at the base commit, per size × precision and fine-tuning."""
     from bench.train_throughput import base_pairs
 
-    lines = [f"| pre-training {r['preset']} {r['precision']} | {this['tokens_per_s']:,.0f} tokens/s | "
+    lines = [f"| pre-training {r['preset']} {r['precision']}{' (JAX)' if r['stack'] == 'ours_jax' else ''} | "
+             f"{this['tokens_per_s']:,.0f} tokens/s | "
              f"{r['tokens_per_s']:,.0f} tokens/s | {this['tokens_per_s'] / r['tokens_per_s']:.3f}× |"
              for this, r in base_pairs(report.get("pretraining", []))]
     rows = (report.get("finetuning") or {}).get("summary", {}).get("rows", {})
@@ -168,19 +175,22 @@ def goals(report: dict) -> list:
 
 
 def markdown(report: dict) -> str:
+    rows = report.get("pretraining", [])
+    jax = any(r["stack"] == "ours_jax" for r in rows)
     lines = ["```bash", report["command"], "```", "", f"Measured {report['date']}: {report['header']}.", "",
              f"Settings picked by the project: {report['settings']}", "",
              "Pre-training step (tokens/s; each stack in its own process, interleaved; medians over the timed steps):",
              "", "| size | precision | batch × seq | ours | keras-hub stack | PyTorch HF | ours / keras-hub "
-             "| ours / PyTorch | others' CPU |", "|---|---|---|---:|---:|---:|---:|---:|---:|"]
-    rows = report.get("pretraining", [])
+             "| ours / PyTorch | others' CPU |" + (" ours on JAX |" if jax else ""),
+             "|---|---|---|---:|---:|---:|---:|---:|---:|" + ("---:|" if jax else "")]
     for preset, precision in dict.fromkeys((r["preset"], r["precision"]) for r in rows):
         group = {r["stack"]: r for r in rows if r["preset"] == preset and r["precision"] == precision and "rev" not in r}
         ours = group["ours"]
         others = median([r["others_cpu_share"] for r in group.values()])
         lines.append(f"| {preset} | {precision} | {ours['batch']} × {ours['seq']} | "
                      + " | ".join(f"{group[s]['tokens_per_s']:,.0f}" for s in STACKS)
-                     + f" | {ours['vs_keras_hub']:.2f}× | {ours['vs_torch']:.2f}× | {100 * others:.0f}% |")
+                     + f" | {ours['vs_keras_hub']:.2f}× | {ours['vs_torch']:.2f}× | {100 * others:.0f}% |"
+                     + (f" {group['ours_jax']['tokens_per_s']:,.0f} |" if jax else ""))
     if report.get("finetuning"):
         f = report["finetuning"]["summary"]["rows"]
         lines += ["", "Fine-tuning, SST-2, `tiny` shape, n_ctx 64, batch 32, one thread per stack (examples/s):", "",

@@ -44,11 +44,11 @@ from pathlib import Path
 from absl import app, flags
 
 from bench import _profiles
-from bench._train_stacks import PRESET_DEFAULTS, build_step, loop, run_optimizer
+from bench._train_stacks import PRESET_DEFAULTS, build_step, loop, run_optimizer, worker_env
 from bench.harness import Worker, apply_settings, base_checkout, emit, header, machine_info, measure_peak, measure_peaks, median
 from bench.harness import save_report, timed, wait_until_quiet
 
-STACKS = ("ours", "keras_hub", "torch")
+STACKS = ("ours", "keras_hub", "torch", "ours_jax")
 FLAGS = flags.FLAGS
 
 
@@ -63,7 +63,7 @@ def worker_main(spec):
         return
     if spec["kind"] == "profile":
         return _profiles.pretrain_worker(spec)
-    if spec["stack"] != "torch":  # TensorFlow's pools as the project's settings say (gpt_tf/speed/autotune.py)
+    if spec["stack"] not in ("torch", "ours_jax"):  # TensorFlow's pools as the project's settings say (gpt_tf/speed/autotune.py)
         import tensorflow as tf
 
         from gpt_tf.speed.autotune import apply_threads
@@ -174,8 +174,8 @@ def base_pairs(rows):
     """With ``--base``: ``(this checkout's ours, ours at the base)`` rows of each preset × precision (the base's rows
     carry its ``rev``)."""
     for row in rows:
-        if row["stack"] == "ours" and row.get("rev"):
-            yield next(r for r in rows if r["stack"] == "ours" and not r.get("rev")
+        if row["stack"].startswith("ours") and row.get("rev"):
+            yield next(r for r in rows if r["stack"] == row["stack"] and not r.get("rev")
                        and (r["preset"], r["precision"]) == (row["preset"], row["precision"])), row
 
 
@@ -205,7 +205,8 @@ def run_group(specs, quiet_share, max_rounds, log, wait_quiet_s=0.0):
     try:
         for spec in specs:
             start = time.time()
-            workers.append(Worker(spec, "bench.train_throughput", code_root=spec.get("code_root")))
+            workers.append(Worker(spec, "bench.train_throughput", code_root=spec.get("code_root"),
+                                  env=worker_env(spec)))
             rows.append({**spec, **workers[-1].read("READY"), "warmup_s": [], "steps_log": []})
             rows[-1]["build_s"] = round(time.time() - start, 1)
         warmup, steps = specs[0]["warmup"], specs[0]["steps"]

@@ -43,6 +43,12 @@ from gpt_tf.training.preemption import Preempted, StopRequest
 WEIGHTS, STATE, LOG, PRESET = "latest.weights.h5", "state.json", "log.jsonl", "preset"
 
 
+def compile_lm(model, optimizer) -> None:
+    """The language model compiled for pre-training: jit-compiled, the loss alone (keras-hub's default metric, token
+    accuracy, is an argmax over the logits every step, and nothing reads it)."""
+    model.compile(optimizer=optimizer, weighted_metrics=[], jit_compile=True)
+
+
 class _Saves(keras.callbacks.Callback):
     """At the end of each of ``fit``'s epochs (``gcd(log_every, checkpoint_every)`` updates): the mean loss at
     every ``log_every`` updates, a save at every ``checkpoint_every``, at ``total`` and at a stop request."""
@@ -89,9 +95,7 @@ class KerasFitPretrainer:
         optimizer = make_optimizer(self.model.trainable_variables, self.schedule, weight_decay=config.weight_decay,
                                    clip_norm=config.clip_norm, beta_1=config.adam_beta_1, beta_2=config.adam_beta_2,
                                    epsilon=config.adam_epsilon)
-        # the loss alone: keras-hub's default metric (token accuracy) is an argmax over the logits every step, and
-        # nothing reads it
-        self.model.compile(optimizer=optimizer, weighted_metrics=[], jit_compile=True)
+        compile_lm(self.model, optimizer)
         # dropout's random state: variables of the model that its weights file leaves out
         self.seeds = [v for v in self.model.variables if v.path.endswith("seed_generator_state")]
         self.last_loss = None  # the last log line's
