@@ -218,6 +218,8 @@ def build_step(spec):
     from gpt_tf.config import get_size
 
     config = get_size(spec["preset"])
+    if spec.get("attn_pdrop", -1) >= 0:  # every stack alike (0: the fused attention on JAX)
+        config = config.replace(attn_pdrop=spec["attn_pdrop"])
     if spec["seq"] > config.n_ctx:
         raise ValueError(f"--seq={spec['seq']} exceeds n_ctx={config.n_ctx} of preset {spec['preset']}")
     if spec["stack"] == "torch":

@@ -36,6 +36,9 @@ It also reports how many generated tokens the stacks share.
 ``--jax``: ours on JAX too (``KERAS_BACKEND=jax``, compiled as pre-training on JAX compiles it) as one more stack of
 every pre-training group, its own column; the goals stay TensorFlow's.
 
+``--attn_pdrop=0``: the pre-training steps without attention dropout, every stack alike (the paper's 0.1 by
+default), so the fused attention runs where a backend has it.
+
 ``--base=REV``: ours as of commit ``REV`` as one more stack of every pre-training and fine-tuning group (its own
 temporary ``git worktree``, interleaved with the others), and a table of this checkout's ours against it.
 """
@@ -84,6 +87,8 @@ def define_flags():
     flags.DEFINE_integer("generate_threads", 1, "--mode=generate: threads of every stack (TF intra- and inter-op, "
                          "torch intra-op); one prompt's matrices are too small to share out well")
     flags.DEFINE_bool("jax", False, "also time ours on JAX (KERAS_BACKEND=jax) in every pre-training group")
+    flags.DEFINE_float("attn_pdrop", -1.0, "the pre-training steps' attention dropout, every stack alike (-1: the "
+                       "paper's 0.1; 0: the fused attention where the backend has it)")
     flags.DEFINE_string("base", None, "also time ours as of this commit (a temporary git worktree), interleaved")
     flags.DEFINE_string("worker", None, "internal: run as a worker with this JSON spec")
 
@@ -105,7 +110,7 @@ def pretraining(info: dict, preset: str, log, base=None) -> list:
     stacks += [{"stack": s, "rev": base[1], "code_root": base[0]} for s in ours] if base else []
     for precision in precisions(info, FLAGS.precisions):
         specs = [{"kind": "train", **stack, "preset": preset, "precision": precision, "threads": os.cpu_count(),
-                  "torch_adamw": "fused", "warmup": FLAGS.warmup, "steps": steps, **SIZES[preset]} for stack in stacks]
+                  "torch_adamw": "fused", "attn_pdrop": FLAGS.attn_pdrop, "warmup": FLAGS.warmup, "steps": steps, **SIZES[preset]} for stack in stacks]
         log(f"pre-training {preset} {precision}, batch {SIZES[preset]['batch']} x {SIZES[preset]['seq']}")
         rows += run_group(specs, 0.1, steps, log)
     summarise(rows, {p: float("nan") for p in ("float32", "bfloat16")}, 0.1)

@@ -8,7 +8,7 @@ Each checkout loads its own shipped presets (``gpt1_tiny_books_en``, ``gpt1_smal
 as a user would (``GPT1CausalLM.from_preset``), and writes the float32 logits of four book sentences, tokenized
 by the preset's own tokenizer and padded to one length, for every preset (``<name>`` in the ``.npz``). Two
 checkouts compare only on the same machine and TensorFlow settings (oneDNN on or off rounds differently): run both
-here with the same ``TF_ENABLE_ONEDNN_OPTS``.
+here with the same ``TF_ENABLE_ONEDNN_OPTS``. ``KERAS_BACKEND`` picks the backend both run on.
 """
 
 from __future__ import annotations
@@ -29,6 +29,7 @@ TEXTS = ["the old man walked slowly into the room and looked at the fire .",
 
 def logits(out: str) -> None:
     """In the checkout's own process: every shipped preset's logits into ``out``."""
+    import keras
     import numpy as np
 
     import gpt_tf
@@ -37,8 +38,8 @@ def logits(out: str) -> None:
     for name in PRESETS:
         lm = gpt_tf.GPT1CausalLM.from_preset(name)
         features = lm.preprocessor.generate_preprocess(TEXTS, sequence_length=24)
-        arrays[name] = np.asarray(lm({"token_ids": features["token_ids"], "padding_mask": features["padding_mask"]}),
-                                  np.float32)
+        logits_ = lm({"token_ids": features["token_ids"], "padding_mask": features["padding_mask"]})
+        arrays[name] = np.asarray(keras.ops.convert_to_numpy(logits_), np.float32)
     np.savez(out, **arrays)
 
 
