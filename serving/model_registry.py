@@ -21,7 +21,8 @@ version appears there.
 
 ``reconfigure`` serves a new model list, as TF Serving's ReloadConfig does (a config file read again,
 or a HandleReloadConfigRequest): models added are loaded, models removed are unloaded, a changed
-version policy takes effect, all in one load pass; then the version labels are set. A label must
+version policy takes effect, all in one load pass; then the version labels are set, and only then are the versions
+no longer wanted unloaded (so a label moved off a version in the same change never names it while it goes). A label must
 name an AVAILABLE version (TF Serving's FAILED_PRECONDITION otherwise, and the labels before stay),
 except that with ``allow_labels_for_unavailable`` a new label, or one that keeps its version, may
 name any version. The labels are checked after the load pass, so a version can be loaded and
@@ -91,8 +92,11 @@ class ModelRegistry:
         Raises ``ServingError`` (FAILED_PRECONDITION) for a label it refuses; the models are served regardless."""
         with self._passes:
             self._set_models(configs)
-            self.poll()
-            self._set_labels(configs)
+            self._poll(unload=False)
+            try:
+                self._set_labels(configs)
+            finally:  # the versions no longer wanted go after the labels moved off them, not before
+                self._poll()
 
     def _set_models(self, configs) -> None:
         """Adds and removes models (a model whose base path changed is removed and added again)."""
@@ -136,7 +140,7 @@ class ModelRegistry:
         with self._passes:
             self._poll()
 
-    def _poll(self) -> None:
+    def _poll(self, unload: bool = True) -> None:
         for name, config in self.configs.items():
             self._check_base_path(name, config.base_path)
             wanted = config.aspired(versions(config.base_path))
@@ -151,7 +155,7 @@ class ModelRegistry:
                         or self._changed_since_given_up(name, version, path)):
                     self._load(name, version, path)
             # Availability first: the old versions go once a wanted one serves (or none is on disk any more).
-            if not wanted or any(v in self._available[name] for v in wanted):
+            if unload and (not wanted or any(v in self._available[name] for v in wanted)):
                 for version in [v for v in list(self._available[name]) if v not in wanted]:
                     self._unload(name, version)
 

@@ -268,3 +268,23 @@ def test_allow_version_labels_for_unavailable_models_lets_only_new_labels_wait(v
         lenient.reconfigure(configs({"stable": 3, "next": 3}))  # stable is in use: it moves only to a live version
     assert lenient.servable("m", label="stable").version == 1
     lenient.stop()
+
+
+def test_a_label_moves_before_the_version_it_left_is_unloaded(versions_root):
+    """One change that drops version 1 and moves ``stable`` 1 -> 2: at no moment does ``stable`` name an unloaded
+    version (the unload comes after the labels moved)."""
+    base = str(versions_root / "m")
+    registry = ModelRegistry([ModelConfig("m", base, "specific", versions=(1,))], log=lambda _: None)
+    registry.reconfigure([ModelConfig("m", base, "specific", versions=(1,), labels=(("stable", 1),))])
+    seen, unload = [], registry._unload  # pylint: disable=protected-access
+
+    def watched(name, version):
+        seen.append((version, registry.servable(name, label="stable").version))  # stable while version goes
+        unload(name, version)
+
+    registry._unload = watched  # pylint: disable=protected-access
+    registry.reconfigure([ModelConfig("m", base, "specific", versions=(2,), labels=(("stable", 2),))])
+    assert seen == [(1, 2)], seen
+    assert registry.servable("m", label="stable").version == 2
+    registry._unload = unload  # pylint: disable=protected-access
+    registry.stop()
