@@ -138,6 +138,13 @@ def test_a_run_folder_resumes_under_any_name(trained, tmp_path):
     for spelling in (f"{run_dir}/", os.path.relpath(run_dir) + "/", f"{tmp_path}/elsewhere"):
         configs = {**saved, "train_config.json": {**saved["train_config.json"], "run_dir": spelling}}
         assert resume_problems(str(run_dir), configs) == [], spelling
+    older = tmp_path / "older"  # a run saved before a model field existed (pad_vocab_to) resumes at its default
+    shutil.copytree(run_dir, older)
+    model = {k: v for k, v in saved["model_config.json"].items() if k != "pad_vocab_to"}
+    (older / "model_config.json").write_text(json.dumps(model))
+    assert resume_problems(str(older), saved) == []
+    assert resume_problems(str(older), {"model_config.json": {**model, "pad_vocab_to": 128}})[0].endswith(
+        "pad_vocab_to is 1 in the run, 128 in this command")
     moved = tmp_path / "moved"
     shutil.copytree(run_dir, moved)
     relative = os.path.relpath(moved, ROOT) + "/"  # the CLI runs from the repository root

@@ -130,9 +130,11 @@ def resume_problems(run_dir: str, configs: dict) -> list[str]:
         with open(path) as f:
             old = json.load(f)
         allowed |= RESUMABLE.get(name, frozenset())
+        # a model field newer than the run's file is at its default there (as GPTConfig reads the file)
+        saved = {**(dataclasses.asdict(GPTConfig()) if name == MODEL_CONFIG else {}), **old}
         for key, value in sorted(_plain(new).items()):  # the command's fields (a config's defaults are the code's)
-            if key not in RESUMABLE.get(name, ()) and old.get(key) != value:
-                out.append(f"{path}: {key} is {json.dumps(old.get(key))} in the run, {json.dumps(value)} in this command")
+            if key not in RESUMABLE.get(name, ()) and saved.get(key) != value:
+                out.append(f"{path}: {key} is {json.dumps(saved.get(key))} in the run, {json.dumps(value)} in this command")
     if out:
         may = f"only --{', --'.join(sorted(allowed))} may change" if allowed else "no flag of the model may change"
         out.append(f"{run_dir} holds checkpoints of another configuration: resume it with its own flags ({may}), "
