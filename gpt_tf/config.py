@@ -24,7 +24,18 @@ MODEL_TYPES = ("gpt", "lstm")
 
 @dataclasses.dataclass(frozen=True)
 class GPTConfig:
-    """Hyper-parameters of the GPT decoder. Field names follow the paper's code."""
+    """Hyper-parameters of the GPT decoder. Field names follow the paper's code.
+
+    ``pad_vocab_to`` (default 1: off; no size turns it on) pads the vocabulary inside the model, for GPU runs, whose
+    matmuls are faster when the LM head's output width is a multiple of 128 (``small``'s 16,004 and GPT-1's 40,482 rows
+    are not): in training, the tied LM head multiplies by the token table zero-padded to ``padded_vocab`` rows and
+    gives logits ``[..., padded_vocab]`` whose columns from ``total_vocab`` on are -1e9, so the softmax, the
+    cross-entropy and an argmax never give them probability (``gpt_tf/nn/embedding.py``). Outside training the head
+    is the unpadded one, ``[..., total_vocab]``, the same values: generation, scoring, evaluation and the export read
+    the real width, and a trained model's outputs do not depend on the setting. The token table keeps its
+    ``[total_vocab, n_embd]`` shape (presets, weight files, conversions and tokenizers are unchanged), and
+    ``n_params`` and ``flops_per_token`` count the real vocabulary.
+    """
 
     vocab_size: int = 40478  # BPE tokens; special tokens come after these ids.
     n_special: int = len(SPECIAL_TOKENS)
@@ -39,6 +50,8 @@ class GPTConfig:
     layer_norm_epsilon: float = 1e-5
     init_std: float = 0.02
     model_type: str = "gpt"  # "gpt": transformer blocks; "lstm": the LSTM baseline
+    # The LM head's width in training rounded up to a multiple of this (1: no padding; e.g. 128 for a GPU run).
+    pad_vocab_to: int = 1
 
     def __post_init__(self):
         problems = []
@@ -49,6 +62,8 @@ class GPTConfig:
         for name in ("vocab_size", "n_ctx", "n_embd", "n_layer", "n_head", "d_ff"):
             if getattr(self, name) <= 0:
                 problems.append(f"{name} must be positive, got {getattr(self, name)}")
+        if isinstance(self.pad_vocab_to, bool) or not isinstance(self.pad_vocab_to, int) or self.pad_vocab_to < 1:
+            problems.append(f"pad_vocab_to must be a positive int, got {self.pad_vocab_to!r}")
         if self.n_special < 0:
             problems.append(f"n_special must be >= 0, got {self.n_special}")
         for name in ("embd_pdrop", "attn_pdrop", "resid_pdrop"):
@@ -61,6 +76,11 @@ class GPTConfig:
     def total_vocab(self) -> int:
         """Rows of the token embedding: BPE tokens plus special tokens."""
         return self.vocab_size + self.n_special
+
+    @property
+    def padded_vocab(self) -> int:
+        """The LM head's width in training: ``total_vocab`` rounded up to a multiple of ``pad_vocab_to``."""
+        return -(-self.total_vocab // self.pad_vocab_to) * self.pad_vocab_to
 
     def special_id(self, name: str) -> int:
         """Id of a special token (``start``, ``delimiter``, ``extract`` or ``pad``)."""

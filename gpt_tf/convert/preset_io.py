@@ -29,13 +29,17 @@ PRESET_ALIASES = {"books_tiny": "gpt1_tiny_books_en"}  # earlier names of shippe
 _NAMES = {"n_special": "num_special_tokens", "n_ctx": "max_sequence_length", "n_embd": "hidden_dim",
           "n_layer": "num_layers", "n_head": "num_heads", "d_ff": "intermediate_dim",
           "embd_pdrop": "embedding_dropout", "attn_pdrop": "attention_dropout", "resid_pdrop": "dropout",
-          "layer_norm_epsilon": "layer_norm_epsilon", "init_std": "init_std"}
+          "layer_norm_epsilon": "layer_norm_epsilon", "init_std": "init_std", "pad_vocab_to": "pad_vocabulary_to"}
+_OMITTED_AT_DEFAULT = ("pad_vocab_to",)  # written only when set: configs without it are as before and load as before
 
 
 def backbone_kwargs(config: GPTConfig) -> dict:
     """``GPT1Backbone``'s arguments for ``config``: ``vocabulary_size`` counts the special-token rows (the model
-    type is the class's: ``GPT1Backbone`` or the LSTM baseline's subclass)."""
-    return {"vocabulary_size": config.total_vocab, **{new: getattr(config, old) for old, new in _NAMES.items()}}
+    type is the class's: ``GPT1Backbone`` or the LSTM baseline's subclass); ``pad_vocabulary_to`` only when it is
+    not 1 (a config without it, as every config before it, reads as 1)."""
+    return {"vocabulary_size": config.total_vocab,
+            **{new: getattr(config, old) for old, new in _NAMES.items()
+               if old not in _OMITTED_AT_DEFAULT or getattr(config, old) != getattr(GPTConfig, old)}}
 
 
 def config_from_kwargs(kwargs: dict, model_type: str = "gpt") -> GPTConfig:

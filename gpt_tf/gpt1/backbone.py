@@ -65,6 +65,9 @@ class GPT1Backbone(TakesTokenIds, FindsPresets, keras_hub.models.Backbone):
         dropout: residual dropout; ``attention_dropout`` and ``embedding_dropout`` likewise (0.1).
         layer_norm_epsilon: 1e-5.
         init_std: the weights' N(0, init_std) initialisation (0.02).
+        pad_vocabulary_to: in training, the LM head's width rounded up to a multiple of this, the extra columns
+            -1e9 (``GPTConfig.pad_vocab_to``: for GPU matmuls, e.g. 128); 1, the default, pads nothing. The token
+            table and every output outside training keep ``vocabulary_size``.
         dtype: e.g. ``"float32"`` or ``"mixed_bfloat16"``.
 
     ``enable_lora(rank)`` puts low-rank adapters on the fused query/key/value projections (``c_attn``) and trains
@@ -87,18 +90,20 @@ class GPT1Backbone(TakesTokenIds, FindsPresets, keras_hub.models.Backbone):
 
     def __init__(self, vocabulary_size=40482, num_layers=12, num_heads=12, hidden_dim=768, intermediate_dim=3072,
                  max_sequence_length=512, dropout=0.1, attention_dropout=0.1, embedding_dropout=0.1,
-                 num_special_tokens=4, layer_norm_epsilon=1e-5, init_std=0.02, dtype=None, **kwargs):
+                 num_special_tokens=4, layer_norm_epsilon=1e-5, init_std=0.02, pad_vocabulary_to=1, dtype=None,
+                 **kwargs):
         config = config_from_kwargs(dict(
             vocabulary_size=vocabulary_size, num_layers=num_layers, num_heads=num_heads, hidden_dim=hidden_dim,
             intermediate_dim=intermediate_dim, max_sequence_length=max_sequence_length, dropout=dropout,
             attention_dropout=attention_dropout, embedding_dropout=embedding_dropout,
-            num_special_tokens=num_special_tokens, layer_norm_epsilon=layer_norm_epsilon, init_std=init_std),
+            num_special_tokens=num_special_tokens, layer_norm_epsilon=layer_norm_epsilon, init_std=init_std,
+            pad_vocabulary_to=pad_vocabulary_to),
             model_type=self.model_type)
         # === Layers ===
         c = config
         self.config = config
         self.embed = GPTEmbedding(c.total_vocab, c.n_ctx, c.n_embd, c.embd_pdrop, c.init_std, name="embed",
-                                  dtype=dtype)
+                                  dtype=dtype, pad_vocab_to=c.pad_vocab_to)
         self.blocks = [self.make_block(i, dtype) for i in range(c.n_layer)]
         # === Functional model ===
         token_ids = keras.Input(shape=(None,), dtype="int32", name="token_ids")

@@ -118,7 +118,9 @@ class GPT1TaskMixin(FindsPresets):
         (a real next token: what L1 counts), as ``"lm"`` ``[N, V]`` with their targets ``"lm_targets"`` [N] and
         weights ``"lm_target_weights"`` [N]: padding and the last token then cost no LM-head work (the fine-tuning
         loop's choice; on TensorFlow: the other backends compile for static shapes, and take every position as
-        with True, the same L1). Without the LM head the last block runs at the extract tokens only."""
+        with True, the same L1). In training with ``pad_vocab_to`` > 1 the LM logits are the padded head's
+        (``GPTEmbedding.logits``: ``V`` rounded up, the extra columns masked; the same L1). Without the LM head the
+        last block runs at the extract tokens only."""
         input_ids = ops.convert_to_tensor(features["input_ids"], "int32")
         self._check_views(input_ids)
         index = ops.convert_to_tensor(features["extract_index"], "int32")
@@ -135,9 +137,9 @@ class GPT1TaskMixin(FindsPresets):
             weights = ops.convert_to_tensor(features["lm_weights"], "float32")
             at_targets, outputs["lm_targets"], outputs["lm_target_weights"] = pieces.real_targets(states, input_ids,
                                                                                                weights)
-            outputs["lm"] = self.backbone.embed.logits(at_targets)
+            outputs["lm"] = self.backbone.embed.logits(at_targets, training=training)
         else:
-            outputs["lm"] = self.backbone.embed.logits(states)
+            outputs["lm"] = self.backbone.embed.logits(states, training=training)
         return outputs
 
     def call(self, inputs, training=False, mask=None):  # pylint: disable=unused-argument

@@ -4,6 +4,10 @@ the LM head, Eq. 2) and the learned position table, summed with embedding dropou
 In float mode the tables are read in their own (float32) dtype. ``quantize("int8")`` and ``enable_lora`` act on the
 token table as on any ``ReversibleEmbedding``; on TensorFlow the int8 LM head runs its int8 × int8 product as a
 float32 MatMul (``tf_pieces.int8_product``).
+
+With ``pad_vocab_to`` > 1 (``GPTConfig.pad_vocab_to``; off by default) the LM head pads the vocabulary in training
+(``GPTEmbedding.logits``): the token table, zero-padded to ``padded_vocab`` rows in the forward pass only (the
+variable keeps ``[total_vocab, n_embd]``), then the padded columns of the logits set to ``MASKED_LOGIT``.
 """
 
 from __future__ import annotations
@@ -13,6 +17,9 @@ from keras import ops
 
 from gpt_tf import backend
 from gpt_tf.nn.layers import PACKAGE, Dropout16, normal_init
+
+# The padded columns' logit: no probability after a softmax, and representable in bfloat16 (float16's: -6e4).
+MASKED_LOGIT = -1e9
 
 
 @keras.saving.register_keras_serializable(package=PACKAGE)
@@ -70,9 +77,12 @@ class GPTEmbedding(keras.layers.Layer):
     compute dtype (Keras's autocast would cast the whole token table to bfloat16 on every call first, and the sum
     would round twice under ``mixed_bfloat16``); the head casts the table to the states' dtype."""
 
-    def __init__(self, total_vocab, n_ctx, n_embd, embd_pdrop=0.1, init_std=0.02, **kwargs):
+    def __init__(self, total_vocab, n_ctx, n_embd, embd_pdrop=0.1, init_std=0.02, pad_vocab_to=1, **kwargs):
         super().__init__(**kwargs)
+        if isinstance(pad_vocab_to, bool) or not isinstance(pad_vocab_to, int) or pad_vocab_to < 1:
+            raise ValueError(f"pad_vocab_to must be a positive int, got {pad_vocab_to!r}")
         self.total_vocab = total_vocab
+        self.pad_vocab_to = pad_vocab_to
         self.n_ctx = n_ctx
         self.n_embd = n_embd
         self.embd_pdrop = embd_pdrop
@@ -100,6 +110,16 @@ class GPTEmbedding(keras.layers.Layer):
         """The token table (``[total_vocab, n_embd]``; the release's ``we`` rows before the positions)."""
         return self.token_embedding.embeddings
 
+    @property
+    def padded_vocab(self) -> int:
+        """The LM head's width in training: ``total_vocab`` rounded up to a multiple of ``pad_vocab_to``."""
+        return -(-self.total_vocab // self.pad_vocab_to) * self.pad_vocab_to
+
+    def pads(self, training) -> bool:
+        """Whether the LM head gives ``padded_vocab`` columns (``logits``): in training, with the float tables, when
+        ``padded_vocab`` > ``total_vocab``."""
+        return bool(training) and self.padded_vocab > self.total_vocab and self._float_tables()
+
     def _float_tables(self) -> bool:
         return self.token_embedding.quantization_mode is None and not self.token_embedding.lora_enabled
 
@@ -107,7 +127,7 @@ class GPTEmbedding(keras.layers.Layer):
         """Token + position embeddings of ``inputs`` (token ids ``[batch, length]``) at positions ``start_index`` on;
         with ``reverse=True``, the LM head's logits of ``inputs`` (states ``[..., n_embd]``; ``logits``)."""
         if reverse:
-            return self.logits(inputs)
+            return self.logits(inputs, training=training)
         length = ops.shape(inputs)[-1]
         if isinstance(start_index, int) and start_index == 0:
             positions = self.positions_embed[:length]
@@ -120,15 +140,34 @@ class GPTEmbedding(keras.layers.Layer):
             h = self.token_embedding(inputs) + ops.cast(positions, self.compute_dtype)
         return self.dropout(h, training=training)
 
-    def logits(self, h):
-        """The LM head tied to the token embedding: ``h @ W_eᵀ``."""
+    def logits(self, h, training=False):
+        """The LM head tied to the token embedding: ``h @ W_eᵀ``, ``[..., total_vocab]``.
+
+        In training with ``pad_vocab_to`` > 1 (``pads``), ``[..., padded_vocab]``: ``W_e`` zero-padded to
+        ``padded_vocab`` rows (a GPU matmul's width a multiple of 128, say), the columns from ``total_vocab`` on then
+        ``MASKED_LOGIT``, so a softmax, the cross-entropy (``objectives.lm_loss``) and an argmax never pick them;
+        the real columns are the unpadded head's. Every caller in training takes it so, the loss alone reading its
+        output: the language model's graph (``call(reverse=True)``), the tasks' LM logits at every position or at
+        the real next tokens only (TensorFlow's ``tf_pieces.real_targets``: the same head on fewer rows, where
+        padding is as correct and, on a GPU, as useful). Outside training the head is unpadded, so generation,
+        scoring and the export see ``total_vocab`` columns. The int8 and LoRA tables (``token_embedding``'s
+        ``reverse`` call, Keras's or ``tf_pieces.int8_product``) are never padded: the setting is for float
+        training."""
         if self._float_tables():
-            return ops.matmul(h, ops.transpose(ops.cast(self.tokens_embed, h.dtype)))
+            table = ops.cast(self.tokens_embed, h.dtype)
+            if not self.pads(training):
+                return ops.matmul(h, ops.transpose(table))
+            extra = self.padded_vocab - self.total_vocab
+            logits = ops.matmul(h, ops.transpose(ops.pad(table, [[0, extra], [0, 0]])))
+            masked = -6e4 if keras.backend.standardize_dtype(h.dtype) == "float16" else MASKED_LOGIT
+            return ops.add(logits, ops.concatenate([ops.zeros([self.total_vocab], h.dtype),
+                                                    ops.full([extra], masked, h.dtype)]))
         return ops.cast(self.token_embedding(h, reverse=True), h.dtype)
 
     def compute_output_spec(self, inputs, training=False, start_index=0, reverse=False):
         if reverse:
-            return keras.KerasTensor((*inputs.shape[:-1], self.total_vocab), dtype=self.compute_dtype)
+            width = self.padded_vocab if self.pads(training) else self.total_vocab
+            return keras.KerasTensor((*inputs.shape[:-1], width), dtype=self.compute_dtype)
         return keras.KerasTensor((*inputs.shape, self.n_embd), dtype=self.compute_dtype)
 
     def get_config(self):
@@ -139,4 +178,5 @@ class GPTEmbedding(keras.layers.Layer):
             "n_embd": self.n_embd,
             "embd_pdrop": self.embd_pdrop,
             "init_std": self.init_std,
+            "pad_vocab_to": self.pad_vocab_to,
         }
