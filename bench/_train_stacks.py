@@ -220,6 +220,8 @@ def build_step(spec):
     config = get_size(spec["preset"])
     if spec.get("attn_pdrop", -1) >= 0:  # every stack alike (0: the fused attention on JAX)
         config = config.replace(attn_pdrop=spec["attn_pdrop"])
+    if spec.get("pad_vocab_to", 1) > 1:  # ours alone: the peers' heads are their own
+        config = config.replace(pad_vocab_to=spec["pad_vocab_to"])
     if spec["seq"] > config.n_ctx:
         raise ValueError(f"--seq={spec['seq']} exceeds n_ctx={config.n_ctx} of preset {spec['preset']}")
     if spec["stack"] == "torch":

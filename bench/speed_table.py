@@ -37,7 +37,8 @@ It also reports how many generated tokens the stacks share.
 every pre-training group, its own column; the goals stay TensorFlow's.
 
 ``--attn_pdrop=0``: the pre-training steps without attention dropout, every stack alike (the paper's 0.1 by
-default), so the fused attention runs where a backend has it.
+default), so the fused attention runs where a backend has it. ``--pad_vocab_to=128``: ours' LM head padded in
+training (``GPTConfig.pad_vocab_to``).
 
 ``--base=REV``: ours as of commit ``REV`` as one more stack of every pre-training and fine-tuning group (its own
 temporary ``git worktree``, interleaved with the others), and a table of this checkout's ours against it.
@@ -89,6 +90,7 @@ def define_flags():
     flags.DEFINE_bool("jax", False, "also time ours on JAX (KERAS_BACKEND=jax) in every pre-training group")
     flags.DEFINE_float("attn_pdrop", -1.0, "the pre-training steps' attention dropout, every stack alike (-1: the "
                        "paper's 0.1; 0: the fused attention where the backend has it)")
+    flags.DEFINE_integer("pad_vocab_to", 1, "ours' LM head padded to a multiple of this in training (1: none)")
     flags.DEFINE_string("base", None, "also time ours as of this commit (a temporary git worktree), interleaved")
     flags.DEFINE_string("worker", None, "internal: run as a worker with this JSON spec")
 
@@ -110,7 +112,8 @@ def pretraining(info: dict, preset: str, log, base=None) -> list:
     stacks += [{"stack": s, "rev": base[1], "code_root": base[0]} for s in ours] if base else []
     for precision in precisions(info, FLAGS.precisions):
         specs = [{"kind": "train", **stack, "preset": preset, "precision": precision, "threads": os.cpu_count(),
-                  "torch_adamw": "fused", "attn_pdrop": FLAGS.attn_pdrop, "warmup": FLAGS.warmup, "steps": steps, **SIZES[preset]} for stack in stacks]
+                  "torch_adamw": "fused", "attn_pdrop": FLAGS.attn_pdrop, "pad_vocab_to": FLAGS.pad_vocab_to,
+                  "warmup": FLAGS.warmup, "steps": steps, **SIZES[preset]} for stack in stacks]
         log(f"pre-training {preset} {precision}, batch {SIZES[preset]['batch']} x {SIZES[preset]['seq']}")
         rows += run_group(specs, 0.1, steps, log)
     summarise(rows, {p: float("nan") for p in ("float32", "bfloat16")}, 0.1)

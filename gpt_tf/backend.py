@@ -78,6 +78,21 @@ def tf_pieces():
     return pieces
 
 
+def draws16(shape, seed_generator):
+    """Uniform int32 draws in [-32768, 32768), 16 random bits each, from ``seed_generator`` (a
+    ``keras.random.SeedGenerator``), off TensorFlow (whose stream is ``tf_pieces.dropout16``'s). On JAX from
+    ``jax.random.bits`` at 16 bits (half a threefry word per element; ``keras.random.randint`` spends two words on
+    each, for an unbiased range); elsewhere ``keras.random.randint``."""
+    import keras  # pylint: disable=import-outside-toplevel
+
+    if name() == "jax":
+        import jax  # pylint: disable=import-outside-toplevel
+
+        bits = jax.random.bits(seed_generator.next(), tuple(shape), dtype="uint16")
+        return keras.ops.cast(bits, "int32") - 32768
+    return keras.random.randint(shape, -32768, 32768, dtype="int32", seed=seed_generator)
+
+
 def require_tensorflow(what: str) -> None:
     """Raises ``BackendError`` (one line) unless Keras runs on TensorFlow: ``what`` is TensorFlow's alone."""
     if not on_tensorflow():

@@ -62,6 +62,7 @@ PROBABILITY = Rule(lo=0, hi=1, hi_open=True)
 NUMERIC = {
     # model
     "n_ctx": Rule(lo=2, sentinel=0), "dropout": Rule(lo=0, hi=1, hi_open=True, sentinel=-1),
+    "attn_pdrop": Rule(lo=0, hi=1, hi_open=True, sentinel=-1), "pad_vocab_to": NON_NEGATIVE,
     # optimisation
     "batch_size": POSITIVE, "grad_accum_steps": POSITIVE, "train_steps": POSITIVE,
     "learning_rate": Rule(lo=0, hi=10.0), "warmup_steps": NON_NEGATIVE, "weight_decay": Rule(lo=0, hi=1),

@@ -309,9 +309,8 @@ def _pretrain_setup(setup: Setup) -> Setup:
 
     manifest = setup.manifest
     tokenizer = GPTTokenizer.from_dir(FLAGS.tokenizer_dir or manifest["tokenizer"]["dir"])
-    overrides = {"vocab_size": tokenizer.vocab_size, "n_ctx": FLAGS.n_ctx or int(manifest["n_ctx"])}
-    if FLAGS.dropout >= 0:
-        overrides.update(embd_pdrop=FLAGS.dropout, attn_pdrop=FLAGS.dropout, resid_pdrop=FLAGS.dropout)
+    overrides = {"vocab_size": tokenizer.vocab_size, "n_ctx": FLAGS.n_ctx or int(manifest["n_ctx"]),
+                 **train_flags.model_overrides()}
     problems = []
     if FLAGS.init_checkpoint:
         model_config, problems = continued_model_config(FLAGS.init_checkpoint, FLAGS.data_dir, overrides)
@@ -350,8 +349,7 @@ def _finetune_model_config(tokenizer_vocab):
             config = config.replace(n_ctx=FLAGS.n_ctx)
     else:
         config = get_size(FLAGS.model, vocab_size=tokenizer_vocab, **({"n_ctx": FLAGS.n_ctx} if FLAGS.n_ctx else {}))
-    if FLAGS.dropout >= 0:
-        config = config.replace(embd_pdrop=FLAGS.dropout, attn_pdrop=FLAGS.dropout, resid_pdrop=FLAGS.dropout)
+    config = config.replace(**train_flags.model_overrides())
     if config.vocab_size != tokenizer_vocab:
         sys.exit(f"gpt_tf.train: the model has {config.vocab_size} BPE tokens but {FLAGS.data_dir} was tokenized "
                  f"with {tokenizer_vocab}: rebuild it with the pre-trained model's tokenizer")

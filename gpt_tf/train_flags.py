@@ -53,6 +53,10 @@ def define_flags() -> None:
                         "lstm_tiny or lstm_test for the LSTM baseline.")
     flags.DEFINE_integer("n_ctx", 0, "Override the model size's context length (0: keep).")
     flags.DEFINE_float("dropout", -1.0, "Override embedding/attention/residual dropout (-1: keep 0.1).")
+    flags.DEFINE_float("attn_pdrop", -1.0, "Override the attention dropout alone, after --dropout (-1: keep). 0 lets "
+                       "training on JAX or PyTorch run the fused (flash, where the device has it) attention kernel.")
+    flags.DEFINE_integer("pad_vocab_to", 0, "In training, the LM head's width rounded up to a multiple of this, the "
+                         "extra columns masked (GPU matmuls: 128); 0: keep the model's (1, no padding).")
     flags.DEFINE_string("data_dir", None, "TFRecords from `python -m pipelines.pretrain_data` (has manifest.json).")
     flags.DEFINE_bool("verify_data", True, "Check every data file's sha256 against its manifest before training or "
                       "evaluating (false: skip, for huge sets).")
@@ -153,6 +157,19 @@ def combination_problems() -> list[str]:
     elif FLAGS.zero_shot_tasks:
         problems += zero_shot_config().problems()
     return problems
+
+
+def model_overrides() -> dict:
+    """The model config's fields the dropout and vocabulary-padding flags override (``GPTConfig.replace``'s
+    keywords)."""
+    out = {}
+    if FLAGS.dropout >= 0:
+        out.update(embd_pdrop=FLAGS.dropout, attn_pdrop=FLAGS.dropout, resid_pdrop=FLAGS.dropout)
+    if FLAGS.attn_pdrop >= 0:
+        out["attn_pdrop"] = FLAGS.attn_pdrop
+    if FLAGS.pad_vocab_to:
+        out["pad_vocab_to"] = FLAGS.pad_vocab_to
+    return out
 
 
 def on_keras_fit() -> bool:

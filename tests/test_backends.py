@@ -85,6 +85,45 @@ def _tensorflow_only_features_raise(models: dict, folder: Path) -> list:
             error(lambda: backend.use_tensorflow_for_command("gpt_tf.train"))]
 
 
+def _fast_paths(backbone) -> dict:
+    """The speed paths of this backend against the written-out arithmetic: the fused attention (training without
+    attention dropout, where the backend takes it), ``Dropout16``'s masks, the cross-entropy without a float32 copy."""
+    import keras
+    from keras import ops
+
+    from gpt_tf.gpt1.build import backbone_for
+    from gpt_tf.nn import layers
+    from gpt_tf.nn.objectives import token_cross_entropy
+
+    quiet = backbone_for(backbone.config.replace(embd_pdrop=0.0, attn_pdrop=0.0, resid_pdrop=0.0))
+    quiet.set_weights(backbone.get_weights())
+    ids = np.random.default_rng(0).integers(0, backbone.config.vocab_size, (3, 16)).astype("int32")
+    calls, attention = [], ops.dot_product_attention
+    layers.ops.dot_product_attention = lambda *a, **k: calls.append(1) or attention(*a, **k)
+    try:
+        fused = ops.convert_to_numpy(quiet(ids, training=True))
+    finally:
+        layers.ops.dot_product_attention = attention
+    for layer in quiet._flatten_layers():  # pylint: disable=protected-access
+        if isinstance(layer, layers.CausalSelfAttention):
+            layer.fused = lambda training: False
+    written = ops.convert_to_numpy(quiet(ids, training=True))
+    dropout, ones = layers.Dropout16(0.1, seed=1), ops.ones((256, 1024))
+    masks = [ops.convert_to_numpy(dropout(ones, training=True)) for _ in range(2)]
+    logits = keras.random.normal((4, 7, 300), stddev=4.0, seed=2)
+    targets = np.random.default_rng(3).integers(0, 300, (4, 7))
+    keras_ce = keras.losses.sparse_categorical_crossentropy(targets, logits, from_logits=True)
+    half = ops.cast(logits, "bfloat16")
+    return {"fused_calls": len(calls), "fused_difference": float(np.abs(fused - written).max()),
+            "dropped": [float((m == 0).mean()) for m in masks],
+            "kept_values": sorted({round(float(v), 6) for v in np.unique(masks[0])}),
+            "masks_differ": bool((masks[0] != masks[1]).any()),
+            "ce_difference": float(np.abs(ops.convert_to_numpy(token_cross_entropy(logits, targets) - keras_ce)).max()),
+            "ce_bfloat16_dtype": str(ops.convert_to_numpy(token_cross_entropy(half, targets)).dtype),
+            "ce_bfloat16_difference": float(np.abs(ops.convert_to_numpy(
+                token_cross_entropy(half, targets) - token_cross_entropy(ops.cast(half, "float32"), targets))).max())}
+
+
 def _loaded(folder: Path, name: str) -> dict:
     """The logits of the classifier that backend ``name`` fitted and saved, loaded here."""
     import gpt_tf
@@ -121,6 +160,7 @@ def child(name: str, folder: Path) -> None:
     report["fit"] = {"loss": history["loss"], "optimizer": type(classifier.optimizer).__name__,
                      "logits": classifier.predict(TEXTS, verbose=0).tolist()}
     report["errors"] = _tensorflow_only_features_raise(models, folder)
+    report["fast_paths"] = _fast_paths(models["lm"].backbone)
     (folder / f"{name}.json").write_text(json.dumps(report))
 
 
@@ -194,6 +234,19 @@ def test_tensorflow_only_features_say_so_in_one_line(reports):
         assert "exporting GPT1TextClassifier" in errors[0] and f"Keras runs on {name}" in errors[0], errors[0]
         assert "clip_and_apply" in errors[1] and "KERAS_BACKEND=tensorflow" in errors[1], errors[1]
         assert f"imported on {name}" in errors[2], errors[2]
+
+
+@pytest.mark.parametrize("name", BACKENDS)
+def test_the_fast_paths_compute_the_written_out_arithmetic(reports, name):
+    """The fused attention where the backend takes it (JAX, PyTorch; TensorFlow keeps its own pieces), 16-bit dropout
+    masks at the exact rate, the cross-entropy without a float32 copy of the logits."""
+    fast = reports[name]["fast_paths"]
+    assert fast["fused_calls"] == (0 if name == "tensorflow" else 2), fast  # the test size's two blocks
+    assert fast["fused_difference"] <= 2e-5, fast
+    assert all(abs(d - 0.1) < 0.003 for d in fast["dropped"]) and fast["masks_differ"], fast
+    assert fast["kept_values"] == [0.0, round(1 / 0.9, 6)], fast
+    assert fast["ce_difference"] <= 1e-5, fast
+    assert fast["ce_bfloat16_dtype"] == "float32" and fast["ce_bfloat16_difference"] <= 1e-5, fast
 
 
 def test_the_command_lines_take_tensorflow_and_say_so(monkeypatch):

@@ -25,13 +25,17 @@ from gpt_tf import backend
 from gpt_tf.gpt1.backbone import GPT1Backbone, TakesTokenIds
 from gpt_tf.gpt1.causal_lm_preprocessor import GPT1CausalLMPreprocessor
 from gpt_tf.nn.layers import PACKAGE
+from gpt_tf.nn.objectives import TokenCrossEntropy
 from gpt_tf.convert.preset_io import FindsPresets
 
 
 @keras.saving.register_keras_serializable(package=PACKAGE)
 class GPT1CausalLM(TakesTokenIds, FindsPresets, keras_hub.models.CausalLM):
     """GPT-1's language model (Eq. 1–2): ``{"token_ids", "padding_mask"}`` → next-token logits
-    ``[B, T, vocabulary_size]``; ``generate()`` takes and returns strings.
+    ``[B, T, vocabulary_size]``; ``generate()`` takes and returns strings. In training with the backbone's
+    ``pad_vocabulary_to`` > 1 the logits are ``[B, T, padded]``, the columns past ``vocabulary_size`` -1e9
+    (``GPTEmbedding.logits``; the loss reads them as it reads the real width); outside training, and so in
+    generation, they are never padded.
 
     Generation samples with the ``sampler`` given to ``compile`` (keras-hub's, default top-k; one that picks one
     token per step: greedy, top-k, top-p, random) and never picks a special token (they are not text). A key/value
@@ -68,6 +72,10 @@ class GPT1CausalLM(TakesTokenIds, FindsPresets, keras_hub.models.CausalLM):
             self.compile()
 
     def compile(self, optimizer="auto", loss="auto", *, weighted_metrics="auto", sampler="top_k", **kwargs):
+        """keras-hub's ``CausalLM.compile``; ``loss="auto"`` is Eq. 1's ``TokenCrossEntropy`` (keras-hub's sparse
+        cross-entropy's values, without a float32 log-softmax of every logit)."""
+        if loss == "auto":
+            loss = TokenCrossEntropy()
         if backend.on_tensorflow():  # no XLA on TensorFlow: the fused kernels and the exported graphs are plain ops
             kwargs.setdefault("jit_compile", False)
         super().compile(optimizer=optimizer, loss=loss, weighted_metrics=weighted_metrics, sampler=sampler, **kwargs)

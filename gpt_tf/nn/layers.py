@@ -162,7 +162,7 @@ class Dropout16(keras.layers.Dropout):
     Keeps an element iff its 16-bit draw is ≥ rate·2^16, so the drop rate is exact to 2^-16 (Keras
     draws a uniform in the input dtype, which under bfloat16 drops ~10.2% for rate 0.1). On TensorFlow the bits
     are TF's Philox stream, the same as the fused kernel's where it runs (``tf_pieces.dropout16``); on the other
-    backends, ``keras.random.randint``'s.
+    backends, ``backend.draws16``'s (on JAX 16 random bits, where ``keras.random.randint`` would draw 64).
     """
 
     def call(self, inputs, training=False):
@@ -172,7 +172,7 @@ class Dropout16(keras.layers.Dropout):
         pieces = backend.tf_pieces()
         if pieces is not None:  # TF's Philox stream, or the fused kernel (gpt_tf/nn/tf_pieces.py)
             return pieces.dropout16(inputs, self.seed_generator.next(), threshold, scale)
-        draws = keras.random.randint(ops.shape(inputs), -32768, 32768, dtype="int32", seed=self.seed_generator)
+        draws = backend.draws16(ops.shape(inputs), self.seed_generator)
         return ops.where(draws >= threshold, inputs * ops.cast(scale, inputs.dtype), ops.zeros_like(inputs))
 
 
@@ -198,6 +198,14 @@ class CausalSelfAttention(keras.layers.Layer):
         self.c_proj = Conv1D(d, self.init_std, name="c_proj", dtype=self.dtype_policy)
         self.c_proj.build(input_shape)
 
+    def fused(self, training) -> bool:
+        """Whether the whole-sequence attention runs as ``keras.ops.dot_product_attention`` (causal; the backend's
+        flash kernel where it has one for the device and dtype, cuDNN's on a GPU under JAX, else its exact XLA
+        or SDPA arithmetic): on JAX and PyTorch, where no attention dropout is drawn (inference, or
+        ``attn_pdrop`` 0). The paper's attention dropout needs the probabilities, so it takes the written-out
+        path; so does TensorFlow, whose ``dot_product_attention`` is the same einsums without its faster pieces."""
+        return backend.tf_pieces() is None and (not training or self.attn_pdrop == 0)
+
     def call(self, x, training=False, positions=None, cache=None, cache_update_index=None):
         """``x`` [batch, length, d] -> [batch, length, d]; with ``positions`` [batch] (int32), only the
         output at that position of each row, [batch, 1, d] (its query against all keys up to it).
@@ -215,6 +223,10 @@ class CausalSelfAttention(keras.layers.Layer):
         def split_heads(t):  # [batch, length, d] -> [batch, heads, length, head]
             return ops.transpose(ops.reshape(t, (batch, length, self.n_head, head)), (0, 2, 1, 3))
 
+        if cache_update_index is None and positions is None and self.fused(training):
+            q, k, v = (ops.reshape(t, (batch, length, self.n_head, head)) for t in ops.split(self.c_attn(x), 3, axis=-1))
+            out = ops.dot_product_attention(q, k, v, scale=1.0 / math.sqrt(head), is_causal=True)
+            return self.resid_dropout(self.c_proj(ops.reshape(out, (batch, length, d))), training=training)
         q, k, v = (split_heads(t) for t in ops.split(self.c_attn(x), 3, axis=-1))
         if cache_update_index is not None and cache is not None:  # one new token; the keys up to it are visible
             if x.shape[1] not in (1, None):

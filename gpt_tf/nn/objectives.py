@@ -30,7 +30,7 @@ def lm_loss(logits, targets, weights=None):
     Returns ``(sum_of_losses, sum_of_weights)`` so callers can average across replicas and
     micro-batches exactly.
     """
-    losses = token_cross_entropy(ops.cast(logits, "float32"), targets)
+    losses = token_cross_entropy(logits, targets)
     if weights is None:
         weights = ops.ones_like(losses)
     weights = ops.cast(weights, "float32")
@@ -38,17 +38,33 @@ def lm_loss(logits, targets, weights=None):
 
 
 def token_cross_entropy(logits, targets):
-    """``-log softmax(logits)[target]`` per position: float32 ``logits`` [..., V], int ``targets`` [...].
+    """``-log softmax(logits)[target]`` per position, in float32: ``logits`` [..., V] (any float dtype), int
+    ``targets`` [...].
 
-    Keras's sparse cross-entropy; on TensorFlow the same values and gradient (``softmax - one_hot(target)``) by
-    oneDNN's softmax and a written-out gradient, ~3x faster on a CPU and never a log of an underflowed
-    probability (``tf_pieces.token_cross_entropy``).
+    ``logsumexp(logits) - logits[target]``, the float32 cast inside the reduction: under XLA (JAX) no float32 copy
+    of the logits is made, forward or backward, where Keras's sparse cross-entropy writes a float32 log-softmax of
+    them all. On TensorFlow the same values and gradient (``softmax - one_hot(target)``) by oneDNN's softmax and a
+    written-out gradient, ~3x faster on a CPU and never a log of an underflowed probability
+    (``tf_pieces.token_cross_entropy``).
     """
     pieces = backend.tf_pieces()
     if pieces is not None:
-        return pieces.token_cross_entropy(logits, targets)
-    return keras.losses.sparse_categorical_crossentropy(ops.cast(targets, "int32"), ops.cast(logits, "float32"),
-                                                        from_logits=True)
+        return pieces.token_cross_entropy(ops.cast(logits, "float32"), targets)
+    picked = ops.take_along_axis(logits, ops.expand_dims(ops.cast(targets, "int32"), -1), axis=-1)[..., 0]
+    return ops.logsumexp(ops.cast(logits, "float32"), axis=-1) - ops.cast(picked, "float32")
+
+
+@keras.saving.register_keras_serializable(package="gpt_tf")
+class TokenCrossEntropy(keras.losses.Loss):
+    """Eq. 1's per-token loss (``token_cross_entropy``) as a Keras loss: the language model's ``compile()`` default,
+    in place of keras-hub's ``SparseCategoricalCrossentropy(from_logits=True)`` (the same values; the reduction,
+    padding weights included, is Keras's)."""
+
+    def __init__(self, name="token_cross_entropy", reduction="sum_over_batch_size", dtype=None):
+        super().__init__(name=name, reduction=reduction, dtype=dtype)
+
+    def call(self, y_true, y_pred):
+        return token_cross_entropy(y_pred, y_true)
 
 
 # ---------------------------------------------------------------------- Eq. 5: fine-tuning
