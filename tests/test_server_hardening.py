@@ -251,7 +251,7 @@ def burst(clients, kinds, total: int, seconds: float) -> int:
 
 def test_memory_is_flat_under_malformed_traffic(server):
     """Malformed requests of every kind until RSS settles (the allocator's arenas fill up), then 5,000
-    more: RSS within ±8%. A check for gross leaks of the whole process (TensorFlow's side included);
+    more: RSS at most 8% above. A check for gross leaks of the whole process (TensorFlow's side included);
     slow leaks in the Python request path are the next test's job, which measures them exactly.
 
     One request in 45 has a 1 MB body (``bench.soak`` sends more of them, for minutes). RSS keeps
@@ -275,7 +275,8 @@ def test_memory_is_flat_under_malformed_traffic(server):
     done = burst(clients, bad, 5000, 240)
     end = server_stats(proc.pid)["rss_mb"]
     assert done == 5000 and proc.poll() is None
-    assert abs(end / after_warmup - 1) <= 0.08, {"warm-up": readings, "end": end}
+    # a leak grows RSS; the allocator handing pages back lowers it (by 16% once, on a loaded CI machine)
+    assert end / after_warmup - 1 <= 0.08, {"warm-up": readings, "end": end}
 
 
 def rest_front_growth(folder: str, windows: int = 2, per_window: int = 500) -> list:
