@@ -22,6 +22,18 @@ SPECIAL_TOKENS = ("start", "delimiter", "extract", "pad")
 MODEL_TYPES = ("gpt", "lstm")
 
 
+def pad_vocab_problem(pad_vocab_to) -> str:
+    """What is wrong with a ``pad_vocab_to`` value ("" when nothing): a positive int, bools refused."""
+    if isinstance(pad_vocab_to, bool) or not isinstance(pad_vocab_to, int) or pad_vocab_to < 1:
+        return f"pad_vocab_to must be a positive int, got {pad_vocab_to!r}"
+    return ""
+
+
+def padded_width(total_vocab: int, pad_vocab_to: int) -> int:
+    """``total_vocab`` rounded up to a multiple of ``pad_vocab_to``: the LM head's width in training."""
+    return -(-total_vocab // pad_vocab_to) * pad_vocab_to
+
+
 @dataclasses.dataclass(frozen=True)
 class GPTConfig:
     """Hyper-parameters of the GPT decoder. Field names follow the paper's code.
@@ -62,8 +74,8 @@ class GPTConfig:
         for name in ("vocab_size", "n_ctx", "n_embd", "n_layer", "n_head", "d_ff"):
             if getattr(self, name) <= 0:
                 problems.append(f"{name} must be positive, got {getattr(self, name)}")
-        if isinstance(self.pad_vocab_to, bool) or not isinstance(self.pad_vocab_to, int) or self.pad_vocab_to < 1:
-            problems.append(f"pad_vocab_to must be a positive int, got {self.pad_vocab_to!r}")
+        if pad_vocab_problem(self.pad_vocab_to):
+            problems.append(pad_vocab_problem(self.pad_vocab_to))
         if self.n_special < 0:
             problems.append(f"n_special must be >= 0, got {self.n_special}")
         for name in ("embd_pdrop", "attn_pdrop", "resid_pdrop"):
@@ -80,7 +92,7 @@ class GPTConfig:
     @property
     def padded_vocab(self) -> int:
         """The LM head's width in training: ``total_vocab`` rounded up to a multiple of ``pad_vocab_to``."""
-        return -(-self.total_vocab // self.pad_vocab_to) * self.pad_vocab_to
+        return padded_width(self.total_vocab, self.pad_vocab_to)
 
     def special_id(self, name: str) -> int:
         """Id of a special token (``start``, ``delimiter``, ``extract`` or ``pad``)."""

@@ -16,6 +16,7 @@ import keras
 from keras import ops
 
 from gpt_tf import backend
+from gpt_tf.config import pad_vocab_problem, padded_width
 from gpt_tf.nn.layers import PACKAGE, Dropout16, normal_init
 
 # The padded columns' logit: no probability after a softmax, and representable in bfloat16 (float16's: -6e4).
@@ -79,8 +80,8 @@ class GPTEmbedding(keras.layers.Layer):
 
     def __init__(self, total_vocab, n_ctx, n_embd, embd_pdrop=0.1, init_std=0.02, pad_vocab_to=1, **kwargs):
         super().__init__(**kwargs)
-        if isinstance(pad_vocab_to, bool) or not isinstance(pad_vocab_to, int) or pad_vocab_to < 1:
-            raise ValueError(f"pad_vocab_to must be a positive int, got {pad_vocab_to!r}")
+        if pad_vocab_problem(pad_vocab_to):
+            raise ValueError(pad_vocab_problem(pad_vocab_to))
         self.total_vocab = total_vocab
         self.pad_vocab_to = pad_vocab_to
         self.n_ctx = n_ctx
@@ -113,7 +114,7 @@ class GPTEmbedding(keras.layers.Layer):
     @property
     def padded_vocab(self) -> int:
         """The LM head's width in training: ``total_vocab`` rounded up to a multiple of ``pad_vocab_to``."""
-        return -(-self.total_vocab // self.pad_vocab_to) * self.pad_vocab_to
+        return padded_width(self.total_vocab, self.pad_vocab_to)
 
     def pads(self, training) -> bool:
         """Whether the LM head gives ``padded_vocab`` columns (``logits``): in training, with the float tables, when
