@@ -37,7 +37,8 @@ class LMScorer:
     """Sums of continuation-token log-probabilities under ``lm``.
 
     ``lm``: a ``GPT1CausalLM`` (its backbone's states, then the tied head at the scored positions
-    only) or any callable from token ids to logits ``[B, T, V]`` with a ``config.n_ctx``.
+    only) or any callable from keras-hub's inputs ``{"token_ids", "padding_mask"}`` (``token_inputs``) to logits
+    ``[B, T, V]`` with a ``config.n_ctx``.
     """
 
     def __init__(self, lm, bos_id: int | None = None, batch_size: int = 32):
