@@ -100,7 +100,7 @@ class GPTAdamW(keras.optimizers.AdamW):
     def _get_current_learning_rate(self):
         steps = self.gradient_accumulation_steps
         if steps and isinstance(self._learning_rate, keras.optimizers.schedules.LearningRateSchedule):
-            return self._learning_rate(self._iterations // steps)
+            return self._learning_rate(self.iterations)  # updates, where Keras's schedules read micro-batches
         return super()._get_current_learning_rate()
 
     def _clip_gradients(self, grads):
@@ -151,9 +151,7 @@ class GPTAdamW(keras.optimizers.AdamW):
         variables that was ~270 more tiny graph ops per step, each costing the executor a few µs). TensorFlow's."""
         import tensorflow as tf  # pylint: disable=import-outside-toplevel
 
-        updates = self._iterations // self.gradient_accumulation_steps if self.gradient_accumulation_steps else \
-            self._iterations  # Adam's bias correction counts updates, not micro-batches
-        step = tf.cast(updates + 1, tf.float32)
+        step = tf.cast(self.iterations + 1, tf.float32)  # updates (Keras counts accumulated micro-batches as one)
         lr = tf.cast(learning_rate, tf.float32)
         beta_1, beta_2 = tf.constant(self.beta_1, tf.float32), tf.constant(self.beta_2, tf.float32)
         scalars = {"lr": lr, "decay": lr * (self.weight_decay or 0.0), "beta_1": beta_1, "beta_2": beta_2,
