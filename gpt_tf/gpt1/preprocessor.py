@@ -190,6 +190,8 @@ class GPT1TaskPreprocessor(keras_hub.models.TextClassifierPreprocessor):
     def _ids(self, value):
         """A field's token ids, ragged ``[N, None]`` (choices flattened): tokenized, or given as ids."""
         if value.dtype == tf.string:
+            if tf.executing_eagerly():  # called alone (not from `call`), `tokenize` would give Python lists
+                return self.tokenizer.encode_eagerly(value)
             return self.tokenizer.tokenize(tf.reshape(value, [-1]))
         if not isinstance(value, tf.RaggedTensor):
             value = tf.RaggedTensor.from_tensor(value)
