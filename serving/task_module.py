@@ -78,6 +78,9 @@ class TaskServingModule(tf.Module):
     def __init__(self, model, task: TaskSpec, preprocessor, name=None):
         super().__init__(name=name)
         self.model, self.task, self.preprocessor = model, task, preprocessor
+        # tracked here: the in-graph tokenizer's lookup tables (the Keras tokenizer keeps it untracked) are saved with
+        # the module, which its signatures capture
+        self.tokenizer = preprocessor.tokenizer.tf_tokenizer
         backbone = model.backbone
         if preprocessor.tokenizer.vocabulary_size() != backbone.vocabulary_size:
             raise ValueError(f"the tokenizer has {preprocessor.tokenizer.vocabulary_size()} ids (BPE + specials) but "
