@@ -183,7 +183,7 @@ def export_run(run_dir: str, base_path: str, model_name: str = "", version: int 
     run = open_run(run_dir, tokenizer_dir, data_dir)
     if run.kind == "finetune":
         model, task = load_task_model(run, precision)
-        return export_task_model(model, task, run.tokenizer, base_path, model_name or task.name, version)
+        return export_task_model(model, task, run.tokenizer_dir, base_path, model_name or task.name, version)
     lm = load_lm(run.model_config, run.path, precision)
     return export_lm(lm, run.tokenizer, base_path, model_name or "lm", version, top_k)
 
