@@ -205,7 +205,7 @@ class Pretrainer:
                 "loss": float(self._loss),
                 "perplexity": math.exp(min(float(self._loss), 50.0)),
                 "learning_rate": float(self.schedule(step - 1)),
-                "grad_norm": float(self.optimizer.global_norm),
+                "grad_norm": float(self.optimizer.global_norm.numpy()),  # float() refuses a distributed variable
                 "tokens_per_sec": (step - last) * c.batch_size * self.model_config.n_ctx / max(elapsed, 1e-9),
             }
             if self._callbacks:
