@@ -15,6 +15,7 @@ Keras's ops.
 
 from __future__ import annotations
 
+import contextlib
 import math
 import threading
 
@@ -114,7 +115,36 @@ class GPTAdamW(keras.optimizers.AdamW):
         if self.tensorflow_update:  # a gather's IndexedSlices summed per row: accumulation and the norm need them
             tf = backend.tf
             grads = [tf.convert_to_tensor(g) if isinstance(g, tf.IndexedSlices) else g for g in grads]
-        super()._backend_apply_gradients(grads, trainable_variables)
+            last = getattr(self._trace_state, "last_micro_batch", None)
+            if self.gradient_accumulation_steps and last is not None:
+                return self._accumulate_or_update(grads, trainable_variables, last)
+        return super()._backend_apply_gradients(grads, trainable_variables)
+
+    @contextlib.contextmanager
+    def micro_batch(self, last: bool):
+        """The ``apply`` traced inside (TensorFlow, ``gradient_accumulation_steps``) accumulates the gradients (``last``
+        False) or updates with the accumulated mean (``last`` True), as chosen here when traced rather than by Keras's
+        ``ops.cond`` on the micro-batch count: tf.distribute cannot run the update's collectives (the all-reduce, the
+        distributed update's merge_call) inside a cond. The command line's loop, whose micro-batches are unrolled,
+        traces each inside this (``gpt_tf.training.loop``)."""
+        self._trace_state.last_micro_batch = bool(last)
+        try:
+            yield
+        finally:
+            self._trace_state.last_micro_batch = None
+
+    def _accumulate_or_update(self, grads, variables, last: bool):
+        """Keras's gradient accumulation (``BaseOptimizer._backend_apply_gradients``), its branch chosen when traced
+        (``micro_batch``)."""
+        accumulated = [self._accumulated_gradients[self._get_variable_index(v)] for v in variables]
+        if not last:
+            self._backend_increment_gradient_accumulators(grads, accumulated)
+            return
+        steps = self.gradient_accumulation_steps
+        grads = self._clip_gradients([(g + a) / steps for g, a in zip(grads, accumulated)])
+        self._apply_weight_decay(variables)
+        self._backend_update_step(grads, variables, self.learning_rate)
+        self._backend_reset_gradient_accumulators()
 
     def _all_reduce_sum_gradients(self, grads_and_vars):
         return list(grads_and_vars)  # summed once, before the clipping (_backend_update_step)

@@ -114,15 +114,18 @@ class TrainLoop:
         then ``model.get_metrics_result()["loss"]`` (reset with ``model.reset_metrics()``), the gradient norm
         ``model.optimizer.global_norm``."""
         accum = self.grad_accum_steps
-        train_step = tf.function(model.train_step, jit_compile=True) if self.jit_compile else model.train_step
+        # One function per micro-batch: each is traced with its own choice of accumulating or updating (micro_batch)
+        steps = [tf.function(model.train_step, jit_compile=True) if self.jit_compile else model.train_step
+                 for _ in range(accum)]
 
         def replica(batch, stop):
             if accum == 1:
-                train_step(batch)
+                steps[0](batch)
             else:
                 micro = micro_batches(batch, accum)
-                for i in range(accum):  # unrolled: the optimizer's update (a collective) runs in the last
-                    train_step(tf.nest.map_structure(lambda t, i=i: t[i], micro))
+                for i in range(accum):  # unrolled: the optimizer's update (its collectives) in the last, no tf.cond
+                    with model.optimizer.micro_batch(last=i == accum - 1):
+                        steps[i](tf.nest.map_structure(lambda t, i=i: t[i], micro))
             # Any worker's stop request reaches every worker: they all stop after this update.
             stop = tf.identity(stop)  # placed on this replica's device (collectives need one)
             return tf.distribute.get_replica_context().all_reduce(tf.distribute.ReduceOp.SUM, stop)
