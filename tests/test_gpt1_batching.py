@@ -1,7 +1,8 @@
 """Length-bucketed batches of texts in memory (gpt_tf/gpt1/batching.py): ``bucketed`` gives ``fit`` the CLI's epoch
 plan (batches of one bucket each, padded to it), ``sorted_batches`` runs ``evaluate`` / ``predict`` sorted by bucket,
 and ``restore`` puts predictions back in the caller's order. keras-hub's own ``fit`` / ``predict`` on texts pad each
-batch to its bucket (the task preprocessor's ``pad_to_bucket``)."""
+batch to ``sequence_length`` (keras-hub's one length; the task preprocessor's ``pad_to_bucket`` pads a batch of a
+``tf.data`` pipeline to its bucket)."""
 
 from __future__ import annotations
 
@@ -125,24 +126,27 @@ def test_fit_on_bucketed_batches_and_predict_on_sorted_ones_keep_the_callers_ord
     assert metrics["accuracy"] == pytest.approx(np.mean(together.argmax(-1) == np.asarray(labels)))
 
 
-def test_keras_hubs_own_fit_predict_and_evaluate_on_texts_pad_each_batch_to_its_bucket(tokenizer, monkeypatch):
+def test_keras_hubs_own_fit_predict_and_evaluate_on_texts_and_a_bucketed_tf_data_pipeline(tokenizer):
     """Texts given to keras-hub's ``fit`` / ``predict`` / ``evaluate`` directly (Keras's batches, in the caller's
-    order): the preprocessor pads each batch to its bucket (``pad_to_bucket``), and the batches' widths differ."""
+    order, each padded to ``sequence_length``: keras-hub's grain path fixes the batches' shape from the first ones),
+    and the same texts through ``ds.batch(n).map(preprocessor)`` with ``pad_to_bucket=True``, whose batches' widths
+    differ: the same predictions as each text alone."""
+    import tensorflow as tf
+
     texts = [" ".join(["word"] * n) + " ." for n in (1, 30, 3, 12, 2, 25, 5, 40, 1, 8)]
     labels = [n % 2 for n in range(10)]
     classifier = _classifier(tokenizer)
     pre = classifier.preprocessor
     alone = np.concatenate([classifier.predict([t], verbose=0) for t in texts])
-    features, paddings = pre.features, []
-
-    def recorded(fields, padding="length"):
-        paddings.append(padding)
-        return features(fields, padding)
-
-    monkeypatch.setattr(pre, "features", recorded)
     np.testing.assert_allclose(classifier.predict(texts, batch_size=4, verbose=0), alone, atol=1e-5)
     metrics = classifier.evaluate(texts, labels, batch_size=4, verbose=0, return_dict=True)
     assert metrics["accuracy"] == pytest.approx(np.mean(alone.argmax(-1) == np.asarray(labels)))
+    pre.pad_to_bucket = True
+    dataset = tf.data.Dataset.from_tensor_slices(texts).batch(4).map(pre)
+    widths = [int(x["input_ids"].shape[2]) for x in dataset]
+    assert len(set(widths)) > 1 and min(widths) < pre.sequence_length  # each batch its own bucket
+    classifier.preprocessor = None  # the features are made: predict takes them as they are
+    np.testing.assert_allclose(classifier.predict(dataset, verbose=0), alone, atol=1e-5)
+    classifier.preprocessor, pre.pad_to_bucket = pre, False
     classifier.fit(texts, labels, batch_size=4, epochs=1, verbose=0)
     assert int(classifier.optimizer.iterations.numpy()) == 3  # ceil(10 / 4): keras-hub's batches, the last short
-    assert paddings and set(paddings) == {"bucket"}

@@ -132,9 +132,9 @@ def test_preprocessors_from_a_preset_take_the_backbones_sequence_length():
         ("GPT1TaskPreprocessor", 128)]
     assert loaded[0](TEXTS[0])[0]["token_ids"].shape == (128,)
     assert loaded[2](TEXTS[0])["input_ids"].shape == (1, 128)  # one example: padded to sequence_length
-    assert loaded[2](TEXTS)["input_ids"].shape == (3, 1, 16)  # a batch: to its bucket (pad_to_bucket, the default)
-    whole = gpt_tf.GPT1TaskPreprocessor.from_preset("gpt1_tiny_books_en", pad_to_bucket=False)
-    assert whole(TEXTS)["input_ids"].shape == (3, 1, 128)
+    assert loaded[2](TEXTS)["input_ids"].shape == (3, 1, 128)  # a batch too, by default (keras-hub's one length)
+    bucketed = gpt_tf.GPT1TaskPreprocessor.from_preset("gpt1_tiny_books_en", pad_to_bucket=True)
+    assert bucketed(TEXTS)["input_ids"].shape == (3, 1, 16)  # a batch: to its bucket
     assert gpt_tf.GPT1CausalLMPreprocessor.from_preset("gpt1_tiny_books_en", sequence_length=20).sequence_length == 20
     with pytest.raises(ValueError, match="sequence_length is not set"):
         gpt_tf.GPT1CausalLMPreprocessor(loaded[0].tokenizer)(TEXTS)
@@ -143,15 +143,15 @@ def test_preprocessors_from_a_preset_take_the_backbones_sequence_length():
 def test_task_preprocessor_pads_to_sequence_length_so_map_then_batch_works(tokenizer):
     """keras-hub's pipeline ``from_tensor_slices((texts, labels)).map(preprocessor).batch(n)`` on texts of different
     lengths: one example is padded to ``sequence_length`` (features of one rank less), so the batches stack. A batch
-    is padded to the length bucket of its longest view (``pad_to_bucket=True``, the default: what keras-hub's
-    ``fit`` / ``predict`` hand the preprocessor), or to ``sequence_length`` with ``pad_to_bucket=False``; ``features``
-    pads to ``"length"``, ``"bucket"`` or ``"longest"`` (the served models')."""
+    is padded to the length bucket of its longest view with ``pad_to_bucket=True``, or to ``sequence_length`` (the
+    default, keras-hub's one length); ``features`` pads to ``"length"``, ``"bucket"`` or ``"longest"`` (the served
+    models')."""
     import tensorflow as tf
 
     import gpt_tf
 
-    pre = gpt_tf.GPT1TaskPreprocessor(tokenizer, sequence_length=32)
-    full = gpt_tf.GPT1TaskPreprocessor(tokenizer, sequence_length=32, pad_to_bucket=False)
+    pre = gpt_tf.GPT1TaskPreprocessor(tokenizer, sequence_length=32, pad_to_bucket=True)
+    full = gpt_tf.GPT1TaskPreprocessor(tokenizer, sequence_length=32)
     features = {k: np.asarray(v) for k, v in full(TEXTS).items()}
     assert {k: v.shape for k, v in features.items()} == {"input_ids": (3, 1, 32), "extract_index": (3, 1),
                                                          "lm_weights": (3, 1, 32)}

@@ -1,8 +1,8 @@
 """Length-bucketed batches of texts in memory for ``fit``, ``evaluate`` and ``predict``: the command line's order.
 
-Given texts, keras-hub's ``fit`` batches them in Keras's order and the task's preprocessor pads each batch to the
-length bucket of its longest view (``GPT1TaskPreprocessor(pad_to_bucket=True)``). With 32 random SST-2 phrases the
-longest is ~3× the median, so most of such a batch is still padding. ``bucketed`` orders the examples as the command
+Given texts, keras-hub's ``fit`` batches them in Keras's order and the task's preprocessor pads each batch to its
+``sequence_length`` (keras-hub's one length). Even padded to the length bucket of its longest view, 32 random SST-2
+phrases are mostly padding: the longest is ~3× the median. ``bucketed`` orders the examples as the command
 line's input pipeline does (``gpt_tf.data.task_batches.epoch_plan``): every epoch a random permutation (its last N mod
 B examples sit the epoch out), stably sorted by bucket, cut into batches of B, the batches in random order, each
 padded to its bucket. ``sorted_batches`` runs evaluation and prediction sorted by bucket, and ``restore`` puts

@@ -4,10 +4,12 @@
 views with ``gpt_tf.data.transforms.transform_record``, the one definition the data pipelines and the
 served SavedModels use (truncation rule included). As keras-hub's preprocessors, it takes one example
 or a batch, eagerly or in ``tf.data`` (mapped before or after ``batch``), and pads every view to
-``sequence_length``. A batch (what keras-hub's ``fit`` / ``evaluate`` / ``predict`` hand it: they map it after
-``batch``) it pads only to the smallest length bucket (``gpt_tf.data.task_batches.bucket_lengths``: 8, 16, 24, 32,
-48, …, ``sequence_length``) that holds its longest view (``pad_to_bucket``, on by default), so short texts do not pay
-for ``n_ctx`` of padding and Keras traces few shapes. The served SavedModels build their features here too
+``sequence_length``. With ``pad_to_bucket=True`` a batch (``ds.batch(n).map(preprocessor)``) is padded only to the
+smallest length bucket (``gpt_tf.data.task_batches.bucket_lengths``: 8, 16, 24, 32, 48, …, ``sequence_length``) that
+holds its longest view, so short texts do not pay for ``n_ctx`` of padding and Keras traces few shapes; it is off by
+default, as keras-hub pads to one length: its ``fit`` / ``predict`` on texts in memory go through grain, whose
+TensorFlow adapter fixes the batches' shape from the first ones (``gpt_tf/gpt1/batching.py`` orders and pads such
+texts by bucket for ``fit``). The served SavedModels build their features here too
 (``features``, padded to the batch's longest view). (``GPT1CausalLMPreprocessor``, the language model's, is
 ``gpt_tf/gpt1/causal_lm_preprocessor.py``.)
 """
@@ -81,8 +83,8 @@ class GPT1TaskPreprocessor(keras_hub.models.TextClassifierPreprocessor):
         input_type: ``"single"`` (``<s> a <e>``), ``"pair"`` (``<s> a $ b <e>``), ``"pair_symmetric"``
             (both orders) or ``"multiple_choice"`` (``<s> context $ choice_k <e>`` for each k).
         num_choices: candidates per example (multiple choice).
-        pad_to_bucket: a batch is padded to the length bucket of its longest view (True, the default) or to
-            ``sequence_length``; one example is always padded to ``sequence_length`` (``map`` before ``batch``).
+        pad_to_bucket: a batch is padded to the length bucket of its longest view (True) or to ``sequence_length``
+            (False, the default: keras-hub's one length); one example is always padded to ``sequence_length``.
 
     Inputs: a batch of strings (single), a tuple ``(a, b)`` (pairs), ``(context, choices [B, K])``
     (multiple choice), or a dict by field name (``gpt_tf.tasks.INPUT_FIELDS`` and ``"choices"``).
@@ -98,7 +100,7 @@ class GPT1TaskPreprocessor(keras_hub.models.TextClassifierPreprocessor):
     import gpt_tf, tensorflow as tf
     pre = gpt_tf.GPT1TaskPreprocessor.from_preset("gpt1_tiny_books_en", sequence_length=64, input_type="pair")
     features = pre({"premise": ["a man sleeps ."], "hypothesis": ["a person rests ."]})
-    features["input_ids"]                          # [1, 1, 16]: <s> premise $ hypothesis <e>, its bucket
+    features["input_ids"]                          # [1, 1, 64]: <s> premise $ hypothesis <e>, padded
     pre("a man sleeps .")["input_ids"]             # one example: [1, 64], padded to sequence_length
     single = gpt_tf.GPT1TaskPreprocessor.from_preset("gpt1_tiny_books_en")      # sequence_length 128
     ds = tf.data.Dataset.from_tensor_slices((["a gem", "a dull , tired mess"], [1, 0])).map(single).batch(2)
@@ -108,7 +110,7 @@ class GPT1TaskPreprocessor(keras_hub.models.TextClassifierPreprocessor):
     backbone_cls = GPT1Backbone
     tokenizer_cls = GPT1Tokenizer
 
-    def __init__(self, tokenizer, sequence_length=None, input_type="single", num_choices=0, pad_to_bucket=True,
+    def __init__(self, tokenizer, sequence_length=None, input_type="single", num_choices=0, pad_to_bucket=False,
                  **kwargs):
         keras_hub.models.Preprocessor.__init__(self, **kwargs)  # no BERT-style packer: transforms.py packs
         self.packer = None
