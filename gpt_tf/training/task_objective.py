@@ -285,9 +285,10 @@ class Finetuner:
         a checkpoint is due then."""
         c, i = self.config, int(self.schedule[step - 1])
         self._bar.update(1)
-        if self._writer and (step % c.log_every == 0 or step == self.end):
-            model = self.heads[i].model
-            loss = float(model.get_metrics_result()["loss"])  # Eq. 5's L3 of this update (the model's loss)
+        logs = step % c.log_every == 0 or step == self.end
+        if logs:  # Eq. 5's L3 of this update (the model's loss), read on every worker: under multi_worker the read
+            loss = float(self.heads[i].model.get_metrics_result()["loss"])  # is a collective (the metric's all-reduce)
+        if self._writer and logs:
             self._bar.set_postfix(loss=f"{loss:.3f}", refresh=False)
             prefix = f"train/{self.heads[i].task.name}/" if len(self.heads) > 1 else "train/"
             with self._writer.as_default(step=step):
