@@ -23,6 +23,7 @@ from tensorflow_serving.apis import get_model_status_pb2, model_service_pb2_grpc
 from gpt_tf.config import get_size
 from gpt_tf.gpt1.backbone import GPT1Backbone
 from gpt_tf.gpt1.build import causal_lm_for
+from gpt_tf.gpt1.tokenizer import GPT1Tokenizer
 from gpt_tf.gpt1.text_classifier import task_for_spec
 from gpt_tf.tasks import get_task
 from gpt_tf.text.tokenizer import GPTTokenizer
@@ -42,9 +43,27 @@ def tokenizer(bpe):
 
 
 @pytest.fixture(scope="package")
-def tf_tokenizer(tokenizer):
-    """The in-graph tokenizer, built once (its tables: several seconds each time)."""
-    return tokenizer.tf_tokenizer()
+def gpt1_tokenizer(bpe):
+    """The ``GPT1Tokenizer`` of the BPE files, its in-graph tokenizer built once (its tables: several seconds each
+    time)."""
+    tokenizer = GPT1Tokenizer(str(bpe))
+    assert tokenizer.tf_tokenizer is not None  # built now, once
+    return tokenizer
+
+
+@pytest.fixture(scope="package")
+def tf_tokenizer(gpt1_tokenizer):
+    """The in-graph tokenizer (``GPT1Tokenizer.tf_tokenizer``), built once."""
+    return gpt1_tokenizer.tf_tokenizer
+
+
+@pytest.fixture(scope="package")
+def preprocessor_for(gpt1_tokenizer, config):
+    """``preprocessor_for(task)``: the ``GPT1TaskPreprocessor`` of a registry ``TaskSpec`` (n_ctx, the run's BPE), as
+    ``serving.export.task_preprocessor`` makes it, on the package's tokenizer (its in-graph tables built once)."""
+    from gpt_tf.gpt1.preprocessor import GPT1TaskPreprocessor
+
+    return lambda task: GPT1TaskPreprocessor(gpt1_tokenizer, config.n_ctx, task.input_type, task.num_choices)
 
 
 @pytest.fixture(scope="package")
@@ -100,20 +119,21 @@ def sst2_run(shared_data, bpe, config, tmp_path_factory):
 
 
 @pytest.fixture(scope="package")
-def exported(server, base, sst2_run, tokenizer, tf_tokenizer, config):
+def exported(server, base, bpe, sst2_run, tokenizer, tf_tokenizer, config):
     """Exports the three models into the served base path; returns the in-process references.
 
-    sst2 goes through ``export_run`` as the CLI does (its in-graph tokenizer built from the run's BPE files);
-    stsb and lm through ``export_task_model`` / ``export_lm`` with a ``GPTTokenizer`` whose in-graph twin is
-    the package's ``tf_tokenizer``: its graph (the text cleanup, most of an export's tracing) is traced once
-    in this process instead of once an export, and the SavedModels hold the same functions."""
+    sst2 goes through ``export_run`` as the CLI does (its in-graph tokenizer built from the run's BPE files), stsb
+    through ``export_task_model`` with the BPE folder (its preprocessor's, ``serving.export.task_preprocessor``);
+    lm through ``export_lm`` with a ``GPTTokenizer`` whose in-graph twin is the package's ``tf_tokenizer``: its graph
+    (the text cleanup, most of an export's tracing) is traced once in this process instead of once more, and the
+    SavedModel holds the same functions."""
     from serving.export import export_lm, export_run, export_task_model, load_finetuned
 
     export_run(sst2_run, str(base), "sst2")
     shared = copy.copy(tokenizer)
     shared.tf_tokenizer = lambda: tf_tokenizer
     stsb = task_for_spec(GPT1Backbone.from_gpt_config(config, name="backbone"), get_task("stsb"))
-    export_task_model(stsb, get_task("stsb"), shared, str(base), "stsb")
+    export_task_model(stsb, get_task("stsb"), bpe, str(base), "stsb")
     lm = causal_lm_for(config)
     export_lm(lm, shared, str(base), "lm", top_k=5)
     sst2_model, _, _ = load_finetuned(sst2_run)  # float32, as exported

@@ -47,7 +47,10 @@ def offline_features(task, examples, tokenizer, config):
 
 
 def reference_probabilities(model, ids, extract):
-    out = model.task_outputs({"input_ids": ids, "extract_index": extract}, training=False)["task"]
+    """The in-process model's class probabilities for the offline features (its graph, outside training: the LM
+    weights are not read)."""
+    inputs = {"input_ids": ids, "extract_index": extract, "lm_weights": np.zeros(ids.shape, np.float32)}
+    out = model(inputs, training=False)
     return tf.nn.softmax(tf.cast(out, tf.float32)).numpy()
 
 

@@ -18,6 +18,7 @@ import pytest
 import tensorflow as tf
 from tensorflow_serving.apis import classification_pb2, get_model_metadata_pb2, regression_pb2
 
+from gpt_tf.gpt1.backbone import token_inputs
 from serving.client import ServingClient
 from serving.errors import ServingError
 from serving.saved_model_io import text_example
@@ -103,14 +104,14 @@ def test_language_model_signatures(served, exported, tokenizer):
     for i, text in enumerate(texts):
         ids = tokenizer.encode(text)
         assert out["lengths"][i] == len(ids) and out["token_ids"][i][: len(ids)].tolist() == ids
-        logits = exported["lm"](tf.constant([ids]), training=False)[0, -1, :40478]
+        logits = exported["lm"](token_inputs([ids]), training=False)[0, -1, :40478]
         log_probs = tf.nn.log_softmax(logits).numpy()
         best = out["next_token_ids"][i]
         np.testing.assert_allclose(out["next_token_log_probs"][i], log_probs[best], atol=1e-4)
         assert out["next_token_log_probs"][i][-1] >= np.sort(log_probs)[-5] - 1e-4  # the 5 likeliest
         assert [t.decode() for t in out["next_tokens"][i]] == [words[j].replace("</w>", " ") for j in best]
         scored = out["token_log_probs"][i][1: len(ids)]
-        every = tf.nn.log_softmax(exported["lm"](tf.constant([ids]), training=False)[0, :-1, :40478]).numpy()
+        every = tf.nn.log_softmax(exported["lm"](token_inputs([ids]), training=False)[0, :-1, :40478]).numpy()
         np.testing.assert_allclose(scored, every[np.arange(len(ids) - 1), ids[1:]], atol=1e-4)
 
 

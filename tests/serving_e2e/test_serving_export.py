@@ -35,14 +35,14 @@ def test_export_of_a_finetuning_run_matches_the_in_process_model(base, loaded, s
     assert sorted(os.listdir(base / "sst2" / "1" / "assets.extra")) == ["tf_serving_warmup_requests"]
 
 
-def test_bfloat16_export_answers_float32(sst2_run, shared_data, tokenizer, tf_tokenizer, config, sst2_dev):
+def test_bfloat16_export_answers_float32(sst2_run, shared_data, tokenizer, preprocessor_for, config, sst2_dev):
     """Computing in the run's mixed_bfloat16 still answers float32, close to the float32 export."""
     from serving.export import load_finetuned
 
     model, task, _ = load_finetuned(sst2_run, "mixed_bfloat16")
     examples = glue_examples(shared_data, "sst2", "glue/SST-2", "dev", 12)
     ids, extract = offline_features(task, examples, tokenizer, config)
-    module = TaskServingModule(model, task, tf_tokenizer)
+    module = TaskServingModule(model, task, preprocessor_for(task))
     out = module.predict_tokens(tf.constant(ids), tf.constant(extract))
     assert out["probabilities"].dtype == tf.float32
     np.testing.assert_allclose(out["probabilities"].numpy(), sst2_dev[1], atol=0.05)
@@ -52,7 +52,7 @@ def test_bfloat16_export_answers_float32(sst2_run, shared_data, tokenizer, tf_to
     ("sst2", "glue/SST-2", "dev", 40, True), ("stsb", "glue/STS-B", "dev", 40, False),
     ("rte", "glue/RTE", "dev", 40, True), ("story_cloze", "story_cloze", "val", 20, True),
 ])
-def test_in_graph_preprocessing_equals_the_offline_pipeline(loaded, exported, shared_data, tokenizer, tf_tokenizer,
+def test_in_graph_preprocessing_equals_the_offline_pipeline(loaded, exported, shared_data, tokenizer, preprocessor_for,
                                                             config, task_name, folder, split, n, truncates):
     """Real rows: the served features (cleaning, BPE, §3.3 views, truncation at n_ctx) == training's.
 
@@ -71,7 +71,7 @@ def test_in_graph_preprocessing_equals_the_offline_pipeline(loaded, exported, sh
         got_ids, got_extract = got["input_ids"], got["extract_index"]
     else:
         backbone = GPT1Backbone.from_gpt_config(config, name="backbone")
-        module = TaskServingModule(task_for_spec(backbone, task), task, tf_tokenizer)
+        module = TaskServingModule(task_for_spec(backbone, task), task, preprocessor_for(task))
         got_ids, got_extract = tf.function(module.features)(texts)
     np.testing.assert_array_equal(got_extract.numpy(), extract)
     pad = config.special_id("pad")
