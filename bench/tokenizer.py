@@ -187,7 +187,8 @@ def corpus(args) -> None:
         f"| {r['corpus']} | {r['books']} ({r['mb']:.0f}) | {r['tokens']:,} | {r['code']} | {r['seconds']:.0f} | "
         f"{r['cpu_seconds']:.0f} | {r['peak_rss_mib']:.0f} | {r['others_cpu_share']:.0%} |" for r in rows]
     out = Path(args.output or ROOT / "bench" / "results" / f"corpus_build_{cpu_slug(info)}").with_suffix(".json")
-    report = {"machine": info, "command": " ".join(sys.argv), "vocab": args.vocab, "n_ctx": args.n_ctx, "runs": rows}
+    report = {"machine": info, "command": " ".join(["python -m bench.tokenizer", *sys.argv[1:]]), "vocab": args.vocab,
+              "n_ctx": args.n_ctx, "runs": rows}
     save_report(report, "\n".join(lines) + "\n", out, lambda line: print(line, file=sys.stderr))
 
 
