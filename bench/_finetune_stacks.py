@@ -154,10 +154,11 @@ class Ours:
                      "buckets": list(getattr(self.tuner, "buckets", [spec["n_ctx"]]))}
 
     def train(self, steps: int) -> dict:
+        model = self.tuner.heads[0].model
         for _ in range(steps):
-            (task_sum, _), counts, _, _ = self.step(self.iterator, self.no_stop)
-            task_loss = task_sum / counts["examples"]
-        return {"examples": steps * self.batch_size, "loss": float(task_loss)}  # float(): waits for the last step
+            model.reset_metrics()  # as the loop does before each update
+            self.step(self.iterator, self.no_stop)
+        return {"examples": steps * self.batch_size, "loss": float(model.get_metrics_result()["loss"])}
 
     def evaluate(self) -> dict:
         outs, _ = self.tuner.predict("dev")
@@ -165,11 +166,11 @@ class Ours:
 
 
 class KerasFit:
-    """The Python API: ``GPT1TextClassifier.fit`` / ``predict`` on the same SST-2 token ids, given as
-    ``pretokenize`` gives them (``fit`` orders them into batches of one length bucket, ``predict`` sorts them by
-    bucket, and the preprocessor builds each example's view in ``tf.data``, padded to the bucket; the update is
-    the loop's). ``train(k)`` is one ``fit`` call of k batches: its
-    ``tf.data`` set-up counts, as it does for a user; the train function is traced once."""
+    """The Python API: ``GPT1TextClassifier.fit`` / ``predict`` on the same SST-2 token ids, in the length-bucketed
+    batches of ``gpt_tf.gpt1.batching`` (``bucketed`` for ``fit``: the command line's order; ``sorted_batches`` for
+    ``predict``), each padded to its bucket; the update is the model's ``train_step``, as the loop's. ``train(k)`` is
+    one ``fit`` call of k batches: its ``tf.data`` set-up counts, as it does for a user; the train function is traced
+    once."""
 
     def __init__(self, spec):
         import keras
@@ -178,6 +179,7 @@ class KerasFit:
 
         import gpt_tf
         from gpt_tf.config import get_size
+        from gpt_tf.gpt1.batching import bucketed, sorted_batches
         from gpt_tf.nn.optim import WarmupDecay, make_optimizer
         from gpt_tf.data.records import read_manifest
 
@@ -192,32 +194,24 @@ class KerasFit:
         preprocessor = gpt_tf.GPT1TaskPreprocessor(tokenizer, sequence_length=spec["n_ctx"])
         self.model = gpt_tf.GPT1TextClassifier(backbone, 2, preprocessor, lm_coef=spec["lm_coef"], compile=False)
         schedule = WarmupDecay(6.25e-5, 10, 10**6, "linear")  # a fixed schedule: no retrace between fit calls
-        self.model.compile(optimizer=make_optimizer(self.model.trainable_variables, schedule), lm_coef=spec["lm_coef"])
+        self.model.compile(optimizer=make_optimizer(schedule))
         ragged = lambda rows: tf.ragged.constant([r[1:-1] for r in rows], tf.int32)  # noqa: E731  (<s>, <e> off)
-        self.train_x, self.train_y = ragged(views["train"]["input_ids"]), np.asarray(views["train"]["labels"])
-        self.dev_x = ragged(views["dev"]["input_ids"])
-        self.batch_size, self.position = spec["batch_size"], 0
+        train_y = np.asarray(views["train"]["labels"])
+        self.train, _ = bucketed(preprocessor, {"sentence": ragged(views["train"]["input_ids"])}, train_y,
+                                 batch_size=spec["batch_size"])
+        self.dev, _ = sorted_batches(preprocessor, {"sentence": ragged(views["dev"]["input_ids"])},
+                                     batch_size=spec["batch_size"])
+        self.batch_size = spec["batch_size"]
         self.info = {"n_params": int(sum(v.shape.num_elements() for v in self.model.trainable_variables)),
-                     "buckets": "the batch's bucket (GPT1TaskPreprocessor)"}
+                     "buckets": "the command line's bucketed order (gpt_tf.gpt1.batching)"}
 
     def train(self, steps: int) -> dict:
-        n, total = steps * self.batch_size, int(self.train_y.shape[0])
-        rows = [(self.position + i) % total for i in range(n)]
-        self.position = (self.position + n) % total
-        # As a user calls it (shuffle on): fit plans the chunk's batches by length bucket, as the CLI's pipeline does
-        history = self.model.fit({"sentence": _rows(self.train_x, rows)}, self.train_y[rows],
-                                 batch_size=self.batch_size, epochs=1, verbose=0)
-        return {"examples": n, "loss": float(history.history["loss"][-1])}
+        history = self.model.fit(self.train, steps_per_epoch=steps, epochs=1, verbose=0)
+        return {"examples": steps * self.batch_size, "loss": float(history.history["loss"][-1])}
 
     def evaluate(self) -> dict:
-        out = self.model.predict({"sentence": self.dev_x}, batch_size=self.batch_size, verbose=0)
+        out = self.model.predict(self.dev, verbose=0)
         return {"examples": int(len(out))}
-
-
-def _rows(ragged, rows):
-    import tensorflow as tf
-
-    return tf.gather(ragged, rows)
 
 
 # ----------------------------------------------------------------------------- transformers

@@ -6,9 +6,10 @@ one full training step (forward, backward, global-norm clipping, AdamW update; d
 and returns the loss as a Python float (so the work has finished when it returns); ``info`` holds the parameter
 count.
 
-* ``ours``: ``GPT1CausalLM`` + ``make_optimizer`` in a ``tf.function`` (no XLA);
+* ``ours``: ``GPT1CausalLM``'s own ``train_step`` (compiled by ``gpt_tf.training.lm_objective.compile_lm`` with
+  ``make_optimizer``: what ``fit`` and the command line's loop run) in a ``tf.function`` (no XLA);
 * ``ours_jax``: the same model and optimizer under ``KERAS_BACKEND=jax``, compiled as pre-training on JAX compiles
-  them (``gpt_tf.training.keras_fit.compile_lm``: Keras's jit-compiled train step), one ``train_on_batch`` a step;
+  them (``compile_lm``: Keras's jit-compiled train step), one ``train_on_batch`` a step;
 * ``keras_hub``: ``TokenAndPositionEmbedding`` + n × post-LN ``TransformerDecoder`` + the tied
   reverse embedding, the same loss (``lm_loss``) and a Keras AdamW in the same ``tf.function``;
 * ``torch``: ``transformers.OpenAIGPTLMHeadModel`` + ``torch.optim.AdamW`` (``fused=True`` by
@@ -24,8 +25,8 @@ of the cores" (process CPU time ÷ wall time × cores, medians) shows how much o
 
 **The optimizer update** (``run_optimizer``): one update of the ``tiny`` model's 5.2M parameters, random gradients
 large enough to be clipped, one thread each, median of ``--reps`` updates after ``--warmup`` (default 3), the stacks
-alternating for ``--rounds`` rounds: ``gpt_tf graph`` (``GPTAdamW.clip_and_apply`` in a ``tf.function``, the loop's
-update: the fused AdamW kernel where it runs, else the decoupled decay and TF's ``ResourceApplyAdam``;
+alternating for ``--rounds`` rounds: ``gpt_tf graph`` (``GPTAdamW.apply`` in a ``tf.function``, the training
+step's update: the fused AdamW kernel where it runs, else the decoupled decay and TF's ``ResourceApplyAdam``;
 ``GPT_TF_FUSED_KERNELS=0`` for the latter), ``gpt_tf XLA`` (the same with ``jit_compile=True``: always the stock
 ops) and ``torch fused`` (``clip_grad_norm_`` + ``torch.optim.AdamW(fused=True)``, HF Trainer's default).
 """
@@ -103,7 +104,9 @@ def _keras_hub_model(config):
 
 
 def _tf_step(spec, config):
-    """Ours or the keras-hub stack: model, optimizer and one ``tf.function`` training step."""
+    """Ours (the language model's own ``train_step``: its compiled loss and ``GPTAdamW``'s update, what ``fit`` and
+    the command line's loop run) or the keras-hub stack (a ``tf.function`` of its loss and Keras's AdamW): one
+    training step."""
     import keras
     import numpy as np
     import tensorflow as tf
@@ -111,15 +114,19 @@ def _tf_step(spec, config):
     from gpt_tf.gpt1.build import causal_lm_for
     from gpt_tf.nn.objectives import lm_loss
     from gpt_tf.nn.optim import make_optimizer
+    from gpt_tf.training.lm_objective import compile_lm
 
     keras.utils.set_random_seed(0)
     mixed = spec["precision"] == "bfloat16"
     if mixed:
         keras.mixed_precision.set_global_policy("mixed_bfloat16")
+    inputs, targets = (tf.constant(a) for a in random_batch(config.total_vocab, spec["batch"], spec["seq"]))
     if spec["stack"] == "ours":
         model = causal_lm_for(config, dtype="mixed_bfloat16" if mixed else None)
-        variables = model.trainable_variables
-        optimizer = make_optimizer(variables, LEARNING_RATE, WEIGHT_DECAY, CLIP_NORM)
+        optimizer = make_optimizer(LEARNING_RATE, WEIGHT_DECAY, CLIP_NORM, variables=model.trainable_variables)
+        compile_lm(model, optimizer, jit_compile=False)
+        batch = ({"token_ids": inputs, "padding_mask": tf.ones_like(inputs)}, targets)
+        step = tf.function(lambda: model.train_step(batch)["loss"])
     else:
         model = _keras_hub_model(config)
         variables = model.trainable_variables
@@ -129,19 +136,18 @@ def _tf_step(spec, config):
         optimizer.exclude_from_weight_decay(var_list=[v for v in variables if len(v.shape) < 2])
         optimizer.build(variables)
 
-    @tf.function
-    def train_step(inputs, targets):
-        with tf.GradientTape() as tape:
-            total, count = lm_loss(model(inputs, training=True), targets)
-            loss = total / count
-        grads = tape.gradient(loss, variables)
-        optimizer.apply_gradients(zip(grads, variables, strict=True))
-        return loss
+        @tf.function
+        def step():
+            with tf.GradientTape() as tape:
+                total, count = lm_loss(model(inputs, training=True), targets)
+                loss = total / count
+            grads = tape.gradient(loss, variables)
+            optimizer.apply_gradients(zip(grads, variables, strict=True))
+            return loss
 
-    inputs, targets = (tf.constant(a) for a in random_batch(config.total_vocab, spec["batch"], spec["seq"]))
-    n_params = int(sum(np.prod(v.shape) for v in variables))
+    n_params = int(sum(np.prod(v.shape) for v in model.trainable_variables))
     # The optimizer's name scope holds its ops (clipping and update): the profile's "optimizer" kind.
-    return (lambda: float(train_step(inputs, targets))), {"n_params": n_params, "optimizer_scope": optimizer.name}
+    return (lambda: float(step())), {"n_params": n_params, "optimizer_scope": optimizer.name}
 
 
 def _jax_step(spec, config):
@@ -152,14 +158,16 @@ def _jax_step(spec, config):
 
     from gpt_tf.gpt1.build import causal_lm_for
     from gpt_tf.nn.optim import make_optimizer
-    from gpt_tf.training.keras_fit import compile_lm
+    from gpt_tf.training.lm_objective import compile_lm
 
     if keras.backend.backend() != "jax":
         raise RuntimeError(f"the ours_jax stack needs KERAS_BACKEND=jax, and Keras runs on {keras.backend.backend()}")
     keras.utils.set_random_seed(0)
     model = causal_lm_for(config, dtype="mixed_bfloat16" if spec["precision"] == "bfloat16" else None)
-    compile_lm(model, make_optimizer(model.trainable_variables, LEARNING_RATE, WEIGHT_DECAY, CLIP_NORM))
+    compile_lm(model, make_optimizer(LEARNING_RATE, WEIGHT_DECAY, CLIP_NORM, variables=model.trainable_variables),
+               jit_compile=True)
     inputs, targets = random_batch(config.total_vocab, spec["batch"], spec["seq"])
+    inputs = {"token_ids": inputs, "padding_mask": np.ones_like(inputs)}
     n_params = int(sum(np.prod(v.shape) for v in model.trainable_variables))
     return (lambda: float(model.train_on_batch(inputs, targets))), {"n_params": n_params}
 
@@ -378,8 +386,8 @@ def _ours_update(jit: bool):
 
     variables = backbone_for(get_size("tiny", n_ctx=64)).trainable_variables
     grads = [tf.random.normal(v.shape, stddev=1e-2, seed=i) for i, v in enumerate(variables)]
-    optimizer = make_optimizer(variables, LEARNING_RATE, weight_decay=WEIGHT_DECAY, clip_norm=CLIP_NORM)
-    update = tf.function(lambda g: optimizer.clip_and_apply(g, variables), jit_compile=jit)
+    optimizer = make_optimizer(LEARNING_RATE, weight_decay=WEIGHT_DECAY, clip_norm=CLIP_NORM, variables=variables)
+    update = tf.function(lambda g: optimizer.apply(g, variables), jit_compile=jit)
     return lambda: update(grads).numpy(), sum(v.shape.num_elements() for v in variables)
 
 

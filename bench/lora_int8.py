@@ -75,14 +75,16 @@ def finetune_worker(spec: dict) -> None:
     import numpy as np
 
     import gpt_tf.gpt1  # noqa: F401  (registers the family and its presets)
+    from gpt_tf.gpt1.batching import bucketed
 
     keras.utils.set_random_seed(0)
     train_x, train_y = sst2(spec["glue_dir"], "train", spec["train_limit"])
     dev_x, dev_y = sst2(spec["glue_dir"], "dev")
-    classifier = keras_hub.models.TextClassifier.from_preset(spec["preset"], num_classes=2)
+    classifier = keras_hub.models.TextClassifier.from_preset(spec["preset"], num_classes=2, lm_coef=0.0)
     if spec["rank"]:
         classifier.backbone.enable_lora(spec["rank"])
-    classifier.compile(learning_rate=spec["learning_rate"], warmup_fraction=0.05, lm_coef=0)
+    train, steps_per_epoch = bucketed(classifier.preprocessor, train_x, train_y, batch_size=32)
+    classifier.compile(learning_rate=spec["learning_rate"], warmup_fraction=0.05, train_steps=steps_per_epoch)
     trainable = int(sum(np.prod(v.shape) for v in classifier.trainable_weights))
     total = int(sum(np.prod(v.shape) for v in classifier.weights))
     before = rss_mib()
@@ -100,7 +102,7 @@ def finetune_worker(spec: dict) -> None:
 
     steps = StepClock()
     clock = Clock()
-    classifier.fit(train_x, train_y, batch_size=32, epochs=1, callbacks=[steps], verbose=0)
+    classifier.fit(train, steps_per_epoch=steps_per_epoch, epochs=1, callbacks=[steps], verbose=0)
     fit = clock.read()
     peak = rss_mib()["peak"]
     result = {

@@ -34,6 +34,13 @@ def padded_width(total_vocab: int, pad_vocab_to: int) -> int:
     return -(-total_vocab // pad_vocab_to) * pad_vocab_to
 
 
+# GPTConfig's fields (the release's names, the command line's) -> GPT1Backbone's arguments (keras-hub's names).
+BACKBONE_NAMES = {"n_special": "num_special_tokens", "n_ctx": "max_sequence_length", "n_embd": "hidden_dim",
+                  "n_layer": "num_layers", "n_head": "num_heads", "d_ff": "intermediate_dim",
+                  "embd_pdrop": "embedding_dropout", "attn_pdrop": "attention_dropout", "resid_pdrop": "dropout",
+                  "layer_norm_epsilon": "layer_norm_epsilon", "init_std": "init_std", "pad_vocab_to": "pad_vocabulary_to"}
+
+
 @dataclasses.dataclass(frozen=True)
 class GPTConfig:
     """Hyper-parameters of the GPT decoder. Field names follow the paper's code.
@@ -120,6 +127,22 @@ class GPTConfig:
         n = self.n_params - self.n_ctx * self.n_embd
         attention = 12 * self.n_layer * self.n_embd * t if self.model_type == "gpt" else 0
         return 6 * n + attention
+
+    def backbone_kwargs(self) -> dict:
+        """``GPT1Backbone``'s arguments (keras-hub's names) for this config: ``vocabulary_size`` counts the special
+        rows; ``pad_vocabulary_to`` only when set (a config without it, as every config before it, reads as 1). The
+        model type is the class's (``GPT1Backbone`` or the LSTM baseline's subclass)."""
+        kwargs = {"vocabulary_size": self.total_vocab, **{new: getattr(self, old) for old, new in BACKBONE_NAMES.items()}}
+        if self.pad_vocab_to == 1:
+            del kwargs["pad_vocabulary_to"]
+        return kwargs
+
+    @classmethod
+    def from_backbone_kwargs(cls, kwargs: dict, model_type: str = "gpt") -> "GPTConfig":
+        """The config of ``GPT1Backbone`` arguments (``backbone_kwargs``'s inverse; missing ones at their default)."""
+        fields = {old: kwargs[new] for old, new in BACKBONE_NAMES.items() if new in kwargs}
+        n_special = fields.get("n_special", cls.n_special)
+        return cls(vocab_size=int(kwargs["vocabulary_size"]) - n_special, model_type=model_type, **fields)
 
     def replace(self, **changes) -> "GPTConfig":
         return dataclasses.replace(self, **changes)

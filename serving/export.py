@@ -114,24 +114,23 @@ def _offline_tokenizer(tokenizer):
 
 def export_task_model(model, task, tokenizer, base_path: str, model_name: str, version: int = 0) -> str:
     """Writes a fine-tuning run's keras-hub task (``load_task_model``) as a servable version; returns its folder.
-    ``tokenizer``: a ``GPTTokenizer`` or its folder."""
+    ``tokenizer``: the folder of its BPE files."""
     from serving.saved_model_io import save_version, traced_signatures
     from serving.task_module import TaskServingModule
 
-    module = TaskServingModule(model, task, _offline_tokenizer(tokenizer).tf_tokenizer())
+    module = TaskServingModule(model, task, task_preprocessor(task, tokenizer, model.backbone.max_sequence_length))
     return save_version(module, traced_signatures(module), base_path, model_name, version, task_warmup(model_name, task))
 
 
 def export_task(task, base_path: str, model_name: str = "", version: int = 0) -> str:
     """Writes a fine-tuned task of the Python API (``gpt_tf.GPT1TextClassifier``, ``GPT1TextRegressor``,
-    ``GPT1MultipleChoice``: anything with ``task_outputs``, ``task_spec`` and a ``GPT1Tokenizer`` in its
-    ``preprocessor``) as a servable version: the same core-TF signatures as a fine-tuning run's (raw
+    ``GPT1MultipleChoice``, with a ``GPT1TaskPreprocessor``) as a servable version: the same core-TF signatures as a fine-tuning run's (raw
     strings in; no TF-Text op, no custom op). Returns its folder."""
     from serving.saved_model_io import save_version, traced_signatures
 
     name = model_name or task.name
     module = _task_module(task)
-    return save_version(module, traced_signatures(module), base_path, name, version, task_warmup(name, task.task_spec))
+    return save_version(module, traced_signatures(module), base_path, name, version, task_warmup(name, module.task))
 
 
 def export_task_at(task, path: str) -> str:
@@ -141,17 +140,27 @@ def export_task_at(task, path: str) -> str:
 
     path = free_target(path)  # before the (slow) tracing of the signatures
     module = _task_module(task)
-    return save_at(module, traced_signatures(module), path, task_warmup(task.name, task.task_spec))
+    return save_at(module, traced_signatures(module), path, task_warmup(task.name, module.task))
+
+
+def task_preprocessor(task, tokenizer, sequence_length: int):
+    """The ``GPT1TaskPreprocessor`` of a registry ``TaskSpec`` (a fine-tuning run's) with the BPE files of the folder
+    ``tokenizer``: what its SavedModel makes its features with."""
+    from gpt_tf.gpt1 import GPT1TaskPreprocessor, GPT1Tokenizer
+
+    return GPT1TaskPreprocessor(GPT1Tokenizer(os.fspath(tokenizer)), sequence_length, task.input_type,
+                                task.num_choices)
 
 
 def _task_module(task):
     """A Python-API task behind the text signatures (``serving/task_module.py``)."""
+    from gpt_tf.gpt1.text_classifier import task_spec_of
     from serving.task_module import TaskServingModule
 
     backend.require_tensorflow(f"exporting {type(task).__name__} for TF Serving (a SavedModel taking raw strings)")
     if getattr(task, "preprocessor", None) is None:
         raise ValueError("the task has no preprocessor: its tokenizer is what the SavedModel tokenizes with")
-    return TaskServingModule(task, task.task_spec, task.preprocessor.tokenizer.tf_tokenizer)
+    return TaskServingModule(task, task_spec_of(task), task.preprocessor)
 
 
 def export_lm(lm, tokenizer, base_path: str, model_name: str, version: int = 0, top_k: int = 10) -> str:
@@ -174,7 +183,7 @@ def export_run(run_dir: str, base_path: str, model_name: str = "", version: int 
     run = open_run(run_dir, tokenizer_dir, data_dir)
     if run.kind == "finetune":
         model, task = load_task_model(run, precision)
-        return export_task_model(model, task, run.tokenizer, base_path, model_name or task.name, version)
+        return export_task_model(model, task, run.tokenizer_dir, base_path, model_name or task.name, version)
     lm = load_lm(run.model_config, run.path, precision)
     return export_lm(lm, run.tokenizer, base_path, model_name or "lm", version, top_k)
 

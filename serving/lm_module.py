@@ -27,6 +27,7 @@ from __future__ import annotations
 import tensorflow as tf
 
 from gpt_tf.backend import require_tensorflow
+from gpt_tf.gpt1.backbone import token_inputs
 from gpt_tf.text.tokenizer import GPTTokenizer
 from gpt_tf.text.word_split import END_OF_WORD
 from serving.task_module import check_batch, check_texts, check_tokens
@@ -51,7 +52,7 @@ class LMServingModule(tf.Module):
 
     def score(self, input_ids, lengths) -> dict:
         """Outputs for right-padded token ids ``[B, T]`` with ``lengths`` real tokens per row."""
-        logits = tf.cast(self.lm(input_ids, training=False), tf.float32)[..., : self.vocab_size]
+        logits = tf.cast(self.lm(token_inputs(input_ids), training=False), tf.float32)[..., : self.vocab_size]
         log_probs = tf.nn.log_softmax(logits, axis=-1)
         targets = tf.clip_by_value(input_ids[:, 1:], 0, self.vocab_size - 1)
         scored = tf.gather(log_probs[:, :-1], targets, axis=2, batch_dims=2)

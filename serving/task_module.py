@@ -1,9 +1,9 @@
 """A fine-tuned task model as a ``tf.Module`` whose signatures stock TF Serving can run.
 
-Every signature is core TensorFlow (``gpt_tf.text.tf_tokenizer`` for the text, the §3.3
-transformation of ``gpt_tf.data.transforms.transform_record`` -- the very function training
-uses -- and the Keras layers traced into plain ops), so the SavedModel loads in a process that
-imports only ``tensorflow``.
+Every signature is core TensorFlow (``gpt_tf.text.tf_tokenizer`` for the text, the features of the task's
+``GPT1TaskPreprocessor`` -- the §3.3 transformation of ``gpt_tf.data.transforms.transform_record``, the very
+function training uses -- and the model's functional graph traced into plain ops), so the SavedModel loads in a
+process that imports only ``tensorflow``.
 
 Signatures (inputs -> outputs; B = any batch size >= 1, K = views per example):
 
@@ -36,7 +36,6 @@ from __future__ import annotations
 import tensorflow as tf
 
 from gpt_tf.tasks import TaskSpec
-from gpt_tf.data.transforms import special_ids_from_config, transform_record
 
 CHOICES = "choices"  # the candidates' signature input (multiple choice)
 
@@ -73,17 +72,20 @@ def check_tokens(name: str, ids: tf.RaggedTensor) -> list:
 
 
 class TaskServingModule(tf.Module):
-    """``model`` (a keras-hub task of the family: ``gpt_tf/gpt1/text_classifier.py``) behind text-in signatures;
-    see the module doc."""
+    """``model`` (a keras-hub task of the family: ``gpt_tf/gpt1/text_classifier.py``) behind text-in signatures, its
+    features made by ``preprocessor`` (a ``GPT1TaskPreprocessor``); see the module doc."""
 
-    def __init__(self, model, task: TaskSpec, tokenizer, name=None):
+    def __init__(self, model, task: TaskSpec, preprocessor, name=None):
         super().__init__(name=name)
-        self.model, self.task, self.tokenizer = model, task, tokenizer
-        config = model.backbone.config
-        if tokenizer.vocab_size != config.vocab_size:
-            raise ValueError(f"the tokenizer has {tokenizer.vocab_size} tokens but the model {config.vocab_size}")
-        self.n_ctx, self.total_vocab = config.n_ctx, config.total_vocab
-        self.special_ids = special_ids_from_config(config)
+        self.model, self.task, self.preprocessor = model, task, preprocessor
+        # tracked here: the in-graph tokenizer's lookup tables (the Keras tokenizer keeps it untracked) are saved with
+        # the module, which its signatures capture
+        self.tokenizer = preprocessor.tokenizer.tf_tokenizer
+        backbone = model.backbone
+        if preprocessor.tokenizer.vocabulary_size() != backbone.vocabulary_size:
+            raise ValueError(f"the tokenizer has {preprocessor.tokenizer.vocabulary_size()} ids (BPE + specials) but "
+                             f"the model {backbone.vocabulary_size}")
+        self.n_ctx, self.total_vocab = backbone.max_sequence_length, backbone.vocabulary_size
         self.views = task.num_views
 
     # ---------------------------------------------------------------- graph pieces
@@ -93,41 +95,23 @@ class TaskServingModule(tf.Module):
         for name, texts in fields.items():
             checks += check_texts(name, texts)
         with tf.control_dependencies(checks):
-            tokens = {name: self.tokenizer(tf.reshape(texts, [-1])) for name, texts in fields.items()}
+            tokenize = self.preprocessor.tokenizer.tokenize
+            tokens = {name: tokenize(tf.reshape(texts, [-1])) for name, texts in fields.items()}
         checks = [c for name, ids in tokens.items() for c in check_tokens(name, ids)]
         with tf.control_dependencies(checks):
             return {name: tf.identity(ids) for name, ids in tokens.items()}
 
-    def _record(self, tokens: dict, i) -> dict:
-        """Example ``i`` as the parsed-record dict ``transform_record`` takes (no label)."""
-        names = self.task.input_fields
-        empty = tf.zeros([0], tf.int32)
-        record = {"tokens_a": tokens[names[0]][i], "tokens_b": tokens[names[1]][i] if len(names) > 1 else empty,
-                  "choice_tokens": empty, "choice_lengths": empty, "label": tf.constant(-1.0)}
-        if self.task.input_type == "multiple_choice":
-            n = self.task.num_choices
-            rows = tokens[CHOICES][i * n: (i + 1) * n]
-            record.update(choice_tokens=rows.flat_values, choice_lengths=tf.cast(rows.row_lengths(), tf.int32))
-        return record
-
     def features(self, fields: dict) -> tuple[tf.Tensor, tf.Tensor]:
-        """Text fields -> (``input_ids`` int32 ``[B, K, T]``, ``extract_index`` int32 ``[B, K]``)."""
-        tokens = self._token_fields(fields)
-        batch = tf.shape(next(iter(fields.values())))[0]
-        spec = (tf.TensorSpec([self.views, self.n_ctx], tf.int32), tf.TensorSpec([self.views], tf.int32))
-
-        def one(i):
-            features, _ = transform_record(self.task, self._record(tokens, i), self.n_ctx, self.special_ids)
-            return features["input_ids"], features["extract_index"]
-
-        input_ids, extract_index = tf.map_fn(one, tf.range(batch), fn_output_signature=spec)
-        length = tf.reduce_max(extract_index) + 1  # views padded to the longest one in the batch
-        return input_ids[:, :, :length], extract_index
+        """Text fields -> (``input_ids`` int32 ``[B, K, T]``, ``extract_index`` int32 ``[B, K]``), padded to the
+        batch's longest view (the preprocessor's ``features``)."""
+        features = self.preprocessor.features(self._token_fields(fields), padding="longest")
+        return features["input_ids"], features["extract_index"]
 
     def predict_tokens(self, input_ids, extract_index) -> dict:
         """Task outputs (float32) for the model's features; see the module doc."""
-        out = self.model.task_outputs({"input_ids": input_ids, "extract_index": extract_index}, training=False)
-        out = tf.cast(out["task"], tf.float32)
+        inputs = {"input_ids": input_ids, "extract_index": extract_index,
+                  "lm_weights": tf.zeros(tf.shape(input_ids), tf.float32)}  # read in training only
+        out = tf.cast(self.model(inputs, training=False), tf.float32)
         if self.task.head == "regression":
             return {"score": out}
         probabilities = tf.nn.softmax(out, axis=-1)

@@ -50,7 +50,7 @@ NUMERICS = (
     "test_model", "test_task_model", "test_weights", "test_gpt1_fit", "test_gpt1_presets_cli", "test_gpt1_batching",
     "test_kernels", "test_inference_gelu", "test_aliased_grads", "test_lstm", "test_torch_lstm", "test_optim",
     "test_backends", "test_vocab_padding",
-    "test_gpt1_family::test_predict_on_texts_computes_what_task_outputs_computes_on_their_features",
+    "test_gpt1_family::test_predict_on_texts_computes_what_the_model_computes_on_their_features",
     "test_gpt1_family::test_task_presets_round_trip_with_identical_logits",
     "test_gpt1_family::test_the_loops_language_model_starts_from_a_preset",
     "test_gpt1_family::test_release_shards_and_runs_convert_to_presets",

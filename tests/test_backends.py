@@ -39,10 +39,12 @@ def _outputs(models: dict) -> dict:
     """Every model's output on the fixed inputs, as numpy."""
     import keras
 
+    from gpt_tf.gpt1.backbone import token_inputs
+
     lm, shipped = models["lm"], models["shipped"]
     features = lm.preprocessor.generate_preprocess(PROMPTS, sequence_length=16)
     return {
-        "states": keras.ops.convert_to_numpy(lm.backbone(features["token_ids"])),
+        "states": keras.ops.convert_to_numpy(lm.backbone(token_inputs(features["token_ids"]))),
         "lm": keras.ops.convert_to_numpy(lm(features)),
         "shipped": keras.ops.convert_to_numpy(shipped(shipped.preprocessor.generate_preprocess(PROMPTS, sequence_length=16))),
         "classifier": models["classifier"].predict(TEXTS, verbose=0),
@@ -67,6 +69,7 @@ def _tensorflow_only_features_raise(models: dict, folder: Path) -> list:
     """The one-line errors of the TensorFlow-only features (none where Keras runs on TensorFlow)."""
     from gpt_tf import backend
     from gpt_tf.nn.optim import make_optimizer
+    from gpt_tf.training.loop import TrainLoop
 
     def error(call):
         try:
@@ -77,11 +80,10 @@ def _tensorflow_only_features_raise(models: dict, folder: Path) -> list:
 
     if backend.on_tensorflow():
         return []
-    optimizer = make_optimizer(models["lm"].trainable_variables, 1e-3)
     from serving.export import export_task_at
 
     return [error(lambda: export_task_at(models["classifier"], str(folder / "saved_model"))),
-            error(lambda: optimizer.clip_and_apply([], [])),
+            error(lambda: TrainLoop(None, str(folder / "run"), models["lm"].variables, make_optimizer(1e-3))),
             error(lambda: backend.use_tensorflow_for_command("gpt_tf.train"))]
 
 
@@ -91,6 +93,7 @@ def _fast_paths(backbone) -> dict:
     import keras
     from keras import ops
 
+    from gpt_tf.gpt1.backbone import token_inputs
     from gpt_tf.gpt1.build import backbone_for
     from gpt_tf.nn import layers
     from gpt_tf.nn.objectives import token_cross_entropy
@@ -101,13 +104,13 @@ def _fast_paths(backbone) -> dict:
     calls, attention = [], ops.dot_product_attention
     layers.ops.dot_product_attention = lambda *a, **k: calls.append(1) or attention(*a, **k)
     try:
-        fused = ops.convert_to_numpy(quiet(ids, training=True))
+        fused = ops.convert_to_numpy(quiet(token_inputs(ids), training=True))
     finally:
         layers.ops.dot_product_attention = attention
     for layer in quiet._flatten_layers():  # pylint: disable=protected-access
         if isinstance(layer, layers.CausalSelfAttention):
             layer.fused = lambda training: False
-    written = ops.convert_to_numpy(quiet(ids, training=True))
+    written = ops.convert_to_numpy(quiet(token_inputs(ids), training=True))
     dropout, ones = layers.Dropout16(0.1, seed=1), ops.ones((256, 1024))
     masks = [ops.convert_to_numpy(dropout(ones, training=True)) for _ in range(2)]
     logits = keras.random.normal((4, 7, 300), stddev=4.0, seed=2)
@@ -154,10 +157,13 @@ def child(name: str, folder: Path) -> None:
     if (folder / f"{before}_fitted").is_dir():  # the preset the backend before this one fitted and saved
         report["loaded"] = _loaded(folder, before)
     classifier = models["classifier"]
-    classifier.compile(learning_rate=1e-3, warmup_fraction=0.1, lm_coef=LM_COEF)
+    # λ is the preset's (lm_coef, a constructor argument); the schedule spans fit's 4 epochs of 2 updates
+    classifier.compile(learning_rate=1e-3, warmup_fraction=0.1, train_steps=4 * len(TEXTS) // 4)
     history = classifier.fit(TEXTS, LABELS, batch_size=4, epochs=4, verbose=0).history
     classifier.save_to_preset(str(folder / f"{name}_fitted"))
     report["fit"] = {"loss": history["loss"], "optimizer": type(classifier.optimizer).__name__,
+                     "lm_coef": classifier.get_layer("extract").lm_coef,
+                     "updates": int(keras.ops.convert_to_numpy(classifier.optimizer.iterations)),
                      "logits": classifier.predict(TEXTS, verbose=0).tolist()}
     report["errors"] = _tensorflow_only_features_raise(models, folder)
     report["fast_paths"] = _fast_paths(models["lm"].backbone)
@@ -178,7 +184,7 @@ def reports(tmp_path_factory) -> dict:
     tokenizer, backbone = gpt1_tokenizer(), gpt1_backbone()
     task = gpt_tf.GPT1TaskPreprocessor
     models = {"lm": gpt_tf.GPT1CausalLM(backbone, gpt_tf.GPT1CausalLMPreprocessor(tokenizer)),
-              "classifier": gpt_tf.GPT1TextClassifier(backbone, 2, task(tokenizer)),
+              "classifier": gpt_tf.GPT1TextClassifier(backbone, 2, task(tokenizer), lm_coef=LM_COEF),
               "regressor": gpt_tf.GPT1TextRegressor(backbone, task(tokenizer)),
               "choice": gpt_tf.GPT1MultipleChoice(backbone, 2, task(tokenizer))}
     for key, model in models.items():
@@ -214,7 +220,7 @@ def test_greedy_generation_is_the_same_with_and_without_the_cache_on_every_backe
 @pytest.mark.parametrize("name", BACKENDS)
 def test_fit_with_the_auxiliary_lm_loss_lowers_the_loss(reports, name):
     fit = reports[name]["fit"]
-    assert fit["optimizer"] == "GPTAdamW"
+    assert fit["optimizer"] == "GPTAdamW" and fit["lm_coef"] == LM_COEF and fit["updates"] == 8
     # L1 of an untrained LM is about ln(V) per token: the first epoch's loss holds λ·L1 (~4.5) beside L2 (~0.7)
     assert fit["loss"][0] > 0.8 * LM_COEF * math.log(8004), fit["loss"]
     assert fit["loss"][-1] < fit["loss"][0] - 0.1, fit["loss"]
@@ -232,7 +238,7 @@ def test_tensorflow_only_features_say_so_in_one_line(reports):
         errors = reports[name]["errors"]
         assert len(errors) == 3 and all(e and "\n" not in e for e in errors), errors
         assert "exporting GPT1TextClassifier" in errors[0] and f"Keras runs on {name}" in errors[0], errors[0]
-        assert "clip_and_apply" in errors[1] and "KERAS_BACKEND=tensorflow" in errors[1], errors[1]
+        assert "training loop" in errors[1] and "KERAS_BACKEND=tensorflow" in errors[1], errors[1]
         assert f"imported on {name}" in errors[2], errors[2]
 
 

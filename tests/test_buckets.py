@@ -109,17 +109,35 @@ def test_resuming_at_a_batch_replays_the_stream_from_there(built):
         assert sorted(sum(epoch, [])) == list(range(64))  # every record exactly once per epoch
 
 
+INPUTS = ("input_ids", "extract_index", "lm_weights")  # the task model's inputs among a batch's features
+
+
 def per_example_losses(model, task, features, label):
-    """(task loss, summed LM loss) per example, as task_loss adds them up."""
-    out = model.task_outputs(features, training=False, with_lm=True)
-    task_out = tf.cast(out["task"], tf.float32)
+    """(task loss, the sum of its views' mean LM losses) per example: what the training loss averages (L2 over the
+    examples, L1 over the views, each view's own mean over its real next tokens)."""
+    from gpt_tf.gpt1.backbone import token_inputs
+
+    task_out = tf.cast(model({k: features[k] for k in INPUTS}, training=False), tf.float32)
     if task.head == "regression":
         task_l = tf.square(task_out - label)
     else:
         task_l = keras.losses.sparse_categorical_crossentropy(label, task_out, from_logits=True)
     ids = features["input_ids"]
-    lm = keras.losses.sparse_categorical_crossentropy(ids[..., 1:], out["lm"][..., :-1, :], from_logits=True)
-    return task_l.numpy(), tf.reduce_sum(lm * features["lm_weights"][..., :-1], axis=[1, 2]).numpy()
+    rows = tf.reshape(ids, [-1, tf.shape(ids)[-1]])  # every view a row
+    logits = model.backbone.embed.logits(model.backbone(token_inputs(rows)))  # the tied LM head, every position
+    lm = keras.losses.sparse_categorical_crossentropy(rows[:, 1:], logits[:, :-1, :], from_logits=True)
+    weights = tf.reshape(features["lm_weights"], tf.shape(rows))[:, :-1]
+    per_view = tf.reduce_sum(lm * weights, -1) / tf.maximum(tf.reduce_sum(weights, -1), 1.0)
+    return task_l.numpy(), tf.reduce_sum(tf.reshape(per_view, tf.shape(ids)[:2]), -1).numpy()
+
+
+def padded_to(features, length):
+    """The model's inputs of a batch padded further, to ``length``: pad tokens, weight 0."""
+    extra = length - features["input_ids"].shape[-1]
+    return {"input_ids": np.pad(features["input_ids"].numpy(), ((0, 0), (0, 0), (0, extra)),
+                                constant_values=SPECIAL["pad"]),
+            "extract_index": features["extract_index"].numpy(),
+            "lm_weights": np.pad(features["lm_weights"].numpy(), ((0, 0), (0, 0), (0, extra)))}
 
 
 @pytest.mark.parametrize("task", list(TASKS))
@@ -129,9 +147,10 @@ def test_bucketed_epoch_gives_the_padded_losses_and_views_share_a_bucket(built, 
 
     spec = get_task(task)
     keras.utils.set_random_seed(0)
-    config = get_size("test", vocab_size=40478, n_ctx=64)
-    model = task_for_spec(GPT1Backbone.from_gpt_config(config), spec, dropout=0.0)
+    config = get_size("test", vocab_size=40478, n_ctx=64, embd_pdrop=0.0, attn_pdrop=0.0, resid_pdrop=0.0)
+    model = task_for_spec(GPT1Backbone.from_gpt_config(config), spec, dropout=0.0, compile=True)
     losses, per_epoch = {}, transforms.num_examples(str(built / task), "train") // 8
+    trained = []  # (a bucketed batch's training loss, the same batch's padded to n_ctx)
     for buckets in (None, (64,)):
         got = {}
         for features, label in dataset(built, task, "train", training=True, seed=5, buckets=buckets).take(per_epoch):
@@ -142,11 +161,18 @@ def test_bucketed_epoch_gives_the_padded_losses_and_views_share_a_bucket(built, 
             assert ids.shape[-1] == (64 if buckets else bucket_of(extract.max() + 1, bucket_lengths(64)))
             for i, t, lm in zip(features["record_index"].numpy(), *per_example_losses(model, spec, features, label)):
                 got[int(i)] = (t, lm)
+            if buckets is None and len(trained) < 2 and ids.shape[-1] < 64:  # the model's own loss (L2 + λ·L1)
+                x = {k: features[k] for k in INPUTS}
+                trained.append([float(model.compute_loss(f, label, model(f, training=True)))
+                                for f in (x, padded_to(features, 64))])
         losses[buckets] = got
     bucketed, padded = losses[None], losses[(64,)]
     assert sorted(bucketed) == sorted(padded) and len(bucketed) == per_epoch * 8  # one epoch: the same records
     for i in bucketed:
         np.testing.assert_allclose(bucketed[i], padded[i], rtol=1e-5, atol=1e-5)
+    assert trained
+    for bucket_loss, full_loss in trained:  # the training loss does not see the padding either
+        np.testing.assert_allclose(bucket_loss, full_loss, rtol=1e-5)
 
 
 def test_predictions_come_back_in_file_order(built, tmp_path):

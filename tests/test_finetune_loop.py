@@ -73,7 +73,7 @@ def _kill_9_at_then_resume(run_dir, flags, killed, checkpoint):
     proc.wait()
     assert not (killed / "checkpoints" / "ckpt-24.index").exists()
     assert "resumed from" in run_cli("gpt_tf.train", *flags, f"--run_dir={killed}").stderr
-    assert max_abs_diff  # bit for bit, as above(model_weights(run_dir, 24), model_weights(killed, 24)) == 0.0
+    assert max_abs_diff(model_weights(run_dir, 24), model_weights(killed, 24)) == 0.0  # bit for bit, as above
 
 
 def test_kill_9_mid_epoch_then_resume_gives_bit_identical_weights(straight, tmp_path):
@@ -103,7 +103,7 @@ def one_device(built, tmp_path_factory):
 
 
 def test_grad_accum_2_gives_the_full_batch_update(one_device, tmp_path):
-    # λ = 0.5, so both losses' global counts matter.
+    # λ = 0.5: the task loss and L1 are both means over the global batch's examples (L1 per view first).
     flags, full, _ = one_device
     run_cli("gpt_tf.train", *flags, "--grad_accum_steps=2", f"--run_dir={tmp_path / 'accum'}")
     assert max_abs_diff(full, model_weights(tmp_path / "accum", 10)) < 1e-5

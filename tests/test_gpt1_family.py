@@ -30,6 +30,13 @@ def tokenizer():
     return gpt1_tokenizer()
 
 
+def token_inputs(ids):
+    """keras-hub's backbone inputs of token ids (``gpt_tf.gpt1.backbone.token_inputs``; imported at first use)."""
+    from gpt_tf.gpt1.backbone import token_inputs as inputs
+
+    return inputs(ids)
+
+
 def test_import_is_light_and_importing_the_family_registers_it_with_keras_hub():
     script = textwrap.dedent(f"""
         import sys
@@ -51,15 +58,15 @@ def test_import_is_light_and_importing_the_family_registers_it_with_keras_hub():
     assert proc.stdout.split() == ["GPT1Backbone", "GPT1TextClassifier", "GPT1TextClassifier", "True", "True"]
 
 
-def test_predict_on_texts_computes_what_task_outputs_computes_on_their_features(tokenizer):
+def test_predict_on_texts_computes_what_the_model_computes_on_their_features(tokenizer):
     classifier = _classifier(tokenizer, "pair_symmetric")
     features = classifier.preprocessor({"sentence1": TEXTS, "sentence2": TEXTS[::-1]})  # a tuple would be (x, y)
     from gpt_tf.data.task_batches import bucket_lengths
 
     assert features["input_ids"].shape[1] == 2 and features["input_ids"].shape[2] in bucket_lengths(32)
-    # two paths (predict's traced graph on length-sorted batches, an eager task_outputs): within TWO_PATHS
+    # two paths (predict's traced graph, an eager call of the model): within TWO_PATHS
     np.testing.assert_allclose(classifier.predict((TEXTS, TEXTS[::-1]), verbose=0),
-                               classifier.task_outputs(features)["task"].numpy(), **TWO_PATHS)
+                               classifier(features).numpy(), **TWO_PATHS)
 
 
 def test_preprocessor_applies_the_papers_transformations(tokenizer):
@@ -124,7 +131,10 @@ def test_preprocessors_from_a_preset_take_the_backbones_sequence_length():
         ("GPT1CausalLMPreprocessor", 128), ("GPT1CausalLMPreprocessor", 128), ("GPT1TaskPreprocessor", 128),
         ("GPT1TaskPreprocessor", 128)]
     assert loaded[0](TEXTS[0])[0]["token_ids"].shape == (128,)
-    assert loaded[2](TEXTS)["input_ids"].shape == (3, 1, 128)
+    assert loaded[2](TEXTS[0])["input_ids"].shape == (1, 128)  # one example: padded to sequence_length
+    assert loaded[2](TEXTS)["input_ids"].shape == (3, 1, 128)  # a batch too, by default (keras-hub's one length)
+    bucketed = gpt_tf.GPT1TaskPreprocessor.from_preset("gpt1_tiny_books_en", pad_to_bucket=True)
+    assert bucketed(TEXTS)["input_ids"].shape == (3, 1, 16)  # a batch: to its bucket
     assert gpt_tf.GPT1CausalLMPreprocessor.from_preset("gpt1_tiny_books_en", sequence_length=20).sequence_length == 20
     with pytest.raises(ValueError, match="sequence_length is not set"):
         gpt_tf.GPT1CausalLMPreprocessor(loaded[0].tokenizer)(TEXTS)
@@ -132,14 +142,17 @@ def test_preprocessors_from_a_preset_take_the_backbones_sequence_length():
 
 def test_task_preprocessor_pads_to_sequence_length_so_map_then_batch_works(tokenizer):
     """keras-hub's pipeline ``from_tensor_slices((texts, labels)).map(preprocessor).batch(n)`` on texts of different
-    lengths: every view is padded to ``sequence_length``; one example gives features of one rank less. Length
-    buckets are asked for (``pad_to_bucket=True``), as the tasks' ``preprocess_samples`` does."""
+    lengths: one example is padded to ``sequence_length`` (features of one rank less), so the batches stack. A batch
+    is padded to the length bucket of its longest view with ``pad_to_bucket=True``, or to ``sequence_length`` (the
+    default, keras-hub's one length); ``features`` pads to ``"length"``, ``"bucket"`` or ``"longest"`` (the served
+    models')."""
     import tensorflow as tf
 
     import gpt_tf
 
-    pre = gpt_tf.GPT1TaskPreprocessor(tokenizer, sequence_length=32)
-    features = {k: np.asarray(v) for k, v in pre(TEXTS).items()}
+    pre = gpt_tf.GPT1TaskPreprocessor(tokenizer, sequence_length=32, pad_to_bucket=True)
+    full = gpt_tf.GPT1TaskPreprocessor(tokenizer, sequence_length=32)
+    features = {k: np.asarray(v) for k, v in full(TEXTS).items()}
     assert {k: v.shape for k, v in features.items()} == {"input_ids": (3, 1, 32), "extract_index": (3, 1),
                                                          "lm_weights": (3, 1, 32)}
     for key, value in pre(TEXTS[1]).items():
@@ -148,18 +161,32 @@ def test_task_preprocessor_pads_to_sequence_length_so_map_then_batch_works(token
     assert labels.numpy().tolist() == [1, 0, 1]
     for key, value in got.items():
         np.testing.assert_array_equal(value, features[key])
-    bucketed = pre(TEXTS, pad_to_bucket=True)
+    bucketed = pre(TEXTS)
     length = bucketed["input_ids"].shape[2]
-    assert length == 16 > int(features["extract_index"].max())  # the bucket of the longest view, not 32
-    np.testing.assert_array_equal(bucketed["input_ids"], features["input_ids"][:, :, :length])
+    longest = int(features["extract_index"].max()) + 1
+    assert length == 16 > longest  # the bucket of the longest view, not 32
+    for key in ("input_ids", "lm_weights"):
+        np.testing.assert_array_equal(bucketed[key], features[key][:, :, :length])
+    np.testing.assert_array_equal(bucketed["extract_index"], features["extract_index"])
+    fields = {"sentence": tf.constant(TEXTS)}
+    for padding, want in (("length", 32), ("bucket", length), ("longest", longest)):
+        out = pre.features(fields, padding=padding)
+        assert out["input_ids"].shape == (3, 1, want), padding
+        np.testing.assert_array_equal(out["input_ids"], features["input_ids"][:, :, :want])
+    with pytest.raises(ValueError, match="padding must be one of"):
+        pre.features(fields, padding="bucketed")
     task = gpt_tf.GPT1TextClassifier(_backbone(), 2, pre)
     assert task.preprocess_samples(TEXTS)["input_ids"].shape[2] == length
+    assert gpt_tf.GPT1TextClassifier.from_config(task.get_config()).preprocessor.pad_to_bucket is True
 
     choice = gpt_tf.GPT1TaskPreprocessor(tokenizer, sequence_length=32, input_type="multiple_choice", num_choices=2)
     choices = [["yes .", "no , not at all ."], ["maybe .", "never ."]]
     one = choice({"context": TEXTS[0], "choices": choices[0]})
     assert one["input_ids"].shape == (2, 32) and one["extract_index"].shape == (2,)
-    np.testing.assert_array_equal(one["input_ids"], choice({"context": TEXTS[:2], "choices": choices})["input_ids"][0])
+    batch = choice({"context": TEXTS[:2], "choices": choices})["input_ids"]  # [2, 2, its bucket]
+    width = batch.shape[2]
+    np.testing.assert_array_equal(one["input_ids"][:, :width], batch[0])
+    assert (np.asarray(one["input_ids"])[:, width:] == tokenizer.pad_token_id).all()
 
 
 def _lm_arrays(outputs) -> list:
@@ -182,7 +209,8 @@ def test_task_presets_round_trip_with_identical_logits(tokenizer, tmp_path):
     # shapes (the same traced predict, then the same eager backbone call), which round the same way run after run.
     np.testing.assert_array_equal(reloaded.predict(TEXTS, verbose=0), classifier.predict(TEXTS, verbose=0))
     backbone = keras_hub.models.Backbone.from_preset(str(tmp_path / "task"))
-    np.testing.assert_array_equal(backbone(np.array([[1, 2, 3]])), classifier.backbone(np.array([[1, 2, 3]])))
+    x = token_inputs(np.array([[1, 2, 3]]))
+    np.testing.assert_array_equal(backbone(x), classifier.backbone(x))
 
 
 def test_the_loops_language_model_starts_from_a_preset(tmp_path):
@@ -193,7 +221,7 @@ def test_the_loops_language_model_starts_from_a_preset(tmp_path):
     backbone.save_to_preset(str(tmp_path))
     lm = causal_lm_for(pretrained_model_config(str(tmp_path)))
     restore_pretrained_lm(lm, str(tmp_path))
-    x = np.array([[5, 6, 7, 8]])
+    x = token_inputs(np.array([[5, 6, 7, 8]]))
     # Bit for bit on every CPU: exact weights, and the LM's call is these same eager ops on the same shapes.
     np.testing.assert_array_equal(lm(x), backbone.embed.logits(backbone(x)))
 
@@ -209,24 +237,32 @@ def test_release_shards_and_runs_convert_to_presets(tokenizer, tmp_path):
     save_gpt1_release(lm, tmp_path / "shards")
     presets.preset_from_gpt1_shards(str(tmp_path / "shards"), str(BPE), str(tmp_path / "p"), model="test")
     converted = keras_hub.models.Backbone.from_preset(str(tmp_path / "p"))
-    x = np.array([[5, 6, 7, 8, 9]])
+    x = token_inputs(np.array([[5, 6, 7, 8, 9]]))
     # the release carries no special-token rows (they keep their init): the BPE tokens' logits are equal, bit for bit
     # on every CPU (the shards hold the exact float32 values; both sides run the same eager ops on the same shapes)
     np.testing.assert_array_equal(converted.embed.logits(converted(x))[..., :8000], lm(x)[..., :8000])
 
 
 def test_clear_errors_for_num_classes_labels_and_unknown_presets(tokenizer, tmp_path):
+    import re
+
     import gpt_tf
 
     for bad in (0, 1, 2.0):
         with pytest.raises(ValueError, match=f"num_classes must be an integer >= 2, got {bad!r}"):
             gpt_tf.GPT1TextClassifier(_backbone(), num_classes=bad)
-    shipped = r"shipped preset \(gpt1_small_books_en, gpt1_tiny_books_en, books_tiny\)"
-    with pytest.raises(ValueError, match=r"GPT-1 preset 'no_such_preset' not found: .*" + shipped):
+    for bad in (1, True, 2.0):
+        with pytest.raises(ValueError, match=f"num_choices must be an integer >= 2, got {bad!r}"):
+            gpt_tf.GPT1MultipleChoice(_backbone(), num_choices=bad)
+    for bad in (-0.5, True):
+        with pytest.raises(ValueError, match=f"lm_coef must be >= 0, got {bad!r}"):
+            gpt_tf.GPT1TextClassifier(_backbone(), num_classes=2, lm_coef=bad)
+    # keras-hub's own errors (the family adds none): the name or folder given, and what a preset holds
+    with pytest.raises(ValueError, match=r"Unknown preset identifier(.|\n)*Received: preset='no_such_preset'"):
         gpt_tf.GPT1TextClassifier.from_preset("no_such_preset", num_classes=2)
-    with pytest.raises(ValueError, match=f"not found: .*{tmp_path / 'gone'} does not exist"):
+    with pytest.raises(ValueError, match=r"Unknown preset identifier(.|\n)*" + re.escape(str(tmp_path / "gone"))):
         gpt_tf.GPT1Backbone.from_preset(str(tmp_path / "gone"))
-    with pytest.raises(ValueError, match=f"{tmp_path} is not a preset folder: it holds no config.json .*books_tiny"):
+    with pytest.raises(ValueError, match=f"Preset {re.escape(str(tmp_path))} has no config.json"):
         gpt_tf.GPT1Tokenizer.from_preset(str(tmp_path))
     classifier = _classifier(tokenizer, num_classes=3)
     classifier.save_to_preset(str(tmp_path / "three"))
@@ -234,8 +270,8 @@ def test_clear_errors_for_num_classes_labels_and_unknown_presets(tokenizer, tmp_
         gpt_tf.GPT1TextClassifier.from_preset(str(tmp_path / "three"), num_classes=2)
     fresh = gpt_tf.GPT1TextClassifier.from_preset(str(tmp_path / "three"), num_classes=2, label_names=["no", "yes"])
     assert fresh.label_names == ("no", "yes")
-    with pytest.raises(Exception, match=r"label is >= num_classes=3"):
-        classifier.fit(TEXTS, [0, 1, 5], batch_size=3, verbose=0)
+    with pytest.raises(Exception, match=r"label value of 5 which is outside the valid range of \[0, 3\)"):
+        classifier.fit(TEXTS, [0, 1, 5], batch_size=3, verbose=0)  # the compiled loss's own check
 
 
 def test_public_classes_document_an_example_and_summarise(tokenizer):

@@ -1,5 +1,6 @@
 """GPT-1's keras-hub tasks train like the project's loop: ``fit`` from the same weights on the same batches
-(dropout off) ends at the loop's weights, on one device and under ``MirroredStrategy`` (2 logical CPUs).
+(dropout off) ends at the loop's weights, on one device and under ``MirroredStrategy`` (2 logical CPUs). Both run the
+model's own ``train_step``; ``compile(train_steps=...)`` gives ``fit`` the loop's schedule over its updates.
 
 Data: 32 SST-2 training sentences tokenized with books_tiny's BPE; model: the ``test`` shape on that vocabulary.
 """
@@ -19,6 +20,7 @@ from tests.small_runs import ENV, ROOT
 
 BOOKS_BPE = ROOT / "gpt_tf" / "presets" / "gpt1_tiny_books_en" / "assets" / "tokenizer"
 STEPS, BATCH, N_CTX = 4, 8, 32
+INPUTS = ("input_ids", "extract_index", "lm_weights")  # the task model's inputs among a batch's features
 TOL = 2e-5
 
 
@@ -71,18 +73,19 @@ def _classifier(start):
     import gpt_tf
 
     backbone = gpt_tf.GPT1Backbone.from_gpt_config(_config())
-    classifier = gpt_tf.GPT1TextClassifier(backbone, num_classes=2, preprocessor=None, dropout=0.0)
+    classifier = gpt_tf.GPT1TextClassifier(backbone, num_classes=2, preprocessor=None, dropout=0.0, lm_coef=0.5)
     for variable, value in zip(classifier.weights, start):
         variable.assign(value)
-    classifier.compile(learning_rate=1e-3, warmup_fraction=0.25, lm_coef=0.5)
+    classifier.compile(learning_rate=1e-3, warmup_fraction=0.25, train_steps=STEPS)
     return classifier
 
 
 def _dataset(batches):
     import tensorflow as tf
 
-    return tf.data.Dataset.from_generator(lambda: iter(batches), output_signature=(
-        {k: tf.TensorSpec([None] * len(v.shape), v.dtype) for k, v in batches[0][0].items()},
+    return tf.data.Dataset.from_generator(lambda: iter([({k: x[k] for k in INPUTS}, y) for x, y in batches]),
+                                          output_signature=(
+        {k: tf.TensorSpec([None] * len(batches[0][0][k].shape), batches[0][0][k].dtype) for k in INPUTS},
         tf.TensorSpec([None], batches[0][1].dtype)))
 
 
@@ -91,6 +94,7 @@ def test_fit_on_the_loops_batches_ends_at_the_loops_weights(loop_run):
     classifier = _classifier(start)
     history = classifier.fit(_dataset(batches), steps_per_epoch=STEPS, epochs=1, verbose=0)
     assert int(classifier.optimizer.iterations.numpy()) == STEPS and np.isfinite(history.history["loss"][0])
+    assert float(classifier.optimizer.learning_rate) == 0.0  # the loop's schedule: decayed to 0 at its last update
     got = [v.numpy() for v in classifier.weights]
     assert max(float(np.abs(a - b).max()) for a, b in zip(start, end)) > 1e-4  # the loop did move them
     for variable, a, b in zip(classifier.weights, got, end):
@@ -116,10 +120,10 @@ def test_fit_under_mirrored_strategy_on_two_cpus_matches_one_device(loop_run, tm
         with strategy.scope():
             config = get_size("test", vocab_size=8000, n_ctx={N_CTX}, embd_pdrop=0.0, attn_pdrop=0.0, resid_pdrop=0.0)
             classifier = gpt_tf.GPT1TextClassifier(gpt_tf.GPT1Backbone.from_gpt_config(config), num_classes=2,
-                                                   preprocessor=None, dropout=0.0)
+                                                   preprocessor=None, dropout=0.0, lm_coef=0.5)
             for variable, value in zip(classifier.weights, start):
                 variable.assign(value)
-            classifier.compile(learning_rate=1e-3, warmup_fraction=0.25, lm_coef=0.5)
+            classifier.compile(learning_rate=1e-3, warmup_fraction=0.25, train_steps={STEPS})
         spec = ({{k: tf.TensorSpec([None] * len(v.shape), v.dtype) for k, v in batches[0][0].items()}},
                 tf.TensorSpec([None], batches[0][1].dtype))
         dataset = tf.data.Dataset.from_generator(lambda: iter(batches), output_signature=spec)
@@ -140,7 +144,8 @@ def test_a_finetuning_run_converts_to_a_task_preset_with_the_runs_logits(loop_ru
 
     from gpt_tf.gpt1.backbone import GPT1Backbone
     from gpt_tf.convert.presets import preset_from_run
-    from gpt_tf.gpt1.text_classifier import task_for_spec
+    from gpt_tf.data.transforms import load_task_spec
+    from gpt_tf.gpt1.text_classifier import task_for_spec, task_spec_of
 
     _, end, batches, run_dir = loop_run
     # what the CLI writes beside the checkpoints (the Finetuner, used directly here, does not)
@@ -149,10 +154,13 @@ def test_a_finetuning_run_converts_to_a_task_preset_with_the_runs_logits(loop_ru
                                                                     "clf_pdrop": 0.0}))
     preset_from_run(run_dir, str(tmp_path / "preset"))
     task = keras_hub.models.TextClassifier.from_preset(str(tmp_path / "preset"))
-    reference = task_for_spec(GPT1Backbone.from_gpt_config(_config()), task.task_spec, dropout=0.0)
+    spec = load_task_spec(str(data))
+    got = task_spec_of(task, spec.name)  # the preset's task answers as the run's: its input type, head and labels
+    assert (got.input_type, got.head, got.label_names) == (spec.input_type, spec.head, spec.label_names)
+    reference = task_for_spec(GPT1Backbone.from_gpt_config(_config()), spec, dropout=0.0)
     for variable, value in zip(reference.weights, end):
         variable.assign(value)
-    features = {k: batches[0][0][k] for k in ("input_ids", "extract_index", "lm_weights")}
+    features = {k: batches[0][0][k] for k in INPUTS}
     # bit for bit on every CPU: the preset holds the run's weights exactly, and the task's call runs the reference's
     # eager ops on the same shapes
-    np.testing.assert_array_equal(task(features).numpy(), reference.task_outputs(features)["task"].numpy())
+    np.testing.assert_array_equal(task(features).numpy(), reference(features).numpy())

@@ -22,6 +22,7 @@ from tests.small_runs import gpt1_backbone as _backbone
 from tests.small_runs import gpt1_tokenizer
 
 IDS = np.array([[5, 6, 7, 8, 9, 10], [11, 12, 13, 14, 15, 16]], "int32")
+X = {"token_ids": IDS, "padding_mask": np.ones_like(IDS)}  # keras-hub's inputs (gpt_tf.gpt1.backbone.token_inputs)
 PROJECTIONS = ("c_attn", "c_proj", "c_fc")
 
 
@@ -54,8 +55,8 @@ def test_the_backbone_and_lm_are_functional_graphs_of_keras_layers(tmp_path):
     assert all(isinstance(layer, keras.layers.Dense) for layer in projections)
     assert isinstance(backbone.token_embedding, keras.layers.ReversibleEmbedding)
     # the graph equals the layers run one by one, and the LM head is the token table's transpose
-    np.testing.assert_array_equal(backbone(IDS), backbone.states(IDS))
-    np.testing.assert_array_equal(lm(IDS), backbone.embed.logits(backbone(IDS)))
+    np.testing.assert_array_equal(backbone(X), backbone.states(IDS))
+    np.testing.assert_array_equal(lm(X), backbone.embed.logits(backbone(X)))
     keras.utils.model_to_dot(lm, expand_nested=True)  # plot_model's graph (pydot), without writing a picture
 
 
@@ -66,7 +67,7 @@ def test_lora_trains_the_adapters_alone_through_a_task(tokenizer):
 
     classifier = gpt_tf.GPT1TextClassifier(_backbone(), num_classes=2,
                                            preprocessor=gpt_tf.GPT1TaskPreprocessor(tokenizer))
-    classifier.compile(learning_rate=1e-2, warmup_fraction=0.0)  # before LoRA: fit makes the optimizer anew
+    classifier.compile(learning_rate=1e-2, warmup_fraction=0.0)  # before LoRA: the optimizer is built by fit
     backbone = classifier.backbone
     backbone.enable_lora(4)
     names = sorted({v.path.split("/")[-1] for v in backbone.trainable_weights})
@@ -91,18 +92,18 @@ def test_int8_quantizes_every_projection_and_the_token_table_and_saves_loads_and
 
     keras.utils.set_random_seed(0)
     lm = gpt_tf.GPT1CausalLM(_backbone(), gpt_tf.GPT1CausalLMPreprocessor(tokenizer, sequence_length=16))
-    before = np.asarray(lm(IDS))
+    before = np.asarray(lm(X))
     lm.quantize("int8")
     quantized = {layer.path: layer.quantization_mode for layer in _leaves(lm) if layer.quantization_mode}
     expected = {f"h{i}/{scope}" for i in range(lm.backbone.config.n_layer)
                 for scope in ("attn/c_attn", "attn/c_proj", "mlp/c_fc", "mlp/c_proj")} | {"embed/tokens_embed"}
     assert set(quantized) == expected and set(quantized.values()) == {"int8"}
-    after = np.asarray(lm(IDS))
+    after = np.asarray(lm(X))
     assert 0 < np.abs(after - before).max() < 0.05 * np.abs(before).max()  # int8's rounding, not another model
     lm.save(tmp_path / "lm.keras")
-    np.testing.assert_array_equal(keras.saving.load_model(tmp_path / "lm.keras")(IDS), after)
+    np.testing.assert_array_equal(keras.saving.load_model(tmp_path / "lm.keras")(X), after)
     lm.save_to_preset(tmp_path / "preset")
-    np.testing.assert_array_equal(gpt_tf.GPT1CausalLM.from_preset(str(tmp_path / "preset"))(IDS), after)
+    np.testing.assert_array_equal(gpt_tf.GPT1CausalLM.from_preset(str(tmp_path / "preset"))(X), after)
     classifier = gpt_tf.GPT1TextClassifier(_backbone(), num_classes=2,
                                            preprocessor=gpt_tf.GPT1TaskPreprocessor(tokenizer))
     classifier.quantize("int8")
@@ -143,9 +144,10 @@ def test_int8_on_tensorflow_computes_kerass_int8_arithmetic(tokenizer):
     np.testing.assert_array_equal(table(h, reverse=True), keras.layers.ReversibleEmbedding._int8_call(table, h, reverse=True))
 
 
-def test_a_task_preset_holds_the_model_not_the_optimizers_moments(tokenizer, tmp_path):
-    import keras
-
+def test_a_task_preset_holds_the_head_and_as_keras_hubs_the_optimizers_state(tokenizer, tmp_path):
+    """``save_to_preset`` after ``fit``: ``task.weights.h5`` holds W_y (the backbone is ``model.weights.h5``) and, as
+    keras-hub's own tasks save it, the optimizer's state; the preset loads to the same predictions, and so does one
+    of an uncompiled task (no optimizer state: what the command line's conversion writes)."""
     import gpt_tf
 
     classifier = gpt_tf.GPT1TextClassifier(_backbone(), num_classes=2,
@@ -156,36 +158,54 @@ def test_a_task_preset_holds_the_model_not_the_optimizers_moments(tokenizer, tmp
     want = classifier.predict(TEXTS, verbose=0)
     classifier.save_to_preset(tmp_path / "preset")
     stored = _datasets(tmp_path / "preset" / "task.weights.h5")
-    assert stored and not any(name.startswith("optimizer") for name in stored), sorted(stored)
+    optimizer = {name: shape for name, shape in stored.items() if name.startswith("optimizer")}
+    model = {name: shape for name, shape in stored.items() if name not in optimizer}
     head = [v for v in classifier.weights if not any(v is w for w in classifier.backbone.weights)]
-    assert sum(map(np.prod, stored.values())) == sum(np.prod(v.shape) for v in head)  # W_y alone
+    assert model and sum(map(np.prod, model.values())) == sum(np.prod(v.shape) for v in head)  # W_y alone
+    assert optimizer and max(map(np.prod, optimizer.values())) == classifier.backbone.embed.tokens_embed.numpy().size
     np.testing.assert_array_equal(gpt_tf.GPT1TextClassifier.from_preset(str(tmp_path / "preset")).predict(TEXTS, verbose=0), want)
-    # a preset saved with the optimizer's state (as keras-hub's save_task_weights does) still loads
-    keras.saving.save_weights(classifier, tmp_path / "preset" / "task.weights.h5",
-                              objects_to_skip=list(classifier.backbone._flatten_layers()))
-    np.testing.assert_array_equal(gpt_tf.GPT1TextClassifier.from_preset(str(tmp_path / "preset")).predict(TEXTS, verbose=0), want)
+    bare = gpt_tf.GPT1TextClassifier(classifier.backbone, 2, classifier.preprocessor, compile=False)  # as converted
+    bare.get_layer("head").set_weights(classifier.get_layer("head").get_weights())
+    bare.save_to_preset(tmp_path / "bare")
+    assert not any(name.startswith("optimizer") for name in _datasets(tmp_path / "bare" / "task.weights.h5"))
+    np.testing.assert_array_equal(gpt_tf.GPT1TextClassifier.from_preset(str(tmp_path / "bare")).predict(TEXTS, verbose=0), want)
 
 
-def test_a_saved_task_loads_compiled_as_it_was(tokenizer, tmp_path):
-    """``model.save`` keeps the ``compile()`` call (the recipe's keywords too); ``load_model`` compiles with it,
-    without Keras's warning about a custom ``compile``."""
+def test_a_saved_task_keeps_its_lambda_and_its_compile_config(tokenizer, tmp_path):
+    """``model.save`` keeps the task's arguments (λ is ``lm_coef``, a constructor argument) and Keras's compile config,
+    whose optimizer, ``GPTAdamW`` on the paper's ``WarmupDecay``, deserialises as it was. As with keras-hub's own
+    tasks (a custom ``compile``), ``load_model`` leaves the compiling to the caller (Keras says so); compiled with the
+    saved config, the loaded task has the recipe it was saved with."""
+    import json
     import warnings
+    import zipfile
 
     import keras
 
     import gpt_tf
+    from gpt_tf.nn.optim import GPTAdamW, WarmupDecay
 
-    classifier = gpt_tf.GPT1TextClassifier(_backbone(), num_classes=2,
+    classifier = gpt_tf.GPT1TextClassifier(_backbone(), num_classes=2, lm_coef=0.25,
                                            preprocessor=gpt_tf.GPT1TaskPreprocessor(tokenizer))
-    classifier.compile(learning_rate=1e-3, lm_coef=0.25, warmup_fraction=0.1)
+    classifier.compile(learning_rate=1e-3, warmup_fraction=0.1, train_steps=100)
     classifier.save(tmp_path / "task.keras")
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
         loaded = keras.saving.load_model(tmp_path / "task.keras")
-    assert not [w for w in caught if "compile" in str(w.message)], [str(w.message) for w in caught]
-    assert loaded._compiled_with == classifier._compiled_with and loaded.lm_coef == 0.25
-    assert type(loaded.optimizer) is type(classifier.optimizer)
+    assert [w for w in caught if "`compile()` was not called" in str(w.message)]  # Keras's word on a custom compile
+    assert loaded.lm_coef == 0.25 and loaded.get_layer("extract").lm_coef == 0.25
     np.testing.assert_array_equal(loaded.predict(TEXTS, verbose=0), classifier.predict(TEXTS, verbose=0))
+    saved = json.loads(zipfile.ZipFile(tmp_path / "task.keras").read("config.json"))["compile_config"]
+    config = keras.saving.deserialize_keras_object(saved)
+    optimizer = config["optimizer"]
+    assert type(optimizer) is GPTAdamW and (optimizer.clip_norm, optimizer.weight_decay) == (1.0, 0.01)
+    schedule = optimizer._learning_rate  # pylint: disable=protected-access
+    assert type(schedule) is WarmupDecay and schedule.get_config() == {"peak": 1e-3, "warmup_steps": 10,
+                                                                        "total_steps": 100, "decay": "linear"}
+    loaded.compile(**config)
+    mine, theirs = (dict(m.optimizer.get_config(), name=None) for m in (loaded, classifier))
+    assert mine == theirs
+    assert type(loaded.loss) is type(classifier.loss)
 
 
 def _datasets(path) -> dict:
@@ -209,7 +229,7 @@ def test_weights_of_the_earlier_layout_load_and_convert_to_todays(tokenizer, tmp
     source = _backbone(seed=3)
     source.save_to_preset(str(tmp_path / "new"))
     tokenizer.save_to_preset(str(tmp_path / "new"))
-    want = np.asarray(source(IDS))
+    want = np.asarray(source(X))
     old = tmp_path / "old"
     old.mkdir()
     for name in os.listdir(tmp_path / "new"):
@@ -226,7 +246,7 @@ def test_weights_of_the_earlier_layout_load_and_convert_to_todays(tokenizer, tmp
                 for k in (0, 1):
                     f[f"blocks/{block}/{layer}/vars/{k}"] = np.array(slots[12 * i + 2 * j + k][2]).astype("float16")
     got = gpt_tf.GPT1Backbone.from_preset(str(old))
-    np.testing.assert_allclose(np.asarray(got(IDS)), want, atol=2e-2)  # float16 storage: the arrays' roundings
+    np.testing.assert_allclose(np.asarray(got(X)), want, atol=2e-2)  # float16 storage: the arrays' roundings
     proc = subprocess.run([sys.executable, "-m", "gpt_tf.convert", f"--preset={old}", f"--preset_dir={tmp_path / 'resaved'}"],
                           capture_output=True, text=True, timeout=300, check=False, env=ENV)
     assert proc.returncode == 0, proc.stderr[-3000:]
@@ -235,7 +255,7 @@ def test_weights_of_the_earlier_layout_load_and_convert_to_todays(tokenizer, tmp
         stored = set()
         f.visititems(lambda _, item: stored.add(str(item.dtype)) if isinstance(item, h5py.Dataset) else None)
     assert stored == {"float16"}  # float16 storage stays float16
-    np.testing.assert_array_equal(gpt_tf.GPT1Backbone.from_preset(str(tmp_path / "resaved"))(IDS), got(IDS))
+    np.testing.assert_array_equal(gpt_tf.GPT1Backbone.from_preset(str(tmp_path / "resaved"))(X), got(X))
     with h5py.File(old / "model.weights.h5", "a") as f:
         del f["blocks/transformer_block_1/ln_2"]
     with pytest.raises(ValueError, match="transformer_block_1/ln_2/vars is missing"):

@@ -52,13 +52,15 @@ def _lm(path):
 def test_a_pretraining_run_converts_by_the_cli_to_a_preset_with_the_runs_logits(runs):
     import keras_hub
 
+    from gpt_tf.gpt1.backbone import token_inputs
+
     preset = str(runs / "lm_preset")
     x = np.array([[5, 6, 7, 8, 9, 10]])
-    want = _lm(runs / "lm")(x).numpy()
+    want = _lm(runs / "lm")(token_inputs(x)).numpy()
     backbone = keras_hub.models.Backbone.from_preset(preset)
     # Bit for bit on every CPU: the preset stores the run's float32 weights exactly, and each model below runs the same
     # eager ops on the same shapes as the reference.
-    np.testing.assert_array_equal(backbone.embed.logits(backbone(x)), want)
+    np.testing.assert_array_equal(backbone.embed.logits(backbone(token_inputs(x))), want)
     causal_lm = keras_hub.models.CausalLM.from_preset(preset)
     assert type(causal_lm).__name__ == "GPT1CausalLM"
     np.testing.assert_array_equal(causal_lm({"token_ids": x, "padding_mask": np.ones_like(x, bool)}), want)
@@ -76,7 +78,7 @@ def test_a_finetuning_run_converts_by_the_cli_to_a_task_preset_with_the_runs_log
     task = keras_hub.models.TextClassifier.from_preset(str(runs / "ft_preset"))
     assert type(task).__name__ == "GPT1TextClassifier" and task.label_names == spec.label_names
     features = task.preprocessor(TEXTS)
-    want = model.task_outputs(features)["task"].numpy()
+    want = model(features).numpy()  # the run's model: its graph, restored by the core
     np.testing.assert_array_equal(task(features).numpy(), want)  # exact weights, the same eager ops: bit for bit
     np.testing.assert_allclose(task.predict(TEXTS, verbose=0), want, **TWO_PATHS)  # the same, traced in a graph
 
@@ -90,6 +92,7 @@ def test_a_state_dict_in_parts_converts_by_the_cli_to_a_preset_with_its_logits(t
 
     from gpt_tf.config import get_size
     from gpt_tf.convert.state_dicts import ROWS, to_hf_state_dict
+    from gpt_tf.gpt1.backbone import token_inputs
     from gpt_tf.gpt1.build import causal_lm_for
     from tests.small_runs import run_cli
 
@@ -105,7 +108,8 @@ def test_a_state_dict_in_parts_converts_by_the_cli_to_a_preset_with_its_logits(t
     x = np.array([[5, 6, 7, 8, 9]])
     # the state dict has no special-token rows (they keep the preset's init): the BPE tokens' logits are equal, bit for
     # bit on every CPU (the parts hold the exact float32 values; both sides run the same eager ops on the same shapes)
-    np.testing.assert_array_equal(backbone.embed.logits(backbone(x))[..., :8000], lm(x)[..., :8000])
+    np.testing.assert_array_equal(backbone.embed.logits(backbone(token_inputs(x)))[..., :8000],
+                                  lm(token_inputs(x))[..., :8000])
     refused = run_cli("gpt_tf.convert", *given, "--model=lstm_test", f"--preset_dir={tmp_path / 'lstm'}", check=False)
     assert refused.returncode == 1 and "--model=lstm_test: a GPT-1 preset holds a transformer, not model_type='lstm'" \
         in refused.stderr, refused.stderr

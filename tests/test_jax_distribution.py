@@ -83,12 +83,14 @@ def test_tensorflow_loads_the_runs_preset_and_scores_the_held_out_windows_as_the
 
     import gpt_tf
     from gpt_tf.data.reader import pretraining_dataset
+    from gpt_tf.gpt1.backbone import token_inputs
 
     data, root, results = runs
     lm = gpt_tf.GPT1CausalLM.from_preset(results["one"]["preset"])  # this process: TensorFlow
     assert keras.config.backend() == "tensorflow" and lm.backbone.config.n_ctx == 32
     valid = pretraining_dataset(str(data), "valid", 8, 32, shuffle=False, repeat=False).take(2)
-    losses = [keras.losses.sparse_categorical_crossentropy(y, lm(x), from_logits=True).numpy() for x, y in valid]
+    losses = [keras.losses.sparse_categorical_crossentropy(y, lm(token_inputs(x)), from_logits=True).numpy()
+              for x, y in valid]
     # the same held-out windows scored by two backends: two computation paths of float32 sums over 512 tokens
     np.testing.assert_allclose(np.mean(losses), results["one"]["held_out_loss"], **CLOSE)
     # its bits per character and per byte: the mean loss times the targets, over their text decoded by hand

@@ -23,6 +23,7 @@ def test_from_token_streams_without_tensorflow_in_pieces_as_in_one_go_and_the_we
 
     import gpt_tf
     from gpt_tf.convert.presets import preset_from_state_dict
+    from gpt_tf.gpt1.backbone import token_inputs
     from tools.jax_pretrain import token_windows
     from tools.torch_pretrain.convert import export
 
@@ -93,7 +94,7 @@ def test_from_token_streams_without_tensorflow_in_pieces_as_in_one_go_and_the_we
     lm = gpt_tf.GPT1CausalLM.from_preset(preset)  # this process: TensorFlow
     assert keras.config.backend() == "tensorflow" and {w.dtype for w in lm.weights} == {"float32"}
     _, _, valid = token_windows(str(tokens), 32, summary["held_out_windows"])
-    losses = [keras.losses.sparse_categorical_crossentropy(valid[i:i + 8, 1:], lm(valid[i:i + 8, :-1]),
+    losses = [keras.losses.sparse_categorical_crossentropy(valid[i:i + 8, 1:], lm(token_inputs(valid[i:i + 8, :-1])),
                                                            from_logits=True).numpy() for i in range(0, len(valid), 8)]
     # the weights went through float16: the held-out loss of the JAX run within that rounding
     np.testing.assert_allclose(np.mean(losses), summary["held_out_loss"], rtol=1e-3)

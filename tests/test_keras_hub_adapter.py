@@ -14,7 +14,9 @@ import pytest
 from tests.small_runs import BOOKS_TINY, ROOT, FakeHubs
 from tests.small_runs import gpt1_backbone as _backbone
 
-FAMILY_TASKS = ["GPT1CausalLM", "GPT1MultipleChoice", "GPT1TextClassifier", "GPT1TextRegressor"]
+# What keras-hub's metadata.json lists for a GPT1Backbone preset: each family task's first base class, keras-hub's own
+# (no mixin comes before it), sorted and deduplicated.
+KERAS_HUB_TASKS = ["CausalLM", "Task", "TextClassifier"]
 
 
 def expect(condition: bool, what: str) -> None:
@@ -108,15 +110,16 @@ def test_preprocessors_of_a_preset_without_their_config_get_the_backbone_config(
            "from_preset of a preset without preprocessor.json gives no sequence_length")
 
 
-def test_saved_presets_name_the_family_task_classes(tmp_path):
-    """``name_tasks_in_metadata``: ``metadata.json`` has a ``tasks`` list, which ``save_to_preset`` then holds as the
-    family's task classes (keras-hub writes each task's first base class: the family's mixins)."""
+def test_saved_presets_list_the_tasks_keras_hub_finds_for_the_backbone(tmp_path):
+    """keras-hub writes ``metadata.json`` itself (the family adds nothing): its ``tasks`` list holds the first base
+    class of every registered task whose ``backbone_cls`` is the backbone's, so the family's tasks appear as the
+    keras-hub classes they subclass directly (``from_preset`` of those resolves to the family's classes)."""
     _backbone().save_to_preset(str(tmp_path))
     path = tmp_path / "metadata.json"
     expect(path.is_file(), "Backbone.save_to_preset writes no metadata.json")
     tasks = json.loads(path.read_text()).get("tasks")
     expect(tasks is not None, "metadata.json has no 'tasks'")
-    assert tasks == FAMILY_TASKS
+    assert tasks == KERAS_HUB_TASKS
 
 
 def test_upload_to_a_hugging_face_repository_holding_a_card_uploads_the_folders_card(tmp_path, monkeypatch):

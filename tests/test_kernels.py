@@ -183,8 +183,8 @@ def test_gpt_adamw_gives_the_same_updates_with_and_without_the_kernel(lib, monke
         if not use_kernel:
             monkeypatch.setattr(kernels, "ops", lambda: None)
         variables = [tf.Variable(a, dtype=tf.float32) for a in init]
-        opt = make_optimizer(variables, learning_rate=1e-2, weight_decay=0.1, clip_norm=1.0)
-        apply = tf.function(lambda gs: opt.clip_and_apply(gs, variables))
+        opt = make_optimizer(learning_rate=1e-2, weight_decay=0.1, clip_norm=1.0, variables=variables)
+        apply = tf.function(lambda gs: opt.apply(gs, variables))
         for step in grads:
             apply([tf.constant(g, tf.float32) for g in step])
         results.append([v.numpy() for v in variables])
@@ -202,8 +202,8 @@ def test_gpt_adamw_compiled_with_xla_runs_the_stock_update(lib):
     results = []
     for jit in (False, True):
         variables = [tf.Variable(init, dtype=tf.float32)]
-        opt = make_optimizer(variables, learning_rate=1e-2, weight_decay=0.1, clip_norm=1.0)
-        apply = tf.function(lambda gs: opt.clip_and_apply(gs, variables), jit_compile=jit)
+        opt = make_optimizer(learning_rate=1e-2, weight_decay=0.1, clip_norm=1.0, variables=variables)
+        apply = tf.function(lambda gs: opt.apply(gs, variables), jit_compile=jit)
         apply([tf.constant(grad, tf.float32)])
         results.append(variables[0].numpy())
     np.testing.assert_allclose(results[1], results[0], rtol=1e-6, atol=1e-7)

@@ -16,6 +16,7 @@ import tensorflow as tf
 
 from gpt_tf.config import GPTConfig, get_size
 from gpt_tf.training.task_objective import FinetuneConfig, Finetuner
+from gpt_tf.gpt1.backbone import token_inputs
 from gpt_tf.gpt1.build import backbone_for, causal_lm_for
 from gpt_tf.gpt1.lstm import LSTMBackbone
 from gpt_tf.gpt1.text_classifier import task_for_spec
@@ -51,26 +52,40 @@ def test_config_type_and_parameter_count():
 def test_lm_is_causal_and_tied():
     lm = _lm()
     ids = np.random.default_rng(0).integers(0, CONFIG.vocab_size, (2, 20))
-    logits = np.asarray(lm(ids))
+    logits = np.asarray(lm(token_inputs(ids)))
     changed = ids.copy()
     changed[:, 12:] = 3
-    np.testing.assert_allclose(np.asarray(lm(changed))[:, :12], logits[:, :12], atol=1e-6)
-    states = lm.backbone(ids)
+    np.testing.assert_allclose(np.asarray(lm(token_inputs(changed)))[:, :12], logits[:, :12], atol=1e-6)
+    states = lm.backbone(token_inputs(ids))
     np.testing.assert_allclose(np.asarray(lm.backbone.embed.logits(states)), logits, atol=1e-5)
     assert logits.shape == (2, 20, CONFIG.total_vocab)
 
 
 @pytest.mark.parametrize("task, views", [("sst2", 1), ("story_cloze", 2), ("stsb", 2)])
 def test_task_heads_run_on_the_lstm(task, views):
-    backbone = backbone_for(CONFIG)
-    model = task_for_spec(backbone, get_task(task))
-    feats = {"input_ids": np.random.default_rng(1).integers(0, CONFIG.vocab_size, (3, views, 16)),
-             "extract_index": np.full((3, views), 9)}
-    out = model.task_outputs(feats, with_lm=True)
+    """The task graph on the LSTM: outside training the last block's output is taken at the extract tokens; in
+    training (λ > 0) the block runs at every position for L1, the tied LM head's per-view mean cross-entropy of the
+    real next tokens: the same outputs, and L1 as computed from the backbone's states."""
+    quiet = CONFIG.replace(embd_pdrop=0.0, resid_pdrop=0.0, attn_pdrop=0.0)  # a training call without dropout
+    backbone = backbone_for(quiet)
+    model = task_for_spec(backbone, get_task(task), dropout=0.0, lm_coef=0.5)
+    ids = np.random.default_rng(1).integers(0, CONFIG.vocab_size, (3, views, 16)).astype("int32")
+    weights = np.zeros((3, views, 16), "float32")
+    weights[..., :9] = 1.0  # targets 1..9 real; the extract token at 9
+    weights[0, -1, 5:] = 0.0  # a shorter view
+    feats = {"input_ids": ids, "extract_index": np.full((3, views), 9, "int32"), "lm_weights": weights}
+    out = np.asarray(model(feats))
     expected = {"sst2": (3, 2), "story_cloze": (3, 2), "stsb": (3,)}[task]
-    assert tuple(out["task"].shape) == expected and tuple(out["lm"].shape) == (3, views, 16, CONFIG.total_vocab)
-    # Without the LM head the last block's output is taken at the extract tokens only: the same values.
-    np.testing.assert_allclose(np.asarray(model.task_outputs(feats)["task"]), np.asarray(out["task"]), atol=1e-5)
+    assert out.shape == expected
+    np.testing.assert_allclose(np.asarray(model(feats, training=True)), out, atol=1e-5)
+    assert len(model.losses) == 1
+    rows = ids.reshape(-1, 16)
+    logits = np.asarray(backbone.embed.logits(backbone(token_inputs(rows))), np.float64)[:, :-1]
+    assert logits.shape[-1] == CONFIG.total_vocab
+    logz = np.log(np.exp(logits - logits.max(-1, keepdims=True)).sum(-1)) + logits.max(-1)
+    ce = logz - np.take_along_axis(logits, rows[:, 1:, None], -1)[..., 0]
+    w = weights.reshape(-1, 16)[:, :-1]
+    np.testing.assert_allclose(float(model.losses[0]), 0.5 * ((ce * w).sum(-1) / w.sum(-1)).mean(), rtol=1e-5)
 
 
 def test_layer_transfer_between_lstms_and_only_embeddings_from_a_transformer():

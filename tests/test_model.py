@@ -8,6 +8,7 @@ import pytest
 import tensorflow as tf
 
 from gpt_tf.config import get_size
+from gpt_tf.gpt1.backbone import token_inputs
 from gpt_tf.gpt1.build import causal_lm_for
 from gpt_tf.gpt1.causal_lm import GPT1CausalLM
 
@@ -30,8 +31,8 @@ def ids():
 
 
 def test_output_shapes(model, ids):
-    assert _np(model(ids)).shape == (2, CONFIG.n_ctx, CONFIG.total_vocab)
-    assert _np(model(ids[:, :5])).shape == (2, 5, CONFIG.total_vocab)
+    assert _np(model(token_inputs(ids))).shape == (2, CONFIG.n_ctx, CONFIG.total_vocab)
+    assert _np(model(token_inputs(ids[:, :5]))).shape == (2, 5, CONFIG.total_vocab)
     states = model.backbone.states(ids, return_all_states=True)
     assert len(states) == CONFIG.n_layer
     assert all(_np(s).shape == (2, CONFIG.n_ctx, CONFIG.n_embd) for s in states)
@@ -44,23 +45,23 @@ def test_parameter_count_matches_config_with_one_tied_table(model):
 
 def test_eval_mode_is_deterministic_and_training_mode_uses_dropout(model, ids):
     # the same eager call twice (training=False is the default): the same ops round alike, bit for bit on every CPU
-    np.testing.assert_array_equal(_np(model(ids)), _np(model(ids, training=False)))
-    assert not np.allclose(_np(model(ids, training=True)), _np(model(ids)))
+    np.testing.assert_array_equal(_np(model(token_inputs(ids))), _np(model(token_inputs(ids), training=False)))
+    assert not np.allclose(_np(model(token_inputs(ids), training=True)), _np(model(token_inputs(ids))))
 
 
 @pytest.mark.parametrize("position", [0, 7, CONFIG.n_ctx - 1])
 def test_future_tokens_never_change_earlier_logits(model, ids, position):
     changed = ids.copy()
     changed[:, position] = (changed[:, position] + 1) % CONFIG.total_vocab
-    before, after = _np(model(ids)), _np(model(changed))
+    before, after = _np(model(token_inputs(ids))), _np(model(token_inputs(changed)))
     np.testing.assert_allclose(after[:, :position], before[:, :position], atol=1e-6, rtol=0)
     assert np.abs(after[:, position:] - before[:, position:]).max() > 1e-4  # the change is visible from here on
 
 
 def test_logits_are_hidden_states_times_token_embedding(model, ids):
-    h = _np(model.backbone(ids))
+    h = _np(model.backbone(token_inputs(ids)))
     expected = h @ _np(model.backbone.embed.tokens_embed).T
-    np.testing.assert_allclose(_np(model(ids)), expected, atol=1e-5, rtol=1e-5)
+    np.testing.assert_allclose(_np(model(token_inputs(ids))), expected, atol=1e-5, rtol=1e-5)
 
 
 def test_lm_head_gradient_reaches_tokens_embed(model):
@@ -69,7 +70,7 @@ def test_lm_head_gradient_reaches_tokens_embed(model):
     targets = np.arange(1, 11, dtype="int32")[None]
     table = model.backbone.embed.tokens_embed
     with tf.GradientTape() as tape:
-        logits = model(inputs)
+        logits = model(token_inputs(inputs))
         loss = keras.ops.mean(keras.losses.sparse_categorical_crossentropy(targets, logits, from_logits=True))
     grad = _np(tf.convert_to_tensor(tape.gradient(loss, table.value)))
     unused = grad[20:]
@@ -79,12 +80,15 @@ def test_lm_head_gradient_reaches_tokens_embed(model):
 
 def test_get_config_round_trip(model, ids):
     clone = GPT1CausalLM.from_config(model.get_config())
-    assert clone.backbone.config == model.backbone.config
+    assert clone.backbone.config == model.backbone.config == CONFIG
+    # the hyperparameters are the backbone's attributes, under keras-hub's names (GPTConfig.backbone_kwargs's)
+    kwargs = CONFIG.backbone_kwargs()
+    assert {k: getattr(clone.backbone, k) for k in kwargs} == kwargs and kwargs["vocabulary_size"] == CONFIG.total_vocab
     assert [tuple(v.shape) for v in clone.weights] == [tuple(v.shape) for v in model.weights]
     assert [v.path for v in clone.weights] == [v.path for v in model.weights]
-    assert not np.allclose(_np(clone(ids)), _np(model(ids)))  # fresh init differs …
+    assert not np.allclose(_np(clone(token_inputs(ids))), _np(model(token_inputs(ids))))  # fresh init differs …
     clone.set_weights(model.get_weights())  # exact copies, the same eager ops: bit for bit on every CPU
-    np.testing.assert_array_equal(_np(clone(ids)), _np(model(ids)))  # … copied weights agree
+    np.testing.assert_array_equal(_np(clone(token_inputs(ids))), _np(model(token_inputs(ids))))  # … copied weights agree
 
 
 def test_keras_file_round_trip(model, ids, tmp_path):
@@ -94,14 +98,14 @@ def test_keras_file_round_trip(model, ids, tmp_path):
     assert isinstance(loaded, GPT1CausalLM)
     assert loaded.backbone.config == model.backbone.config
     # the .keras file stores the float32 weights exactly and the same eager ops run: bit for bit on every CPU
-    np.testing.assert_array_equal(_np(loaded(ids)), _np(model(ids)))
+    np.testing.assert_array_equal(_np(loaded(token_inputs(ids))), _np(model(token_inputs(ids))))
 
 
 def test_checkpoint_keys_do_not_depend_on_what_the_process_built_before(model):
     from gpt_tf.nn.optim import make_optimizer
     from gpt_tf.runs.checkpoints import variables_by_key
 
-    first, second = (make_optimizer(model.trainable_variables, 1e-3) for _ in range(2))  # gpt_adam_w, gpt_adam_w_1
+    first, second = (make_optimizer(1e-3, variables=model.trainable_variables) for _ in range(2))  # gpt_adam_w, gpt_adam_w_1
     assert second.variables[0].path != first.variables[0].path
     assert list(variables_by_key(first.variables)) == list(variables_by_key(second.variables))
     other = GPT1CausalLM.from_config(model.get_config())  # new dropout seed generators

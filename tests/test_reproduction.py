@@ -35,10 +35,13 @@ def test_recorded_commands_hold_no_path_of_this_machine():
 
 
 def test_the_scale_table_puts_both_sizes_and_both_arms_side_by_side(tmp_path):
-    """bench/experiments/scale_table.py: per task, each size's arms (median [min–max] (seeds) of the chosen recipe),
+    """bench/experiments/reproduction.py --stage=scale: per task, each size's arms (median [min–max] (seeds) of the chosen recipe),
     the gain from pre-training at each size, and the small model's pre-trained median minus the tiny one's; the
     page's marked section is replaced and the rest kept."""
-    from bench.experiments.scale_table import END, START, cells, rewrite, section
+    from bench.experiments.reproduction import END, START
+    from bench.experiments.reproduction import rewrite_section as rewrite
+    from bench.experiments.reproduction import scale_cells as cells
+    from bench.experiments.reproduction import scale_section as section
 
     tiny = [_run("rte", "pretrained", 0, "1e-3", 0.60), _run("rte", "pretrained", 1, "1e-3", 0.58),
             _run("rte", "pretrained", 2, "1e-3", 0.62), _run("rte", "scratch", 0, "1e-3", 0.52)]

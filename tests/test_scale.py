@@ -57,7 +57,7 @@ def reference_run(data_dir, run_dir, flags, pipelines=1, **overrides):
     from gpt_tf.config import get_size
     from gpt_tf.text.tokenizer import GPTTokenizer
     from gpt_tf.training.lm_objective import Pretrainer, TrainConfig
-    from gpt_tf.data.reader import pretraining_dataset
+    from gpt_tf.data.reader import as_model_inputs, pretraining_dataset
 
     value = {f.split("=", 1)[0][2:]: f.split("=", 1)[1] for f in flags if "=" in f}
     manifest = json.loads((Path(data_dir) / "manifest.json").read_text())
@@ -77,6 +77,7 @@ def reference_run(data_dir, run_dir, flags, pipelines=1, **overrides):
             for k in range(pipelines)
         ]
         joined = tf.data.Dataset.zip(tuple(shards)).map(lambda *b: tuple(tf.concat(parts, 0) for parts in zip(*b)))
+        joined = as_model_inputs(joined)  # the language model's inputs, as the trainer's own datasets give them
         trainer._distributed_dataset = lambda *args, **kwargs: joined
     trainer.train()
     return model_weights(run_dir, config.train_steps)

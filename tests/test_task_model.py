@@ -1,4 +1,11 @@
-"""Fine-tuning model (§3.2–3.3) and task metrics: heads, Eq. 5 loss, padding, transfer; metrics vs sklearn/scipy."""
+"""Fine-tuning model (§3.2–3.3) and task metrics: heads, Eq. 5 loss, padding, transfer; metrics vs sklearn/scipy.
+
+A task model's output is ``model(features)``; its training loss is what Keras's ``train_step`` minimises, the compiled
+loss (L2) plus ``model.losses`` (``ExtractStates``'s λ·L1): ``model.compute_loss(x, y, model(x, training=True))``.
+The loss tests build the model without dropout, so that a training call is deterministic and comparable.
+"""
+
+import types
 
 import keras
 import numpy as np
@@ -7,17 +14,21 @@ import tensorflow as tf
 
 from gpt_tf import metrics
 from gpt_tf.config import get_size
-from gpt_tf.gpt1.backbone import GPT1Backbone
+from gpt_tf.gpt1.backbone import GPT1Backbone, token_inputs
 from gpt_tf.gpt1.build import causal_lm_for
-from gpt_tf.nn.objectives import task_loss
-from gpt_tf.gpt1.text_classifier import task_for_spec
+from gpt_tf.gpt1.text_classifier import task_for_spec, task_spec_of
+from gpt_tf.nn import objectives
+from gpt_tf.nn import tf_pieces
+from gpt_tf.nn.embedding import GPTEmbedding
 from gpt_tf.nn.layers import take_at
 from gpt_tf.nn.task_head import task_predictions
 from gpt_tf.nn.transfer import reset_special_embeddings, transfer_layers
 from gpt_tf.tasks import get_task
 
 CONFIG = get_size("test")
+QUIET = CONFIG.replace(embd_pdrop=0.0, attn_pdrop=0.0, resid_pdrop=0.0)  # no dropout: a training call is repeatable
 S, D, E, PAD = (CONFIG.special_id(n) for n in ("start", "delimiter", "extract", "pad"))
+GRADS_TWO_PATHS = {"atol": 1e-6, "rtol": 1e-4}  # gradients of one loss by two computation paths
 
 
 def _np(x):
@@ -38,6 +49,10 @@ def _features(examples, n_ctx=CONFIG.n_ctx):
     return {"input_ids": ids, "extract_index": extract, "lm_weights": weights}
 
 
+def _take(feats, index):
+    return {k: v[index] for k, v in feats.items()}
+
+
 def _text(rng, low=2, high=8):
     return list(rng.integers(0, CONFIG.vocab_size, rng.integers(low, high)))
 
@@ -46,14 +61,66 @@ def _pair_view(a, b):
     return [S, *a, D, *b, E]
 
 
-def _model(task, config=CONFIG, seed=0, clf_pdrop=0.1):
+def _model(task, config=CONFIG, seed=0, clf_pdrop=0.1, lm_coef=0.5):
+    """The family's task for registry task ``task``, its weights from ``seed``, compiled with its default loss."""
     keras.utils.set_random_seed(seed)
-    return task_for_spec(GPT1Backbone.from_gpt_config(config), get_task(task), dropout=clf_pdrop)
+    return task_for_spec(GPT1Backbone.from_gpt_config(config), get_task(task), dropout=clf_pdrop, lm_coef=lm_coef,
+                         compile=True)
 
 
-def _fwd(model, feats, with_lm=True, training=False):
-    """The task's ``task_outputs``, the LM head at every position by default (what Eq. 5's tests read)."""
-    return model.task_outputs(feats, training=training, with_lm=with_lm)
+def _quiet(task, lm_coef=0.5):
+    return _model(task, QUIET, clf_pdrop=0.0, lm_coef=lm_coef)
+
+
+def _training_loss(model, feats, label):
+    """What ``train_step`` minimises: the compiled loss of a training call plus ``model.losses`` (λ·L1)."""
+    return model.compute_loss(feats, label, model(feats, training=True))
+
+
+def _task_loss(model, feats, label):
+    """L2 alone: the compiled loss object on a training call's output, nothing added."""
+    return model.loss(label, model(feats, training=True))
+
+
+def _grads(model, loss_fn):
+    variables = model.backbone.trainable_variables
+    with tf.GradientTape() as tape:
+        loss = loss_fn()
+    return [_np(tf.convert_to_tensor(g)) for g in tape.gradient(loss, variables)]
+
+
+def _lm_logits(model, feats):
+    """The tied LM head at every position of every view, in float64 numpy: ``[B, K, T, V]``."""
+    ids = feats["input_ids"]
+    states = _np(model.backbone(token_inputs(ids.reshape(-1, ids.shape[-1])))).astype(np.float64)
+    table = _np(model.backbone.embed.tokens_embed).astype(np.float64)
+    return (states @ table.T).reshape(*ids.shape, -1)
+
+
+def _manual_lm_loss(lm_logits, feats):
+    """Eq. 5's L1 in numpy: each view's mean CE(logits[t], ids[t + 1]) over its real targets (``lm_weights`` > 0),
+    then the mean over all views of the batch (the release's normalisation)."""
+    logits = lm_logits[..., :-1, :].astype(np.float64)
+    targets = feats["input_ids"][..., 1:]
+    logz = np.log(np.exp(logits - logits.max(-1, keepdims=True)).sum(-1)) + logits.max(-1)
+    ce = logz - np.take_along_axis(logits, targets[..., None], -1)[..., 0]
+    w = feats["lm_weights"][..., :-1]
+    return ((ce * w).sum(-1) / np.maximum(w.sum(-1), 1.0)).mean()
+
+
+def _pooled_lm_loss(lm_logits, feats):
+    """The mean CE over all real targets of the batch at once (longer views weigh more): not Eq. 5's L1 here."""
+    logits = lm_logits[..., :-1, :].astype(np.float64)
+    logz = np.log(np.exp(logits - logits.max(-1, keepdims=True)).sum(-1)) + logits.max(-1)
+    ce = logz - np.take_along_axis(logits, feats["input_ids"][..., 1:, None], -1)[..., 0]
+    w = feats["lm_weights"][..., :-1]
+    return (ce * w).sum() / w.sum()
+
+
+def _softmax_ce(logits, label):
+    logits = np.asarray(logits, np.float64)
+    logz = np.log(np.exp(logits - logits.max(1, keepdims=True)).sum(1)) + logits.max(1)
+    return np.mean(logz - logits[np.arange(len(label)), label])
 
 
 @pytest.fixture(scope="module")
@@ -72,166 +139,179 @@ def test_similarity_output_is_the_same_for_a_b_and_b_a(task, rng):
     texts = [(_text(rng), _text(rng)) for _ in range(3)]
     ab = _features([[_pair_view(a, b), _pair_view(b, a)] for a, b in texts])
     ba = _features([[_pair_view(b, a), _pair_view(a, b)] for a, b in texts])
-    np.testing.assert_allclose(_np(_fwd(model, ab)["task"]), _np(_fwd(model, ba)["task"]), atol=1e-6, rtol=0)
+    np.testing.assert_allclose(_np(model(ab)), _np(model(ba)), atol=1e-6, rtol=0)
     # An order-sensitive pair task (entailment) reads view 0 only and does see the swap.
     single_ab = {k: v[:, :1] for k, v in ab.items()}
     single_ba = {k: v[:, :1] for k, v in ba.items()}
-    assert np.abs(_np(_fwd(rte, single_ab)["task"]) - _np(_fwd(rte, single_ba)["task"])).max() > 1e-5
+    assert np.abs(_np(rte(single_ab)) - _np(rte(single_ba))).max() > 1e-5
 
 
 def test_multiple_choice_logits_follow_the_candidates(race, rng):
     context = [_text(rng, 6, 12) for _ in range(2)]
     choices = [[_text(rng) for _ in range(4)] for _ in range(2)]
     feats = _features([[_pair_view(c, x) for x in cs] for c, cs in zip(context, choices)])
-    logits = _np(_fwd(race, feats)["task"])
+    logits = _np(race(feats))
     assert logits.shape == (2, 4)
     perm = np.array([2, 0, 3, 1])
     permuted = {k: v[:, perm] for k, v in feats.items()}
-    np.testing.assert_allclose(_np(_fwd(race, permuted)["task"]), logits[:, perm], atol=1e-6, rtol=0)
+    np.testing.assert_allclose(_np(race(permuted)), logits[:, perm], atol=1e-6, rtol=0)
     # K = 2 (Story Cloze-sized) with the same weights: the same per-candidate scores.
     two = {k: v[:, :2] for k, v in feats.items()}
-    np.testing.assert_allclose(_np(_fwd(race, two)["task"]), logits[:, :2], atol=1e-6, rtol=0)
-    # L2 is the cross-entropy of the softmax over the K candidates.
+    np.testing.assert_allclose(_np(race(two)), logits[:, :2], atol=1e-6, rtol=0)
+    # L2 (the compiled loss) is the cross-entropy of the softmax over the K candidates.
     label = np.array([3, 1], "int32")
     probs = np.exp(logits - logits.max(1, keepdims=True))
     probs /= probs.sum(1, keepdims=True)
     np.testing.assert_allclose(probs.sum(1), 1.0, rtol=1e-6)
-    loss = task_loss(race.task_spec, _fwd(race, feats), feats, label, lm_coef=0.0)
-    np.testing.assert_allclose(float(loss["task"]), -np.log(probs[[0, 1], label]).mean(), rtol=1e-5)
-
-
-def _manual_lm_loss(lm_logits, feats):
-    """Eq. 1 on the real tokens, in numpy: sum(CE(logits[t], ids[t + 1]) · w[t]) / sum(w)."""
-    logits = lm_logits[..., :-1, :].astype(np.float64)
-    targets = feats["input_ids"][..., 1:]
-    logz = np.log(np.exp(logits - logits.max(-1, keepdims=True)).sum(-1)) + logits.max(-1)
-    ce = logz - np.take_along_axis(logits, targets[..., None], -1)[..., 0]
-    w = feats["lm_weights"][..., :-1]
-    return (ce * w).sum() / w.sum()
-
-
-def test_loss_is_eq5_total_equals_task_plus_lambda_times_lm(rng):
-    model = _model("sst2")
-    feats = _features([[[S, *_text(rng), E]] for _ in range(4)])
-    label = np.array([0, 1, 1, 0], "int32")
-    outputs = _fwd(model, feats)
-    logits = _np(outputs["task"]).astype(np.float64)
-    expected_task = np.mean(np.log(np.exp(logits).sum(1)) - logits[np.arange(4), label])
-    expected_lm = _manual_lm_loss(_np(outputs["lm"]), feats)
-    for lam in (0.0, 0.5, 1.0):
-        loss = task_loss(model.task_spec, outputs, feats, label, lm_coef=lam)
-        np.testing.assert_allclose(float(loss["task"]), expected_task, rtol=1e-5)
-        np.testing.assert_allclose(float(loss["lm"]), expected_lm if lam else 0.0, rtol=1e-5)  # λ = 0 skips L1
-        np.testing.assert_allclose(float(loss["total"]), float(loss["task"]) + lam * float(loss["lm"]), rtol=1e-6)
+    loss = race.compute_loss(feats, label, race(feats))  # an inference call: no λ·L1
+    np.testing.assert_allclose(float(loss), -np.log(probs[[0, 1], label]).mean(), rtol=1e-5)
 
 
 @pytest.mark.parametrize("task", ["sst2", "race"])
-def test_lm_head_at_the_real_targets_only_gives_the_same_loss_and_gradients(task, rng):
-    model = _model(task)
+def test_training_loss_is_eq5_compiled_task_loss_plus_lambda_times_per_view_lm_loss(task, rng):
+    """L3 = L2 + λ·L1: L2 the compiled cross-entropy, L1 each view's mean CE over its real next tokens, averaged over
+    the views; λ·L1 is the model's one added loss in training (none at λ = 0, none outside training)."""
+    views = 4 if task == "race" else 1
+    feats = _features([[[S, *_text(rng, 1, 12), E] for _ in range(views)] for _ in range(4)])
+    label = np.array([0, 1, 1, 0], "int32")
+    for lam in (0.0, 0.5, 1.0):
+        model = _quiet(task, lm_coef=lam)  # the same weights each time (the same seed)
+        logits = _np(model(feats))
+        expected_task, expected_lm = _softmax_ce(logits, label), _manual_lm_loss(_lm_logits(model, feats), feats)
+        total = _training_loss(model, feats, label)
+        if lam:
+            assert len(model.losses) == 1
+            np.testing.assert_allclose(float(model.losses[0]), lam * expected_lm, rtol=1e-5)
+        else:
+            assert model.losses == []  # λ = 0: L1 is not computed at all
+        np.testing.assert_allclose(float(_task_loss(model, feats, label)), expected_task, rtol=1e-5)
+        np.testing.assert_allclose(float(total), expected_task + lam * expected_lm, rtol=1e-5)
+        model(feats)
+        assert model.losses == []  # outside training there is no λ·L1
+    # the views' lengths differ: one mean over all their tokens (not the release's normalisation) would not pass
+    assert abs(expected_lm - _pooled_lm_loss(_lm_logits(model, feats), feats)) > 1e-4
+
+
+@pytest.mark.parametrize("task", ["sst2", "race"])
+def test_lm_head_at_the_real_targets_only_gives_the_same_loss_and_gradients(task, rng, monkeypatch):
+    """On TensorFlow L1 runs the LM head at the real next tokens only (``tf_pieces.real_targets``); the head at every
+    position with the padding weighted 0 (the other backends' way) gives the same loss and gradients."""
+    model = _quiet(task)
     views = 4 if task == "race" else 1
     feats = _features([[[S, *_text(rng, 1, 12), E] for _ in range(views)] for _ in range(3)])
     label = np.array([0, 1, 0], "int32")
-    sparse = _fwd(model, feats, with_lm="targets")
-    assert sparse["lm"].shape[0] == feats["lm_weights"].sum()  # one row per real target, none for padding
-    for lam in (0.5, 1.0):
-        full_loss, sparse_loss = (task_loss(model.task_spec, o, feats, label, lam) for o in (_fwd(model, feats), sparse))
-        for key in ("lm_sum", "lm_tokens", "total"):
-            np.testing.assert_allclose(float(sparse_loss[key]), float(full_loss[key]), rtol=1e-5)
-    variables = model.backbone.trainable_variables
-    grads = []
-    for mode in (True, "targets"):
-        with tf.GradientTape() as tape:
-            loss = task_loss(model.task_spec, _fwd(model, feats, with_lm=mode), feats, label, 0.5)["total"]
-        grads.append([tf.convert_to_tensor(g) for g in tape.gradient(loss, variables)])
-    for a, b in zip(*grads):
-        np.testing.assert_allclose(_np(a), _np(b), atol=1e-6, rtol=1e-4)
+    rows = []
+    real_targets = tf_pieces.real_targets
+
+    def counted(states, token_ids, lm_weights):
+        out = real_targets(states, token_ids, lm_weights)
+        rows.append(int(out[0].shape[0]))
+        return out
+
+    monkeypatch.setattr(tf_pieces, "real_targets", counted)
+    sparse_loss = float(_training_loss(model, feats, label))
+    sparse_lm = float(model.losses[0])
+    sparse_grads = _grads(model, lambda: _training_loss(model, feats, label))
+    assert rows and set(rows) == {feats["lm_weights"].sum()}  # one row per real target, none for padding
+    monkeypatch.setattr(objectives, "backend", types.SimpleNamespace(tf_pieces=lambda: None))
+    rows.clear()
+    full_loss = float(_training_loss(model, feats, label))
+    np.testing.assert_allclose(float(model.losses[0]), sparse_lm, rtol=1e-5)
+    np.testing.assert_allclose(full_loss, sparse_loss, rtol=1e-5)
+    full_grads = _grads(model, lambda: _training_loss(model, feats, label))
+    assert not rows  # the every-position path ran
+    for a, b in zip(full_grads, sparse_grads):
+        np.testing.assert_allclose(a, b, **GRADS_TWO_PATHS)
 
 
-def _grads(model, feats, label, lam, key):
-    variables = model.backbone.trainable_variables
-    with tf.GradientTape() as tape:
-        loss = task_loss(model.task_spec, _fwd(model, feats), feats, label, lm_coef=lam)[key]
-    return [_np(tf.convert_to_tensor(g)) for g in tape.gradient(loss, variables)]
-
-
-def test_lambda_zero_gives_no_gradient_from_the_lm_term(rng):
-    model = _model("sst2")
+def test_lambda_zero_gives_no_gradient_from_the_lm_term(rng, monkeypatch):
     feats = _features([[[S, *_text(rng), E]] for _ in range(3)])
     label = np.array([1, 0, 1], "int32")
-    task_only = _grads(model, feats, label, 0.5, "task")
-    # bit for bit on every CPU: with λ = 0 the total is L2 plus a constant 0, so its gradient runs L2's ops alone
-    for got, want in zip(_grads(model, feats, label, 0.0, "total"), task_only):
+    heads = []
+    logits = GPTEmbedding.logits
+    monkeypatch.setattr(GPTEmbedding, "logits", lambda self, *a, **k: heads.append(1) or logits(self, *a, **k))
+    zero, half = _quiet("sst2", lm_coef=0.0), _quiet("sst2", lm_coef=0.5)  # the same weights
+    task_only = _grads(zero, lambda: _task_loss(zero, feats, label))
+    # bit for bit on every CPU: with λ = 0 the training loss is L2 alone (no added 0), its gradient L2's ops alone
+    for got, want in zip(_grads(zero, lambda: _training_loss(zero, feats, label)), task_only):
         np.testing.assert_array_equal(got, want)
-    differ = [np.abs(g - w).max() for g, w in zip(_grads(model, feats, label, 0.5, "total"), task_only)]
-    assert max(differ) > 1e-6  # with λ = 0.5 the LM term does move the backbone
-    # λ = 0 also runs without LM logits at all.
-    outputs = _fwd(model, feats, with_lm=False)
-    assert "lm" not in outputs
-    assert float(task_loss(model.task_spec, outputs, feats, label, 0.0)["lm"]) == 0.0  # a constant 0, not a computed one
-    with pytest.raises(ValueError, match="with_lm"):
-        task_loss(model.task_spec, outputs, feats, label, 0.5)
+    assert not heads  # λ = 0 runs without LM logits at all (the last block at the extract tokens only)
+    # L2's gradient is the same with the last block at every position (λ > 0's path): two paths of one value
+    for got, want in zip(_grads(half, lambda: _task_loss(half, feats, label)), task_only):
+        np.testing.assert_allclose(got, want, **GRADS_TWO_PATHS)
+    differ = [np.abs(g - w).max() for g, w in zip(_grads(half, lambda: _training_loss(half, feats, label)), task_only)]
+    assert heads and max(differ) > 1e-6  # with λ = 0.5 the LM term does move the backbone
 
 
 def test_lm_loss_ignores_padding(rng):
-    model = _model("rte")
+    model = _quiet("rte")
     feats = _features([[_pair_view(_text(rng), _text(rng))] for _ in range(3)])
     label = np.array([0, 1, 0], "int32")
-    base = task_loss(model.task_spec, _fwd(model, feats), feats, label, 0.5)
+
+    def losses(f):
+        total = float(_training_loss(model, f, label))
+        return total, float(model.losses[0])
+
+    base = losses(feats)
     noisy = dict(feats)
     ids = feats["input_ids"].copy()
     pad = ids == PAD
     ids[pad] = rng.integers(0, CONFIG.vocab_size, pad.sum())
     noisy["input_ids"] = ids
-    changed = task_loss(model.task_spec, _fwd(model, noisy), noisy, label, 0.5)
-    for key in ("total", "task", "lm", "lm_tokens"):
-        np.testing.assert_allclose(float(changed[key]), float(base[key]), rtol=1e-6)
-    assert float(base["lm_tokens"]) == feats["lm_weights"].sum()
+    np.testing.assert_allclose(losses(noisy), base, rtol=1e-6)
     real = dict(feats, input_ids=feats["input_ids"].copy())
     real["input_ids"][0, 0, 2] = (real["input_ids"][0, 0, 2] + 1) % CONFIG.vocab_size
-    assert abs(float(task_loss(model.task_spec, _fwd(model, real), real, label, 0.5)["lm"]) - float(base["lm"])) > 1e-5
+    assert abs(losses(real)[1] - base[1]) > 1e-5
 
 
-def test_loss_sums_combine_exactly_across_replicas(rng):
-    """Splitting a batch and combining the returned sums gives the full-batch losses."""
-    model = _model("stsb")
+def test_losses_combine_exactly_across_splits_of_a_batch(rng):
+    """Every loss is a mean over examples (L1 per view, then over the views): the mean of two halves' training losses
+    is the whole batch's, as Keras combines replicas and accumulated micro-batches; an uneven split, weighted by its
+    examples, too."""
+    model = _quiet("stsb")
     texts = [(_text(rng), _text(rng, 2, 14)) for _ in range(4)]
     feats = _features([[_pair_view(a, b), _pair_view(b, a)] for a, b in texts])
     label = np.array([0.5, 4.0, 2.5, 1.0], "float32")
-    full = task_loss(model.task_spec, _fwd(model, feats), feats, label, 0.5)
-    halves = [
-        task_loss(model.task_spec, _fwd(model, {k: v[s] for k, v in feats.items()}), {k: v[s] for k, v in feats.items()}, label[s], 0.5)
-        for s in (slice(0, 1), slice(1, 4))
-    ]
-    total = lambda key: sum(float(h[key]) for h in halves)  # noqa: E731
-    np.testing.assert_allclose(total("task_sum") / total("examples"), float(full["task"]), rtol=1e-5)
-    np.testing.assert_allclose(total("lm_sum") / total("lm_tokens"), float(full["lm"]), rtol=1e-5)
-    scores = _np(_fwd(model, feats)["task"])
-    np.testing.assert_allclose(float(full["task"]), np.mean((scores - label) ** 2), rtol=1e-5)
+    whole = float(_training_loss(model, feats, label))
+    part = lambda s: float(_training_loss(model, _take(feats, s), label[s]))  # noqa: E731
+    np.testing.assert_allclose((part(slice(0, 2)) + part(slice(2, 4))) / 2, whole, rtol=1e-5)
+    np.testing.assert_allclose((1 * part(slice(0, 1)) + 3 * part(slice(1, 4))) / 4, whole, rtol=1e-5)
+    scores = _np(model(feats))
+    assert scores.shape == (4,)
+    np.testing.assert_allclose(float(model.compute_loss(feats, label, model(feats))), np.mean((scores - label) ** 2),
+                               rtol=1e-5)  # L2: the squared error, a mean over examples
+    np.testing.assert_allclose(whole, np.mean((scores - label) ** 2) + 0.5 * _manual_lm_loss(_lm_logits(model, feats),
+                                                                                             feats), rtol=1e-5)
 
 
 @pytest.mark.parametrize("task", ["qnli", "race"])
 def test_head_reads_the_state_at_the_extract_token(task, rng):
-    model = _model(task)
+    """The graph runs the last block at the extract tokens only (``ExtractStates``): the full backbone's state there,
+    gathered, and in training with λ > 0 the block at every position, gathered, give the same outputs."""
+    model = _quiet(task)
     views = 1 if task == "qnli" else 4
     examples = [[_pair_view(_text(rng, 2, 10), _text(rng, 1, 9)) for _ in range(views)] for _ in range(2)]
     feats = _features(examples)
-    states = model.backbone(model.views(feats["input_ids"]))  # every view as a row, every position
+    rows = feats["input_ids"].reshape(-1, CONFIG.n_ctx)  # every view a row
+    states = model.backbone(token_inputs(rows))  # every position
     per_view = keras.ops.reshape(states, (*feats["input_ids"].shape, -1))
     extracted = keras.ops.squeeze(take_at(per_view, feats["extract_index"], axis=2), axis=2)
-    w, b = (_np(v) for v in (model.head.clf.w, model.head.clf.b))
+    clf = model.get_layer("head").clf
+    w, b = _np(clf.w), _np(clf.b)
     for i, example in enumerate(examples):
         for k, seq in enumerate(example):
-            alone = _np(model.backbone(np.array([seq], "int32")))[0, -1]  # the view on its own, unpadded
+            alone = _np(model.backbone(token_inputs(np.array([seq], "int32"))))[0, -1]  # the view on its own, unpadded
             np.testing.assert_allclose(_np(extracted)[i, k], alone, atol=1e-5, rtol=0)
     head = _np(extracted) @ w + b
     expected = head[:, 0, :] if task == "qnli" else head[..., 0]
-    np.testing.assert_allclose(_np(_fwd(model, feats)["task"]), expected, atol=1e-5, rtol=0)
+    np.testing.assert_allclose(_np(model(feats)), expected, atol=1e-5, rtol=0)
     assert np.unique(feats["extract_index"]).size > 1  # positions really vary
-    # Without the LM head the last block runs at the extract tokens only: the same states and outputs.
-    rows = model.views(feats["input_ids"])
+    # The backbone's own shortcut (the last block at given positions) gives the same states …
     trimmed = model.backbone.states(rows, positions=keras.ops.reshape(feats["extract_index"], (-1,)))
     np.testing.assert_allclose(_np(trimmed).reshape(_np(extracted).shape), _np(extracted), atol=1e-5, rtol=0)
-    np.testing.assert_allclose(_np(_fwd(model, feats, with_lm=False)["task"]), expected, atol=1e-5, rtol=0)
+    # … and the training path with λ > 0 (the block at every position, then gathered) the same outputs.
+    np.testing.assert_allclose(_np(model(feats, training=True)), expected, atol=1e-5, rtol=0)
+    assert len(model.losses) == 1
 
 
 @pytest.mark.parametrize("task", ["mnli", "stsb", "race"])
@@ -241,47 +321,61 @@ def test_only_w_y_is_new(task):
     count = lambda vs: sum(int(np.prod(v.shape)) for v in vs)  # noqa: E731
     assert count(model.backbone.trainable_weights) == CONFIG.n_params
     assert count(model.trainable_weights) == CONFIG.n_params + CONFIG.n_embd * units + units
-    assert np.all(_np(model.head.clf.b) == 0) and 0.01 < _np(model.head.clf.w).std() < 0.03
+    assert model.get_layer("extract").weights == []  # the last block and the LM head stay the backbone's
+    head = model.get_layer("head").clf
+    assert np.all(_np(head.b) == 0) and 0.01 < _np(head.w).std() < 0.03
 
 
 def test_wrong_number_of_views_is_rejected(rng):
     feats = _features([[[S, *_text(rng), E]] * 2])
-    with pytest.raises(ValueError, match="sst2.*1 view"):
-        _fwd(_model("sst2"), feats)
+    with pytest.raises(ValueError, match=r"input_ids.*expected shape=\(None, 1, None\)"):
+        _model("sst2")(feats)
+
+
+@pytest.mark.parametrize("task", ["sst2", "mnli", "mrpc", "stsb", "race", "story_cloze"])
+def test_task_spec_of_is_task_for_specs_inverse(task):
+    spec = get_task(task)
+    model = task_for_spec(GPT1Backbone.from_gpt_config(CONFIG), spec)
+    got = task_spec_of(model, spec.name)
+    assert (got.name, got.input_type, got.head, got.num_views, got.num_choices) == \
+        (spec.name, spec.input_type, spec.head, spec.num_views, spec.num_choices)
+    if spec.head == "classification":
+        assert got.label_names == spec.label_names  # what an export of it answers
+    assert not model.compiled  # task_for_spec: uncompiled (the CLI's loop compiles it with its optimizer)
 
 
 def test_get_config_round_trip_and_keras_file(race, rng, tmp_path):
     feats = _features([[_pair_view(_text(rng), _text(rng)) for _ in range(4)]])
     clone = type(race).from_config(race.get_config())
-    spec = clone.task_spec
-    assert (spec.input_type, spec.head, spec.num_choices) == ("multiple_choice", "choice", race.task_spec.num_choices)
-    assert clone.dropout == race.dropout and clone.backbone.config == race.backbone.config
+    spec = task_spec_of(clone)
+    assert (spec.input_type, spec.head, spec.num_choices) == ("multiple_choice", "choice", race.num_choices)
+    assert (clone.dropout, clone.lm_coef) == (race.dropout, race.lm_coef) and clone.backbone.config == race.backbone.config
+    assert clone.get_layer("extract").lm_coef == race.lm_coef == 0.5
     assert [v.path for v in clone.weights] == [v.path for v in race.weights]
     clone.set_weights(race.get_weights())  # exact copies, the same eager ops: bit for bit on every CPU
-    np.testing.assert_array_equal(_np(_fwd(clone, feats)["task"]), _np(_fwd(race, feats)["task"]))
+    np.testing.assert_array_equal(_np(clone(feats)), _np(race(feats)))
     race.save(tmp_path / "race.keras")
     loaded = keras.saving.load_model(tmp_path / "race.keras")
     assert type(loaded) is type(race)
     # the .keras file stores the weights exactly: bit for bit on every CPU, as above
-    np.testing.assert_array_equal(_np(_fwd(loaded, feats)["task"]), _np(_fwd(race, feats)["task"]))
+    np.testing.assert_array_equal(_np(loaded(feats)), _np(race(feats)))
 
 
 def test_dropout_only_in_training(race, rng):
     feats = _features([[_pair_view(_text(rng), _text(rng)) for _ in range(4)]])
     # the same eager call twice (training=False is the default): bit for bit on every CPU
-    np.testing.assert_array_equal(_np(_fwd(race, feats)["task"]), _np(_fwd(race, feats, training=False)["task"]))
-    assert not np.allclose(_np(_fwd(race, feats, training=True)["task"]), _np(_fwd(race, feats)["task"]))
+    np.testing.assert_array_equal(_np(race(feats)), _np(race(feats, training=False)))
+    assert not np.allclose(_np(race(feats, training=True)), _np(race(feats)))
 
 
 def test_classifier_dropout_mask_is_shared_by_the_candidates(rng):
     """Backbone dropout off, clf_pdrop on: identical candidates keep identical logits in training."""
-    quiet = CONFIG.replace(embd_pdrop=0.0, attn_pdrop=0.0, resid_pdrop=0.0)
-    model = _model("race", quiet, clf_pdrop=0.5)
+    model = _model("race", QUIET, clf_pdrop=0.5)
     view = _pair_view(_text(rng), _text(rng))
     feats = _features([[view] * 4 for _ in range(3)])
-    train = _np(_fwd(model, feats, training=True)["task"])
+    train = _np(model(feats, training=True))
     np.testing.assert_allclose(train, train[:, :1].repeat(4, 1), atol=1e-6, rtol=0)
-    assert not np.allclose(train, _np(_fwd(model, feats)["task"]))  # the head's dropout did act
+    assert not np.allclose(train, _np(model(feats)))  # the head's dropout did act
 
 
 def test_transfer_layers_copies_embeddings_and_first_blocks():

@@ -13,6 +13,13 @@ import pytest
 torch = pytest.importorskip("torch")
 
 
+def token_inputs(ids):
+    """keras-hub's model inputs of token ids (``gpt_tf.gpt1.backbone.token_inputs``)."""
+    from gpt_tf.gpt1.backbone import token_inputs as inputs
+
+    return inputs(ids)
+
+
 def keras_lm(vocab_size, n_ctx, n_embd, d_ff, n_layer=1):
     from gpt_tf.config import get_size
     from gpt_tf.gpt1.build import causal_lm_for
@@ -38,12 +45,12 @@ def test_converted_keras_model_gives_the_torch_logits(d_ff, n_layer):
     ids = np.random.default_rng(0).integers(0, vocab, (3, n_ctx))
     with torch.no_grad():
         expected = theirs(torch.from_numpy(ids)).numpy()
-    got = np.asarray(ours(ids.astype(np.int32)))
+    got = np.asarray(ours(token_inputs(ids.astype(np.int32))))
     assert got.shape == (3, n_ctx, ours.backbone.config.total_vocab)
     np.testing.assert_allclose(got[..., :vocab], expected, atol=1e-5, rtol=1e-5)
     # A shorter input (fine-tuning's views) and the converted weights' layout, spelled out.
     with torch.no_grad():
-        np.testing.assert_allclose(np.asarray(ours(ids[:, :5].astype(np.int32)))[..., :vocab],
+        np.testing.assert_allclose(np.asarray(ours(token_inputs(ids[:, :5].astype(np.int32))))[..., :vocab],
                                    theirs(torch.from_numpy(ids[:, :5])).numpy(), atol=1e-5, rtol=1e-5)
     cell, lstm = ours.backbone.blocks[0].lstm.cell, theirs.h[0].lstm
     np.testing.assert_array_equal(np.asarray(cell.kernel), lstm.weight_ih_l0.detach().numpy().T)  # a copy: exact

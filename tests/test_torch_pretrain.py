@@ -124,6 +124,7 @@ def test_reference_run_round_trip(records, tmp_path, model):
     from tools.torch_pretrain.convert import export, import_run
     from tools.torch_pretrain.streams import load_streams
     from gpt_tf.config import GPTConfig
+    from gpt_tf.gpt1.backbone import token_inputs
     from gpt_tf.gpt1.build import causal_lm_for
     from gpt_tf.convert.pretrained import initialise_from_pretrained, restore_pretrained_lm
     from gpt_tf.data.records import COMPRESSION, PRETRAIN_FEATURE as FEATURE
@@ -177,11 +178,11 @@ def test_reference_run_round_trip(records, tmp_path, model):
     with torch.no_grad():
         out_ = reference(torch.from_numpy(ids.astype(np.int64)))
     theirs = getattr(out_, "logits", out_).numpy()
-    np.testing.assert_allclose(np.asarray(ours(ids))[..., : meta["vocab_size"]], theirs, atol=1e-4)
+    np.testing.assert_allclose(np.asarray(ours(token_inputs(ids)))[..., : meta["vocab_size"]], theirs, atol=1e-4)
     # Fine-tuning's start (--init_checkpoint=<the run>) reads the same weights into a fresh model.
     fresh = causal_lm_for(config)
     initialise_from_pretrained(fresh, str(run_dir), config.n_layer)
-    np.testing.assert_allclose(np.asarray(fresh(ids))[..., : meta["vocab_size"]], theirs, atol=1e-4)
+    np.testing.assert_allclose(np.asarray(fresh(token_inputs(ids)))[..., : meta["vocab_size"]], theirs, atol=1e-4)
 
 
 def test_the_shipped_books_preset_is_the_runs_last_checkpoint(tmp_path):

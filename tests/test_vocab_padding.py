@@ -8,6 +8,7 @@ import json
 import subprocess
 import sys
 import textwrap
+import types
 
 import keras
 import keras_hub
@@ -17,12 +18,13 @@ import tensorflow as tf
 
 from gpt_tf.config import GPTConfig, get_size
 from gpt_tf.convert import preset_io
-from gpt_tf.gpt1.backbone import GPT1Backbone
+from gpt_tf.gpt1.backbone import GPT1Backbone, token_inputs
 from gpt_tf.gpt1.build import causal_lm_for
 from gpt_tf.gpt1.causal_lm import GPT1CausalLM
 from gpt_tf.gpt1.text_classifier import task_for_spec
 from gpt_tf.nn.embedding import GPTEmbedding
-from gpt_tf.nn.objectives import lm_loss, task_loss
+from gpt_tf.nn import objectives
+from gpt_tf.nn.objectives import lm_loss
 from gpt_tf.tasks import get_task
 from tests.small_runs import ENV, ROOT
 
@@ -47,6 +49,11 @@ def _pair(pad_to, dtype=None):
 
 def _ids(batch=3, length=12, seed=0):
     return np.random.default_rng(seed).integers(0, CONFIG.vocab_size, (batch, length)).astype("int32")
+
+
+def _x(ids):
+    """keras-hub's model inputs of ``ids``."""
+    return token_inputs(ids)
 
 
 def _all_negative(lm, seed=0):
@@ -90,15 +97,15 @@ def test_training_logits_are_padded_masked_and_the_real_columns_unchanged(pad_to
     width = CONFIG.replace(pad_vocab_to=pad_to).padded_vocab
     assert padded.backbone.embed.tokens_embed.shape == (V, CONFIG.n_embd)
     ids = _ids()
-    want = _np(plain(ids, training=True))
-    got = _np(padded(ids, training=True))
+    want = _np(plain(_x(ids), training=True))
+    got = _np(padded(_x(ids), training=True))
     assert want.shape == (3, 12, V) and got.shape == (3, 12, width) and width % pad_to == 0 and width > V
     np.testing.assert_allclose(got[..., :V], want, rtol=1e-5, atol=1e-5)
     assert got[..., V:].max() <= MASKED
     # outside training: the unpadded head, the real width, the same values
-    np.testing.assert_allclose(_np(padded(ids)), _np(plain(ids)), rtol=1e-5, atol=1e-5)
-    assert _np(padded(ids)).shape == (3, 12, V)
-    states = padded.backbone(ids)
+    np.testing.assert_allclose(_np(padded(_x(ids))), _np(plain(_x(ids))), rtol=1e-5, atol=1e-5)
+    assert _np(padded(_x(ids))).shape == (3, 12, V)
+    states = padded.backbone(_x(ids))
     assert _np(padded.backbone.embed.logits(states, training=True)).shape[-1] == width
     assert _np(padded.backbone.embed.logits(states)).shape[-1] == V
 
@@ -109,7 +116,7 @@ def test_loss_and_its_gradient_are_the_unpadded_models():
     results = []
     for lm in (plain, padded):
         with tf.GradientTape() as tape:
-            total, count = lm_loss(lm(ids[:, :-1], training=True), ids[:, 1:])
+            total, count = lm_loss(lm(_x(ids[:, :-1]), training=True), ids[:, 1:])
         results.append((float(total / count), tape.gradient(total, lm.trainable_variables)))
     (want, want_grads), (got, got_grads) = results
     assert abs(got - want) <= 1e-6 * abs(want)
@@ -121,27 +128,45 @@ def test_loss_and_its_gradient_are_the_unpadded_models():
 def test_padded_columns_get_no_probability_even_where_every_real_logit_is_low():
     _, padded = _pair(128)
     _all_negative(padded)
-    logits = _np(padded(_ids(), training=True))
+    logits = _np(padded(_x(_ids()), training=True))
     assert logits[..., :V].max() <= -20.0 and logits.shape[-1] == 1024
     assert (logits.argmax(-1) < V).all()
     assert _np(keras.ops.softmax(logits, axis=-1))[..., V:].max() == 0.0
 
 
-def test_the_tasks_lm_logits_pad_in_training_with_the_same_auxiliary_loss():
+def test_the_tasks_lm_logits_pad_in_training_with_the_same_auxiliary_loss(monkeypatch):
+    """A task's training call runs the padded LM head for L1 (``ExtractStates``'s λ·L1, its one added loss), at the
+    real next tokens only (TensorFlow's way) and at every position (the other backends'): the same L1 as unpadded."""
     def classifier(config):
         keras.utils.set_random_seed(0)
-        return task_for_spec(GPT1Backbone.from_gpt_config(config), get_task("sst2"), dropout=0.0)
+        return task_for_spec(GPT1Backbone.from_gpt_config(config), get_task("sst2"), dropout=0.0, lm_coef=0.5)
 
     plain, padded = classifier(CONFIG), classifier(CONFIG.replace(pad_vocab_to=128))
     padded.set_weights(plain.get_weights())
     ids = _ids(batch=2, length=10)
     features = {"input_ids": ids[:, None, :], "extract_index": np.full((2, 1), 9, "int32"),
                 "lm_weights": np.ones((2, 1, 10), "float32") * (np.arange(10) < 7)}
-    for with_lm in (True, "targets"):
-        outputs = [model.task_outputs(features, training=True, with_lm=with_lm) for model in (plain, padded)]
-        assert _np(outputs[1]["lm"]).shape[-1] == 1024 and _np(outputs[0]["lm"]).shape[-1] == V
-        want, got = (float(task_loss(get_task("sst2"), o, features, np.array([0, 1]), 0.5)["lm"]) for o in outputs)
-        assert abs(got - want) <= 1e-6 * abs(want)
+    widths = []
+    logits = GPTEmbedding.logits
+
+    def recorded(self, *args, **kwargs):
+        out = logits(self, *args, **kwargs)
+        widths.append(int(out.shape[-1]))
+        return out
+
+    monkeypatch.setattr(GPTEmbedding, "logits", recorded)
+    for every_position in (False, True):
+        if every_position:
+            monkeypatch.setattr(objectives, "backend", types.SimpleNamespace(tf_pieces=lambda: None))
+        lm_losses = []
+        for model, width in ((plain, V), (padded, 1024)):
+            widths.clear()
+            model(features, training=True)
+            assert len(model.losses) == 1
+            lm_losses.append(float(model.losses[0]))
+            assert widths == [width], (every_position, widths)  # the LM head ran once, at this width
+        want, got = lm_losses
+        assert abs(got - want) <= 1e-6 * abs(want), every_position
 
 
 def test_int8_head_is_not_padded_and_stays_correct():
@@ -149,15 +174,15 @@ def test_int8_head_is_not_padded_and_stays_correct():
     for lm in (plain, padded):
         lm.quantize("int8")
     ids = _ids()
-    got = _np(padded(ids, training=True))
+    got = _np(padded(_x(ids), training=True))
     assert got.shape[-1] == V
-    np.testing.assert_allclose(got, _np(plain(ids, training=True)), rtol=1e-5, atol=1e-5)
+    np.testing.assert_allclose(got, _np(plain(_x(ids), training=True)), rtol=1e-5, atol=1e-5)
 
 
 def test_under_mixed_bfloat16():
     plain, padded = _pair(128, dtype="mixed_bfloat16")
     ids = _ids(length=CONFIG.n_ctx + 1)
-    want, got = plain(ids[:, :-1], training=True), padded(ids[:, :-1], training=True)
+    want, got = plain(_x(ids[:, :-1]), training=True), padded(_x(ids[:, :-1]), training=True)
     assert keras.backend.standardize_dtype(got.dtype) == "bfloat16" and got.shape[-1] == 1024
     want, got = _np(want), _np(got)
     np.testing.assert_allclose(got[..., :V], want, rtol=1e-2, atol=1e-2)
@@ -209,8 +234,8 @@ def test_configs_round_trip_and_configs_without_the_setting_load_unpadded(tmp_pa
     loaded = GPT1Backbone.from_preset(str(tmp_path / "preset"))
     assert loaded.config == config and loaded.embed.padded_vocab == 1024
     ids = _ids()
-    np.testing.assert_array_equal(_np(loaded.embed.logits(loaded(ids), training=True)),
-                                  _np(backbone.embed.logits(backbone(ids), training=True)))
+    np.testing.assert_array_equal(_np(loaded.embed.logits(loaded(_x(ids)), training=True)),
+                                  _np(backbone.embed.logits(backbone(_x(ids)), training=True)))
 
 
 # ----------------------------------------------------------------------------- JAX
@@ -227,16 +252,18 @@ JAX_CHECK = textwrap.dedent("""
     plain, padded = causal_lm_for(config), causal_lm_for(config.replace(pad_vocab_to=128))
     padded.set_weights(plain.get_weights())
     ids = np.random.default_rng(0).integers(0, config.vocab_size, (3, 13)).astype("int32")
-    want = np.asarray(plain(ids[:, :-1], training=True))
-    got = np.asarray(padded(ids[:, :-1], training=True))
+    x = {"token_ids": ids[:, :-1], "padding_mask": np.ones_like(ids[:, :-1])}  # keras-hub's inputs
+    want = np.asarray(plain(x, training=True))
+    got = np.asarray(padded(x, training=True))
     losses = [float(lm_loss(x, ids[:, 1:])[0]) for x in (want, got)]
     fitted = []  # Keras's train step, compiled by XLA: two updates of each model from the same weights
     for lm in (plain, padded):
         lm.compile(optimizer=keras.optimizers.SGD(0.1), weighted_metrics=[], jit_compile=True)
-        fitted.append(lm.fit(ids[:, :-1], ids[:, 1:], batch_size=3, epochs=2, verbose=0).history["loss"])
+        fitted.append(lm.fit(x, ids[:, 1:], batch_size=3, epochs=2, verbose=0).history["loss"])
     json.dump({"shape": list(got.shape), "real": float(np.abs(got[..., :config.total_vocab] - want).max()),
                "padded": float(got[..., config.total_vocab:].max()), "losses": losses, "fitted": fitted,
-               "eval_width": int(np.asarray(padded(ids)).shape[-1])}, sys.stdout)
+               "eval_width": int(np.asarray(padded({"token_ids": ids, "padding_mask": np.ones_like(ids)})).shape[-1])},
+              sys.stdout)
 """)
 
 

@@ -9,6 +9,7 @@ import pytest
 
 from gpt_tf.convert import release, state_dicts
 from gpt_tf.config import GPTConfig, get_size
+from gpt_tf.gpt1.backbone import token_inputs
 from gpt_tf.gpt1.build import causal_lm_for
 from gpt_tf.nn.layers import gelu
 
@@ -134,7 +135,7 @@ def test_logits_match_transformers(hf, init_std):
     state_dicts.load_hf_state_dict(ours, reference.state_dict())
     ids = np.random.default_rng(0).integers(0, SMALL.vocab_size, (3, SMALL.n_ctx))
     expected = _hf_logits(hf, reference, ids)
-    got = _np(ours(ids, training=False))
+    got = _np(ours(token_inputs(ids), training=False))
     assert got.shape == (3, SMALL.n_ctx, SMALL.total_vocab)
     diff = np.abs(got[..., : SMALL.vocab_size] - expected).max()
     print(f"parity init_std={init_std}: max |diff| = {diff:.3g}, logits std = {expected.std():.3g}")
@@ -154,7 +155,7 @@ def test_parity_check_detects_swapped_query_key(hf):
     ours = _fresh()
     state_dicts.load_hf_state_dict(ours, state)
     ids = np.random.default_rng(1).integers(0, SMALL.vocab_size, (2, SMALL.n_ctx))
-    diff = np.abs(_np(ours(ids))[..., : SMALL.vocab_size] - _hf_logits(hf, reference, ids)).max()
+    diff = np.abs(_np(ours(token_inputs(ids)))[..., : SMALL.vocab_size] - _hf_logits(hf, reference, ids)).max()
     assert diff > 10 * TOL
 
 
@@ -166,7 +167,7 @@ def test_gpt1_size_exports_to_transformers(hf, gpt1_model):
     reference.load_state_dict(state, strict=True)
     config = gpt1_model.backbone.config
     ids = np.random.default_rng(2).integers(0, config.vocab_size, (2, 16))
-    diff = np.abs(_np(gpt1_model(ids))[..., : config.vocab_size] - _hf_logits(hf, reference, ids)).max()
+    diff = np.abs(_np(gpt1_model(token_inputs(ids)))[..., : config.vocab_size] - _hf_logits(hf, reference, ids)).max()
     print(f"parity gpt1 size: max |diff| = {diff:.3g}")
     assert diff <= TOL
 

@@ -22,6 +22,7 @@ from gpt_tf.config import get_size
 from gpt_tf.analysis.heuristics import HEURISTICS, ZeroShotConfig, ZeroShotSuite, best_threshold, normalised
 from gpt_tf.analysis.lm_scorer import LMScorer
 from gpt_tf.metrics import matthews
+from gpt_tf.gpt1.backbone import token_inputs
 from gpt_tf.gpt1.build import causal_lm_for
 from gpt_tf.text.tokenizer import GPTTokenizer
 from gpt_tf.data.task_rows import Example
@@ -52,20 +53,22 @@ def bpe(shared_data):
 
 
 class PlantedLM:
-    """Logits ``[B, T, V]`` that are 0 except +10 on chosen next tokens: after ``trigger`` (bigram) or everywhere."""
+    """Token inputs ``{"token_ids" [B, T], "padding_mask"}`` → logits ``[B, T, V]`` that are 0 except +10 on chosen
+    next tokens: after ``trigger`` (bigram) or everywhere."""
 
     def __init__(self, vocab, boost_ids, trigger=None, n_ctx=64):
         self.vocab, self.boost, self.trigger = vocab, tf.constant(list(boost_ids)), trigger
         self.config = types.SimpleNamespace(n_ctx=n_ctx)
 
-    def __call__(self, tokens, training=False):
+    def __call__(self, inputs, training=False):
+        tokens = inputs["token_ids"]  # keras-hub's inputs, as GPT1CausalLM takes them
         boost = tf.reduce_sum(tf.one_hot(self.boost, self.vocab), axis=0) * 10.0  # [V]
         where = tf.ones_like(tokens, tf.float32) if self.trigger is None else tf.cast(tf.equal(tokens, self.trigger), tf.float32)
         return where[..., None] * boost
 
 
 def _numpy_logprob(lm, tokens, scored):
-    logits = np.asarray(lm(np.array([tokens[:-1]], np.int32)), np.float64)[0]
+    logits = np.asarray(lm(token_inputs(np.array([tokens[:-1]], np.int32))), np.float64)[0]
     logp = logits - logits.max(-1, keepdims=True)
     logp -= np.log(np.exp(logp).sum(-1, keepdims=True))
     targets = np.array(tokens[1:])

@@ -130,7 +130,14 @@ def batches(train, batch_size: int, seed: int, count: int, start: int = 0):
         take, order = order[:batch_size], order[batch_size:]
         if i >= start:
             batch = train[take]
-            yield batch[:, :-1], batch[:, 1:]
+            yield model_inputs(batch[:, :-1]), batch[:, 1:]
+
+
+def model_inputs(token_ids):
+    """The language model's inputs for windows of token ids (numpy): every position is text."""
+    import numpy as np
+
+    return {"token_ids": token_ids, "padding_mask": np.ones_like(token_ids)}
 
 
 def compile_seconds():
@@ -175,7 +182,7 @@ def main_tokens(keras) -> int:
     keras.utils.set_random_seed(FLAGS.seed)
     lm = GPT1CausalLM(backbone_for(config, dtype=FLAGS.precision), preprocessor=None, compile=False)
     schedule = WarmupDecay(FLAGS.learning_rate, math.ceil(FLAGS.warmup_fraction * total), total, "cosine")
-    lm.compile(optimizer=make_optimizer(lm.trainable_variables, schedule), jit_compile=True,
+    lm.compile(optimizer=make_optimizer(schedule, variables=lm.trainable_variables), jit_compile=True,
                steps_per_execution=FLAGS.steps_per_execution)
     terminated = []  # SIGTERM's time
 
@@ -265,8 +272,8 @@ def main_tokens(keras) -> int:
         if done < total and (run_dir / STATE).exists():
             write_state(run_dir, {**state, "pieces": pieces})
     eval_start = time.monotonic()
-    held_out = float(keras.Model.evaluate(lm, valid[:, :-1], valid[:, 1:], batch_size=batch_size, verbose=0,
-                                          return_dict=True)["loss"])
+    held_out = float(keras.Model.evaluate(lm, model_inputs(valid[:, :-1]), valid[:, 1:], batch_size=batch_size,
+                                          verbose=0, return_dict=True)["loss"])
     eval_seconds = time.monotonic() - eval_start
     weights = to_hf_state_dict(lm, lm_head=False, include_special=True)
     parts = save_arrays({k: v.astype(np.float16) for k, v in weights.items()}, str(run_dir), done)

@@ -12,12 +12,17 @@
     python -m bench.experiments.reproduction --stage=report
     # 5. the pre-trained arm's chosen recipes as flagfiles: configs/finetune_<task>_tiny.flags
     python -m bench.experiments.reproduction --stage=configs
+    # 6. what scale bought: both sizes' ledgers side by side, one table per task, into docs/reproduction.md
+    python -m bench.experiments.reproduction --stage=scale
 
 Every run is one ``python -m gpt_tf.train --task`` process (``bench.experiments.finetune_runs.finetune_spec``: the
 task's flagfile, the arm's initialisation, then the recipe's flags), timed wall-clock; each finished run is
 one line of the ledger (``--ledger``, with the commit that ran it), keyed by (task, arm, seed, recipe), so an
 interrupted stage resumes and a run already in the ledger is never redone. The choice of recipe reads dev scores only; the test
-files are predicted once, by the chosen recipe's seed-0 run, and never scored here.
+files are predicted once, by the chosen recipe's seed-0 run, and never scored here. ``--stage=scale`` runs nothing: for each
+size (``SCALE_LEDGERS``), arm and task, the dev scores of every seed of the arm's chosen recipe, as median [min–max]
+(seeds), the gain from pre-training and what the bigger model adds, replacing the marked section of
+``docs/reproduction.md``.
 """
 
 from __future__ import annotations
@@ -39,10 +44,16 @@ ARMS = ("pretrained", "scratch")
 KNOBS = ("learning_rate", "epochs", "lm_coef", "warmup_fraction", "batch_size", "clf_pdrop", "weight_decay")
 # Issue 13's goals for the pre-trained arm on dev (headline metric, in percent).
 GOALS = {"sst2": 82, "cola": 15, "mrpc": 82, "stsb": 50, "rte": 56, "story_cloze": 62}
+# --stage=scale: each model size's ledger, and what it is.
+SCALE_LEDGERS = {"tiny": "bench/results/reproduction.jsonl", "small": "bench/results/reproduction_small.jsonl"}
+SIZES = {"tiny": "5.2M parameters, 128 context", "small": "16.9M parameters, 256 context"}
+START, END = "<!-- scale: written by `python -m bench.experiments.reproduction --stage=scale`; edits here are replaced -->", \
+    "<!-- /scale -->"
 
 
 def define_flags():
-    flags.DEFINE_enum("stage", None, ["sweep", "table", "predict", "report", "configs"], "What to run (see the module doc).")
+    flags.DEFINE_enum("stage", None, ["sweep", "table", "predict", "report", "configs", "scale"],
+                      "What to run (see the module doc).")
     flags.DEFINE_enum("arm", "pretrained", ARMS, "--stage=sweep: which arm's grid this is.")
     flags.DEFINE_list("tasks", list(N_CTX), "Tasks (their folders under --tasks_dir).")
     flags.DEFINE_string("grid", "", "--stage=sweep: 'knob=v1,v2;knob=v3' over " + ", ".join(KNOBS) + ".")
@@ -193,8 +204,63 @@ def write_configs(records: list[dict], configs_dir: Path) -> list[Path]:
     return written
 
 
+def scale_cells(records: list[dict]) -> dict:
+    """(task, arm) -> the dev scores (× 100) of every seed of the arm's chosen recipe."""
+    return {(task, arm): [dev_score(r) for r in cell_runs(records, task, arm, recipe).values()]
+            for (task, arm), recipe in best_recipes(records).items()}
+
+
+def _spread(scores: list[float]) -> str:
+    if not scores:
+        return "–"
+    mid, low, high = median_spread(scores)
+    return f"{mid:.1f} [{low:.1f}–{high:.1f}] ({len(scores)})"
+
+
+def _median(scores: list[float]) -> float | None:
+    return median_spread(scores)[0] if scores else None
+
+
+def signed(value: float | None) -> str:
+    return "–" if value is None else f"{value:+.1f}"
+
+
+def scale_section(by_size: dict[str, dict]) -> str:
+    """The scale section of ``docs/reproduction.md`` (between the markers: one table per task that any size ran."""
+    tasks = [t for t in N_CTX if any((t, arm) in c for c in by_size.values() for arm in ARMS)]
+    lines = [START, "",
+             "Dev metric × 100: median [min–max] (seeds), each arm with its own recipe chosen on dev; gain: pre-trained "
+             "minus scratch at the same size; scale: the small model's pre-trained median minus the tiny one's.", ""]
+    for task in tasks:
+        lines += [f"**{task}** ({main_metric(task)})", "",
+                  "| size | pre-trained | from scratch | gain from pre-training | scale (pre-trained) |",
+                  "|---|---|---|---:|---:|"]
+        for size, found in by_size.items():
+            pre, scratch = found.get((task, "pretrained"), []), found.get((task, "scratch"), [])
+            gain = _median(pre) - _median(scratch) if pre and scratch else None
+            tiny = by_size.get("tiny", {}).get((task, "pretrained"), [])
+            scale = _median(pre) - _median(tiny) if size != "tiny" and pre and tiny else None
+            lines.append(f"| {size} ({SIZES[size]}) | {_spread(pre)} | {_spread(scratch)} | {signed(gain)} | "
+                         f"{signed(scale) if size != 'tiny' else ''} |")
+        lines.append("")
+    return "\n".join(lines + [END])
+
+
+def rewrite_section(doc: Path, text: str) -> None:
+    page = doc.read_text(encoding="utf-8")
+    if START not in page or END not in page:
+        raise SystemExit(f"{doc}: no section marked {START!r} ... {END!r} to rewrite")
+    head, rest = page.split(START, 1)
+    doc.write_text(head + text + rest.split(END, 1)[1], encoding="utf-8")
+
+
 def main(argv):
     del argv
+    if FLAGS.stage == "scale":
+        text = scale_section({size: scale_cells(load_ledger(ROOT / path)) for size, path in SCALE_LEDGERS.items()})
+        rewrite_section(ROOT / "docs" / "reproduction.md", text)
+        print(text)
+        return
     records = load_ledger(Path(FLAGS.ledger))
     if FLAGS.stage == "sweep":
         recipes = parse_grid(FLAGS.grid)

@@ -29,6 +29,7 @@ import numpy as np
 import tensorflow as tf
 
 from gpt_tf.backend import require_tensorflow
+from gpt_tf.gpt1.backbone import token_inputs
 from gpt_tf.data.task_batches import bucket_lengths
 
 
@@ -36,7 +37,8 @@ class LMScorer:
     """Sums of continuation-token log-probabilities under ``lm``.
 
     ``lm``: a ``GPT1CausalLM`` (its backbone's states, then the tied head at the scored positions
-    only) or any callable from token ids to logits ``[B, T, V]`` with a ``config.n_ctx``.
+    only) or any callable from keras-hub's inputs ``{"token_ids", "padding_mask"}`` (``token_inputs``) to logits
+    ``[B, T, V]`` with a ``config.n_ctx``.
     """
 
     def __init__(self, lm, bos_id: int | None = None, batch_size: int = 32):
@@ -49,9 +51,9 @@ class LMScorer:
         self.max_len = n_ctx + 1  # tokens per sequence: n_ctx inputs, each with its next token
         self.buckets = bucket_lengths(n_ctx)  # model input lengths a batch is padded to
         if backbone is not None and hasattr(backbone, "embed"):
-            self._states, self._head = (lambda t: backbone(t, training=False)), backbone.embed.logits
+            self._states, self._head = (lambda t: backbone(token_inputs(t), training=False)), backbone.embed.logits
         else:
-            self._states, self._head = (lambda t: lm(t, training=False)), (lambda h: h)
+            self._states, self._head = (lambda t: lm(token_inputs(t), training=False)), (lambda h: h)
         self._scores = tf.function(self._batch_scores, input_signature=[
             tf.TensorSpec([None, None], tf.int32), tf.TensorSpec([None, None], tf.float32)], reduce_retracing=True)
 

@@ -4,11 +4,10 @@ A preset folder (``GPT1Backbone.save_to_preset``, ``python -m gpt_tf.convert``) 
 ``config.json`` (the backbone's Keras config: keras-hub's field names), ``model.weights.h5`` (the
 backbone's weights), ``tokenizer.json`` + ``assets/tokenizer/`` (GPT-1's two BPE files) and
 ``metadata.json``; a task adds ``task.json`` / ``task.weights.h5``. The presets shipped in the package are
-``gpt_tf/presets/<name>``; ``FindsPresets`` gives the family's ``from_preset`` a clear error for one not found.
+``gpt_tf/presets/<name>``.
 The core reads a preset's ``config.json`` and weights file itself (``--init_checkpoint=<preset>``: a run
 folder's model config, weights restored into the run's backbone; ``locate``: a shipped preset by its name where a
-path would be). ``backbone_kwargs`` /
-``config_from_kwargs`` are the one mapping between ``GPTConfig``'s fields and keras-hub's.
+path would be).
 """
 
 from __future__ import annotations
@@ -24,29 +23,6 @@ TASK_FILE = "task.json"  # a task preset's: the task's class and config (its wei
 TOKENIZER_ASSETS = os.path.join("assets", "tokenizer")
 SHIPPED_DIR = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "presets")  # package data: named presets
 PRESET_ALIASES = {"books_tiny": "gpt1_tiny_books_en"}  # earlier names of shipped presets -> their names
-
-# GPTConfig field -> keras-hub argument (vocab_size is derived: keras-hub counts the special rows).
-_NAMES = {"n_special": "num_special_tokens", "n_ctx": "max_sequence_length", "n_embd": "hidden_dim",
-          "n_layer": "num_layers", "n_head": "num_heads", "d_ff": "intermediate_dim",
-          "embd_pdrop": "embedding_dropout", "attn_pdrop": "attention_dropout", "resid_pdrop": "dropout",
-          "layer_norm_epsilon": "layer_norm_epsilon", "init_std": "init_std", "pad_vocab_to": "pad_vocabulary_to"}
-_OMITTED_AT_DEFAULT = ("pad_vocab_to",)  # written only when set: configs without it are as before and load as before
-
-
-def backbone_kwargs(config: GPTConfig) -> dict:
-    """``GPT1Backbone``'s arguments for ``config``: ``vocabulary_size`` counts the special-token rows (the model
-    type is the class's: ``GPT1Backbone`` or the LSTM baseline's subclass); ``pad_vocabulary_to`` only when it is
-    not 1 (a config without it, as every config before it, reads as 1)."""
-    return {"vocabulary_size": config.total_vocab,
-            **{new: getattr(config, old) for old, new in _NAMES.items()
-               if old not in _OMITTED_AT_DEFAULT or getattr(config, old) != getattr(GPTConfig, old)}}
-
-
-def config_from_kwargs(kwargs: dict, model_type: str = "gpt") -> GPTConfig:
-    """The ``GPTConfig`` of ``GPT1Backbone`` arguments (``backbone_kwargs``'s inverse)."""
-    fields = {old: kwargs[new] for old, new in _NAMES.items() if new in kwargs}
-    n_special = fields.get("n_special", GPTConfig.n_special)
-    return GPTConfig(vocab_size=int(kwargs["vocabulary_size"]) - n_special, model_type=model_type, **fields)
 
 
 def is_preset(path: str) -> bool:
@@ -68,7 +44,7 @@ def preset_config(path: str) -> GPTConfig:
     name = saved.get("registered_name", "")
     if not name.endswith("GPT1Backbone"):
         raise ValueError(f"{config_path}: a {name or 'non-Keras'} config, not a GPT1Backbone preset")
-    return config_from_kwargs(saved["config"])
+    return GPTConfig.from_backbone_kwargs(saved["config"])
 
 
 def load_preset_weights(backbone, path: str) -> str:
@@ -119,16 +95,3 @@ def preset_problem(preset) -> str:
         return (f"{where} is not a preset folder: it holds no {CONFIG_FILE} (shipped presets: {shipped}; "
                 "save_to_preset or `python -m gpt_tf.convert` writes one)")
     return ""
-
-
-class FindsPresets:
-    """Mixed into the GPT-1 classes (before their keras-hub base): ``from_preset`` of a name or folder that
-    is not there fails with ``preset_problem``'s ValueError (the path and the shipped presets) before
-    keras-hub's generic "Unknown preset identifier"."""
-
-    @classmethod
-    def from_preset(cls, preset, *args, **kwargs):
-        problem = preset_problem(preset)
-        if problem:
-            raise ValueError(problem)
-        return super().from_preset(preset, *args, **kwargs)

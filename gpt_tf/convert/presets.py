@@ -94,8 +94,8 @@ def task_from(model, spec, tokenizer_dir: str):
     """A run's keras-hub task (``load_task_model``) with its ``TaskSpec``'s preprocessor, ready to save as a preset."""
     from gpt_tf.gpt1.preprocessor import GPT1TaskPreprocessor  # pylint: disable=import-outside-toplevel
 
-    model.preprocessor = GPT1TaskPreprocessor(GPT1Tokenizer(tokenizer_dir), input_type=spec.input_type,
-                                              num_choices=spec.num_choices)
+    model.preprocessor = GPT1TaskPreprocessor(GPT1Tokenizer(tokenizer_dir), model.backbone.max_sequence_length,
+                                              input_type=spec.input_type, num_choices=spec.num_choices)
     return model
 
 

@@ -134,3 +134,9 @@ def pretraining_dataset(
     options = tf.data.Options()
     options.deterministic = True
     return ds.prefetch(tf.data.AUTOTUNE).with_options(options)
+
+
+def as_model_inputs(dataset: tf.data.Dataset) -> tf.data.Dataset:
+    """``pretraining_dataset``'s batches as the language model takes them: ``({"token_ids", "padding_mask"}, targets)``
+    (a mask of ones: every position is text)."""
+    return dataset.map(lambda x, y: ({"token_ids": x, "padding_mask": tf.ones_like(x)}, y))

@@ -7,9 +7,11 @@ A functional Keras model, as keras-hub builds its own: ``{"token_ids", "padding_
 (``gpt_tf/nn/layers.py``) → the final states, every projection a Keras ``Dense`` and the token table a Keras
 ``ReversibleEmbedding``, so ``summary()``, ``plot_model``, ``enable_lora`` and ``quantize`` act on it. Beside the
 graph, ``states`` runs the same layers for every block's states (layer-transfer studies) or the last block at one
-position per row only (a task head's input). ``config`` is its ``GPTConfig`` (``gpt_tf/config.py``;
-``from_gpt_config`` builds one from it); the LSTM baseline of Table 5 is a subclass that swaps the blocks
-(``gpt_tf/gpt1/lstm.py``). Weights saved by the earlier subclassed layout load too (``load_weights``).
+position per row only (generation without the cache). Its hyperparameters are attributes under keras-hub's names
+(``vocabulary_size``, ``num_layers``, ...); ``config`` gives them as the command line's ``GPTConfig``
+(``gpt_tf/config.py``; ``from_gpt_config`` builds a backbone from one); the LSTM baseline of Table 5 is a subclass
+that swaps the blocks (``gpt_tf/gpt1/lstm.py``). Weights saved by the earlier subclassed layout load too
+(``load_weights``).
 """
 
 from __future__ import annotations
@@ -18,37 +20,21 @@ import keras
 import keras_hub
 from keras import ops
 
+from gpt_tf.config import GPTConfig
 from gpt_tf.convert.old_layout import is_old_layout, load_old_layout
-from gpt_tf.gpt1.keras_hub_adapter import name_tasks_in_metadata
 from gpt_tf.nn.embedding import GPTEmbedding
 from gpt_tf.nn.layers import PACKAGE, TransformerBlock
-from gpt_tf.convert.preset_io import FindsPresets, backbone_kwargs, config_from_kwargs
 
 
-def as_inputs(inputs) -> dict:
-    """keras-hub's ``{"token_ids", "padding_mask"}`` of token ids given alone (a mask of ones: attention is causal and
-    padding comes last, so the models never read it); a dict as it is."""
-    if isinstance(inputs, dict):
-        return inputs
-    if not isinstance(inputs, keras.KerasTensor):
-        inputs = ops.convert_to_tensor(inputs)
-    return {"token_ids": inputs, "padding_mask": ops.ones_like(inputs)}
-
-
-class TakesTokenIds:
-    """Mixed into the functional models whose inputs are ``{"token_ids", "padding_mask"}`` (before their Keras base):
-    they take the token ids alone too (``as_inputs``), called (``__call__``, before Keras checks the inputs' structure)
-    and in Keras's stateless calls (``call``: JAX's ``fit``)."""
-
-    def __call__(self, inputs, *args, **kwargs):
-        return super().__call__(as_inputs(inputs), *args, **kwargs)
-
-    def call(self, inputs, training=None, mask=None):
-        return super().call(as_inputs(inputs), training=training, mask=mask)
+def token_inputs(token_ids) -> dict:
+    """keras-hub's backbone inputs ``{"token_ids", "padding_mask"}`` for token ids alone: a mask of ones (attention is
+    causal and padding comes last, so the models never read it)."""
+    token_ids = ops.convert_to_tensor(token_ids, "int32")
+    return {"token_ids": token_ids, "padding_mask": ops.ones_like(token_ids)}
 
 
 @keras.saving.register_keras_serializable(package=PACKAGE)
-class GPT1Backbone(TakesTokenIds, FindsPresets, keras_hub.models.Backbone):
+class GPT1Backbone(keras_hub.models.Backbone):
     """GPT-1 (Radford et al. 2018): token ids ``[batch, length]`` → final states ``[batch, length, hidden_dim]``.
 
     Post-LN decoder blocks with learned positions and a token embedding tied to the LM head
@@ -78,7 +64,7 @@ class GPT1Backbone(TakesTokenIds, FindsPresets, keras_hub.models.Backbone):
     ```python
     import gpt_tf.gpt1, keras_hub, numpy as np
     backbone = keras_hub.models.Backbone.from_preset("gpt1_tiny_books_en")    # a GPT1Backbone
-    states = backbone(np.array([[1, 2, 3]]))                                  # [1, 3, 256]
+    states = backbone({"token_ids": np.array([[1, 2, 3]]), "padding_mask": np.ones((1, 3))})   # [1, 3, 256]
     small = gpt_tf.GPT1Backbone(vocabulary_size=1004, num_layers=2, num_heads=4, hidden_dim=32,
                                 intermediate_dim=128, max_sequence_length=32)
     small.summary()
@@ -92,24 +78,43 @@ class GPT1Backbone(TakesTokenIds, FindsPresets, keras_hub.models.Backbone):
                  max_sequence_length=512, dropout=0.1, attention_dropout=0.1, embedding_dropout=0.1,
                  num_special_tokens=4, layer_norm_epsilon=1e-5, init_std=0.02, pad_vocabulary_to=1, dtype=None,
                  **kwargs):
-        config = config_from_kwargs(dict(
-            vocabulary_size=vocabulary_size, num_layers=num_layers, num_heads=num_heads, hidden_dim=hidden_dim,
-            intermediate_dim=intermediate_dim, max_sequence_length=max_sequence_length, dropout=dropout,
-            attention_dropout=attention_dropout, embedding_dropout=embedding_dropout,
-            num_special_tokens=num_special_tokens, layer_norm_epsilon=layer_norm_epsilon, init_std=init_std,
-            pad_vocabulary_to=pad_vocabulary_to),
-            model_type=self.model_type)
         # === Layers ===
-        c = config
-        self.config = config
-        self.embed = GPTEmbedding(c.total_vocab, c.n_ctx, c.n_embd, c.embd_pdrop, c.init_std, name="embed",
-                                  dtype=dtype, pad_vocab_to=c.pad_vocab_to)
-        self.blocks = [self.make_block(i, dtype) for i in range(c.n_layer)]
+        self.embed = GPTEmbedding(vocabulary_size, max_sequence_length, hidden_dim, embedding_dropout, init_std,
+                                  name="embed", dtype=dtype, pad_vocab_to=pad_vocabulary_to)
+        self.blocks = [self.make_block(i, num_heads, intermediate_dim, attention_dropout, dropout, layer_norm_epsilon,
+                                       init_std, dtype) for i in range(num_layers)]
         # === Functional model ===
         token_ids = keras.Input(shape=(None,), dtype="int32", name="token_ids")
         padding_mask = keras.Input(shape=(None,), dtype="int32", name="padding_mask")  # causal: right padding is free
         super().__init__(inputs={"token_ids": token_ids, "padding_mask": padding_mask},
                          outputs=self.states(token_ids), dtype=dtype, **kwargs)
+        # === Config ===
+        self.vocabulary_size = vocabulary_size
+        self.num_layers = num_layers
+        self.num_heads = num_heads
+        self.hidden_dim = hidden_dim
+        self.intermediate_dim = intermediate_dim
+        self.max_sequence_length = max_sequence_length
+        self.dropout = dropout
+        self.attention_dropout = attention_dropout
+        self.embedding_dropout = embedding_dropout
+        self.num_special_tokens = num_special_tokens
+        self.layer_norm_epsilon = layer_norm_epsilon
+        self.init_std = init_std
+        self.pad_vocabulary_to = pad_vocabulary_to
+
+    @property
+    def config(self) -> GPTConfig:
+        """The hyperparameters as the command line's ``GPTConfig`` (the release's field names: ``n_embd``, ...)."""
+        return GPTConfig.from_backbone_kwargs(self._hyperparameters(), model_type=self.model_type)
+
+    def _hyperparameters(self) -> dict:
+        return {"vocabulary_size": self.vocabulary_size, "num_layers": self.num_layers, "num_heads": self.num_heads,
+                "hidden_dim": self.hidden_dim, "intermediate_dim": self.intermediate_dim,
+                "max_sequence_length": self.max_sequence_length, "dropout": self.dropout,
+                "attention_dropout": self.attention_dropout, "embedding_dropout": self.embedding_dropout,
+                "num_special_tokens": self.num_special_tokens, "layer_norm_epsilon": self.layer_norm_epsilon,
+                "init_std": self.init_std, "pad_vocabulary_to": self.pad_vocabulary_to}
 
     @classmethod
     def from_gpt_config(cls, config, **kwargs) -> "GPT1Backbone":
@@ -118,7 +123,7 @@ class GPT1Backbone(TakesTokenIds, FindsPresets, keras_hub.models.Backbone):
         if config.model_type != cls.model_type:
             raise ValueError(f"{cls.__name__} builds model_type={cls.model_type!r}, not {config.model_type!r} "
                              "(gpt_tf.gpt1.build.backbone_for builds either)")
-        return cls(**backbone_kwargs(config), **kwargs)
+        return cls(**config.backbone_kwargs(), **kwargs)
 
     @staticmethod
     def get_layout_map(device_mesh, model_parallel_dim_name="model", data_parallel_dim_name="batch"):
@@ -157,10 +162,10 @@ class GPT1Backbone(TakesTokenIds, FindsPresets, keras_hub.models.Backbone):
             layout_map[path] = axes
         return layout_map
 
-    def make_block(self, i, dtype):
+    def make_block(self, i, num_heads, intermediate_dim, attention_dropout, dropout, layer_norm_epsilon, init_std,
+                   dtype):
         """Block ``i``: a post-LN transformer block (the LSTM baseline overrides this)."""
-        c = self.config
-        return TransformerBlock(c.n_head, c.d_ff, c.attn_pdrop, c.resid_pdrop, c.layer_norm_epsilon, c.init_std,
+        return TransformerBlock(num_heads, intermediate_dim, attention_dropout, dropout, layer_norm_epsilon, init_std,
                                 name=f"h{i}", dtype=dtype)
 
     @property
@@ -205,11 +210,8 @@ class GPT1Backbone(TakesTokenIds, FindsPresets, keras_hub.models.Backbone):
             return load_old_layout(self, filepath)
         return super().load_weights(filepath, *args, **kwargs)
 
-    def save_to_preset(self, preset_dir, max_shard_size=10):
-        """keras-hub's ``save_to_preset``; ``metadata.json`` then names the family's task classes
-        (``GPT1TextClassifier``, ...) that load this backbone."""
-        super().save_to_preset(preset_dir, max_shard_size=max_shard_size)
-        name_tasks_in_metadata(preset_dir, type(self))
-
     def get_config(self):
-        return {**super().get_config(), **backbone_kwargs(self.config)}
+        config = {**super().get_config(), **self._hyperparameters()}
+        if self.pad_vocabulary_to == 1:  # written only when set: configs without it load as before
+            del config["pad_vocabulary_to"]
+        return config

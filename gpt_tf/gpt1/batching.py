@@ -1,14 +1,18 @@
-"""The order in which ``fit`` / ``evaluate`` / ``predict`` feed in-memory examples: the CLI's length buckets.
+"""Length-bucketed batches of texts in memory for ``fit``, ``evaluate`` and ``predict``: the command line's order.
 
-The tasks' ``preprocess_samples`` has the preprocessor pad each batch keras-hub forms to the bucket of its
-longest view (``pad_to_bucket=True``; called alone, it pads to ``sequence_length``). That alone saves little when a
-batch is 32 examples drawn at random: its longest SST-2 phrase is ~3× the median. So, as the CLI's
-input pipeline does (``gpt_tf.data.task_batches``), ``fit`` orders the examples by ``epoch_plan``: each
-epoch a random permutation (its last N mod B examples sit the epoch out), stably sorted by bucket,
-cut into batches of B, the batches in random order. Evaluation and prediction run the examples
-sorted by bucket, and ``predict`` puts its outputs back in the caller's order.
+Given texts, keras-hub's ``fit`` batches them in Keras's order and the task's preprocessor pads each batch to its
+``sequence_length`` (keras-hub's one length). Even padded to the length bucket of its longest view, 32 random SST-2
+phrases are mostly padding: the longest is ~3× the median. ``bucketed`` orders the examples as the command
+line's input pipeline does (``gpt_tf.data.task_batches.epoch_plan``): every epoch a random permutation (its last N mod
+B examples sit the epoch out), stably sorted by bucket, cut into batches of B, the batches in random order, each
+padded to its bucket. ``sorted_batches`` runs evaluation and prediction sorted by bucket, and ``restore`` puts
+``predict``'s outputs back in the caller's order. Both tokenize the texts once, by the offline tokenizer.
 
-Everything here works on the token ids ``pretokenize`` gives (``{field: ragged int32}``).
+    train, steps = bucketed(classifier.preprocessor, train_x, train_y, batch_size=32, seed=0)
+    classifier.compile(train_steps=3 * steps)          # the paper's schedule over the updates fit will run
+    classifier.fit(train, steps_per_epoch=steps, epochs=3)
+    dev, order = sorted_batches(classifier.preprocessor, dev_x, batch_size=64)
+    logits = restore(classifier.predict(dev), order)
 """
 
 from __future__ import annotations
@@ -16,66 +20,65 @@ from __future__ import annotations
 import numpy as np
 from gpt_tf.backend import tf  # imported at first use: the family imports without TensorFlow
 
-from gpt_tf.gpt1.preprocessor import CHOICES
-from gpt_tf.tasks import INPUT_FIELDS
 from gpt_tf.data.task_batches import bucket_lengths, epoch_plan
-from gpt_tf.data.transforms import view_lengths
+from gpt_tf.gpt1.preprocessor import pretokenize
+
+_EPOCHS = 2**62  # training repeats "forever": fit's steps_per_epoch and epochs decide when to stop
 
 
-def plannable(x) -> bool:
-    """Texts as token ids in memory (what ``pretokenize`` returns), not features nor a dataset."""
-    return (isinstance(x, dict) and "input_ids" not in x
-            and all(isinstance(v, (tf.RaggedTensor, tf.Tensor)) for v in x.values()))
+def _features(preprocessor, x):
+    """Every example's features padded to ``sequence_length`` (numpy), and its longest view's length."""
+    ids = pretokenize(x, preprocessor.tokenizer, preprocessor.input_type)
+    features = {k: v.numpy() for k, v in preprocessor.features(ids, padding="length").items()}
+    return features, features["extract_index"].max(axis=1) + 1
 
 
-def lengths(x: dict, input_type: str, n_ctx: int) -> tf.Tensor:
-    """Each example's longest view after truncation (``gpt_tf.data.transforms.view_lengths``): int32 [N]."""
-    names = INPUT_FIELDS[input_type]
-
-    def count(ids):
-        ids = ids if isinstance(ids, tf.RaggedTensor) else tf.RaggedTensor.from_tensor(ids)
-        return tf.cast(ids.row_lengths(axis=ids.ragged_rank), tf.int32)
-
-    a = count(x[names[0]])
-    b = count(x[names[1]]) if len(names) > 1 else tf.zeros_like(a)
-    if input_type != "multiple_choice":
-        return view_lengths(input_type, a, b, n_ctx)
-    choices = count(x[CHOICES])
-    return view_lengths(input_type, a, b, n_ctx, choices.to_tensor() if isinstance(choices, tf.RaggedTensor)
-                        else choices)
+def _batch(features, y, sample_weight, index, length):
+    """The examples ``index`` of ``features`` (and ``y``, ``sample_weight``), their views cut to ``length``."""
+    x = {k: tf.gather(v, index) for k, v in features.items()}
+    x["input_ids"], x["lm_weights"] = x["input_ids"][:, :, :length], x["lm_weights"][:, :, :length]
+    return tuple(t for t in (x, None if y is None else tf.gather(y, index),
+                             None if sample_weight is None else tf.gather(sample_weight, index)) if t is not None)
 
 
-def fit_order(lengths_: tf.Tensor, n_ctx: int, batch_size: int, batches: int, seed: int) -> np.ndarray:
-    """Example indices for ``batches`` training batches of ``batch_size``, epoch after epoch of ``epoch_plan``
-    (``[batches * batch_size]``); empty if there are fewer examples than one batch."""
-    per_epoch = int(tf.size(lengths_)) // batch_size
-    if per_epoch < 1:
-        return np.zeros([0], np.int64)
-    buckets = bucket_lengths(n_ctx)
-    plans = [epoch_plan(lengths_, buckets, batch_size, epoch, seed, training=True)[0]
-             for epoch in range(-(-batches // per_epoch))]
-    return np.concatenate([p.numpy().reshape(-1) for p in plans])[: batches * batch_size]
+def bucketed(preprocessor, x, y=None, batch_size: int = 32, seed: int = 0, sample_weight=None):
+    """``(dataset, steps_per_epoch)``: training batches of ``x`` (texts as the task's preprocessor takes them), ``y``
+    and ``sample_weight`` in the command line's bucketed order, epoch after epoch without end (pass
+    ``steps_per_epoch`` to ``fit``); each epoch a fresh plan from ``seed`` and the epoch number."""
+    features, lengths = _features(preprocessor, x)
+    steps = len(lengths) // batch_size
+    if steps < 1:
+        raise ValueError(f"{len(lengths)} examples make no batch of {batch_size}")
+    buckets = bucket_lengths(preprocessor.sequence_length)
+    y = None if y is None else tf.constant(np.asarray(y))
+    sample_weight = None if sample_weight is None else tf.constant(np.asarray(sample_weight))
+
+    def epoch(e):
+        index, length = epoch_plan(lengths, buckets, batch_size, e, seed, training=True)
+        return tf.data.Dataset.from_tensor_slices((index, length))
+
+    dataset = tf.data.Dataset.range(_EPOCHS).flat_map(epoch)
+    return dataset.map(lambda i, n: _batch(features, y, sample_weight, i, n)).prefetch(2), steps
 
 
-def sorted_order(lengths_: tf.Tensor, n_ctx: int) -> np.ndarray:
-    """The examples sorted by bucket (stable: the given order within a bucket), for evaluation and prediction."""
-    bucket = tf.searchsorted(tf.constant(bucket_lengths(n_ctx), tf.int32), lengths_, side="left")
-    return tf.argsort(bucket, stable=True).numpy()
-
-
-def take(value, order: np.ndarray):
-    """``value`` (a tensor, ragged tensor, array, dict of them or None) at the example indices ``order``."""
-    if value is None:
-        return None
-    if isinstance(value, dict):
-        return {k: take(v, order) for k, v in value.items()}
-    if isinstance(value, (tf.Tensor, tf.RaggedTensor)):
-        return tf.gather(value, order)
-    return np.asarray(value)[order]
+def sorted_batches(preprocessor, x, y=None, batch_size: int = 32):
+    """``(dataset, order)``: ``x`` (and ``y``) in batches of examples sorted by length bucket (stable: the given order
+    within a bucket), each padded to its bucket; ``order`` the example indices in dataset order (``restore``)."""
+    features, lengths = _features(preprocessor, x)
+    buckets = np.asarray(bucket_lengths(preprocessor.sequence_length))
+    order = np.argsort(np.searchsorted(buckets, lengths), kind="stable")
+    y = None if y is None else tf.constant(np.asarray(y)[order])
+    features = {k: v[order] for k, v in features.items()}
+    starts = np.arange(0, len(order), batch_size)
+    ends = np.minimum(starts + batch_size, len(order))
+    length = [int(buckets[np.searchsorted(buckets, lengths[order][s:e].max())]) for s, e in zip(starts, ends)]
+    dataset = tf.data.Dataset.from_tensor_slices((starts, ends, np.asarray(length, np.int32)))
+    dataset = dataset.map(lambda s, e, n: (tf.range(s, e), n))
+    return dataset.map(lambda i, n: _batch(features, y, None, i, n)), order
 
 
 def restore(outputs, order: np.ndarray):
-    """``predict``'s outputs, computed in ``order``, back in the caller's order."""
+    """``predict``'s outputs, computed in ``order`` (``sorted_batches``), back in the caller's order."""
     inverse = np.empty_like(order)
     inverse[order] = np.arange(len(order))
     if isinstance(outputs, dict):

@@ -22,15 +22,14 @@ import keras_hub
 from keras import ops
 
 from gpt_tf import backend
-from gpt_tf.gpt1.backbone import GPT1Backbone, TakesTokenIds
+from gpt_tf.gpt1.backbone import GPT1Backbone
 from gpt_tf.gpt1.causal_lm_preprocessor import GPT1CausalLMPreprocessor
 from gpt_tf.nn.layers import PACKAGE
 from gpt_tf.nn.objectives import TokenCrossEntropy
-from gpt_tf.convert.preset_io import FindsPresets
 
 
 @keras.saving.register_keras_serializable(package=PACKAGE)
-class GPT1CausalLM(TakesTokenIds, FindsPresets, keras_hub.models.CausalLM):
+class GPT1CausalLM(keras_hub.models.CausalLM):
     """GPT-1's language model (Eq. 1–2): ``{"token_ids", "padding_mask"}`` → next-token logits
     ``[B, T, vocabulary_size]``; ``generate()`` takes and returns strings. In training with the backbone's
     ``pad_vocabulary_to`` > 1 the logits are ``[B, T, padded]``, the columns past ``vocabulary_size`` -1e9
@@ -58,18 +57,16 @@ class GPT1CausalLM(TakesTokenIds, FindsPresets, keras_hub.models.CausalLM):
     backbone_cls = GPT1Backbone
     preprocessor_cls = GPT1CausalLMPreprocessor
 
-    def __init__(self, backbone, preprocessor=None, compile=True, **kwargs):  # pylint: disable=redefined-builtin
+    def __init__(self, backbone, preprocessor=None, **kwargs):
         # === Layers ===
         if preprocessor is not None and preprocessor.sequence_length is None:
-            preprocessor.sequence_length = backbone.config.n_ctx
+            preprocessor.sequence_length = backbone.max_sequence_length
         self.backbone = backbone
         self.preprocessor = preprocessor
         # === Functional model: the backbone, then the LM head tied to its token table ===
         inputs = backbone.input
         outputs = backbone.embed(backbone(inputs), reverse=True)
-        super().__init__(inputs=inputs, outputs=outputs, compile=False, **kwargs)
-        if compile:
-            self.compile()
+        super().__init__(inputs=inputs, outputs=outputs, **kwargs)
 
     def compile(self, optimizer="auto", loss="auto", *, weighted_metrics="auto", sampler="top_k", **kwargs):
         """keras-hub's ``CausalLM.compile``; ``loss="auto"`` is Eq. 1's ``TokenCrossEntropy`` (keras-hub's sparse
@@ -90,7 +87,7 @@ class GPT1CausalLM(TakesTokenIds, FindsPresets, keras_hub.models.CausalLM):
 
     def generate(self, inputs, max_length=None, stop_token_ids=None, strip_prompt=False):
         """Continues each prompt to ``max_length`` tokens (default: the model's context); strings in, strings out."""
-        n_ctx = self.backbone.config.n_ctx
+        n_ctx = self.backbone.max_sequence_length
         if max_length is not None and max_length > n_ctx:
             raise ValueError(f"max_length={max_length} is longer than the model's context ({n_ctx})")
         return super().generate(inputs, max_length=max_length, stop_token_ids=stop_token_ids, strip_prompt=strip_prompt)
@@ -124,9 +121,10 @@ class GPT1CausalLM(TakesTokenIds, FindsPresets, keras_hub.models.CausalLM):
         if type(sampler).__call__ is not keras_hub.samplers.Sampler.__call__:
             raise ValueError(f"{type(sampler).__name__} is not supported: GPT1CausalLM samples one token per step "
                              "(greedy, top_k, top_p or random)")
-        config = self.backbone.config
+        backbone = self.backbone
+        n_special = backbone.num_special_tokens
         batch, length = ops.shape(token_ids)[0], ops.shape(token_ids)[1]
-        never = ops.concatenate([ops.zeros([config.vocab_size]), ops.full([config.n_special], -1e9)])  # not text
+        never = ops.concatenate([ops.zeros([backbone.vocabulary_size - n_special]), ops.full([n_special], -1e9)])
 
         if use_cache and self.backbone.supports_cache:
             _, cache = self._build_cache(token_ids)

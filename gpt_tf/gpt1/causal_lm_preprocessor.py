@@ -2,8 +2,9 @@
 
 GPT-1 pre-trained on a plain token stream (no start or end token), so none is added; padding uses the pad
 id and comes last. As keras-hub's preprocessors, it takes one string or a batch, eagerly or in ``tf.data`` (mapped
-before or after ``batch``): one string gives outputs of one rank less. ``SequenceLength`` is what it shares with the
-tasks' ``GPT1TaskPreprocessor`` (``gpt_tf/gpt1/preprocessor.py``), ``from_preset``'s default length included.
+before or after ``batch``): one string gives outputs of one rank less. ``from_preset`` of a preset without
+``preprocessor.json`` (the shipped ones) takes the backbone's ``max_sequence_length`` unless one is given
+(``preset_length``, as the tasks' ``GPT1TaskPreprocessor`` does too).
 """
 
 from __future__ import annotations
@@ -16,50 +17,27 @@ from gpt_tf.gpt1.backbone import GPT1Backbone
 from gpt_tf.gpt1.keras_hub_adapter import preprocessing_function, preset_sequence_length
 from gpt_tf.gpt1.tokenizer import GPT1Tokenizer
 from gpt_tf.nn.layers import PACKAGE
-from gpt_tf.convert.preset_io import FindsPresets
 
 
-class SequenceLength(FindsPresets):
-    """What both preprocessors share: a settable ``sequence_length`` (keras-hub's packer is not used), a
-    ``build`` with nothing to build, and ``from_preset``'s error for a preset not found (``FindsPresets``).
+def preset_length(loader, kwargs) -> dict:
+    """keras-hub's ``_add_missing_kwargs`` of the family's preprocessors, after the base class's: the backbone's
+    ``max_sequence_length`` in the preset's config where no ``sequence_length`` is given (``keras_hub_adapter``)."""
+    if kwargs.get("sequence_length") is None:
+        kwargs["sequence_length"] = preset_sequence_length(loader)
+    return kwargs
 
-    ``from_preset`` (the class's, or keras-hub's base class's: ``keras_hub.models.CausalLMPreprocessor`` /
-    ``TextClassifierPreprocessor``) of a preset without ``preprocessor.json`` sets ``sequence_length`` to the
-    backbone's ``max_sequence_length`` in the preset's config, unless one is given; a task preset's
-    ``preprocessor.json`` holds its own."""
 
-    @property
-    def sequence_length(self):
-        """The views' (or sequences') length: the backbone's ``max_sequence_length`` unless set shorter."""
-        return self._sequence_length
-
-    @sequence_length.setter
-    def sequence_length(self, value):
-        self._sequence_length = None if value is None else int(value)
-
-    @classmethod
-    def _add_missing_kwargs(cls, loader, kwargs):
-        """keras-hub's hook for a preset without ``preprocessor.json``: the tokenizer (keras-hub's), and the
-        backbone's ``max_sequence_length`` where no ``sequence_length`` is given (``keras_hub_adapter``)."""
-        kwargs = super()._add_missing_kwargs(loader, kwargs)
-        if kwargs.get("sequence_length") is None:
-            kwargs["sequence_length"] = preset_sequence_length(loader)
-        return kwargs
-
-    def _length(self, sequence_length=None) -> int:
-        """``sequence_length`` (a call's override) or the layer's; a ValueError where neither is set."""
-        length = sequence_length or self.sequence_length
-        if length is None:
-            raise ValueError(f"{type(self).__name__}: sequence_length is not set: pass sequence_length, load it with "
-                             "from_preset or attach it to a task")
-        return int(length)
-
-    def build(self, input_shape=None):
-        self.built = True
+def sequence_length_of(preprocessor, sequence_length=None) -> int:
+    """``sequence_length`` (a call's override) or the preprocessor's; a ValueError where neither is set."""
+    length = sequence_length or preprocessor.sequence_length
+    if length is None:
+        raise ValueError(f"{type(preprocessor).__name__}: sequence_length is not set: pass sequence_length, load it "
+                         "with from_preset or attach it to a task")
+    return int(length)
 
 
 @keras.saving.register_keras_serializable(package=PACKAGE)
-class GPT1CausalLMPreprocessor(SequenceLength, keras_hub.models.CausalLMPreprocessor):
+class GPT1CausalLMPreprocessor(keras_hub.models.CausalLMPreprocessor):
     """Texts → ``({"token_ids", "padding_mask"}, next ids, mask)`` for the LM, and ``generate``'s prompts.
 
     GPT-1 pre-trained on a plain token stream (no start or end token), so none is added; padding
@@ -96,6 +74,13 @@ class GPT1CausalLMPreprocessor(SequenceLength, keras_hub.models.CausalLMPreproce
         self.sequence_length = sequence_length
         self.add_start_token = self.add_end_token = False
 
+    @classmethod
+    def _add_missing_kwargs(cls, loader, kwargs):
+        return preset_length(loader, super()._add_missing_kwargs(loader, kwargs))
+
+    def build(self, input_shape=None):
+        self.built = True  # no packer: `_pack` pads
+
     def _pack(self, x, length):
         """Strings ``[]`` or ``[B]`` → ``(token_ids, padding_mask)``, ``[length]`` or ``[B, length]``: the ids
         truncated to ``length``, then padded. One string is tokenized as a batch of one (the tokenizer gives a lone
@@ -113,14 +98,14 @@ class GPT1CausalLMPreprocessor(SequenceLength, keras_hub.models.CausalLMPreproce
     def call(self, x, y=None, sample_weight=None, sequence_length=None):
         """``(x, y, sample_weight)``: ``x["token_ids"]`` and its mask, the next ids and their mask (``y`` and
         ``sample_weight`` given are replaced, as keras-hub's do)."""
-        token_ids, mask = self._pack(x, self._length(sequence_length) + 1)
+        token_ids, mask = self._pack(x, sequence_length_of(self, sequence_length) + 1)
         x = {"token_ids": token_ids[..., :-1], "padding_mask": mask[..., :-1]}
         return keras.utils.pack_x_y_sample_weight(x, token_ids[..., 1:], mask[..., 1:])
 
     @preprocessing_function
     def generate_preprocess(self, x, sequence_length=None):
         """Prompts → ``{"token_ids", "padding_mask"}``, padded to ``sequence_length`` (generation's length)."""
-        token_ids, mask = self._pack(x, self._length(sequence_length))
+        token_ids, mask = self._pack(x, sequence_length_of(self, sequence_length))
         return {"token_ids": token_ids, "padding_mask": mask}
 
     @preprocessing_function

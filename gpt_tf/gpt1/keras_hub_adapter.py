@@ -14,24 +14,18 @@ gpt_tf/gpt1/keras_hub_adapter.py" when an upgrade breaks it.
 2. ``preprocessing_function``: the decorator keras-hub's own tokenizers and preprocessors wear
    (``keras_hub.src.utils.tensor_utils``): eager inputs become tensors, outputs called eagerly become
    Python lists (ragged, strings) or backend tensors, calls nested in one another convert once.
-3. ``name_tasks_in_metadata``: ``save_to_preset`` writes ``metadata.json``'s ``tasks`` from each task
-   class's first base class (``__base__``), which for the family's tasks (a mixin first) names the mixin.
-   The family's task classes that load the backbone are written instead.
-4. ``preset_sequence_length``: a preset with no ``preprocessor.json`` (the shipped ones: a backbone and its
+3. ``preset_sequence_length``: a preset with no ``preprocessor.json`` (the shipped ones: a backbone and its
    tokenizer) gives a preprocessor no ``sequence_length``; keras-hub's own presets carry it in that file. keras-hub
    builds such a preprocessor through the classmethod ``_add_missing_kwargs(loader, kwargs)`` (its docstring offers
    it for overriding), whose ``loader.config`` is the preset's ``config.json``: the family's preprocessors take the
    backbone's ``max_sequence_length`` from it there.
-5. ``upload_preset`` keeps no model card on a new Hugging Face repository: ``keras_hub.upload_preset`` to a repository
+4. ``upload_preset`` keeps no model card on a new Hugging Face repository: ``keras_hub.upload_preset`` to a repository
    without ``README.md`` writes its generated stub over the folder's card, uploads it and deletes the folder's
    ``README.md``; to a repository holding one it uploads the folder's card as it is. ``presets.upload_preset`` (public
    calls only, so no code here) puts the card on the repository first and has keras-hub upload a copy of the folder.
 """
 
 from __future__ import annotations
-
-import json
-import os
 
 import keras_hub
 
@@ -44,7 +38,7 @@ def changed(what: str) -> str:
 
 
 try:
-    from keras_hub.src.utils.preset_utils import BUILTIN_PRESETS, METADATA_FILE  # noqa: E402
+    from keras_hub.src.utils.preset_utils import BUILTIN_PRESETS  # noqa: E402
     from keras_hub.src.utils.preset_utils import register_presets as _register_presets  # noqa: E402
     from keras_hub.src.utils.tensor_utils import preprocessing_function  # noqa: E402,F401
 except ImportError as err:  # pragma: no cover - only with another keras-hub
@@ -71,30 +65,3 @@ def preset_sequence_length(loader):
         raise ValueError(changed("a preset loader has no dict `config` (the preset's config.json)"))
     value = (config.get("config") or {}).get("max_sequence_length")
     return None if value is None else int(value)
-
-
-def task_classes(backbone_cls) -> list:
-    """The keras-hub task classes (subclasses of ``keras_hub.models.Task``, at any depth) built on ``backbone_cls``."""
-    found, todo = [], list(keras_hub.models.Task.__subclasses__())
-    while todo:
-        cls = todo.pop()
-        todo.extend(cls.__subclasses__())
-        if getattr(cls, "backbone_cls", None) is backbone_cls and cls not in found:
-            found.append(cls)
-    return found
-
-
-def name_tasks_in_metadata(preset_dir: str, backbone_cls) -> list:
-    """Rewrites ``tasks`` in the preset's ``metadata.json`` as the names of ``task_classes(backbone_cls)``
-    (sorted); returns them."""
-    path = os.path.join(preset_dir, METADATA_FILE)
-    if not os.path.isfile(path):
-        raise FileNotFoundError(changed(f"save_to_preset wrote no {METADATA_FILE} in {preset_dir}"))
-    with open(path) as f:
-        metadata = json.load(f)
-    if "tasks" not in metadata:
-        raise ValueError(changed(f"{METADATA_FILE} has no 'tasks' field"))
-    metadata["tasks"] = sorted(cls.__name__ for cls in task_classes(backbone_cls))
-    with open(path, "w") as f:
-        f.write(json.dumps(metadata, indent=4))
-    return metadata["tasks"]

@@ -2,7 +2,7 @@
 
 ``LSTMBackbone`` is a ``GPT1Backbone`` whose blocks are LSTM layers: ``call(ids)`` → states ``[batch, length,
 n_embd]``, ``.embed`` (the same ``GPTEmbedding``: token + position tables, dropout, and the tied LM
-head ``.embed.logits``), ``.config`` (``model_type="lstm"``) and ``.blocks`` (one ``LSTMBlock`` per layer, for
+head ``.embed.logits``), ``model_type = "lstm"`` and ``.blocks`` (one ``LSTMBlock`` per layer, for
 layer transfer) — so ``GPT1CausalLM``, ``Pretrainer``, the tasks and ``Finetuner`` train it
 unchanged (``--model=lstm_tiny``; ``gpt_tf.gpt1.build.backbone_for`` picks it for an LSTM
 config). The learned position table is kept so that checkpoints, layer
@@ -76,6 +76,7 @@ class LSTMBackbone(GPT1Backbone):
     model_type = "lstm"
     supports_cache = False  # generation runs the recurrence over the whole sequence at each step
 
-    def make_block(self, i, dtype):
-        c = self.config
-        return LSTMBlock(c.d_ff, c.n_embd, c.resid_pdrop, c.init_std, name=f"h{i}", dtype=dtype)
+    def make_block(self, i, num_heads, intermediate_dim, attention_dropout, dropout, layer_norm_epsilon, init_std,
+                   dtype):
+        del num_heads, attention_dropout, layer_norm_epsilon  # a recurrence has no heads, attention or layer norm
+        return LSTMBlock(intermediate_dim, self.embed.n_embd, dropout, init_std, name=f"h{i}", dtype=dtype)

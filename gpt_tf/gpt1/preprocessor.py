@@ -4,11 +4,13 @@
 views with ``gpt_tf.data.transforms.transform_record``, the one definition the data pipelines and the
 served SavedModels use (truncation rule included). As keras-hub's preprocessors, it takes one example
 or a batch, eagerly or in ``tf.data`` (mapped before or after ``batch``), and pads every view to
-``sequence_length``. Called with ``pad_to_bucket=True`` (what the tasks' ``preprocess_samples`` does for the
-batches keras-hub's ``fit`` / ``evaluate`` / ``predict`` build: ``gpt_tf/gpt1/task.py``) it pads a batch
-only to the smallest length bucket (``gpt_tf.data.task_batches.bucket_lengths``: 8, 16, 24, 32, 48, …,
-``sequence_length``) that holds its longest view, so ``fit`` on short texts does not pay for ``n_ctx`` of
-padding and Keras traces few shapes. (``GPT1CausalLMPreprocessor``, the language model's, is
+``sequence_length``. With ``pad_to_bucket=True`` a batch (``ds.batch(n).map(preprocessor)``) is padded only to the
+smallest length bucket (``gpt_tf.data.task_batches.bucket_lengths``: 8, 16, 24, 32, 48, …, ``sequence_length``) that
+holds its longest view, so short texts do not pay for ``n_ctx`` of padding and Keras traces few shapes; it is off by
+default, as keras-hub pads to one length: its ``fit`` / ``predict`` on texts in memory go through grain, whose
+TensorFlow adapter fixes the batches' shape from the first ones (``gpt_tf/gpt1/batching.py`` orders and pads such
+texts by bucket for ``fit``). The served SavedModels build their features here too
+(``features``, padded to the batch's longest view). (``GPT1CausalLMPreprocessor``, the language model's, is
 ``gpt_tf/gpt1/causal_lm_preprocessor.py``.)
 """
 
@@ -19,7 +21,7 @@ import keras_hub
 from gpt_tf.backend import tf  # imported at first use: the family imports without TensorFlow
 
 from gpt_tf.gpt1.backbone import GPT1Backbone
-from gpt_tf.gpt1.causal_lm_preprocessor import SequenceLength
+from gpt_tf.gpt1.causal_lm_preprocessor import preset_length, sequence_length_of
 from gpt_tf.gpt1.keras_hub_adapter import preprocessing_function
 from gpt_tf.gpt1.tokenizer import GPT1Tokenizer
 from gpt_tf.nn.layers import PACKAGE
@@ -28,6 +30,7 @@ from gpt_tf.data.task_batches import bucket_lengths
 from gpt_tf.data.transforms import transform_record
 
 CHOICES = "choices"
+PADDINGS = ("length", "bucket", "longest")
 
 
 def _as_fields(x, input_type: str) -> dict:
@@ -69,7 +72,7 @@ def pretokenize(x, tokenizer, input_type: str):
 
 
 @keras.saving.register_keras_serializable(package=PACKAGE)
-class GPT1TaskPreprocessor(SequenceLength, keras_hub.models.TextClassifierPreprocessor):
+class GPT1TaskPreprocessor(keras_hub.models.TextClassifierPreprocessor):
     """Texts → ``{"input_ids" [B, K, L], "extract_index" [B, K], "lm_weights" [B, K, L]}`` (§3.3), L =
     ``sequence_length``.
 
@@ -80,6 +83,8 @@ class GPT1TaskPreprocessor(SequenceLength, keras_hub.models.TextClassifierPrepro
         input_type: ``"single"`` (``<s> a <e>``), ``"pair"`` (``<s> a $ b <e>``), ``"pair_symmetric"``
             (both orders) or ``"multiple_choice"`` (``<s> context $ choice_k <e>`` for each k).
         num_choices: candidates per example (multiple choice).
+        pad_to_bucket: a batch is padded to the length bucket of its longest view (True) or to ``sequence_length``
+            (False, the default: keras-hub's one length); one example is always padded to ``sequence_length``.
 
     Inputs: a batch of strings (single), a tuple ``(a, b)`` (pairs), ``(context, choices [B, K])``
     (multiple choice), or a dict by field name (``gpt_tf.tasks.INPUT_FIELDS`` and ``"choices"``).
@@ -87,10 +92,7 @@ class GPT1TaskPreprocessor(SequenceLength, keras_hub.models.TextClassifierPrepro
     choices ``[K]``) gives features of one rank less (``input_ids`` ``[K, L]``), so
     ``ds.map(preprocessor).batch(n)`` works, as does mapping after ``batch``.
 
-    Call arguments: ``x``, ``y``, ``sample_weight`` (returned as given) and ``pad_to_bucket``: False (default)
-    pads to ``sequence_length``; True pads a batch only to the length bucket of its longest view
-    (``gpt_tf.data.task_batches.bucket_lengths``), one length per batch: for batches already formed, as the tasks'
-    ``fit`` / ``evaluate`` / ``predict`` form them (``gpt_tf/gpt1/task.py``), not for ``map`` before ``batch``.
+    Call arguments: ``x``, ``y``, ``sample_weight`` (returned as given).
 
     Example:
 
@@ -99,8 +101,7 @@ class GPT1TaskPreprocessor(SequenceLength, keras_hub.models.TextClassifierPrepro
     pre = gpt_tf.GPT1TaskPreprocessor.from_preset("gpt1_tiny_books_en", sequence_length=64, input_type="pair")
     features = pre({"premise": ["a man sleeps ."], "hypothesis": ["a person rests ."]})
     features["input_ids"]                          # [1, 1, 64]: <s> premise $ hypothesis <e>, padded
-    pre({"premise": ["a man sleeps ."], "hypothesis": ["a person rests ."]}, pad_to_bucket=True)["input_ids"]
-                                                   # [1, 1, 16]: the bucket of the longest view
+    pre("a man sleeps .")["input_ids"]             # one example: [1, 64], padded to sequence_length
     single = gpt_tf.GPT1TaskPreprocessor.from_preset("gpt1_tiny_books_en")      # sequence_length 128
     ds = tf.data.Dataset.from_tensor_slices((["a gem", "a dull , tired mess"], [1, 0])).map(single).batch(2)
     ```
@@ -109,7 +110,8 @@ class GPT1TaskPreprocessor(SequenceLength, keras_hub.models.TextClassifierPrepro
     backbone_cls = GPT1Backbone
     tokenizer_cls = GPT1Tokenizer
 
-    def __init__(self, tokenizer, sequence_length=None, input_type="single", num_choices=0, **kwargs):
+    def __init__(self, tokenizer, sequence_length=None, input_type="single", num_choices=0, pad_to_bucket=False,
+                 **kwargs):
         keras_hub.models.Preprocessor.__init__(self, **kwargs)  # no BERT-style packer: transforms.py packs
         self.packer = None
         if input_type not in INPUT_TYPES:
@@ -120,7 +122,15 @@ class GPT1TaskPreprocessor(SequenceLength, keras_hub.models.TextClassifierPrepro
         self.sequence_length = sequence_length
         self.input_type = input_type
         self.num_choices = int(num_choices)
+        self.pad_to_bucket = bool(pad_to_bucket)
         self.truncate = "transforms.py"
+
+    @classmethod
+    def _add_missing_kwargs(cls, loader, kwargs):
+        return preset_length(loader, super()._add_missing_kwargs(loader, kwargs))
+
+    def build(self, input_shape=None):
+        self.built = True  # no packer: transforms.py packs the views
 
     @property
     def views(self) -> int:
@@ -133,18 +143,22 @@ class GPT1TaskPreprocessor(SequenceLength, keras_hub.models.TextClassifierPrepro
         return TaskSpec("keras", self.input_type, head, labels, ("accuracy",), num_choices=self.num_choices)
 
     @preprocessing_function
-    def call(self, x, y=None, sample_weight=None, pad_to_bucket=False):
+    def call(self, x, y=None, sample_weight=None):
         """``(features, y, sample_weight)``; features given (a dict with ``input_ids``) pass through."""
-        self._length()
+        sequence_length_of(self)
         if isinstance(x, dict) and "input_ids" in x:  # already the model's features: passed through
             return keras.utils.pack_x_y_sample_weight(x, y, sample_weight)
-        features = self.features(_as_fields(x, self.input_type), pad_to_bucket=pad_to_bucket)
+        features = self.features(_as_fields(x, self.input_type), "bucket" if self.pad_to_bucket else "length")
         return keras.utils.pack_x_y_sample_weight(features, y, sample_weight)
 
-    def features(self, fields: dict, pad_to_bucket: bool = False) -> dict:
-        """``{field: tf.string [B]}`` (choices ``[B, K]``), or one example's (``[]``, choices ``[K]``) → the model's
-        features, padded to ``sequence_length`` or (``pad_to_bucket``) to the bucket of the longest view."""
-        n_ctx, special, task = self._length(), self.tokenizer.special_ids(), self._task()
+    def features(self, fields: dict, padding: str = "length") -> dict:
+        """``{field: tf.string [B]}`` (choices ``[B, K]``; or their token ids, ragged), or one example's (``[]``,
+        choices ``[K]``) → the model's features. A batch is padded to ``padding``: ``"length"`` (``sequence_length``),
+        ``"bucket"`` (the bucket of its longest view) or ``"longest"`` (its longest view: the served models); one
+        example always to ``sequence_length``."""
+        if padding not in PADDINGS:
+            raise ValueError(f"padding must be one of {PADDINGS}, got {padding!r}")
+        n_ctx, special, task = sequence_length_of(self), self.tokenizer.special_ids(), self._task()
         first = fields[next(iter(fields))]
         scalar = first.dtype == tf.string and first.shape.rank == 0
         if scalar:
@@ -164,12 +178,13 @@ class GPT1TaskPreprocessor(SequenceLength, keras_hub.models.TextClassifierPrepro
         k = self.views
         spec = (tf.TensorSpec([k, n_ctx], tf.int32), tf.TensorSpec([k], tf.int32),
                 tf.TensorSpec([k, n_ctx], tf.float32))
-        batch = tf.shape(fields[names[0]])[0]
+        batch = tf.shape(tokens[names[0]].row_lengths())[0]
         ids, extract, weights = tf.map_fn(one, tf.range(batch), fn_output_signature=spec)
-        if pad_to_bucket:  # one length for the whole batch: the bucket of its longest view
-            buckets = tf.constant(bucket_lengths(n_ctx), tf.int32)
-            longest = tf.reduce_max(extract) + 1
-            length = tf.gather(buckets, tf.searchsorted(buckets, longest[tf.newaxis])[0])
+        if not scalar and padding != "length":  # one length for the whole batch
+            length = tf.reduce_max(extract) + 1
+            if padding == "bucket":
+                buckets = tf.constant(bucket_lengths(n_ctx), tf.int32)
+                length = tf.gather(buckets, tf.searchsorted(buckets, length[tf.newaxis])[0])
             ids, weights = ids[:, :, :length], weights[:, :, :length]
         out = {"input_ids": ids, "extract_index": extract, "lm_weights": weights}
         return {k: v[0] for k, v in out.items()} if scalar else out
@@ -177,6 +192,8 @@ class GPT1TaskPreprocessor(SequenceLength, keras_hub.models.TextClassifierPrepro
     def _ids(self, value):
         """A field's token ids, ragged ``[N, None]`` (choices flattened): tokenized, or given as ids."""
         if value.dtype == tf.string:
+            if tf.executing_eagerly():  # called alone (not from `call`), `tokenize` would give Python lists
+                return self.tokenizer.encode_eagerly(value)
             return self.tokenizer.tokenize(tf.reshape(value, [-1]))
         if not isinstance(value, tf.RaggedTensor):
             value = tf.RaggedTensor.from_tensor(value)
@@ -185,5 +202,6 @@ class GPT1TaskPreprocessor(SequenceLength, keras_hub.models.TextClassifierPrepro
 
     def get_config(self):
         config = keras_hub.models.Preprocessor.get_config(self)
-        config.update(sequence_length=self.sequence_length, input_type=self.input_type, num_choices=self.num_choices)
+        config.update(sequence_length=self.sequence_length, input_type=self.input_type, num_choices=self.num_choices,
+                      pad_to_bucket=self.pad_to_bucket)
         return config

@@ -20,7 +20,6 @@ from gpt_tf.config import SPECIAL_TOKENS
 from gpt_tf.gpt1.backbone import GPT1Backbone
 from gpt_tf.gpt1.keras_hub_adapter import preprocessing_function
 from gpt_tf.nn.layers import PACKAGE
-from gpt_tf.convert.preset_io import FindsPresets
 from gpt_tf.text.tokenizer import ENCODER_FILE, MERGES_FILE, GPTTokenizer
 from gpt_tf.text.word_split import END_OF_WORD
 
@@ -36,7 +35,7 @@ class _BPE:
 
 
 @keras.saving.register_keras_serializable(package=PACKAGE)
-class GPT1Tokenizer(FindsPresets, keras_hub.tokenizers.Tokenizer):
+class GPT1Tokenizer(keras_hub.tokenizers.Tokenizer):
     """Strings → GPT-1 BPE ids (ragged ``int32``), and back.
 
     Args:

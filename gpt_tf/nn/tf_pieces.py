@@ -118,11 +118,13 @@ def take_at(x, index, axis: int):
     return tf.gather(x, index[..., None], axis=axis, batch_dims=len(index.shape))
 
 
-def real_targets(states, input_ids, lm_weights):
+def real_targets(states, token_ids, lm_weights):
     """``(states at the positions t whose next token is real [N, d], those next tokens [N], their weights [N])``:
-    where ``lm_weights > 0``, so padding and the last token cost the LM head no work."""
-    where = tf.where(lm_weights > 0)  # [N, 3]: (example, view, position t) whose target t + 1 is real
-    return (tf.gather_nd(states, where), tf.gather_nd(input_ids, where + tf.constant([0, 0, 1], tf.int64)),
+    where ``lm_weights > 0`` (``[..., T]``, as ``token_ids``; ``states`` ``[..., T, d]``), so padding and the last
+    token cost the LM head no work."""
+    where = tf.where(lm_weights > 0)  # [N, rank]: the positions t whose target t + 1 is real
+    next_token = tf.one_hot(tf.rank(lm_weights) - 1, tf.rank(lm_weights), dtype=tf.int64)  # +1 on the last axis
+    return (tf.gather_nd(states, where), tf.gather_nd(token_ids, where + next_token),
             tf.gather_nd(lm_weights, where))
 
 

@@ -156,9 +156,9 @@ def restore_weights(variables, prefix: str) -> None:
     checkpoint.restore(prefix).expect_partial().assert_existing_objects_matched()
 
 
-def build_task_models(model_config: GPTConfig, tasks, clf_pdrop: float, precision: str) -> list:
+def build_task_models(model_config: GPTConfig, tasks, clf_pdrop: float, precision: str, lm_coef: float = 0.5) -> list:
     """One keras-hub task of the family per task (``task_for_spec``), all on one backbone (the primary task first):
-    a run's model.
+    a run's model, uncompiled.
 
     Fine-tuning and ``load_task_model`` build it here alike, so the checkpoint keys (variable order) match.
     """
@@ -166,7 +166,7 @@ def build_task_models(model_config: GPTConfig, tasks, clf_pdrop: float, precisio
     from gpt_tf.gpt1.text_classifier import task_for_spec
 
     backbone = backbone_for(model_config, dtype=precision)
-    return [task_for_spec(backbone, task, dropout=clf_pdrop) for task in tasks]
+    return [task_for_spec(backbone, task, dropout=clf_pdrop, lm_coef=lm_coef) for task in tasks]
 
 
 def load_task_model(run, precision: str = "float32"):

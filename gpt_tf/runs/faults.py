@@ -38,10 +38,13 @@ def worker_lost(err, run_dir: str) -> str:
     """One line for a ``multi_worker`` cluster that lost a worker (TensorFlow aborted the collectives)."""
     text = err.message
     try:
-        cluster = json.loads(os.environ.get("TF_CONFIG") or "{}").get("cluster", {})
+        config = json.loads(os.environ.get("TF_CONFIG") or "{}")
     except ValueError:
-        cluster = {}
-    tasks = sorted({(job, int(t)) for job, t in re.findall(r"/job:(\w+)/replica:\d+/task:(\d+)", text)})
+        config = {}
+    cluster, own = config.get("cluster", {}), config.get("task", {})
+    # The failed op may name this worker's own device (an eager collective: "{{function_node ...task:0...}}"): not lost
+    this = (own.get("type"), int(own.get("index", -1)))
+    tasks = sorted({(job, int(t)) for job, t in re.findall(r"/job:(\w+)/replica:\d+/task:(\d+)", text)} - {this})
     named = [f"{job} {t}" + (f" ({cluster[job][t]})" if t < len(cluster.get(job, ())) else "") for job, t in tasks]
     lost = ", ".join(named) or "a worker"
     newest = newest_checkpoint(run_dir) or "no checkpoint yet"

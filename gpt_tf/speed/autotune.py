@@ -78,6 +78,7 @@ def worker_main(settings: dict) -> None:
 
     from gpt_tf.speed import kernels
     from gpt_tf.config import get_size
+    from gpt_tf.gpt1.backbone import token_inputs
     from gpt_tf.gpt1.build import causal_lm_for
     from gpt_tf.nn.objectives import lm_loss
     from gpt_tf.nn.optim import make_optimizer
@@ -90,14 +91,14 @@ def worker_main(settings: dict) -> None:
     def build():
         model = causal_lm_for(config)
         variables = model.trainable_variables
-        optimizer = make_optimizer(variables, 1e-4)
+        optimizer = make_optimizer(1e-4, variables=variables)
 
         @tf.function
         def step():
             with tf.GradientTape() as tape:
-                total, count = lm_loss(model(tokens[:, :-1], training=True), tokens[:, 1:])
+                total, count = lm_loss(model(token_inputs(tokens[:, :-1]), training=True), tokens[:, 1:])
                 loss = total / count
-            optimizer.clip_and_apply(tape.gradient(loss, variables), variables)
+            optimizer.apply(tape.gradient(loss, variables), variables)
             return loss
 
         step()  # traced here, with the kernels that run now

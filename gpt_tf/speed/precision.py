@@ -52,21 +52,22 @@ def _train_step(config, precision: str, batch: int, seq: int):
     import numpy as np
     import tensorflow as tf
 
+    from gpt_tf.gpt1.backbone import token_inputs
     from gpt_tf.gpt1.build import causal_lm_for
     from gpt_tf.nn.objectives import lm_loss
     from gpt_tf.nn.optim import make_optimizer
 
     model = causal_lm_for(config, dtype=precision)
     variables = model.trainable_variables
-    optimizer = make_optimizer(variables, 1e-4)
+    optimizer = make_optimizer(1e-4, variables=variables)
     tokens = tf.constant(np.random.default_rng(0).integers(0, config.vocab_size, (batch, seq + 1)), tf.int32)
 
     @tf.function
     def step():
         with tf.GradientTape() as tape:
-            total, count = lm_loss(model(tokens[:, :-1], training=True), tokens[:, 1:])
+            total, count = lm_loss(model(token_inputs(tokens[:, :-1]), training=True), tokens[:, 1:])
             loss = total / count
-        optimizer.clip_and_apply(tape.gradient(loss, variables), variables)  # as the training loop does
+        optimizer.apply(tape.gradient(loss, variables), variables)  # as the training loop does
         return loss
 
     return lambda: float(step())

@@ -32,24 +32,18 @@ import tempfile
 import keras
 
 from gpt_tf.config import GPTConfig
-from gpt_tf.data.reader import batches_per_pipeline, pretraining_dataset
+from gpt_tf.data.reader import as_model_inputs, batches_per_pipeline, pretraining_dataset
 from gpt_tf.gpt1 import GPT1CausalLM, GPT1CausalLMPreprocessor, GPT1Tokenizer
 from gpt_tf.gpt1.build import causal_lm_for
 from gpt_tf.nn.optim import WarmupDecay, make_optimizer
 from gpt_tf.runs.files import KERAS_FIT, data_identity, save_run_configs, write_json_atomic
 from gpt_tf.text.tokenizer import GPTTokenizer
 from gpt_tf.training import placement as placing
-from gpt_tf.training.lm_objective import TrainConfig
+from gpt_tf.training.lm_objective import TrainConfig, compile_lm
 from gpt_tf.training.preemption import Preempted, StopRequest
 from gpt_tf.training.text_counts import TextCounter
 
 WEIGHTS, STATE, LOG, PRESET = "latest.weights.h5", "state.json", "log.jsonl", "preset"
-
-
-def compile_lm(model, optimizer) -> None:
-    """The language model compiled for pre-training: jit-compiled, the loss alone (keras-hub's default metric, token
-    accuracy, is an argmax over the logits every step, and nothing reads it)."""
-    model.compile(optimizer=optimizer, weighted_metrics=[], jit_compile=True)
 
 
 class _Saves(keras.callbacks.Callback):
@@ -95,10 +89,10 @@ class KerasFitPretrainer:
         keras.utils.set_random_seed(config.seed)
         self.model = causal_lm_for(model_config, dtype=config.precision)
         self.schedule = WarmupDecay(config.learning_rate, config.warmup_steps, config.train_steps, config.lr_decay)
-        optimizer = make_optimizer(self.model.trainable_variables, self.schedule, weight_decay=config.weight_decay,
-                                   clip_norm=config.clip_norm, beta_1=config.adam_beta_1, beta_2=config.adam_beta_2,
-                                   epsilon=config.adam_epsilon)
-        compile_lm(self.model, optimizer)
+        optimizer = make_optimizer(self.schedule, weight_decay=config.weight_decay, clip_norm=config.clip_norm,
+                                   beta_1=config.adam_beta_1, beta_2=config.adam_beta_2, epsilon=config.adam_epsilon,
+                                   variables=self.model.trainable_variables)
+        compile_lm(self.model, optimizer, jit_compile=True)
         # dropout's random state: variables of the model that its weights file leaves out
         self.seeds = [v for v in self.model.variables if v.path.endswith("seed_generator_state")]
         self.last_loss = None  # the last log line's
@@ -159,8 +153,8 @@ class KerasFitPretrainer:
     def _dataset(self, split: str):
         c = self.config
         train = split == "train"
-        return pretraining_dataset(c.data_dir, split, c.batch_size, self.model_config.n_ctx, shuffle=train,
-                                   seed=c.seed, repeat=train)
+        return as_model_inputs(pretraining_dataset(c.data_dir, split, c.batch_size, self.model_config.n_ctx,
+                                                   shuffle=train, seed=c.seed, repeat=train))
 
     def train(self) -> dict:
         """Runs the updates not yet done, evaluates the held-out split, writes the preset; the run's figures."""

@@ -1,8 +1,9 @@
 """Pre-training: the LM objective (Eq. 1) on the one training loop (``gpt_tf.training.loop``).
 
 One update = one global batch of ``batch_size`` sequences (split over replicas and
-``grad_accum_steps`` micro-batches by the loop); the loss is the mean token cross-entropy over the
-global batch. Checkpoints, resume, preemption and accumulation are the loop's (see its doc).
+``grad_accum_steps`` micro-batches by the loop), one run of the language model's own ``train_step`` per
+micro-batch: its compiled loss (``TokenCrossEntropy``: the mean token cross-entropy) and ``GPTAdamW``'s update, what
+``fit`` runs. Checkpoints, resume, preemption and accumulation are the loop's (see its doc).
 """
 
 from __future__ import annotations
@@ -25,7 +26,14 @@ from gpt_tf.nn.recipes import PAPER_FINETUNE
 from gpt_tf.runs.files import save_run_configs
 from gpt_tf.training.loop import TrainLoop, named_data_error
 from gpt_tf.training.text_counts import TextCounter
-from gpt_tf.data.reader import batches_per_pipeline, pretraining_dataset
+from gpt_tf.data.reader import as_model_inputs, batches_per_pipeline, pretraining_dataset
+
+
+def compile_lm(model, optimizer, jit_compile: bool) -> None:
+    """The language model compiled for pre-training, by the command line's loop and Keras's ``fit`` on JAX alike: the
+    loss alone (``TokenCrossEntropy``, ``GPT1CausalLM.compile``'s default; keras-hub's default metric, token accuracy,
+    is an argmax over the logits every step, and nothing reads it)."""
+    model.compile(optimizer=optimizer, weighted_metrics=[], jit_compile=jit_compile)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -79,20 +87,17 @@ class Pretrainer:
                 log(f"initialised from {config.init_checkpoint}: embeddings + {model_config.n_layer} blocks "
                     f"({len(copied)} arrays)")
             self.schedule = WarmupDecay(config.learning_rate, config.warmup_steps, config.train_steps, config.lr_decay)
-            self.optimizer = make_optimizer(
-                self.model.trainable_variables,
-                self.schedule,
-                weight_decay=config.weight_decay,
-                clip_norm=config.clip_norm,
-                beta_1=config.adam_beta_1,
-                beta_2=config.adam_beta_2,
-                epsilon=config.adam_epsilon,
-            )
+            self.optimizer = make_optimizer(self.schedule, weight_decay=config.weight_decay, clip_norm=config.clip_norm,
+                                            beta_1=config.adam_beta_1, beta_2=config.adam_beta_2,
+                                            epsilon=config.adam_epsilon,
+                                            gradient_accumulation_steps=config.grad_accum_steps,
+                                            variables=self.model.trainable_variables)
+            compile_lm(self.model, self.optimizer, jit_compile=False)
         self.loop = TrainLoop(strategy, config.run_dir, self.model.variables, self.optimizer,
                               grad_accum_steps=config.grad_accum_steps, jit_compile=config.jit_compile,
                               checkpoint_every=config.checkpoint_every, keep_checkpoints=config.keep_checkpoints, log=log)
         self.chief, self.step, self.manager = self.loop.chief, self.loop.step, self.loop.manager
-        self._update = self.loop.make_update(self.model.trainable_variables, self._micro_grads, self._counts, n_sums=1)
+        self._update = self.loop.make_update(self.model)
         if config.jit_compile:
             self._replica_eval_step = tf.function(self._replica_eval_step, jit_compile=True)
         self._callbacks = None
@@ -118,6 +123,7 @@ class Pretrainer:
                 repeat=repeat,
                 input_context=ctx,
             )
+            dataset = as_model_inputs(dataset)
             if not repeat:
                 batch = ctx.get_per_replica_batch_size(c.batch_size)
                 steps = batches_per_pipeline(c.data_dir, split, batch, ctx.num_input_pipelines) // per_update
@@ -127,20 +133,6 @@ class Pretrainer:
         return self.strategy.distribute_datasets_from_function(dataset_fn)
 
     # ------------------------------------------------------------------ steps
-    def _counts(self, batch):
-        """The global batch's target tokens (every position of every sequence is a target)."""
-        del batch
-        return {"tokens": tf.cast(self.config.batch_size * self.model_config.n_ctx, tf.float32)}
-
-    def _micro_grads(self, batch, counts):
-        """Gradients of one micro-batch's share of the global mean loss, and its loss sum."""
-        x, y = batch
-        variables = self.model.trainable_variables
-        with tf.GradientTape() as tape:
-            loss_sum, _ = lm_loss(self.model(x, training=True), y)
-            scaled = loss_sum / counts["tokens"]
-        return tape.gradient(scaled, variables), [loss_sum]
-
     def _replica_eval_step(self, inputs, targets):
         with inference_gelu.passes():  # never an export: the GELU kernel where faster (gpt_tf/speed/inference_gelu.py)
             return lm_loss(self.model(inputs, training=False), targets)
@@ -201,17 +193,17 @@ class Pretrainer:
     # ------------------------------------------------------------------ the loop's hooks
     def run_update(self, step, stop):
         del step
+        self.model.reset_metrics()  # the loss logged is this update's
         return self._update(self._iterator, stop)
 
     def data_dirs(self, step):
         del step
         return [self.config.data_dir]
 
-    def after_update(self, step, outputs) -> bool:
+    def after_update(self, step) -> bool:
         """Logs every ``log_every`` steps (and the last); never asks for an extra checkpoint."""
         c = self.config
-        (loss_sum,), counts, grad_norm, _ = outputs
-        self._loss = loss_sum / counts["tokens"]
+        self._loss = self.model.get_metrics_result()["loss"]
         if step % c.log_every == 0 or step == c.train_steps:
             t0, last = self._last
             elapsed = time.perf_counter() - t0
@@ -219,7 +211,7 @@ class Pretrainer:
                 "loss": float(self._loss),
                 "perplexity": math.exp(min(float(self._loss), 50.0)),
                 "learning_rate": float(self.schedule(step - 1)),
-                "grad_norm": float(grad_norm),
+                "grad_norm": float(self.optimizer.global_norm.numpy()),  # float() refuses a distributed variable
                 "tokens_per_sec": (step - last) * c.batch_size * self.model_config.n_ctx / max(elapsed, 1e-9),
             }
             if self._callbacks:

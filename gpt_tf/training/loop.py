@@ -1,21 +1,22 @@
-"""The one training loop: a custom ``strategy.run`` step loop with pluggable objectives (Keras ``fit``
-breaks under multi-worker). Pre-training (``lm_objective``) and fine-tuning (``task_objective``) both
-run ``TrainLoop``; an objective supplies its model, optimizer, data and loss, the loop the rest.
+"""The command line's training loop: a ``strategy.run`` step loop (Keras's ``fit`` breaks under multi-worker) that
+drives the model's own ``train_step``. Pre-training (``lm_objective``) and fine-tuning (``task_objective``) both
+run ``TrainLoop``; an objective supplies its compiled model and its data, the loop the rest: what ``fit`` does not
+give (``tf.distribute`` strategies, preemption, checkpoints holding the whole state, exact resume).
 
-One update = one global batch, split evenly over replicas and, within a replica, into
-``grad_accum_steps`` micro-batches whose gradients are summed before the single all-reduce. Each
-micro-batch's loss is normalised by the GLOBAL batch's counts (``counts_fn``: examples, target
-tokens), computed from the features before the micro-batch loop, so any number of replicas and
-micro-batches gives exactly the full-batch update. ``jit_compile`` compiles each micro-batch's
-forward/backward pass with XLA; the all-reduce and the optimizer update stay outside, where
-tf.distribute's cross-device collectives run.
+The forward pass, the loss and the update are the model's: each replica calls Keras's ``train_step`` of the model
+(its compiled loss, ``GPTAdamW``'s update: one all-reduce of the gradients, clipping at their global norm), as
+``fit`` does. One update = one global batch, split evenly over replicas and, within a replica, into
+``grad_accum_steps`` micro-batches, one ``train_step`` each, whose gradients the optimizer accumulates
+(``gradient_accumulation_steps``) and applies once; every loss is a mean over examples, so any number of replicas
+and micro-batches gives the full-batch update. ``jit_compile`` compiles each replica's ``train_step`` with XLA (one
+replica only).
 
 Checkpoints (``gpt_tf.runs.checkpoints``) hold the model, the optimizer (moments, step counter), the
 dropout seed state and the step. The data position is a function of the step: the input
 pipelines are deterministic, so on resume each skips the batches it had already produced. This
 works under every strategy (distributed iterators cannot be checkpointed), and a killed run resumes
 bit-for-bit where its last checkpoint was taken. On SIGTERM (``gpt_tf.training.preemption``) the stop request
-is all-reduced with the update's losses, so every worker finishes the same update, saves it and
+is all-reduced after the update, so every worker finishes the same update, saves it and
 raises ``Preempted``: a preempted run loses no update and repeats no batch.
 
 A checkpoint the storage refuses (a full disk, a read-only folder: ``gpt_tf.write_errors``) leaves no file of
@@ -33,7 +34,6 @@ import os
 from gpt_tf.backend import tf  # imported at first use: the family imports without TensorFlow
 
 from gpt_tf.backend import require_tensorflow
-from gpt_tf.nn.optim import all_reduce_and_apply
 from gpt_tf.runs.checkpoints import checkpoint_managers, remove_scratch, restore_latest, variables_by_key
 from gpt_tf.training.preemption import Preempted, StopRequest
 from gpt_tf.strategy import is_chief
@@ -107,44 +107,34 @@ class TrainLoop:
             self._run_dir_id = folder_identity(self.run_dir)
 
     # ------------------------------------------------------------------ one update
-    def make_update(self, variables, grads_fn, counts_fn, n_sums: int):
-        """A ``tf.function(iterator, stop) -> (sums, counts, grad_norm, stop)``: one update of ``variables``.
-
-        In each replica ``counts_fn(batch)`` gives the global batch's normalisers (a dict; it
-        all-reduces what it needs), then ``grads_fn(micro_batch, counts) -> (grads, sums)`` runs per
-        micro-batch: the gradients of that micro-batch's share of the global loss and ``n_sums`` loss
-        sums to report. The sums and ``stop`` (float32, > 0 to request a stop) come back summed over
-        all replicas, ``stop`` in the same all-reduce as the sums.
-        """
+    def make_update(self, model):
+        """A ``tf.function(iterator, stop) -> stop``: one update of ``model`` (compiled with a ``GPTAdamW`` of
+        ``gradient_accumulation_steps`` = ``grad_accum_steps``) by its ``train_step`` on each micro-batch of the next
+        global batch. ``stop`` (float32, > 0 to request a stop) comes back summed over all replicas. The loss is
+        then ``model.get_metrics_result()["loss"]`` (reset with ``model.reset_metrics()``), the gradient norm
+        ``model.optimizer.global_norm``."""
         accum = self.grad_accum_steps
-        if self.jit_compile:
-            grads_fn = tf.function(grads_fn, jit_compile=True)
+        # One function per micro-batch: each is traced with its own choice of accumulating or updating (micro_batch)
+        steps = [tf.function(model.train_step, jit_compile=True) if self.jit_compile else model.train_step
+                 for _ in range(accum)]
 
         def replica(batch, stop):
-            counts = counts_fn(batch)
             if accum == 1:
-                grads, sums = grads_fn(batch, counts)
+                steps[0](batch)
             else:
                 micro = micro_batches(batch, accum)
-                grads = [tf.zeros_like(v.value) for v in variables]
-                sums = [tf.constant(0.0)] * n_sums
-                for i in tf.range(accum):
-                    g, s = grads_fn(tf.nest.map_structure(lambda t: t[i], micro), counts)
-                    grads = [a + b for a, b in zip(grads, g)]
-                    sums = [a + b for a, b in zip(sums, s)]
-            # Any worker's stop request reaches every worker with the sums: they all stop after this update.
+                for i in range(accum):  # unrolled: the optimizer's update (its collectives) in the last, no tf.cond
+                    with model.optimizer.micro_batch(last=i == accum - 1):
+                        steps[i](tf.nest.map_structure(lambda t, i=i: t[i], micro))
+            # Any worker's stop request reaches every worker: they all stop after this update.
             stop = tf.identity(stop)  # placed on this replica's device (collectives need one)
-            *sums, stop = tf.distribute.get_replica_context().all_reduce(tf.distribute.ReduceOp.SUM, [*sums, stop])
-            grad_norm = all_reduce_and_apply(grads, variables, self.optimizer)
-            return sums, counts, grad_norm, stop
+            return tf.distribute.get_replica_context().all_reduce(tf.distribute.ReduceOp.SUM, stop)
 
         @tf.function
         def update(iterator, stop):
-            batch = next(iterator)
-            out = self.strategy.run(replica, args=(batch, stop))
+            stop = self.strategy.run(replica, args=(next(iterator), stop))
             self.step.assign_add(1)
-            first = lambda t: self.strategy.experimental_local_results(t)[0]  # identical on all replicas
-            return tf.nest.map_structure(first, out)
+            return self.strategy.experimental_local_results(stop)[0]  # identical on all replicas
 
         return update
 
@@ -153,7 +143,7 @@ class TrainLoop:
         """Runs updates until the step reaches ``end``; raises ``Preempted`` after saving on SIGTERM.
 
         ``objective`` provides ``run_update(step, stop)`` (update number ``step + 1``; returns the
-        ``make_update`` outputs), ``data_dirs(step)`` (named when a read fails), ``after_update(step,
+        ``make_update`` function's ``stop``), ``data_dirs(step)`` (named when a read fails), ``after_update(step,
         outputs) -> bool`` (logging, evaluation; True: save a checkpoint now) and ``after_save(step)``.
         A checkpoint is saved every ``checkpoint_every`` steps (0: never for that reason), at ``end``,
         when ``after_update`` asks and when stopping.
@@ -167,12 +157,12 @@ class TrainLoop:
     def _run(self, end, objective, stop_request) -> None:
         while (step := int(self.step.numpy())) < end:
             try:
-                outputs = objective.run_update(step, tf.constant(float(stop_request.requested)))
+                stop = objective.run_update(step, tf.constant(float(stop_request.requested)))
             except tf.errors.DataLossError as err:
                 raise named_data_error(err, objective.data_dirs(step)) from None
             step = int(self.step.numpy())
-            due = objective.after_update(step, outputs)
-            stopping = float(outputs[-1]) > 0 and step < end
+            due = objective.after_update(step)
+            stopping = float(stop) > 0 and step < end
             every = self.checkpoint_every and step % self.checkpoint_every == 0
             if due or every or step == end or stopping:
                 self.save(step)

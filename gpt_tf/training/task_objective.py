@@ -4,9 +4,10 @@ The paper's recipe is the default: lr 6.25e-5, batch 32, 3 epochs, linear decay 
 warm-up, classifier dropout 0.1, λ = 0.5. The ablations of §5 are options: no pre-training
 (``init_checkpoint=""``), transfer of only the first ``transfer_layers`` blocks, λ = 0.
 
-It runs on the one training loop (``gpt_tf.training.loop``), as pre-training does: the losses are
-normalised by the global batch's counts (examples, LM target tokens), so any number of replicas
-and of ``grad_accum_steps`` micro-batches gives the full-batch update; SIGTERM saves and stops
+It runs on the one training loop (``gpt_tf.training.loop``), as pre-training does, which drives the task model's own
+``train_step`` (what ``fit`` runs: the model's graph, Eq. 5 as Keras's loss, ``GPTAdamW``'s update); every loss is
+a mean over examples, so any number of replicas and of ``grad_accum_steps`` micro-batches gives the full-batch
+update; SIGTERM saves and stops
 (``Preempted``), the same command resumes mid-epoch exactly; ``jit_compile``, ``train_steps`` (a cap
 on updates; the learning-rate schedule still spans ``epochs``) and ``checkpoint_every`` (besides the
 checkpoint at each epoch's end) are the loop's.
@@ -36,9 +37,8 @@ from gpt_tf.convert.pretrained import initialise_from_pretrained
 from gpt_tf.runs.checkpoints import build_task_models, unique_variables
 from gpt_tf.config import GPTConfig
 from gpt_tf.metrics import compute_metrics
-from gpt_tf.nn.objectives import finetune_update_loss, global_counts
-from gpt_tf.nn.optim import WarmupDecay, make_optimizer
-from gpt_tf.nn.recipes import PAPER_FINETUNE
+from gpt_tf.nn.optim import make_optimizer
+from gpt_tf.nn.recipes import PAPER_FINETUNE, paper_schedule
 from gpt_tf.nn.task_head import task_predictions
 from gpt_tf.tasks import TaskSpec
 from gpt_tf.training.loop import TrainLoop
@@ -74,6 +74,11 @@ class FinetuneConfig:
     jit_compile: bool = False  # XLA-compile each micro-batch's forward/backward pass
     train_steps: int = 0  # a cap on updates (0: all of ``epochs``); the schedule still spans ``epochs``
     checkpoint_every: int = 0  # also checkpoint every N updates (0: only at each epoch's end and when stopped)
+
+
+def model_inputs(features: dict) -> dict:
+    """The task model's inputs among a batch's features (``task_dataset`` adds ``record_index``)."""
+    return {k: features[k] for k in ("input_ids", "extract_index", "lm_weights")}
 
 
 @dataclasses.dataclass
@@ -129,22 +134,24 @@ class Finetuner:
         self.buckets = bucket_lengths(n_ctx, config.buckets_per_octave) if config.length_buckets else (n_ctx,)
         keras.utils.set_random_seed(config.seed)
         with strategy.scope():
-            models = build_task_models(model_config, tasks, config.clf_pdrop, config.precision)
+            models = build_task_models(model_config, tasks, config.clf_pdrop, config.precision, config.lm_coef)
             self.heads = [_Head(t, d, m) for t, d, m in zip(tasks, data_dirs, models)]
             self.model = self.heads[0].model
             if config.init_checkpoint:
                 self._initialise_from(config.init_checkpoint)
             variables = unique_variables(v for m in models for v in m.variables)
-            trainable = unique_variables(v for m in models for v in m.trainable_variables)
-            warmup = math.ceil(config.warmup_fraction * self.total_steps)
-            self.lr_schedule = WarmupDecay(config.learning_rate, warmup, self.total_steps, "linear")
-            self.optimizer = make_optimizer(trainable, self.lr_schedule, config.weight_decay, config.clip_norm)
+            self.lr_schedule = paper_schedule(config.learning_rate, config.warmup_fraction, self.total_steps)
+            self.optimizer = make_optimizer(self.lr_schedule, config.weight_decay, config.clip_norm,
+                                            gradient_accumulation_steps=config.grad_accum_steps)
+            self.optimizer.build(unique_variables(v for m in models for v in m.trainable_variables))
+            for model in models:  # the loss is Eq. 5: the head's, plus ExtractStates's λ·L1
+                model.compile(optimizer=self.optimizer, metrics=[], jit_compile=False)
         # Only the chief writes run_dir/checkpoints; other workers save to scratch and read the chief's.
         self.loop = TrainLoop(strategy, config.run_dir, variables, self.optimizer, grad_accum_steps=config.grad_accum_steps,
                               jit_compile=config.jit_compile, checkpoint_every=config.checkpoint_every, log=log)
         self.chief, self.step = self.loop.chief, self.loop.step
         self.end = min(self.total_steps, config.train_steps or self.total_steps)
-        self._train_steps = [self._make_train_step(h) for h in self.heads]
+        self._train_steps = [self.loop.make_update(h.model) for h in self.heads]
         self._predict_passes = {h.task.name: self._predict_pass(h.model) for h in self.heads}  # built once each
         self._eval_datasets = {}  # (task, split) -> its evaluation batches (`_eval_dataset`)
         if len(self.heads) > 1:
@@ -168,7 +175,9 @@ class Finetuner:
             dataset = task_dataset(head.task, head.data_dir, split, c.batch_size, self.model_config.n_ctx,
                                    self.special_ids, training=training, seed=c.seed, buckets=self.buckets,
                                    start_batch=start_batch, input_context=ctx)
-            return dataset if training else dataset.cache()
+            if training:  # the model's inputs and the labels: what its train_step takes
+                return dataset.map(lambda features, label: (model_inputs(features), label))
+            return dataset.cache()
 
         return self.strategy.distribute_datasets_from_function(dataset_fn)
 
@@ -179,28 +188,6 @@ class Finetuner:
         return self._eval_datasets[key]
 
     # ------------------------------------------------------------------ steps
-    def _make_train_step(self, head: _Head):
-        """One update on a batch of ``head``'s task: backbone + that head (``TrainLoop.make_update``, one per task).
-
-        The fine-tuning objective of ``gpt_tf/nn/objectives.py`` (the one ``fit`` minimises too): Eq. 5 with the
-        GLOBAL batch's counts, taken from the features before the micro-batches run, so their gradients sum to
-        the full batch's.
-        """
-        lm_coef, model, task = self.config.lm_coef, head.model, head.task
-
-        def counts(batch):
-            features, label = batch
-            return global_counts(features, label, lm_coef)
-
-        def grads(batch, counts):
-            features, label = batch
-            variables = model.trainable_variables
-            with tf.GradientTape() as tape:
-                loss, parts, _ = finetune_update_loss(model, task, features, label, counts, lm_coef)
-            return tape.gradient(loss, variables), [parts["task_sum"], parts["lm_sum"]]
-
-        return self.loop.make_update(model.trainable_variables, grads, counts, n_sums=2)
-
     def _predict_pass(self, model):
         """A whole prediction pass in one graph: ``run(dataset)`` loops over the (distributed) batches
         in TF and returns the task outputs, labels and record indices of all of them, concatenated.
@@ -211,8 +198,8 @@ class Finetuner:
 
         def replica(features, label):
             with inference_gelu.passes():  # never an export: the GELU kernel where faster (gpt_tf/speed/inference_gelu.py)
-                outputs = model.task_outputs(features, training=False)
-            return outputs["task"], label, features["record_index"]
+                outputs = model(model_inputs(features), training=False)
+            return outputs, label, features["record_index"]
 
         def step(batch):
             return [strategy.gather(t, axis=0) for t in strategy.run(replica, args=batch)]
@@ -287,25 +274,26 @@ class Finetuner:
     # ------------------------------------------------------------------ the loop's hooks
     def run_update(self, step, stop):
         i = int(self.schedule[step])
+        self.heads[i].model.reset_metrics()  # the loss logged is this update's
         return self._train_steps[i](self._iterators[i], stop)
 
     def data_dirs(self, step):
         return [self.heads[int(self.schedule[step])].data_dir]
 
-    def after_update(self, step, outputs) -> bool:
+    def after_update(self, step) -> bool:
         """Logs every ``log_every`` steps; evaluates every task at each epoch's end (and at the end):
         a checkpoint is due then."""
         c, i = self.config, int(self.schedule[step - 1])
-        (task_sum, lm_sum), counts, grad_norm, _ = outputs
-        task_l, lm_l = task_sum / counts["examples"], lm_sum / counts["lm_tokens"]
         self._bar.update(1)
-        if self._writer and (step % c.log_every == 0 or step == self.end):
-            self._bar.set_postfix(task_loss=f"{float(task_l):.3f}", lm_loss=f"{float(lm_l):.3f}", refresh=False)
+        logs = step % c.log_every == 0 or step == self.end
+        if logs:  # Eq. 5's L3 of this update (the model's loss), read on every worker: under multi_worker the read
+            loss = float(self.heads[i].model.get_metrics_result()["loss"])  # is a collective (the metric's all-reduce)
+        if self._writer and logs:
+            self._bar.set_postfix(loss=f"{loss:.3f}", refresh=False)
             prefix = f"train/{self.heads[i].task.name}/" if len(self.heads) > 1 else "train/"
             with self._writer.as_default(step=step):
-                tf.summary.scalar(prefix + "task_loss", task_l)
-                tf.summary.scalar(prefix + "lm_loss", lm_l)
-                tf.summary.scalar("train/grad_norm", grad_norm)
+                tf.summary.scalar(prefix + "loss", loss)
+                tf.summary.scalar("train/grad_norm", self.optimizer.global_norm)
                 tf.summary.scalar("train/learning_rate", self.lr_schedule(step - 1))
         if step % self.steps_per_epoch and step != self.end:
             return False
