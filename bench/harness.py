@@ -2,7 +2,8 @@
 
 * ``Clock`` / ``timed``: wall seconds, this process's CPU seconds and the share of the machine's CPU time
   other processes used meanwhile (the machine may be shared; 0: we had it to ourselves). ``CpuMeter``:
-  the same share around a set of processes (a server and its clients).
+  the same share around a set of processes (a server and its clients). ``measured_run``: a command run to its end,
+  with its wall and CPU seconds, peak resident memory and others' share.
 * ``Worker``: one stack in its own process (``python -m <module> --worker=<spec as JSON>``), driven line
   by line (``<tag><KIND> <JSON>``), so that stacks take turns step by step (a load change hits all alike);
   ``emit`` is the worker's side. ``wait_until_quiet``: waits for other processes to go quiet.
@@ -98,6 +99,21 @@ class CpuMeter:
     def stop(self) -> float:
         available = (time.monotonic() - self._t) * (os.cpu_count() or 1)
         return max(0.0, (busy_seconds() - self._b) - (self._ours() - self._o)) / available
+
+
+def measured_run(argv, cwd, env=None) -> dict:
+    """Runs ``argv`` to its end: wall seconds, its CPU seconds and peak resident memory (the process's own, and its
+    children's it waited for: the kernel's ``wait4`` accounting), the share of the CPUs other processes used
+    meanwhile, its exit status and the last 2,000 characters of its output."""
+    busy, start = busy_seconds(), time.perf_counter()
+    proc = subprocess.Popen(argv, cwd=cwd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    output = proc.stdout.read()
+    _, status, usage = os.wait4(proc.pid, 0)
+    proc.returncode = os.waitstatus_to_exitcode(status)  # waited for here: Popen must not wait again
+    seconds, cpu, busy = time.perf_counter() - start, usage.ru_utime + usage.ru_stime, busy_seconds() - busy
+    return {"seconds": seconds, "cpu_seconds": cpu, "peak_rss_mib": usage.ru_maxrss / 1024,
+            "others_cpu_share": min(1.0, max(0.0, busy - cpu) / ((os.cpu_count() or 1) * seconds)),
+            "returncode": proc.returncode, "output_tail": output[-2000:]}
 
 
 def wait_until_quiet(quiet_share, timeout_s, window_s=0.5):

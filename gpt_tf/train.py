@@ -217,8 +217,8 @@ def _pretrain_keras_fit(setup: Setup) -> Summary:
           f"{describe(placement)}, {FLAGS.precision}, run dir {FLAGS.run_dir}", flush=True)
     result = trainer.train()
     return Summary(result, f"trained to step {result['step']}, loss {result['loss']:.4f}, held-out loss "
-                           f"{result['held_out_loss']:.4f}; the run is in {FLAGS.run_dir} (its language model: "
-                           f"{result['preset']})")
+                           f"{result['held_out_loss']:.4f} ({result['held_out_bits_per_char']:.4f} bits per character)"
+                           f"; the run is in {FLAGS.run_dir} (its language model: {result['preset']})")
 
 
 def _setup() -> Setup:
@@ -281,13 +281,15 @@ def _pretrain(setup: Setup, keras) -> Summary:
                                f"(checkpoints/, TensorBoard logs in tb/)")
     step = trainer.restore(resuming=False)
     if FLAGS.mode == "eval":
-        held_out = trainer.evaluate()
+        held_out = trainer.evaluate(tokenizer=tokenizer)
         result = {"step": step, **held_out, **unigram_perplexity(FLAGS.data_dir, model_config.n_ctx, tokenizer.vocab_size)}
         path = os.path.join(FLAGS.run_dir, f"eval_step{step}.json")
         if trainer.chief:
             write_json_atomic(path, result)
         return Summary(result, f"held-out perplexity {result['perplexity']:.2f} at step {step} over {result['tokens']:,} "
-                               f"tokens (the unigram baseline: {result['unigram_perplexity']:.1f}); saved in {path}")
+                               f"tokens (the unigram baseline: {result['unigram_perplexity']:.1f}), "
+                               f"{result['bits_per_char']:.4f} bits per character, {result['bits_per_byte']:.4f} per "
+                               f"byte; saved in {path}")
     sampler = Sampler(trainer.model)
     ids = sampler.sample(tokenizer.encode(FLAGS.prompt), FLAGS.sample_length, FLAGS.temperature, FLAGS.top_k, FLAGS.seed)
     return Summary(None, FLAGS.prompt + " " + tokenizer.decode(ids))

@@ -1,19 +1,24 @@
 """Books -> sharded GZIP TFRecords of contiguous token windows for language-model pre-training.
 
-    python -m pipelines.pretrain_data --input_dir=DIR --output_dir=DIR --tokenizer_dir=DIR \
+    python -m pipelines.pretrain_data --input_dir=DIR[,DIR...] --output_dir=DIR --tokenizer_dir=DIR \
         [--n_ctx=512] [--valid_fraction=0.05 | --valid_dir=DIR] [--shard_size=2048] \
         [--train_tokenizer_vocab=N] [--overwrite]
+
+Input. `--input_dir` names one folder of books or several (a comma-separated list, or the flag repeated), read in
+the order given (`pipelines.corpus`): their books are one training corpus, read one book at a time, so memory stays
+the same whatever the corpus's size (a BPE being trained holds the distinct words and their counts).
 
 Token stream and windows: `pipelines.book_stream` (books joined by ONE separator token, the
 tokenizer's newline '\\n</w>'; contiguous (n_ctx + 1)-token windows at stride n_ctx, tail dropped).
 
 Records. `tf.train.Example` with one feature `input_ids`: int64 list of length n_ctx + 1.
 Files `{split}-{k:05d}-of-{n:05d}.tfrecord.gz`, GZIP-compressed, `shard_size` records each (the
-last one fewer), next to `manifest.json` (books, encodings, token counts, shards with sha256,
-skipped files, tokenizer files with sha256, config and its hash, the command).
+last one fewer), next to `manifest.json` (each split's folders, books, encodings, token counts, the characters and
+bytes of the text its windows' targets encode (`gpt_tf.text.text_units`), shards with sha256, skipped files,
+tokenizer files with sha256, config and its hash, the command).
 
 Splits. `--valid_dir` names a folder of held-out books; otherwise a book is held out when
-sha256(book id) / 2**256 < valid_fraction (book id = relative path without '.txt'), at least one
+sha256(book id) / 2**256 < valid_fraction (book id = path relative to its folder, without '.txt'), at least one
 book when valid_fraction > 0. Same input -> byte-identical shards; output is built in a temp folder
 and renamed into place; an output with the same config hash makes a re-run a no-op.
 """
@@ -29,14 +34,13 @@ import os
 import shutil
 import sys
 from pathlib import Path
-from typing import Optional, Sequence
+from typing import Optional, Sequence, Union
 
 from gpt_tf.text import word_split
-from gpt_tf.console import progress
+from gpt_tf.text.text_units import token_text_lengths
 from gpt_tf.write_errors import refused_build
-from pipelines.book_stream import SEPARATOR_TOKEN, PretrainDataError, num_sequences, separator_id, tokenize_split, \
-    write_split
-from pipelines.books import Book, Skipped, find_book_files, iter_books
+from pipelines import corpus
+from pipelines.book_stream import SEPARATOR_TOKEN, PretrainDataError, separator_id, write_books
 from gpt_tf.data.common import command_line, commit_dir, hash_unit, remove_stale_temps, run_cli, tokenizer_files
 from gpt_tf.data.records import COMPRESSION, PRETRAIN_FEATURE, find_manifest, sha256_file, tokenizer_entry, \
     write_manifest
@@ -50,7 +54,7 @@ _log = logging.getLogger(__name__)
 class PretrainConfig:
     """Everything that decides the output (plus `overwrite`, `show_progress`, `command`)."""
 
-    input_dir: str
+    input_dir: Union[str, Sequence[str]]  # a folder of books, or several (one corpus, read in this order)
     output_dir: str
     tokenizer_dir: str
     n_ctx: int = 512
@@ -63,12 +67,9 @@ class PretrainConfig:
     command: Optional[str] = None  # the CLI command line, recorded in the manifest
 
 
-def _require_books_dir(path: Optional[str], flag: str) -> None:
-    """Raise unless `path` is a folder holding at least one .txt file."""
-    if not path or not Path(path).is_dir():
-        raise PretrainDataError(f"{flag}: folder {path!r} does not exist")
-    if not find_book_files(path):
-        raise PretrainDataError(f"{flag}: folder {path!r} holds no .txt files")
+def input_dirs(cfg: PretrainConfig) -> tuple[str, ...]:
+    """The training folders of ``cfg`` (its ``input_dir``: one folder, or several)."""
+    return (cfg.input_dir,) if isinstance(cfg.input_dir, str) else tuple(cfg.input_dir)
 
 
 def validate_config(cfg: PretrainConfig) -> None:
@@ -83,35 +84,27 @@ def validate_config(cfg: PretrainConfig) -> None:
         raise PretrainDataError(f"--valid_fraction must be in [0, 1), got {cfg.valid_fraction}")
     if cfg.train_tokenizer_vocab is not None and cfg.train_tokenizer_vocab < 1:
         raise PretrainDataError(f"--train_tokenizer_vocab must be positive, got {cfg.train_tokenizer_vocab}")
-    _require_books_dir(cfg.input_dir, "--input_dir")
+    corpus.require_folders(input_dirs(cfg), "--input_dir")
+    named = [("--input_dir", folder) for folder in input_dirs(cfg)]
     if cfg.valid_dir is not None:
-        _require_books_dir(cfg.valid_dir, "--valid_dir")
-        if Path(cfg.valid_dir).resolve() == Path(cfg.input_dir).resolve():
-            raise PretrainDataError("--valid_dir must differ from --input_dir")
+        corpus.require_folders([cfg.valid_dir], "--valid_dir")
+        named.append(("--valid_dir", cfg.valid_dir))
+    corpus.require_apart(named)
     if cfg.train_tokenizer_vocab is None and not Path(cfg.tokenizer_dir).is_dir():
         raise PretrainDataError(f"--tokenizer_dir: folder {cfg.tokenizer_dir!r} does not exist "
                                 "(pass --train_tokenizer_vocab=N to train one there)")
 
 
-def _fingerprint_dir(root: str) -> list:
-    """[relative path, size, sha256] of each book file (unreadable files: the error)."""
-    rows = []
-    for path in find_book_files(root):
-        try:
-            rows.append([path.relative_to(root).as_posix(), path.stat().st_size, sha256_file(path)])
-        except OSError as err:
-            rows.append([path.relative_to(root).as_posix(), -1, f"unreadable: {err.strerror}"])
-    return rows
-
-
 def config_hash(cfg: PretrainConfig) -> str:
     """sha256 over the format, the options that shape the output and the input files' contents."""
-    valid = ({"dir": _fingerprint_dir(cfg.valid_dir)} if cfg.valid_dir is not None
+    valid = ({"dir": corpus.fingerprint(cfg.valid_dir)} if cfg.valid_dir is not None
              else {"fraction": _valid_fraction(cfg)})
     tokenizer = ({"train_vocab": cfg.train_tokenizer_vocab} if cfg.train_tokenizer_vocab is not None
                  else {"files": [[p.name, sha256_file(p)] for p in tokenizer_files(cfg.tokenizer_dir)]})
+    folders = input_dirs(cfg)  # one folder: its fingerprint alone (the key of the builds before several were taken)
+    inputs = corpus.fingerprint(folders[0]) if len(folders) == 1 else [corpus.fingerprint(f) for f in folders]
     key = {"format": FORMAT_VERSION, "n_ctx": cfg.n_ctx, "shard_size": cfg.shard_size,
-           "separator": SEPARATOR_TOKEN, "input": _fingerprint_dir(cfg.input_dir), "valid": valid,
+           "separator": SEPARATOR_TOKEN, "input": inputs, "valid": valid,
            "tokenizer": tokenizer, "word_split": word_split.fingerprint()}
     return hashlib.sha256(json.dumps(key, sort_keys=True).encode()).hexdigest()
 
@@ -120,9 +113,9 @@ def _valid_fraction(cfg: PretrainConfig) -> float:
     return DEFAULT_VALID_FRACTION if cfg.valid_fraction is None else cfg.valid_fraction
 
 
-def split_by_hash(books: Sequence[Book], fraction: float) -> tuple[list[Book], list[Book]]:
-    """(train, valid): a book is held out if its id hashes below `fraction`; at least one is when
-    fraction > 0 (the lowest hash), and at least one stays in train."""
+def split_by_hash(books: Sequence, fraction: float) -> tuple[list, list]:
+    """(train, valid) of books (anything with a ``book_id``): a book is held out if its id hashes below `fraction`;
+    at least one is when fraction > 0 (the lowest hash), and at least one stays in train."""
     if fraction <= 0:
         return list(books), []
     if len(books) < 2:
@@ -135,21 +128,8 @@ def split_by_hash(books: Sequence[Book], fraction: float) -> tuple[list[Book], l
     return [b for b in books if b.book_id not in chosen], [b for b in books if b.book_id in chosen]
 
 
-def read_books(root: str, flag: str, show_progress: bool) -> tuple[list[Book], list[Skipped]]:
-    """Load every book under `root`; raise if none is usable."""
-    books, skipped = [], []
-    for item in progress(iter_books(root), desc=f"read {Path(root).name}", unit="file",
-                         total=len(find_book_files(root)), disable=not show_progress):
-        (books if isinstance(item, Book) else skipped).append(item)
-    if not books:
-        reasons = "; ".join(f"{s.book_id}: {s.reason}" for s in skipped[:3])
-        raise PretrainDataError(f"{flag}: no usable book in {root!r}: all {len(skipped)} .txt "
-                                f"files were skipped ({reasons})")
-    return books, skipped
-
-
-def load_or_train_tokenizer(cfg: PretrainConfig, train_books: Sequence[Book]):
-    """Train a BPE on the train books into --tokenizer_dir (if asked), else load it."""
+def load_or_train_tokenizer(cfg: PretrainConfig, train_books: Sequence[corpus.BookRef]):
+    """Train a BPE on the train books (read again, one at a time) into --tokenizer_dir (if asked), else load it."""
     from gpt_tf.text.tokenizer import GPTTokenizer
 
     if cfg.train_tokenizer_vocab is None:
@@ -162,7 +142,7 @@ def load_or_train_tokenizer(cfg: PretrainConfig, train_books: Sequence[Book]):
     tmp = folder / f".train-{os.getpid()}"
     shutil.rmtree(tmp, ignore_errors=True)
     try:
-        GPTTokenizer.train((b.text for b in train_books), cfg.train_tokenizer_vocab, str(tmp),
+        GPTTokenizer.train(corpus.texts(train_books), cfg.train_tokenizer_vocab, str(tmp),
                            show_progress=cfg.show_progress and sys.stderr.isatty())  # else blank lines on stdout
         for path in sorted(tmp.iterdir()):
             os.replace(path, folder / path.name)
@@ -202,16 +182,21 @@ def _outputs_intact(manifest: dict, out: Path, cfg: PretrainConfig) -> bool:
                for f in manifest["tokenizer"]["files"])
 
 
-def _split_manifest(source: str, rows, stream, shards, skipped, cfg) -> dict:
-    """Manifest section of one split."""
-    n_seq = num_sequences(len(stream), cfg.n_ctx)
-    return {"source_dir": source, "num_books": len(rows), "book_tokens": sum(r["tokens"] for r in rows),
-            "separator_tokens": max(0, len(rows) - 1), "stream_tokens": int(len(stream)),
-            "sequences": n_seq, "dropped_tail_tokens": int(len(stream)) - (n_seq * cfg.n_ctx + 1 if n_seq else 0),
+def _split_manifest(sources: Sequence[str], books: Sequence[corpus.BookRef], writer, shards, rows, skipped) -> dict:
+    """Manifest section of one split: its folders, books (with several folders, each one's folder by its index),
+    tokens, windows, the text of their targets, shards and skipped files."""
+    several = len(sources) > 1
+    if several:
+        rows = [{**row, "dir": ref.folder} for ref, row in zip(books, rows, strict=True)]
+    return {**({} if several else {"source_dir": sources[0]}), "source_dirs": list(sources),
+            "num_books": len(rows), "book_tokens": sum(r["tokens"] for r in rows),
+            "separator_tokens": max(0, len(rows) - 1), "stream_tokens": writer.stream_tokens,
+            "sequences": writer.sequences, "dropped_tail_tokens": writer.dropped_tail,
+            "targets": writer.targets_text(),
             "encodings": dict(sorted(collections.Counter(r["encoding"] for r in rows).items())),
             "replaced_bytes": sum(r.get("replaced_bytes", 0) for r in rows),
             "num_shards": len(shards), "shards": shards, "books": rows,
-            "skipped": [{"id": s.book_id, "reason": s.reason} for s in skipped]}
+            "skipped": [{"id": s.book_id, "reason": s.reason, **({"dir": k} if several else {})} for k, s in skipped]}
 
 
 def build_pretraining_data(cfg: PretrainConfig) -> dict:
@@ -222,15 +207,15 @@ def build_pretraining_data(cfg: PretrainConfig) -> dict:
     if existing is not None:
         _log.warning("%s already holds this build (config hash %s); nothing to do", cfg.output_dir, chash[:12])
         return existing
-    train, skipped = read_books(cfg.input_dir, "--input_dir", cfg.show_progress)
+    train, skipped = corpus.scan(input_dirs(cfg), "--input_dir", cfg.show_progress)
     if cfg.valid_dir is not None:
-        valid, valid_skipped = read_books(cfg.valid_dir, "--valid_dir", cfg.show_progress)
-        sources = (cfg.input_dir, cfg.valid_dir)
+        valid, valid_skipped = corpus.scan([cfg.valid_dir], "--valid_dir", cfg.show_progress)
+        sources = (input_dirs(cfg), (cfg.valid_dir,))
     else:
         (train, valid), valid_skipped = split_by_hash(train, _valid_fraction(cfg)), []
-        sources = (cfg.input_dir, cfg.input_dir)
+        sources = (input_dirs(cfg), input_dirs(cfg))
     tokenizer, trained = load_or_train_tokenizer(cfg, train)
-    sep = separator_id(tokenizer)
+    sep, lengths = separator_id(tokenizer), token_text_lengths(tokenizer)
     out = Path(cfg.output_dir)
     out.parent.mkdir(parents=True, exist_ok=True)
     remove_stale_temps(out.parent, out.name)
@@ -243,12 +228,12 @@ def build_pretraining_data(cfg: PretrainConfig) -> dict:
                                           ("valid", valid, sources[1], valid_skipped)):
             if not books:
                 continue
-            stream, rows = tokenize_split(tokenizer, books, sep, name, cfg.show_progress)
-            if num_sequences(len(stream), cfg.n_ctx) == 0:
-                raise PretrainDataError(f"split {name!r} has {len(stream)} tokens, fewer than "
+            writer, shards, rows = write_books(tokenizer, corpus.stream(books), sep, cfg, name, tmp, lengths,
+                                               total=len(books))
+            if writer.sequences == 0:
+                raise PretrainDataError(f"split {name!r} has {writer.stream_tokens} tokens, fewer than "
                                         f"--n_ctx + 1 = {cfg.n_ctx + 1}: no sequence to write")
-            shards = write_split(stream, cfg, name, tmp)
-            splits[name] = _split_manifest(source, rows, stream, shards, skip, cfg)
+            splits[name] = _split_manifest(source, books, writer, shards, rows, skip)
         manifest = _manifest(cfg, chash, tokenizer, trained, sep, splits)
         write_manifest(tmp, manifest)
         commit_dir(tmp, out)
@@ -260,6 +245,7 @@ def build_pretraining_data(cfg: PretrainConfig) -> dict:
 def _manifest(cfg: PretrainConfig, chash: str, tokenizer, trained: bool, sep: int, splits: dict) -> dict:
     """The whole manifest.json content."""
     config = {k: v for k, v in dataclasses.asdict(cfg).items() if k not in ("show_progress", "command")}
+    config["input_dir"] = cfg.input_dir if isinstance(cfg.input_dir, str) else list(cfg.input_dir)
     return {
         "format_version": FORMAT_VERSION, "config_hash": chash, "command": cfg.command, "config": config,
         "n_ctx": cfg.n_ctx, "sequence_length": cfg.n_ctx + 1, "stride": cfg.n_ctx,
@@ -277,7 +263,9 @@ def _manifest(cfg: PretrainConfig, chash: str, tokenizer, trained: bool, sep: in
 
 def _define_flags(flags) -> None:
     """The CLI flags (defined only when this module runs as the program)."""
-    flags.DEFINE_string("input_dir", None, "Folder of .txt books (nested folders allowed).", required=True)
+    flags.DEFINE_multi_string("input_dir", None, "Folder of .txt books (nested folders allowed); several: a "
+                              "comma-separated list, or the flag repeated (one corpus, read in that order).",
+                              required=True)
     flags.DEFINE_string("output_dir", None, "Folder to write TFRecord shards and manifest.json into.",
                         required=True)
     flags.DEFINE_string("tokenizer_dir", None, "Folder of the BPE (encoder json + merges).", required=True)
@@ -299,7 +287,9 @@ def main(argv) -> None:
     if len(argv) > 1:
         raise SystemExit(f"error: unexpected arguments {argv[1:]}")
     f = flags.FLAGS
-    cfg = PretrainConfig(input_dir=f.input_dir, output_dir=f.output_dir, tokenizer_dir=f.tokenizer_dir,
+    folders = [folder for value in f.input_dir for folder in value.split(",") if folder]
+    cfg = PretrainConfig(input_dir=folders[0] if len(folders) == 1 else tuple(folders), output_dir=f.output_dir,
+                         tokenizer_dir=f.tokenizer_dir,
                          n_ctx=f.n_ctx, valid_fraction=f.valid_fraction, valid_dir=f.valid_dir,
                          shard_size=f.shard_size, train_tokenizer_vocab=f.train_tokenizer_vocab,
                          overwrite=f.overwrite, show_progress=f.progress,

@@ -233,6 +233,13 @@ def gpt1_backbone(seed=0, **overrides):
     return gpt_tf.GPT1Backbone.from_gpt_config(get_size("test", vocab_size=8000, **overrides))
 
 
+def decoded_text(tokenizer, ids) -> str:
+    """The text token ``ids`` encode, by hand (bits per character's definition, ``gpt_tf/text/text_units.py``): each
+    token's string, ``</w>`` as the space after its word, ``<unk>`` as one character."""
+    tokens = tokenizer.tokens
+    return "".join("?" if i == tokenizer.unk_id else tokens[i] for i in np.asarray(ids).reshape(-1)).replace("</w>", " ")
+
+
 def gpt1_classifier(tokenizer, input_type="single", num_classes=2):
     """A ``GPT1TextClassifier`` on ``gpt1_backbone()`` with a preprocessor of ``input_type``."""
     import gpt_tf

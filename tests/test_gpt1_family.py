@@ -329,6 +329,8 @@ def test_each_shipped_preset_has_a_model_card_and_names_the_family_tasks():
             assert f"\n{heading}\n" in card, (name, heading)
         assert card.startswith(f"# {name}\n") and "Apache-2.0" in card, name
         assert all(backend in card for backend in ("JAX", "PyTorch", "TensorFlow")), (name, "the backends it runs on")
+        quality = card.split("\n## Quality\n", 1)[1].split("\n## ", 1)[0]
+        assert "bits per character" in quality, (name, "the held-out loss every vocabulary compares on")
         tasks = json.loads((Path(folder) / "metadata.json").read_text())["tasks"]
         assert tasks == ["GPT1CausalLM", "GPT1MultipleChoice", "GPT1TextClassifier", "GPT1TextRegressor"], name
 

@@ -19,7 +19,7 @@ import h5py
 import numpy as np
 import pytest
 
-from tests.small_runs import BOOKS_TINY_BPE, ENV, ROOT, build_data, finish, free_ports
+from tests.small_runs import BOOKS_TINY_BPE, ENV, ROOT, build_data, decoded_text, finish, free_ports
 
 DEVICES = "--xla_force_host_platform_device_count={}"
 FLAGS = ["--model=test", "--batch_size=8", "--train_steps=6", "--checkpoint_every=4", "--log_every=1",
@@ -93,6 +93,18 @@ def test_tensorflow_loads_the_runs_preset_and_scores_the_held_out_windows_as_the
               for x, y in valid]
     # the same held-out windows scored by two backends: two computation paths of float32 sums over 512 tokens
     np.testing.assert_allclose(np.mean(losses), results["one"]["held_out_loss"], **CLOSE)
+    # its bits per character and per byte: the mean loss times the targets, over their text decoded by hand
+    from gpt_tf.text.tokenizer import GPTTokenizer
+
+    one = results["one"]
+    targets = np.concatenate([y.numpy().reshape(-1) for _, y in valid])
+    text = decoded_text(GPTTokenizer.from_dir(BOOKS_TINY_BPE), targets)
+    assert (one["held_out_chars"], one["held_out_bytes"]) == (len(text), len(text.encode("utf-8")))
+    bits = one["held_out_loss"] * targets.size / np.log(2)
+    assert one["held_out_bits_per_char"] == pytest.approx(bits / len(text), rel=1e-9)
+    assert one["held_out_bits_per_byte"] == pytest.approx(bits / len(text.encode("utf-8")), rel=1e-9)
+    state = json.loads((root / "one" / "keras_fit" / "state.json").read_text())
+    assert state["held_out_bits_per_char"] == one["held_out_bits_per_char"]
 
 
 def test_model_parallel_splits_the_embedding_and_the_feed_forward_and_makes_the_same_updates(runs):

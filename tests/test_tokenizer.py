@@ -275,6 +275,32 @@ def test_training_is_deterministic(tmp_path):
     assert len(files) == 1
 
 
+def test_training_reads_the_texts_once_and_learns_what_hf_learns_on_them_whole(books, tmp_path):
+    """``train`` counts the words of each text as it reads it (the texts are a generator, read once) and hands HF
+    the counts: the files equal HF's trainer given the whole prepared texts, as ``train`` did when it held them."""
+    from tokenizers import Tokenizer
+    from tokenizers.models import BPE
+    from tokenizers.trainers import BpeTrainer
+
+    from gpt_tf.text.tokenizer import END_OF_WORD, UNK, pre_tokenizer
+    from gpt_tf.text.word_split import WordSplitter
+
+    texts = [book[:150_000] for book in books[:3]]
+    ours = GPTTokenizer.train((t for t in texts), vocab_size=1500, out_dir=str(tmp_path / "ours"), show_progress=False)
+    prepared = [WordSplitter()(text_clean.clean_text(t)) for t in texts]
+    ends = sorted({word[-1] for text in prepared for word in text.split(" ") if word})
+    hf = Tokenizer(BPE(unk_token=UNK, end_of_word_suffix=END_OF_WORD))
+    hf.pre_tokenizer = pre_tokenizer()
+    hf.train_from_iterator(prepared, BpeTrainer(vocab_size=1500, special_tokens=[UNK] + [e + END_OF_WORD for e in ends],
+                                                end_of_word_suffix=END_OF_WORD, show_progress=False))
+    model = json.loads(hf.to_str())["model"]
+    whole = GPTTokenizer(model["vocab"], [tuple(m.split(" ")) if isinstance(m, str) else tuple(m) for m in model["merges"]])
+    whole.save(str(tmp_path / "whole"))
+    for name in ("encoder.json", "vocab.bpe"):
+        assert (tmp_path / "ours" / name).read_bytes() == (tmp_path / "whole" / name).read_bytes(), name
+    assert ours.vocab_size == 1500
+
+
 def test_saved_model_runs_with_tensorflow_only(gpt1, gpt1_tf, tmp_path):
     """Export in a tf.Module, reload in a fresh process that imports only tensorflow."""
     class Exported(tf.Module):

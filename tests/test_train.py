@@ -20,7 +20,8 @@ import numpy as np
 import pytest
 
 from pipelines.pretrain_data import PretrainConfig, build_pretraining_data
-from tests.small_runs import BASE_FLAGS, ENV, ROOT, max_abs_diff, model_weights, run_cli, wait_for_checkpoint
+from tests.small_runs import BASE_FLAGS, ENV, ROOT, decoded_text, max_abs_diff, model_weights, run_cli, \
+    wait_for_checkpoint
 
 
 @pytest.fixture(scope="module")
@@ -56,7 +57,7 @@ def test_training_lowers_loss_and_writes_everything(straight_run):
     assert np.mean(losses[-10:]) < np.mean(losses[:5]) - 0.3, losses
     tags = _tags(run_dir / "tb")
     for tag in ("train/perplexity", "train/learning_rate", "train/tokens_per_sec", "train/grad_norm",
-                "valid/perplexity", "samples/text"):
+                "valid/perplexity", "valid/bits_per_char", "valid/bits_per_byte", "samples/text"):
         assert tag in tags, (tag, tags)
     assert json.loads((run_dir / "model_config.json").read_text())["n_layer"] == 2
     assert json.loads(proc.stdout.strip().splitlines()[-1])["step"] == 60
@@ -103,7 +104,20 @@ def test_eval_and_generate_modes(straight_run, data_dir):
     result = json.loads(run_cli("gpt_tf.train", *flags, f"--run_dir={run_dir}", "--mode=eval").stdout.splitlines()[-1])
     assert result["step"] == 60 and result["tokens"] > 0
     assert 1.0 < result["perplexity"] < result["unigram_perplexity"]
-    assert (run_dir / "eval_step60.json").exists()
+    assert json.loads((run_dir / "eval_step60.json").read_text()) == result
+    # bits per character and per byte: the loss summed over the evaluated targets, over their text decoded by hand
+    from gpt_tf.data.reader import pretraining_dataset
+    from gpt_tf.text.tokenizer import GPTTokenizer
+
+    tokenizer = GPTTokenizer.from_dir(data_dir.parent / "bpe")
+    batches = pretraining_dataset(str(data_dir), "valid", 8, 32, shuffle=False, repeat=False)
+    targets = np.concatenate([y.numpy().reshape(-1) for _, y in batches.take(result["tokens"] // (8 * 32))])
+    assert len(targets) == result["tokens"]
+    text = decoded_text(tokenizer, targets)
+    assert (result["chars"], result["bytes"]) == (len(text), len(text.encode("utf-8")))
+    bits = result["loss"] * result["tokens"] / np.log(2)
+    assert result["bits_per_char"] == pytest.approx(bits / len(text), rel=1e-9)
+    assert result["bits_per_byte"] == pytest.approx(bits / len(text.encode("utf-8")), rel=1e-9)
     out = run_cli("gpt_tf.train", *flags, f"--run_dir={run_dir}", "--mode=generate", "--prompt=the",
                   "--temperature=1", "--sample_length=16").stdout
     text = out.split("run dir", 1)[1].split("\n", 1)[1]  # after the model line

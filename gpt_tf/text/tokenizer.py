@@ -17,9 +17,9 @@ blank lines collapse into one newline (``text_standardize`` does that). :meth:`G
 learns new vocabularies on the same words, so they get ``n't</w>`` and ``'s</w>`` as GPT-1's did.
 """
 
+import collections
 import json
 import os
-import re
 from pathlib import Path
 
 import tokenizers
@@ -31,7 +31,6 @@ from gpt_tf.text import text_clean
 from gpt_tf.text.word_split import END_OF_WORD, WordSplitter
 
 UNK = "<unk>"
-_WORD_END = re.compile(r"[^ ](?= |\Z)")  # the last character of each word of a prepared text
 MERGES_HEADER = "#version: 0.2"
 ENCODER_FILE = "encoder.json"
 MERGES_FILE = "vocab.bpe"
@@ -97,6 +96,21 @@ def pre_tokenizer():
     return pre_tokenizers.Split(" ", "removed")
 
 
+def count_words(texts):
+    """``Counter`` of the words BPE runs on (cleaned, split, lower-cased) over ``texts``, read one at a time."""
+    split, counts = WordSplitter(), collections.Counter()
+    for text in texts:
+        counts.update(word for word in split(text_clean.clean_text(text)).split(" ") if word)
+    return counts
+
+
+def _repeated_words(counts, per_text=1 << 16):
+    """Texts whose words are ``counts``' words, each as often as counted (at most ``per_text`` words a text)."""
+    for word, count in counts.items():
+        for start in range(0, count, per_text):
+            yield " ".join([word] * min(per_text, count - start))
+
+
 class GPTTokenizer:
     """GPT-1 BPE tokenizer: ids 0..vocab_size-1 from text, and back."""
 
@@ -137,19 +151,20 @@ class GPTTokenizer:
         """Learns a BPE of ``vocab_size`` tokens on the cleaned texts; writes and loads it.
 
         ``<unk>`` is id 0; every character of the corpus is in the vocabulary
-        (also as a word end, ``x</w>``), merges follow in rank order.
+        (also as a word end, ``x</w>``), merges follow in rank order. ``texts`` is any iterable, read once: each
+        text is prepared and its words counted, so memory holds the distinct words and their counts, never the
+        corpus (HF's trainer counts the same words: the merges are those of the texts given to it whole).
         """
-        split = WordSplitter()
-        prepared = [split(text_clean.clean_text(t)) for t in texts]
+        counts = count_words(texts)
         # HF's trainer gives a word-end token (``x</w>``) its id where it first meets it, in a hash map's order
         # (another each run: huggingface/tokenizers#1794), and ids break the ties between pairs of equal
         # counts, so the merges changed from run to run. Registered first, in sorted order, they have fixed ids.
-        ends = sorted({end for words in prepared for end in _WORD_END.findall(words)})
+        ends = sorted({word[-1] for word in counts})
         hf = tokenizers.Tokenizer(BPE(unk_token=UNK, end_of_word_suffix=END_OF_WORD))
         hf.pre_tokenizer = pre_tokenizer()
         trainer = BpeTrainer(vocab_size=vocab_size, special_tokens=[UNK] + [end + END_OF_WORD for end in ends],
                              end_of_word_suffix=END_OF_WORD, show_progress=show_progress)
-        hf.train_from_iterator(prepared, trainer)
+        hf.train_from_iterator(_repeated_words(counts), trainer)
         model = json.loads(hf.to_str())["model"]
         merges = [tuple(m.split(" ")) if isinstance(m, str) else tuple(m) for m in model["merges"]]
         cls(model["vocab"], merges).save(out_dir)

@@ -11,7 +11,8 @@ cross-entropy of the global batch, Eq. 1).
 The run folder: ``model_config.json``, ``train_config.json`` and ``data.json`` as the loop writes them (a resume
 compares them), and in ``keras_fit/`` (``gpt_tf.runs.files.KERAS_FIT``) ``latest.weights.h5`` (the model's and the
 optimizer's variables, so the schedule's step too), ``state.json`` (the updates done and dropout's random state,
-which the weights file does not hold; at the end the held-out loss) and ``log.jsonl`` (the mean training loss of
+which the weights file does not hold; at the end the held-out loss and its bits per character and per byte,
+``gpt_tf/training/text_counts.py``) and ``log.jsonl`` (the mean training loss of
 every ``log_every`` updates); at the end ``preset/``, the language model with the data's tokenizer (``from_preset``
 on any backend; fine-tuning's ``--init_checkpoint``). It saves every ``checkpoint_every`` updates, at the end, and
 at SIGTERM after the update in flight (then ``Preempted``: exit status 143). The same command resumes from the
@@ -36,9 +37,11 @@ from gpt_tf.gpt1 import GPT1CausalLM, GPT1CausalLMPreprocessor, GPT1Tokenizer
 from gpt_tf.gpt1.build import causal_lm_for
 from gpt_tf.nn.optim import WarmupDecay, make_optimizer
 from gpt_tf.runs.files import KERAS_FIT, data_identity, save_run_configs, write_json_atomic
+from gpt_tf.text.tokenizer import GPTTokenizer
 from gpt_tf.training import placement as placing
 from gpt_tf.training.lm_objective import TrainConfig, compile_lm
 from gpt_tf.training.preemption import Preempted, StopRequest
+from gpt_tf.training.text_counts import TextCounter
 
 WEIGHTS, STATE, LOG, PRESET = "latest.weights.h5", "state.json", "log.jsonl", "preset"
 
@@ -182,17 +185,23 @@ class KerasFitPretrainer:
         return self._finish(done)
 
     def _finish(self, done: int) -> dict:
-        """The held-out loss (``eval_batches`` batches, 0: the whole split) and, on process 0, the preset."""
+        """The held-out loss (``eval_batches`` batches, 0: the whole split) with its bits per character and per byte
+        and, on process 0, the preset."""
         c = self.config
         steps = batches_per_pipeline(c.data_dir, "valid", c.batch_size)  # given: the records' count is unknown
         steps = min(steps, c.eval_batches or steps)
         held_out = float(self.model.evaluate(self._dataset("valid"), steps=steps, verbose=0, return_dict=True)["loss"])
+        text = TextCounter(GPTTokenizer.from_dir(self.tokenizer_dir))  # the same batches' targets, as numpy
+        for _, targets in self._dataset("valid").take(steps).as_numpy_iterator():
+            text.add(targets)
+        nats = held_out * steps * c.batch_size * self.model_config.n_ctx  # the mean over equal batches, summed
+        bits = {f"held_out_{k}": v for k, v in text.bits(nats).items()}
         preset = os.path.join(c.run_dir, PRESET)
         preprocessor = GPT1CausalLMPreprocessor(GPT1Tokenizer(self.tokenizer_dir))
         GPT1CausalLM(self.model.backbone, preprocessor).save_to_preset(os.path.join(self.scratch or c.run_dir, PRESET))
         if self.placement.chief:
-            self._write_state(done, held_out_loss=held_out)
-        return {"step": done, "loss": self.last_loss, "held_out_loss": held_out,
+            self._write_state(done, held_out_loss=held_out, **bits)
+        return {"step": done, "loss": self.last_loss, "held_out_loss": held_out, **bits,
                 "perplexity": math.exp(held_out), "preset": preset, "sharded": self.sharded()}
 
     def sharded(self) -> dict:

@@ -25,6 +25,7 @@ from gpt_tf.nn.optim import WarmupDecay, make_optimizer
 from gpt_tf.nn.recipes import PAPER_FINETUNE
 from gpt_tf.runs.files import save_run_configs
 from gpt_tf.training.loop import TrainLoop, named_data_error
+from gpt_tf.training.text_counts import TextCounter
 from gpt_tf.data.reader import as_model_inputs, batches_per_pipeline, pretraining_dataset
 
 
@@ -154,19 +155,24 @@ class Pretrainer:
             digest.update(variable.numpy().tobytes())
         return digest.hexdigest()
 
-    def evaluate(self, max_batches: int = 0) -> dict:
-        """Token-level perplexity on the held-out split (whole split unless ``max_batches``)."""
+    def evaluate(self, max_batches: int = 0, tokenizer=None) -> dict:
+        """Token-level perplexity on the held-out split (whole split unless ``max_batches``); given the data's
+        ``tokenizer``, bits per character and per byte too (``gpt_tf.training.text_counts``)."""
         loss_sum, tokens = 0.0, 0.0
+        text = None if tokenizer is None else TextCounter(tokenizer, self.strategy)
         try:
             for batch in self._distributed_dataset("valid", repeat=False, max_steps=max_batches):
                 s, n = self._run_eval_step(batch)
                 loss_sum, tokens = loss_sum + float(s), tokens + float(n)
+                if text:
+                    text.add_replicas(batch[1])
         except tf.errors.DataLossError as err:
             raise named_data_error(err, [self.config.data_dir]) from None
         if not tokens:
             raise ValueError(f"held-out split of {self.config.data_dir} gave no full batch of {self.config.batch_size}")
         loss = loss_sum / tokens
-        return {"loss": loss, "perplexity": math.exp(loss), "tokens": int(tokens)}
+        bits = text.bits(loss_sum) if text else {}
+        return {"loss": loss, "perplexity": math.exp(loss), "tokens": int(tokens), **bits}
 
     def train(self, callbacks=None) -> dict:
         """Runs until ``train_steps``; ``callbacks`` is a ``TrainCallbacks`` (summaries, samples, eval).

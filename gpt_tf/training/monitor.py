@@ -65,13 +65,16 @@ class TrainCallbacks:
             self.writer.flush()
 
     def evaluate(self, step):
-        result = self.trainer.evaluate(self.trainer.config.eval_batches)
-        self.bar.write(f"step {step}: held-out loss {result['loss']:.4f}, perplexity {result['perplexity']:.2f} "
+        result = self.trainer.evaluate(self.trainer.config.eval_batches, tokenizer=self.tokenizer)
+        bits = (f", {result['bits_per_char']:.4f} bits per character, {result['bits_per_byte']:.4f} per byte"
+                if "bits_per_char" in result else "")
+        self.bar.write(f"step {step}: held-out loss {result['loss']:.4f}, perplexity {result['perplexity']:.2f}{bits} "
                        f"over {result['tokens']} tokens")
         if self.writer:
             with self.writer.as_default(step=step):
-                tf.summary.scalar("valid/loss", result["loss"])
-                tf.summary.scalar("valid/perplexity", result["perplexity"])
+                for key in ("loss", "perplexity", "bits_per_char", "bits_per_byte"):
+                    if key in result:
+                        tf.summary.scalar(f"valid/{key}", result[key])
         return result
 
     def evaluate_zero_shot(self, step):
