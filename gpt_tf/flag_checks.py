@@ -191,6 +191,10 @@ def strategy_problems(fv: flags.FlagValues, environ=os.environ) -> list[str]:
         problems.append(f"--worker_index={fv.worker_index} is not an index of --workers ({len(fv.workers)} given)")
     if fv.strategy == "multi_worker" and not fv.workers and "TF_CONFIG" not in environ:
         problems.append("--strategy=multi_worker needs the cluster: --workers=host:port,... --worker_index=i, or TF_CONFIG")
+    if fv.jit_compile and (fv.strategy in ("mirrored", "multi_worker") or fv.num_cpu_devices > 1):
+        problems.append(f"--jit_compile compiles the model's whole train_step, the update's collectives with it, which "
+                        f"tf.distribute cannot run inside XLA: give it with one replica (not --strategy={fv.strategy}); "
+                        "TPUs compile anyway")
     return problems
 
 

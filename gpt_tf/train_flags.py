@@ -94,7 +94,8 @@ def define_flags() -> None:
                         "(keras.distribution.initialize).")
     flags.DEFINE_integer("num_processes", 1, "KERAS_BACKEND=jax: the processes that train together.")
     flags.DEFINE_integer("process_id", 0, "KERAS_BACKEND=jax: this process's index (0 writes the run folder).")
-    flags.DEFINE_bool("jit_compile", False, "XLA-compile each replica's forward/backward pass (GPU; TPUs always compile).")
+    flags.DEFINE_bool("jit_compile", False, "XLA-compile the model's train_step (one replica; a GPU; TPUs always "
+                      "compile).")
     flags.DEFINE_integer("seed", 0, "Seed for init, dropout and data order.")
     flags.DEFINE_bool("deterministic", False, "Enable TF op determinism (bit-exact resume; slower).")
     flags.DEFINE_integer("log_every", 10, "Log/summary period in steps.")

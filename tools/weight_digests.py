@@ -59,8 +59,8 @@ def digests(run_dir: Path) -> dict:
 
 
 def losses(run_dir: Path) -> dict:
-    """The run's training losses by TensorBoard tag (``train/loss``; fine-tuning's ``train/task_loss`` and
-    ``train/lm_loss``, per task in a multi-task run), each a list in step order (one per logged update)."""
+    """The run's training losses by TensorBoard tag (``train/loss``; per task in a multi-task run,
+    ``train/<task>/loss``), each a list in step order (one per logged update)."""
     import tensorflow as tf  # pylint: disable=import-outside-toplevel
 
     by_tag = {}

@@ -96,6 +96,7 @@ def task_from(model, spec, tokenizer_dir: str):
 
     model.preprocessor = GPT1TaskPreprocessor(GPT1Tokenizer(tokenizer_dir), model.backbone.max_sequence_length,
                                               input_type=spec.input_type, num_choices=spec.num_choices)
+    model.compile()  # the paper's defaults, as from_preset compiles it: the saved optimizer state is what it loads into
     return model
 
 

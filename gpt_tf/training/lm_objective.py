@@ -203,8 +203,8 @@ class Pretrainer:
     def after_update(self, step) -> bool:
         """Logs every ``log_every`` steps (and the last); never asks for an extra checkpoint."""
         c = self.config
-        self._loss = self.model.get_metrics_result()["loss"]
-        if step % c.log_every == 0 or step == c.train_steps:
+        if step % c.log_every == 0 or step == c.train_steps:  # every worker reads it (a collective), at the same steps
+            self._loss = self.model.get_metrics_result()["loss"]
             t0, last = self._last
             elapsed = time.perf_counter() - t0
             stats = {

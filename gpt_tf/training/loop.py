@@ -8,8 +8,8 @@ The forward pass, the loss and the update are the model's: each replica calls Ke
 ``fit`` does. One update = one global batch, split evenly over replicas and, within a replica, into
 ``grad_accum_steps`` micro-batches, one ``train_step`` each, whose gradients the optimizer accumulates
 (``gradient_accumulation_steps``) and applies once; every loss is a mean over examples, so any number of replicas
-and micro-batches gives the full-batch update. ``jit_compile`` compiles each replica's ``train_step`` with XLA (one
-replica only).
+and micro-batches gives the full-batch update. ``jit_compile`` compiles the ``train_step`` with XLA (one replica only:
+its update's collectives cannot run inside XLA).
 
 Checkpoints (``gpt_tf.runs.checkpoints``) hold the model, the optimizer (moments, step counter), the
 dropout seed state and the step. The data position is a function of the step: the input
