@@ -143,6 +143,7 @@ def test_eval_and_generate_modes(straight_run, data_dir):
         (["--data_dir=/tmp", "--run_dir=/tmp/x", "--warmup_steps=10", "--train_steps=5"], "--warmup_steps=10"),
         (["--data_dir=/tmp", "--run_dir=/tmp/x", "--num_cpu_devices=2"], "--strategy=mirrored"),
         (["--data_dir=/tmp", "--run_dir=/tmp/x", "--strategy=tpu"], "needs --tpu"),
+        (["--data_dir=/tmp", "--run_dir=/tmp/x", "--strategy=mirrored", "--jit_compile"], "--jit_compile compiles"),
         (["--data_dir=/tmp", "--run_dir=/tmp/nope", "--mode=eval"], "no checkpoints"),
     ],
 )
