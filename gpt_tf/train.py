@@ -62,11 +62,10 @@ def _strategy_and_precision(keras, model_config, seq):
     ``seq``); the global Keras dtype policy is set to that precision."""
     from gpt_tf.speed import aliased_grads, inference_gelu  # import TensorFlow: after the settings are applied
     from gpt_tf.speed.precision import resolve_precision
-    from gpt_tf.strategy import make_strategy, tf_config
+    from gpt_tf.strategy import make_strategy
 
-    if FLAGS.workers:
-        os.environ["TF_CONFIG"] = tf_config(FLAGS.workers, FLAGS.worker_index)
-    strategy = make_strategy(FLAGS.strategy, FLAGS.num_cpu_devices, FLAGS.tpu, FLAGS.tpu_zone, FLAGS.gcp_project)
+    strategy = make_strategy(FLAGS.strategy, FLAGS.num_cpu_devices, FLAGS.tpu, FLAGS.tpu_zone, FLAGS.gcp_project,
+                             workers=FLAGS.workers, worker_index=FLAGS.worker_index)
     precision, reason = resolve_precision(FLAGS.precision, model_config, FLAGS.batch_size, seq)
     if FLAGS.precision == "auto":
         _say(reason)
@@ -171,7 +170,7 @@ def main(argv):
     except tf.errors.UnavailableError as err:
         if FLAGS.strategy != "multi_worker":
             raise
-        sys.exit(f"gpt_tf.train: {worker_lost(err, FLAGS.run_dir)}")
+        sys.exit(f"gpt_tf.train: {worker_lost(err, FLAGS.run_dir, FLAGS.workers, FLAGS.worker_index)}")
     except (OSError, tf.errors.OpError) as err:
         fault = as_write_error(err)
         if fault is None:

@@ -83,7 +83,7 @@ def define_flags() -> None:
     flags.DEFINE_string("tpu_zone", "", "TPU zone, with --strategy=tpu.")
     flags.DEFINE_string("gcp_project", "", "GCP project, with --strategy=tpu.")
     flags.DEFINE_list("workers", [], "With --strategy=multi_worker: every worker's host:port (the first is chief); "
-                      "writes TF_CONFIG for this process instead of reading it from the environment.")
+                      "the cluster for this process instead of TF_CONFIG from the environment.")
     flags.DEFINE_integer("worker_index", 0, "With --workers: this process's index in --workers.")
     flags.DEFINE_enum("distribution", "none", list(placing.KINDS), "KERAS_BACKEND=jax "
                       "pre-training: keras.distribution over the devices: none (one device), data_parallel "
