@@ -51,7 +51,7 @@ def import_tensorflow(speed=None, serving: bool = False):
     from gpt_tf.speed import choices, resolve
 
     resolution = speed or resolve.for_command("auto", serving=serving)
-    restart.restart_if_needed(resolution)
+    restart.restart_if_needed(resolution, verbose())
     tf = _quiet_import()
     choices.apply_threads(tf, resolution.choices)
     choices.set_current(resolution.choices)

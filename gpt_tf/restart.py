@@ -5,7 +5,7 @@ Keras its backend (``KERAS_BACKEND``), once, from the environment the process st
 needs other values than its environment gives -- Keras on TensorFlow for a TensorFlow command
 (``backend.tensorflow_for_command``), the oneDNN setting of the run's speed choices (``gpt_tf/speed/resolve.py``),
 TensorFlow's INFO and WARNING lines off (``TF_CPP_MIN_LOG_LEVEL=2`` where it is unset, unless ``GPT_TF_VERBOSE=1``
-asks for them: a quiet console, ``gpt_tf/console.py``) -- it starts again, once, before TensorFlow or Keras is
+asked for them: a quiet console, ``gpt_tf/console.py``) -- it starts again, once, before TensorFlow or Keras is
 imported: the same interpreter, arguments, folder and process id (``os.execve``, ~0.4 s), with a copy of its
 environment changed in those variables and holding its resolved choices (``GPT_TF_SPEED_CHOICES``, for this process
 id only: nothing is resolved or measured twice, and the commands it starts resolve their own). It says so in one
@@ -39,19 +39,17 @@ def changes_for(resolution) -> tuple[dict, list]:
     return changes, lines
 
 
-def quiet_log(changes: dict) -> dict:
+def quiet_log(changes: dict, verbose: bool) -> dict:
     """``changes`` with ``TF_CPP_MIN_LOG_LEVEL=2`` where the environment leaves TensorFlow's INFO and WARNING lines
-    on and nobody asked for them (``GPT_TF_VERBOSE=1``)."""
-    from gpt_tf.console import verbose
-
-    if verbose() or os.environ.get(LOG_LEVEL, "").strip():
+    on and nobody asked for them (``verbose``: ``console.verbose()``)."""
+    if verbose or os.environ.get(LOG_LEVEL, "").strip():
         return changes
     return {**changes, LOG_LEVEL: "2"}
 
 
-def restart_if_needed(resolution) -> None:
+def restart_if_needed(resolution, verbose: bool) -> None:
     """In a command line's process that has not imported TensorFlow or Keras yet: starts it again under
-    ``changes_for(resolution)`` where there are any (never returns then); else returns."""
+    ``changes_for(resolution)`` and ``quiet_log`` where they change anything (never returns then); else returns."""
     if (not backend.running_a_command() or "tensorflow" in sys.modules or "keras" in sys.modules
             or choices.environment().handed_over is not None):
         return
@@ -59,7 +57,7 @@ def restart_if_needed(resolution) -> None:
     if changes:
         lines.append(f"{backend.command_name()}: starting again with "
                      f"{' '.join(f'{k}={v}' for k, v in changes.items())} (TensorFlow and Keras read them when they start)")
-    changes = quiet_log(changes)
+    changes = quiet_log(changes, verbose)
     if not changes:
         return
     if lines:

@@ -77,8 +77,8 @@ def test_serving_takes_tensorflows_own_onednn_choice_per_cpu():
     avx2 = {"model": "AMD EPYC", "flags": ["avx2", "fma"]}
     avx512 = {"model": "Intel Xeon", "flags": ["avx2", "avx512f", "avx512_bf16", "avx512_vnni", "fma"]}
     assert autotune.serving_default(avx2) == {ONEDNN: "0"} and autotune.serving_default(avx512) == {ONEDNN: "1"}
-    assert autotune.serving_choices(avx2) == SpeedChoices(onednn=False)
-    assert autotune.serving_choices(avx512) == SpeedChoices(onednn=True)
+    assert autotune.serving_choices(avx2) == SpeedChoices(fused_kernels=False, onednn=False)  # stock ops only
+    assert autotune.serving_choices(avx512) == SpeedChoices(fused_kernels=False, onednn=True)
 
 
 # ----------------------------------------------------------------------------- a run's choices (resolve.py)
@@ -189,12 +189,11 @@ def test_a_command_restarts_only_where_tensorflow_or_keras_must_start_otherwise(
     monkeypatch.delitem(sys.modules, "keras")  # as a command line's process sees it before Keras starts
     changes, lines = restart.changes_for(speed)
     assert changes == {"KERAS_BACKEND": "tensorflow"} and "KERAS_BACKEND=jax" in lines[0]
-    restart.restart_if_needed(speed)  # this process (pytest) is no command line: it goes on
+    restart.restart_if_needed(speed, verbose=False)  # this process (pytest) is no command line: it goes on
     assert os.environ["KERAS_BACKEND"] == "jax"
     monkeypatch.delenv("TF_CPP_MIN_LOG_LEVEL", raising=False)  # TensorFlow's INFO lines on: a command turns them off
-    assert restart.quiet_log({}) == {"TF_CPP_MIN_LOG_LEVEL": "2"}
-    monkeypatch.setenv("GPT_TF_VERBOSE", "1")  # unless asked for
-    assert restart.quiet_log({}) == {}
+    assert restart.quiet_log({}, verbose=False) == {"TF_CPP_MIN_LOG_LEVEL": "2"}
+    assert restart.quiet_log({}, verbose=True) == {}  # unless asked for (GPT_TF_VERBOSE=1)
 
 
 COMMAND = [sys.executable, "-m", "gpt_tf.speed.kernels"]  # a command line: TensorFlow started as the CLIs start it
