@@ -239,9 +239,9 @@ def serving_default(info: dict | None = None) -> dict:
 
 
 def serving_choices(info: dict | None = None) -> SpeedChoices:
-    """Serving's choices: ``serving_default``'s oneDNN setting, the rest at their defaults (inference runs no
-    custom op)."""
-    return SpeedChoices(onednn=serving_default(info)[ONEDNN] == "1")
+    """Serving's choices (the server, the export): ``serving_default``'s oneDNN setting and TensorFlow's stock ops
+    only (no fused kernel: what they trace holds core ops only, as stock TF Serving loads them)."""
+    return SpeedChoices(fused_kernels=False, onednn=serving_default(info)[ONEDNN] == "1")
 
 
 if __name__ == "__main__":  # a probe worker (``measure`` starts it)
