@@ -144,7 +144,8 @@ def test_two_workers_preempted_and_resumed_equal_one_worker_on_the_global_batch(
     assert finals[0]["step"] == finals[1]["step"] == STEPS
     assert finals[0]["weights_sha256"] == finals[1]["weights_sha256"]
 
-    assert sorted(p.name for p in run_dir.iterdir()) == [".lock", "checkpoints", "data.json", "model_config.json", "tb",
+    assert sorted(p.name for p in run_dir.iterdir()) == [".lock", "checkpoints", "data.json", "model_config.json",
+                                                         "speed_choices.json", "tb",
                                                          "train_config.json"]
     assert len(list((run_dir / "tb").iterdir())) == 2  # the chief's event files: first run and resumed run
     assert not list(scratch.glob("gpt_tf_worker*")), "the non-chief worker left its scratch checkpoints"
