@@ -55,8 +55,9 @@ def restart_if_needed(resolution, verbose: bool) -> None:
         return
     changes, lines = changes_for(resolution)
     if changes:
-        lines.append(f"{backend.command_name()}: starting again with "
-                     f"{' '.join(f'{k}={v}' for k, v in changes.items())} (TensorFlow and Keras read them when they start)")
+        named = " ".join(f"{k}={v}" for k, v in changes.items())
+        lines.append(f"{backend.command_name()}: starting again with {named} (TensorFlow and Keras read them when "
+                     "they start)")
     changes = quiet_log(changes, verbose)
     if not changes:
         return

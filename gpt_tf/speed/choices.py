@@ -37,7 +37,8 @@ EVERY = "*"
 # The environment variables of the choices (read by ``environment()`` alone).
 AUTOTUNE = "GPT_TF_AUTOTUNE"
 HANDED_OVER = "GPT_TF_SPEED_CHOICES"  # set by a command line for the process it restarts (gpt_tf/restart.py)
-FUSED_KERNELS, PAD_WEIGHT_GRADS, INFERENCE_GELU = "GPT_TF_FUSED_KERNELS", "GPT_TF_PAD_WEIGHT_GRADS", "GPT_TF_INFERENCE_GELU"
+FUSED_KERNELS, PAD_WEIGHT_GRADS = "GPT_TF_FUSED_KERNELS", "GPT_TF_PAD_WEIGHT_GRADS"
+INFERENCE_GELU = "GPT_TF_INFERENCE_GELU"
 ONEDNN, INTRA_THREADS, INTER_THREADS = "TF_ENABLE_ONEDNN_OPTS", "TF_NUM_INTRAOP_THREADS", "TF_NUM_INTEROP_THREADS"
 BY_HAND = {FUSED_KERNELS: "fused_kernels", PAD_WEIGHT_GRADS: "padded_grads", INFERENCE_GELU: "inference_gelu",
            ONEDNN: "onednn", INTRA_THREADS: "intra_op_threads", INTER_THREADS: "inter_op_threads"}
@@ -105,7 +106,8 @@ class SpeedChoices:
 
     @classmethod
     def load(cls, path: str) -> "SpeedChoices":
-        """The choices in the JSON file ``path`` (a run folder's ``speed_choices.json``, say); ValueError in one line."""
+        """The choices in the JSON file ``path`` (a run folder's ``speed_choices.json``, say); ValueError in one
+        line."""
         try:
             with open(path) as f:
                 return cls.from_dict(json.load(f))

@@ -91,11 +91,13 @@ def for_model(resolution: Resolution, config, dtype: str) -> Resolution:
     fields = {}
     with choices.using(resolution.choices):  # timed as the run will compute (the kernels as chosen)
         if "padded_grads" not in resolution.by_hand:
-            fields["padded_grads"] = tuple(shape_key(nx, units, dtype) for nx, units in aliased_grads.dense_shapes(config)
+            fields["padded_grads"] = tuple(shape_key(nx, units, dtype)
+                                           for nx, units in aliased_grads.dense_shapes(config)
                                            if aliased_grads.decide(nx, units, dtype))
         if "inference_gelu" not in resolution.by_hand:
             onednn = choices.onednn_in_effect()
-            fields["inference_gelu"] = tuple(shape_key(nx, units, dtype) for nx, units in inference_gelu.gelu_shapes(config)
+            fields["inference_gelu"] = tuple(shape_key(nx, units, dtype)
+                                             for nx, units in inference_gelu.gelu_shapes(config)
                                              if inference_gelu.decide(nx, units, dtype, onednn))
     how = f"{resolution.how}; per shape: {os.path.dirname(aliased_grads.cache_path())}"
     return Resolution(resolution.choices.replace(**fields), how, False, resolution.by_hand)
@@ -104,7 +106,8 @@ def for_model(resolution: Resolution, config, dtype: str) -> Resolution:
 def line(resolution: Resolution, kernels: str = "") -> str:
     """``speed choices (<how>): <the choices>[; set by hand: ...][; <kernels>]``: what a command prints, once."""
     hand = f"; set by hand: {', '.join(resolution.by_hand.values())}" if resolution.by_hand else ""
-    return f"speed choices ({resolution.how}): {resolution.choices.describe()}{hand}" + (f"; {kernels}" if kernels else "")
+    kernels = f"; {kernels}" if kernels else ""
+    return f"speed choices ({resolution.how}): {resolution.choices.describe()}{hand}{kernels}"
 
 
 def autotune(config, dtype: str = "float32") -> SpeedChoices:
