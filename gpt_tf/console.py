@@ -1,13 +1,15 @@
 """What the command lines show on a console: TensorFlow's start-up kept quiet, progress that reads in a log.
 
-* ``import_tensorflow()`` is the process's first TensorFlow import. The command lines are TensorFlow programs: in
-  a process started as one of them, it starts TensorFlow under the run's speed choices (oneDNN's rewrites, fused
-  kernels, thread pools: ``gpt_tf/speed/resolve.py``; by default ``auto``, this machine's settings measured once and
-  cached, and for serving, ``serving=True``, the serving default), with Keras on TensorFlow; where the process's
-  environment says otherwise for what TensorFlow or Keras read when they start, the command starts again under the
-  right values first (``gpt_tf/restart.py``, one line saying so). It prints the one line of the choices (unless the
-  caller passes its own, to print it once it decided the per-shape ones) and makes them the process's
-  (``gpt_tf.speed.choices.set_current``). TensorFlow's C++ start-up lines (the oneDNN notice, the CUDA probe and its
+* ``start_command()`` is the first thing a command line's ``main`` does after checking its flags: it finds the speed
+  choices the command runs under (oneDNN's rewrites, fused kernels, thread pools: ``gpt_tf/speed/resolve.py``; by
+  default ``auto``, this machine's settings measured once and cached, and for serving, ``serving=True``, the serving
+  default) and, where the process's environment says otherwise for what TensorFlow or Keras read when they start
+  (Keras on TensorFlow, oneDNN's setting, the log level), starts the command again under the right values, before
+  any work is done (``gpt_tf/restart.py``, one line saying so).
+* ``import_tensorflow()`` is the process's first TensorFlow import. In a command line's process it starts TensorFlow
+  under those choices (a command without ``start_command``: resolved here, never started again), prints their one
+  line (unless the caller passes its own, to print it once it decided the per-shape ones) and makes them the
+  process's (``gpt_tf.speed.choices.set_current``). TensorFlow's C++ start-up lines (the oneDNN notice, the CUDA probe and its
   ``failed call to cuInit`` error on a machine without a GPU, the CPU-instructions notice) are written to file
   descriptor 2 before ``TF_CPP_MIN_LOG_LEVEL`` applies ("before absl::InitializeLog() is called"). They are captured
   while TensorFlow imports and probes its devices, and shown only if that fails; ``GPT_TF_VERBOSE=1`` in the
@@ -22,6 +24,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import os
 import sys
@@ -36,26 +39,50 @@ def verbose() -> bool:
     return os.environ.get(VERBOSE_ENV, "").strip().lower() not in ("", "0", "false", "no")
 
 
+_STARTED: list = []  # the speed choices start_command found for this command's process
+
+
+def start_command(speed=None, serving: bool = False):
+    """At the start of a command line's ``main``, before it does any work: the speed choices it will run under
+    (``speed``, a ``resolve.Resolution``; None: ``auto``, or serving's with ``serving``), its process started again
+    first where TensorFlow or Keras must start otherwise than its environment says (``gpt_tf/restart.py``: only here,
+    so no work is ever done twice). Returns the choices; ``import_tensorflow`` starts TensorFlow under them. Nothing
+    happens in a process that is not one of the project's command lines."""
+    from gpt_tf import backend, restart
+    from gpt_tf.speed import resolve
+
+    if not backend.running_a_command():
+        return speed
+    resolution = speed or resolve.for_command("auto", serving=serving)
+    restart.restart_if_needed(resolution, verbose())
+    _STARTED[:] = [(resolution, speed is None)]
+    return resolution
+
+
 def import_tensorflow(speed=None, serving: bool = False):
-    """``import tensorflow`` under the run's speed choices (``speed``: a ``resolve.Resolution``; None: ``auto``, or
-    serving's with ``serving``) in a command line's process, with its start-up lines off the console (see the module
-    doc); returns it."""
+    """``import tensorflow`` under the run's speed choices (``speed``; else those ``start_command`` found; else
+    ``auto``, or serving's with ``serving``) in a command line's process, with its start-up lines off the console (see
+    the module doc); returns it. The choices' line is printed here unless the caller passed them."""
     if "tensorflow" in sys.modules:
         import tensorflow as tf
 
         return tf
-    from gpt_tf import backend, restart
+    from gpt_tf import backend
 
-    if speed is None and not backend.running_a_command():  # a user's program, a test: its environment as it is
+    if speed is None and not _STARTED and not backend.running_a_command():  # a user's program, a test
         return _quiet_import()
     from gpt_tf.speed import choices, resolve
 
-    resolution = speed or resolve.for_command("auto", serving=serving)
-    restart.restart_if_needed(resolution, verbose())
+    started, say = _STARTED[0] if _STARTED else (None, True)
+    resolution = speed or started or resolve.for_command("auto", serving=serving)
+    onednn = choices.onednn_in_effect()
+    if resolution.choices.onednn not in (None, onednn):  # not started again under it (no start_command)
+        resolution = dataclasses.replace(resolution, choices=resolution.choices.replace(onednn=onednn),
+                                         how=f"{resolution.how}; oneDNN as this process started")
     tf = _quiet_import()
     choices.apply_threads(tf, resolution.choices)
     choices.set_current(resolution.choices)
-    if speed is None:
+    if speed is None and say:
         print(resolve.line(resolution), file=sys.stderr, flush=True)
     return tf
 

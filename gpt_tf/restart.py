@@ -5,13 +5,13 @@ Keras its backend (``KERAS_BACKEND``), once, from the environment the process st
 needs other values than its environment gives -- Keras on TensorFlow for a TensorFlow command
 (``backend.tensorflow_for_command``), the oneDNN setting of the run's speed choices (``gpt_tf/speed/resolve.py``),
 TensorFlow's INFO and WARNING lines off (``TF_CPP_MIN_LOG_LEVEL=2`` where it is unset, unless ``GPT_TF_VERBOSE=1``
-asked for them: a quiet console, ``gpt_tf/console.py``) -- it starts again, once, before TensorFlow or Keras is
-imported: the same interpreter, arguments, folder and process id (``os.execve``, ~0.4 s), with a copy of its
-environment changed in those variables and holding its resolved choices (``GPT_TF_SPEED_CHOICES``, for this process
-id only: nothing is resolved or measured twice, and the commands it starts resolve their own). It says so in one
-line on stderr, unless the log level alone changed. Nothing restarts where nothing must change, a restarted process
-never restarts again, and a process that is not one of the project's command lines (a user's program, a test) never
-restarts.
+asked for them: a quiet console, ``gpt_tf/console.py``) -- it starts again, once, at the start of its ``main``,
+before it does any work (``console.start_command``: a command started again later would do its work twice): the
+same interpreter, arguments, folder and process id (``os.execve``, ~0.4 s), with a copy of its environment changed
+in those variables and holding its resolved choices (``GPT_TF_SPEED_CHOICES``, for this process id only: nothing is
+resolved or measured twice, and the commands it starts resolve their own). It says so in one line on stderr, unless
+the log level alone changed. Nothing restarts where nothing must change, a restarted process never restarts again,
+and a process that is not one of the project's command lines (a user's program, a test) never restarts.
 """
 
 from __future__ import annotations

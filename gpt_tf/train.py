@@ -153,13 +153,11 @@ def main(argv):
     setup = _setup()
     if setup.problems:
         flag_checks.fail("gpt_tf.train", list(setup.problems), "cannot start, nothing was written")
-    if not train_flags.on_keras_fit():
-        from gpt_tf import restart
-        from gpt_tf.console import verbose
+    if not train_flags.on_keras_fit():  # the speed choices (this machine's, cached); started again where they need it
+        from gpt_tf.console import start_command
         from gpt_tf.speed import resolve
 
-        setup = dataclasses.replace(setup, speed=resolve.for_command(FLAGS.speed))  # this machine's, cached
-        restart.restart_if_needed(setup.speed, verbose())  # where TensorFlow or Keras must start otherwise
+        setup = dataclasses.replace(setup, speed=start_command(resolve.for_command(FLAGS.speed)))
     if FLAGS.mode == "train" and not FLAGS.task:
         _lock_run_dir()
     if train_flags.on_keras_fit():  # Keras's fit on JAX: TensorFlow is not this process's backend
