@@ -9,11 +9,11 @@
 * ``import_tensorflow()`` is the process's first TensorFlow import. In a command line's process it starts TensorFlow
   under those choices (a command without ``start_command``: resolved here, never started again), prints their one
   line (unless the caller passes its own, to print it once it decided the per-shape ones) and makes them the
-  process's (``gpt_tf.speed.choices.set_current``). TensorFlow's C++ start-up lines (the oneDNN notice, the CUDA probe and its
-  ``failed call to cuInit`` error on a machine without a GPU, the CPU-instructions notice) are written to file
-  descriptor 2 before ``TF_CPP_MIN_LOG_LEVEL`` applies ("before absl::InitializeLog() is called"). They are captured
-  while TensorFlow imports and probes its devices, and shown only if that fails; ``GPT_TF_VERBOSE=1`` in the
-  environment keeps them. TensorFlow's later INFO and WARNING lines (XLA's notices under ``--jit_compile``, a GPU's)
+  process's (``gpt_tf.speed.choices.set_current``). TensorFlow's C++ start-up lines (the oneDNN notice, the CUDA
+  probe and its ``failed call to cuInit`` error on a machine without a GPU, the CPU-instructions notice) are written
+  to file descriptor 2 before ``TF_CPP_MIN_LOG_LEVEL`` applies ("before absl::InitializeLog() is called"). They are
+  captured while TensorFlow imports and probes its devices, and shown only if that fails; ``GPT_TF_VERBOSE=1`` in
+  the environment keeps them. TensorFlow's later INFO and WARNING lines (XLA's notices under ``--jit_compile``, a GPU's)
   stay off by ``TF_CPP_MIN_LOG_LEVEL=2``, which a command starts with where it is unset (``gpt_tf/restart.py``; the
   project's modules never write the process's environment).
 * ``progress()`` is a tqdm bar on a terminal. Where stderr is not a terminal (a file, a pipe, CI), a
