@@ -22,7 +22,7 @@ import sys
 import time
 from pathlib import Path
 
-from bench.harness import cpu_seconds, emit as _emit
+from bench.harness import cpu_seconds, emit as _emit, use_speed_choices
 
 VIEWS_FILE = "views.json"
 HOLDOUT_FRACTION = 0.06
@@ -140,6 +140,7 @@ class Ours:
             keras.mixed_precision.set_dtype_policy(spec["precision"])
         task_dir = spec["task_dir"]
         model_config = get_size("tiny", n_ctx=spec["n_ctx"])
+        use_speed_choices(model_config, "float32" if spec["precision"] == "float32" else "bfloat16")
         config = FinetuneConfig(data_dir=task_dir, run_dir=tempfile.mkdtemp(prefix="finetune_speed_"),
                                 batch_size=spec["batch_size"], lm_coef=spec["lm_coef"], precision=spec["precision"],
                                 seed=0, length_buckets=spec["buckets"])

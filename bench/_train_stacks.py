@@ -42,7 +42,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from bench.harness import cpu_seconds, header, machine_info, measure_peak
+from bench.harness import cpu_seconds, header, machine_info, measure_peak, use_speed_choices
 
 LEARNING_RATE, WEIGHT_DECAY, CLIP_NORM = 1e-4, 0.01, 1.0
 # Per-preset defaults for a 2-core CPU, sized so the default run (gpt1 + small) takes ~15 minutes.
@@ -122,6 +122,7 @@ def _tf_step(spec, config):
         keras.mixed_precision.set_global_policy("mixed_bfloat16")
     inputs, targets = (tf.constant(a) for a in random_batch(config.total_vocab, spec["batch"], spec["seq"]))
     if spec["stack"] == "ours":
+        use_speed_choices(config, "bfloat16" if mixed else "float32")
         model = causal_lm_for(config, dtype="mixed_bfloat16" if mixed else None)
         optimizer = make_optimizer(LEARNING_RATE, WEIGHT_DECAY, CLIP_NORM, variables=model.trainable_variables)
         compile_lm(model, optimizer, jit_compile=False)
@@ -305,6 +306,7 @@ def run_loop(args) -> dict:
     if args.precision != "float32":
         keras.mixed_precision.set_dtype_policy(args.precision)
     model_config = get_size(args.model)
+    use_speed_choices(model_config, "float32" if args.precision == "float32" else "bfloat16")
     total = args.warmup + args.steps + 1  # the last step also saves a checkpoint: not timed
     load_start = os.getloadavg()
     with tempfile.TemporaryDirectory() as tmp:

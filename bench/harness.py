@@ -185,11 +185,28 @@ class Worker:
 
 
 def apply_settings() -> str:
-    """Applies the project's picked CPU settings (``gpt_tf.speed.autotune.apply``) to this process's environment, for the
-    workers it starts next (call before they start); the line saying what runs."""
-    from gpt_tf.speed import autotune
+    """Puts the project's CPU settings (``--speed=auto``'s: ``gpt_tf/speed/resolve.py``) in this process's environment,
+    as the variables that set them by hand, for the workers it starts next (call before they start); the line saying
+    what runs."""
+    from gpt_tf.speed import resolve
 
-    return autotune.apply() or "GPT_TF_AUTOTUNE=0: TensorFlow's defaults"
+    speed = resolve.for_command("auto")
+    if speed.measuring:  # not under GPT_TF_AUTOTUNE=0 (TensorFlow's defaults)
+        picked = speed.choices
+        os.environ.update({"GPT_TF_FUSED_KERNELS": str(int(picked.fused_kernels)),
+                           "TF_NUM_INTRAOP_THREADS": str(picked.intra_op_threads),
+                           "TF_NUM_INTEROP_THREADS": str(picked.inter_op_threads)})
+        if picked.onednn is not None:
+            os.environ["TF_ENABLE_ONEDNN_OPTS"] = str(int(picked.onednn))
+    return resolve.line(speed)
+
+
+def use_speed_choices(config, dtype: str) -> None:
+    """In a worker about to build the project's model of ``config`` computing in ``dtype``: the speed choices
+    ``python -m gpt_tf.train`` makes before it builds one (``gpt_tf/speed/resolve.py``: per shape, cached)."""
+    from gpt_tf.speed import choices, resolve
+
+    choices.set_current(resolve.autotune(config, dtype))
 
 
 def git(*args) -> str:

@@ -64,12 +64,12 @@ def worker_main(spec):
         return
     if spec["kind"] == "profile":
         return _profiles.pretrain_worker(spec)
-    if spec["stack"] not in ("torch", "ours_jax"):  # TensorFlow's pools as the project's settings say (gpt_tf/speed/autotune.py)
+    if spec["stack"] not in ("torch", "ours_jax"):  # TensorFlow's pools as the project's settings say (apply_settings)
         import tensorflow as tf
 
-        from gpt_tf.speed.autotune import apply_threads
+        from gpt_tf.speed import choices
 
-        apply_threads(tf)
+        choices.apply_threads(tf, choices.current())
     step, info = build_step(spec)
     emit("READY", info)
     for line in sys.stdin:

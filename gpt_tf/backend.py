@@ -9,7 +9,7 @@ time, piece by piece, from ``keras.config.backend()``: one model, not one per ba
 
 TensorFlow's alone (``require_tensorflow`` raises one line naming the feature under another backend): the
 command lines (``python -m gpt_tf.train`` and the other ``python -m`` entry points, which take TensorFlow for
-their own process: ``use_tensorflow_for_command``), the training loop (``tf.distribute``), checkpoints and run
+their own process: ``tensorflow_for_command``), the training loop (``tf.distribute``), checkpoints and run
 folders, the TF Serving export and the server, the zero-shot scorer. One command line keeps the backend asked for
 (``asked``): pre-training under ``KERAS_BACKEND=jax`` runs Keras's ``fit`` on JAX (``gpt_tf/training/keras_fit.py``,
 ``keras.distribution`` over the devices). Preprocessing (the tokenizers and the
@@ -23,6 +23,7 @@ TensorFlow as ``tf`` from here: imported at the first use of one of its names, s
 from __future__ import annotations
 
 import importlib
+import json
 import os
 import sys
 
@@ -102,27 +103,52 @@ def require_tensorflow(what: str) -> None:
 
 
 COMMAND_PACKAGES = ("gpt_tf", "pipelines", "serving", "tools", "bench")
+CONSOLE_SCRIPTS = "gpt-tf-"  # the installed commands' names (gpt-tf-train, gpt-tf-export, ...: pyproject.toml)
 
 
 def running_a_command() -> bool:
-    """Whether this process was started as one of the project's command lines (``python -m gpt_tf.train``, ...).
-    One that picks another backend (``tools.jax_pretrain``) imports Keras before anything imports TensorFlow."""
+    """Whether this process was started as one of the project's command lines (``python -m gpt_tf.train``,
+    ``gpt-tf-train``, ...). One that picks another backend (``tools.jax_pretrain``) imports Keras before anything
+    imports TensorFlow."""
     main = getattr(sys.modules.get("__main__"), "__spec__", None)
-    return getattr(main, "name", "").split(".")[0] in COMMAND_PACKAGES
+    return (getattr(main, "name", "").split(".")[0] in COMMAND_PACKAGES
+            or os.path.basename(sys.argv[0] if sys.argv else "").startswith(CONSOLE_SCRIPTS))
 
 
-def use_tensorflow_for_command(command: str = "") -> str:
-    """Makes this process's Keras run on TensorFlow, as the command lines must (see the module doc): sets
-    ``KERAS_BACKEND=tensorflow`` before Keras is imported. Returns the one line to show when another backend was
-    asked for ("" otherwise); raises ``BackendError`` when Keras was already imported with another backend."""
-    main = sys.modules.get("__main__")
-    command = command or getattr(getattr(main, "__spec__", None), "name", "") or os.path.basename(sys.argv[0] or "")
-    asked = os.environ.get(ENV, "").strip()
-    if "keras" in sys.modules and not on_tensorflow():
-        raise BackendError(f"{command} runs on TensorFlow, but Keras was imported on {name()} first; run it in a "
-                           "process of its own (python -m ...) or with KERAS_BACKEND=tensorflow")
-    os.environ[ENV] = TENSORFLOW
-    if asked and asked != TENSORFLOW:
-        return (f"{command}: runs on TensorFlow (its loop, checkpoints and exports are TensorFlow's); "
-                f"{ENV}={asked} applies to the Python API only (and to pre-training: gpt_tf.train without --task)")
-    return ""
+def command_name() -> str:
+    """This process's command line: ``gpt_tf.train`` for ``python -m gpt_tf.train``, else the program's file name."""
+    name = getattr(getattr(sys.modules.get("__main__"), "__spec__", None), "name", "") or ""
+    return name.removesuffix(".__main__") or os.path.basename(sys.argv[0] or "")
+
+
+def configured() -> str:
+    """The backend Keras will take when it is imported: ``KERAS_BACKEND``, else the ``backend`` of Keras's config file
+    (``$KERAS_HOME/keras.json``, by default ``~/.keras/keras.json``), else TensorFlow."""
+    if asked():
+        return asked()
+    home = os.environ.get("KERAS_HOME") or os.path.join(os.path.expanduser("~"), ".keras")
+    try:
+        with open(os.path.join(home, "keras.json")) as f:
+            return str(json.load(f).get("backend") or TENSORFLOW).strip()
+    except (OSError, ValueError, AttributeError):
+        return TENSORFLOW
+
+
+def tensorflow_for_command(command: str = "") -> tuple[dict, str]:
+    """What this process's environment must change for its Keras to run on TensorFlow, as the command lines must
+    (see the module doc; Keras reads its backend when it is imported): ``({"KERAS_BACKEND": "tensorflow"}, the one
+    line to show)`` where Keras would take another backend, ``({}, "")`` where it takes TensorFlow. Raises
+    ``BackendError`` when Keras was already imported with another backend."""
+    command = command or command_name()
+    if "keras" in sys.modules:
+        if not on_tensorflow():
+            raise BackendError(f"{command} runs on TensorFlow, but Keras was imported on {name()} first; run it in a "
+                               "process of its own (python -m ...) or with KERAS_BACKEND=tensorflow")
+        return {}, ""
+    backend = configured()
+    if backend == TENSORFLOW:
+        return {}, ""
+    source = f"{ENV}={backend}" if asked() else f"the backend {backend} of Keras's keras.json"
+    return {ENV: TENSORFLOW}, (f"{command}: runs on TensorFlow (its loop, checkpoints and exports are TensorFlow's); "
+                               f"{source} applies to the Python API only (and to pre-training: gpt_tf.train without "
+                               "--task)")

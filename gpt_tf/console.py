@@ -1,18 +1,21 @@
 """What the command lines show on a console: TensorFlow's start-up kept quiet, progress that reads in a log.
 
-* ``import_tensorflow()`` is the process's first TensorFlow import. The command lines are TensorFlow programs: in
-  a process started as one of them, before Keras is imported, it first makes Keras run on TensorFlow
-  (``gpt_tf.backend.use_tensorflow_for_command``: a ``KERAS_BACKEND`` set to another backend is overridden, with
-  one line saying so; a library call in a user's process leaves the backend alone). Then it sets this machine's
-  fastest settings (oneDNN rewrites, fused kernels, thread pools: ``gpt_tf/speed/autotune.py``, measured once per
-  machine, cached) and prints the one line saying which; ``serving=True`` takes the serving default
-  instead (``autotune.apply_serving``). TensorFlow's C++ start-up
-  lines (the oneDNN notice, the CUDA probe and its ``failed call to cuInit`` error on a machine
-  without a GPU, the CPU-instructions notice) are written to file descriptor 2 before
-  ``TF_CPP_MIN_LOG_LEVEL`` applies ("before absl::InitializeLog() is called"). They are captured while
-  TensorFlow imports and probes its devices, and shown only if that fails. After it,
-  ``TF_CPP_MIN_LOG_LEVEL=2`` (unless set) keeps TensorFlow's INFO and WARNING lines off; its errors
-  still show. ``GPT_TF_VERBOSE=1`` in the environment keeps all of TensorFlow's lines.
+* ``start_command()`` is the first thing a command line's ``main`` does after checking its flags: it finds the speed
+  choices the command runs under (oneDNN's rewrites, fused kernels, thread pools: ``gpt_tf/speed/resolve.py``; by
+  default ``auto``, this machine's settings measured once and cached, and for serving, ``serving=True``, the serving
+  default) and, where the process's environment says otherwise for what TensorFlow or Keras read when they start
+  (Keras on TensorFlow, oneDNN's setting, the log level), starts the command again under the right values, before
+  any work is done (``gpt_tf/restart.py``, one line saying so).
+* ``import_tensorflow()`` is the process's first TensorFlow import. In a command line's process it starts TensorFlow
+  under those choices (a command without ``start_command``: resolved here, never started again), prints their one
+  line (unless the caller passes its own, to print it once it decided the per-shape ones) and makes them the
+  process's (``gpt_tf.speed.choices.set_current``). TensorFlow's C++ start-up lines (the oneDNN notice, the CUDA
+  probe and its ``failed call to cuInit`` error on a machine without a GPU, the CPU-instructions notice) are written
+  to file descriptor 2 before ``TF_CPP_MIN_LOG_LEVEL`` applies ("before absl::InitializeLog() is called"). They are
+  captured while TensorFlow imports and probes its devices, and shown only if that fails; ``GPT_TF_VERBOSE=1`` in
+  the environment keeps them. TensorFlow's later INFO and WARNING lines (XLA's notices under ``--jit_compile``, a GPU's)
+  stay off by ``TF_CPP_MIN_LOG_LEVEL=2``, which a command starts with where it is unset (``gpt_tf/restart.py``; the
+  project's modules never write the process's environment).
 * ``progress()`` is a tqdm bar on a terminal. Where stderr is not a terminal (a file, a pipe, CI), a
   bar would be one long line of carriage returns; there it prints plain lines instead, with the bar's
   postfix (loss, perplexity, ...): one every ``every`` units (training steps), or, without ``every``,
@@ -21,6 +24,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import os
 import sys
@@ -35,26 +39,51 @@ def verbose() -> bool:
     return os.environ.get(VERBOSE_ENV, "").strip().lower() not in ("", "0", "false", "no")
 
 
-def import_tensorflow(serving: bool = False):
-    """``import tensorflow`` with this machine's settings and its start-up lines off the console (see the
-    module doc); returns it."""
-    from gpt_tf import backend
+_STARTED: list = []  # the speed choices start_command found for this command's process
 
-    if backend.running_a_command() and "keras" not in sys.modules:
-        line = backend.use_tensorflow_for_command()
-        if line:
-            print(line, file=sys.stderr, flush=True)
+
+def start_command(speed=None, serving: bool = False):
+    """At the start of a command line's ``main``, before it does any work: the speed choices it will run under
+    (``speed``, a ``resolve.Resolution``; None: ``auto``, or serving's with ``serving``), its process started again
+    first where TensorFlow or Keras must start otherwise than its environment says (``gpt_tf/restart.py``: only here,
+    so no work is ever done twice). Returns the choices; ``import_tensorflow`` starts TensorFlow under them. Nothing
+    happens in a process that is not one of the project's command lines."""
+    from gpt_tf import backend, restart
+    from gpt_tf.speed import resolve
+
+    if not backend.running_a_command():
+        return speed
+    resolution = speed or resolve.for_command("auto", serving=serving)
+    restart.restart_if_needed(resolution, verbose())
+    _STARTED[:] = [(resolution, speed is None)]
+    return resolution
+
+
+def import_tensorflow(speed=None, serving: bool = False):
+    """``import tensorflow`` under the run's speed choices (``speed``; else those ``start_command`` found; else
+    ``auto``, or serving's with ``serving``) in a command line's process, with its start-up lines off the console (see
+    the module doc); returns it. The choices' line is printed here unless the caller passed them."""
     if "tensorflow" in sys.modules:
         import tensorflow as tf
 
         return tf
-    from gpt_tf.speed import autotune
+    from gpt_tf import backend
 
-    line = autotune.apply_serving() if serving else autotune.apply()
-    if line:
-        print(line, file=sys.stderr, flush=True)
+    if speed is None and not _STARTED and not backend.running_a_command():  # a user's program, a test
+        return _quiet_import()
+    from gpt_tf.speed import choices, resolve
+
+    started, say = _STARTED[0] if _STARTED else (None, True)
+    resolution = speed or started or resolve.for_command("auto", serving=serving)
+    onednn = choices.onednn_in_effect()
+    if resolution.choices.onednn not in (None, onednn):  # not started again under it (no start_command)
+        resolution = dataclasses.replace(resolution, choices=resolution.choices.replace(onednn=onednn),
+                                         how=f"{resolution.how}; oneDNN as this process started")
     tf = _quiet_import()
-    autotune.apply_threads(tf)
+    choices.apply_threads(tf, resolution.choices)
+    choices.set_current(resolution.choices)
+    if speed is None and say:
+        print(resolve.line(resolution), file=sys.stderr, flush=True)
     return tf
 
 
@@ -63,7 +92,6 @@ def _quiet_import():
         import tensorflow as tf
 
         return tf
-    os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
     sys.stderr.flush()
     saved = os.dup(2)
     with tempfile.TemporaryFile() as captured:

@@ -155,7 +155,7 @@ TF_LOOP_ONLY = ("strategy", "num_cpu_devices", "tpu", "tpu_zone", "gcp_project",
                 "grad_accum_steps", "deterministic", "train_budget_minutes", "min_train_steps", "keep_checkpoints",
                 "eval_every", "sample_every", "sample_prompt", "sample_length", "zero_shot_tasks",
                 "zero_shot_data_dirs", "zero_shot_every", "zero_shot_max_examples", "zero_shot_reference_json",
-                "init_checkpoint")
+                "init_checkpoint", "speed")
 KERAS_FIT_ONLY = ("distribution", "model_parallel", "coordinator_address", "num_processes", "process_id")
 
 

@@ -4,7 +4,9 @@
 ``one_device``    ``OneDeviceStrategy`` on the first GPU, else the CPU;
 ``mirrored``      ``MirroredStrategy`` over all local GPUs (or, for tests on a CPU machine, over
                   ``num_cpu_devices`` logical CPU devices);
-``multi_worker``  ``MultiWorkerMirroredStrategy`` from ``TF_CONFIG`` (``tf_config`` writes one);
+``multi_worker``  ``MultiWorkerMirroredStrategy`` over the cluster ``workers`` names (``cluster_resolver``: this
+                  process is worker ``worker_index``), or, without them, the one the ``TF_CONFIG`` environment
+                  variable describes;
 ``tpu``           ``TPUStrategy`` from a ``TPUClusterResolver`` (``tpu="local"`` on a TPU VM).
 
 Only the chief (``is_chief``) writes checkpoints, summaries and exports; where the other workers
@@ -29,16 +31,21 @@ def split_cpu(num_devices: int) -> None:
     tf.config.set_logical_device_configuration(cpu, [tf.config.LogicalDeviceConfiguration()] * num_devices)
 
 
-def tf_config(workers: list[str], index: int) -> str:
-    """The ``TF_CONFIG`` JSON of worker ``index`` in a cluster of ``workers`` (``host:port`` each; 0 is chief)."""
+def cluster_resolver(workers: list[str], index: int):
+    """The cluster of ``workers`` (``host:port`` each; 0 is chief) as seen by worker ``index``: a
+    ``tf.distribute.cluster_resolver.SimpleClusterResolver`` over gRPC, with this machine's GPUs."""
     if not workers or any(":" not in w for w in workers):
         raise ValueError(f"workers must be a non-empty list of host:port, got {workers!r}")
     if not 0 <= index < len(workers):
         raise ValueError(f"worker index {index} is not in [0, {len(workers)})")
-    return json.dumps({"cluster": {"worker": list(workers)}, "task": {"type": "worker", "index": index}})
+    gpus = len(tf.config.list_physical_devices("GPU"))
+    return tf.distribute.cluster_resolver.SimpleClusterResolver(
+        tf.train.ClusterSpec({"worker": list(workers)}), task_type="worker", task_id=index, rpc_layer="grpc",
+        num_accelerators={"GPU": gpus} if gpus else None)
 
 
-def make_strategy(name: str, num_cpu_devices: int = 1, tpu: str = "", tpu_zone: str = "", gcp_project: str = ""):
+def make_strategy(name: str, num_cpu_devices: int = 1, tpu: str = "", tpu_zone: str = "", gcp_project: str = "",
+                  workers: tuple = (), worker_index: int = 0):
     """Returns the ``tf.distribute.Strategy`` called ``name`` (see module doc)."""
     if name not in STRATEGIES:
         raise ValueError(f"unknown --strategy={name!r}; choose one of {', '.join(STRATEGIES)}")
@@ -52,8 +59,11 @@ def make_strategy(name: str, num_cpu_devices: int = 1, tpu: str = "", tpu_zone: 
         devices = [d.name for d in gpus] or [d.name for d in tf.config.list_logical_devices("CPU")]
         return tf.distribute.MirroredStrategy(devices)
     if name == "multi_worker":
+        if workers:
+            return tf.distribute.MultiWorkerMirroredStrategy(cluster_resolver=cluster_resolver(workers, worker_index))
         if "TF_CONFIG" not in os.environ:
-            raise ValueError("--strategy=multi_worker needs the TF_CONFIG environment variable (cluster and task)")
+            raise ValueError("--strategy=multi_worker needs the cluster: --workers, or the TF_CONFIG environment "
+                             "variable (cluster and task)")
         json.loads(os.environ["TF_CONFIG"])  # fail early on malformed JSON
         return tf.distribute.MultiWorkerMirroredStrategy()
     resolver = tf.distribute.cluster_resolver.TPUClusterResolver(tpu=tpu or None, zone=tpu_zone or None, project=gcp_project or None)

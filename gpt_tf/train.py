@@ -19,6 +19,12 @@ Both run the one training loop (``gpt_tf/training``); a flag of the other kind o
 processes with ``--coordinator_address``, ``--num_processes``, ``--process_id``), from the same flags and data; a
 flag of TensorFlow's loop is an error there (``flag_checks.route_problems``).
 
+TensorFlow's loop runs under the run's speed choices (``--speed``: by default ``auto``, this machine's fastest CPU
+settings, timed once per machine and cached, then the model shapes' choices, the same; ``gpt_tf/speed/resolve.py``):
+found before TensorFlow starts (the command starts again where TensorFlow must start otherwise, as under another
+oneDNN setting: ``gpt_tf/restart.py``) and before any model is built, printed in one line and written to the run folder's
+``speed_choices.json`` (the machine's: a resume elsewhere takes its own).
+
 Flags are read here and in ``gpt_tf/train_flags.py`` (their definitions, defaults and combined checks) only;
 everything below takes dataclasses. Re-running the same command
 resumes from the run directory's latest checkpoint. Each mode ends with a one-line summary of its
@@ -47,8 +53,8 @@ from gpt_tf import flag_checks, train_flags
 from gpt_tf.speed import kernels
 from gpt_tf.config import GPTConfig
 from gpt_tf.runs.faults import resume_hint, worker_lost
-from gpt_tf.runs.files import (DATA_FILE, MODEL_CONFIG, RUN_CONFIGS, data_identity, has_checkpoints, has_fit_saves,
-                               resume_problems, write_json_atomic)
+from gpt_tf.runs.files import (DATA_FILE, MODEL_CONFIG, RUN_CONFIGS, SPEED_CHOICES, data_identity, has_checkpoints,
+                               has_fit_saves, resume_problems, write_json_atomic)
 from gpt_tf.runs.lock import LOCK_FILE, RunDirLocked, chief_task, lock_run_dir
 from gpt_tf.train_flags import define_flags
 from gpt_tf.write_errors import WriteError, as_write_error, writing
@@ -57,26 +63,31 @@ FLAGS = flags.FLAGS  # defined by train_flags.define_flags() when run() starts
 _RUN_LOCK = []  # the run folder's lock file, held open until the process ends
 
 
-def _strategy_and_precision(keras, model_config, seq):
-    """The --strategy and the precision (--precision, ``auto`` resolved for ``model_config`` at batch x
-    ``seq``); the global Keras dtype policy is set to that precision."""
-    from gpt_tf.speed import aliased_grads, inference_gelu  # import TensorFlow: after the settings are applied
+def _strategy_and_precision(keras, model_config, seq, speed):
+    """The --strategy, the precision (--precision, ``auto`` resolved for ``model_config`` at batch x ``seq``) and the
+    run's speed choices (``speed``, its per-shape fields decided for the model in that precision, made the process's
+    and printed in one line); the global Keras dtype policy is set to that precision."""
+    from gpt_tf.speed import choices, resolve
     from gpt_tf.speed.precision import resolve_precision
-    from gpt_tf.strategy import make_strategy, tf_config
+    from gpt_tf.strategy import make_strategy
 
-    if FLAGS.workers:
-        os.environ["TF_CONFIG"] = tf_config(FLAGS.workers, FLAGS.worker_index)
-    strategy = make_strategy(FLAGS.strategy, FLAGS.num_cpu_devices, FLAGS.tpu, FLAGS.tpu_zone, FLAGS.gcp_project)
+    strategy = make_strategy(FLAGS.strategy, FLAGS.num_cpu_devices, FLAGS.tpu, FLAGS.tpu_zone, FLAGS.gcp_project,
+                             workers=FLAGS.workers, worker_index=FLAGS.worker_index)
     precision, reason = resolve_precision(FLAGS.precision, model_config, FLAGS.batch_size, seq)
     if FLAGS.precision == "auto":
         _say(reason)
-    _say(kernels.status())  # builds the fused CPU kernels on a machine's first run (~10 s)
     compute = "float32" if precision == "float32" else "bfloat16"
-    _say(aliased_grads.status(model_config, compute))
-    _say(inference_gelu.status(model_config, compute))
+    speed = resolve.for_model(speed, model_config, compute)  # before any model is built or traced
+    choices.set_current(speed.choices)
+    _say(resolve.line(speed, kernels.status()))  # builds the fused CPU kernels on a machine's first run (~10 s)
     if precision != "float32":
         keras.mixed_precision.set_dtype_policy(precision)
-    return strategy, precision
+    return strategy, precision, speed.choices
+
+
+def _record_speed(speed_choices) -> None:
+    """The choices this run trains under, in its folder (the machine's: rewritten at each start, never compared)."""
+    write_json_atomic(os.path.join(FLAGS.run_dir, SPEED_CHOICES), speed_choices.to_dict())
 
 
 def _budget_steps(model_config, precision: str) -> int:
@@ -119,6 +130,7 @@ class Setup:
     tokenizer: object = None       # pre-training: the offline GPTTokenizer of the data
     train_kwargs: dict = dataclasses.field(default_factory=dict)  # pre-training: TrainConfig's fields
     problems: tuple = ()
+    speed: object = None           # TensorFlow's loop: the speed choices TensorFlow starts under (resolve.Resolution)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -141,6 +153,11 @@ def main(argv):
     setup = _setup()
     if setup.problems:
         flag_checks.fail("gpt_tf.train", list(setup.problems), "cannot start, nothing was written")
+    if not train_flags.on_keras_fit():  # the speed choices (this machine's, cached); started again where they need it
+        from gpt_tf.console import start_command
+        from gpt_tf.speed import resolve
+
+        setup = dataclasses.replace(setup, speed=start_command(resolve.for_command(FLAGS.speed)))
     if FLAGS.mode == "train" and not FLAGS.task:
         _lock_run_dir()
     if train_flags.on_keras_fit():  # Keras's fit on JAX: TensorFlow is not this process's backend
@@ -150,7 +167,7 @@ def main(argv):
     # Imported late: flag errors must show in a second, not after TensorFlow's start-up.
     from gpt_tf.console import import_tensorflow
 
-    tf = import_tensorflow()  # its start-up lines off the console (GPT_TF_VERBOSE=1 keeps them)
+    tf = import_tensorflow(setup.speed)  # its start-up lines off the console (GPT_TF_VERBOSE=1 keeps them)
     import keras
 
     from gpt_tf.training.preemption import PREEMPTED_EXIT_CODE, Preempted
@@ -171,7 +188,7 @@ def main(argv):
     except tf.errors.UnavailableError as err:
         if FLAGS.strategy != "multi_worker":
             raise
-        sys.exit(f"gpt_tf.train: {worker_lost(err, FLAGS.run_dir)}")
+        sys.exit(f"gpt_tf.train: {worker_lost(err, FLAGS.run_dir, FLAGS.workers, FLAGS.worker_index)}")
     except (OSError, tf.errors.OpError) as err:
         fault = as_write_error(err)
         if fault is None:
@@ -248,7 +265,7 @@ def _pretrain(setup: Setup, keras) -> Summary:
     from gpt_tf.training.monitor import TrainCallbacks
 
     model_config, tokenizer, manifest = setup.model_config, setup.tokenizer, setup.manifest
-    strategy, precision = _strategy_and_precision(keras, model_config, model_config.n_ctx)
+    strategy, precision, speed_choices = _strategy_and_precision(keras, model_config, model_config.n_ctx, setup.speed)
     train_kwargs = setup.train_kwargs
     if FLAGS.mode == "train" and FLAGS.train_budget_minutes > 0:
         train_kwargs = {**train_kwargs, "train_steps": _budget_steps(model_config, precision)}
@@ -261,6 +278,8 @@ def _pretrain(setup: Setup, keras) -> Summary:
 
     if FLAGS.mode == "train":
         trainer.save_model_config(data_identity(data=manifest))
+        if trainer.chief:
+            _record_speed(speed_choices)
         zero_shot = None
         if FLAGS.zero_shot_tasks:
             from gpt_tf.analysis.heuristics import ZeroShotSuite
@@ -381,7 +400,8 @@ def _finetune(setup: Setup, keras) -> Summary:
         if vocab != model_config.vocab_size:
             sys.exit(f"gpt_tf.train: {path} was tokenized with {vocab} BPE tokens but the model has "
                      f"{model_config.vocab_size}: rebuild it with the same tokenizer as --data_dir")
-    strategy, precision = _strategy_and_precision(keras, model_config, min(32, model_config.n_ctx))  # short views
+    strategy, precision, speed_choices = _strategy_and_precision(keras, model_config, min(32, model_config.n_ctx),
+                                                                 setup.speed)  # short views
     same = ("data_dir", "run_dir", "init_checkpoint", "transfer_layers", "batch_size", "epochs", "learning_rate",
             "warmup_fraction", "lm_coef", "clf_pdrop", "weight_decay", "clip_norm", "seed", "log_every",
             "length_buckets", "buckets_per_octave", "grad_accum_steps", "jit_compile")
@@ -399,6 +419,7 @@ def _finetune(setup: Setup, keras) -> Summary:
     if FLAGS.mode == "train":
         if tuner.chief:
             save_run_configs(FLAGS.run_dir, "finetune", model_config, config, data)
+            _record_speed(speed_choices)
         results = tuner.train(progress=FLAGS.progress)
     else:
         try:

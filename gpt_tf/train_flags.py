@@ -19,6 +19,7 @@ from gpt_tf import backend, flag_checks
 from gpt_tf.runs.files import CHECKPOINTS
 from gpt_tf.nn.recipes import PAPER_FINETUNE
 from gpt_tf.data.records import has_manifest
+from gpt_tf.speed import resolve
 from gpt_tf.training import placement as placing
 
 FLAGS = flags.FLAGS
@@ -77,13 +78,18 @@ def define_flags() -> None:
     flags.DEFINE_float("clip_norm", PAPER_FINETUNE["clip_norm"], "Clip gradients to this global norm (0: off).")
     flags.DEFINE_enum("precision", "float32", ["float32", "mixed_bfloat16", "auto"], "Compute precision; auto: the faster "
                       "of the two for this model on this machine, timed once and cached (gpt_tf/speed/precision.py).")
+    flags.DEFINE_string("speed", "auto", "The speed choices (fused CPU kernels, padded weight gradients, the "
+                        "evaluation GELU, oneDNN's rewrites, thread pools; the same results): auto, this machine's "
+                        "fastest, timed once per machine and model shape and cached (gpt_tf/speed/resolve.py); "
+                        "default, TensorFlow's own with the fused kernels; or a JSON file of them (a run folder's "
+                        "speed_choices.json). Recorded in --run_dir/speed_choices.json.")
     flags.DEFINE_enum("strategy", "default", ["default", "one_device", "mirrored", "multi_worker", "tpu"], "tf.distribute.")
     flags.DEFINE_integer("num_cpu_devices", 1, "Split the CPU into this many logical devices (to test mirrored).")
     flags.DEFINE_string("tpu", "", "TPU name or grpc address, with --strategy=tpu.")
     flags.DEFINE_string("tpu_zone", "", "TPU zone, with --strategy=tpu.")
     flags.DEFINE_string("gcp_project", "", "GCP project, with --strategy=tpu.")
     flags.DEFINE_list("workers", [], "With --strategy=multi_worker: every worker's host:port (the first is chief); "
-                      "writes TF_CONFIG for this process instead of reading it from the environment.")
+                      "the cluster for this process instead of TF_CONFIG from the environment.")
     flags.DEFINE_integer("worker_index", 0, "With --workers: this process's index in --workers.")
     flags.DEFINE_enum("distribution", "none", list(placing.KINDS), "KERAS_BACKEND=jax "
                       "pre-training: keras.distribution over the devices: none (one device), data_parallel "
@@ -144,6 +150,8 @@ def combination_problems() -> list[str]:
     problems += flag_checks.route_problems(FLAGS, on_keras_fit())
     if on_keras_fit():
         problems += placement().problems()
+    elif resolve.spec_problem(FLAGS.speed):
+        problems.append(resolve.spec_problem(FLAGS.speed))
     if FLAGS.strategy == "tpu" and FLAGS.precision == "float32":
         logging.warning("TPUs are fastest with --precision=mixed_bfloat16")
     if FLAGS.task:

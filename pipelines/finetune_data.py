@@ -51,7 +51,7 @@ from typing import Optional, Sequence, Union
 import numpy as np
 
 from gpt_tf.text import word_split
-from gpt_tf.console import import_tensorflow, progress
+from gpt_tf.console import import_tensorflow, progress, start_command
 from gpt_tf.write_errors import refused_build, writing
 from gpt_tf.tasks import TaskSpec, csv_task, get_task
 from gpt_tf.data.common import command_line, commit_dir, encode_texts, remove_stale_temps, run_cli, tokenizer_files
@@ -337,6 +337,7 @@ def main(argv) -> None:
 
     if len(argv) > 1:
         raise SystemExit(f"error: unexpected arguments {argv[1:]}")
+    start_command()  # before any work: the process started again where TensorFlow must start otherwise
     f = flags.FLAGS
     task, csv_options = f.task, None
     if f.task == "csv":

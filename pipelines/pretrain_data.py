@@ -37,6 +37,7 @@ from pathlib import Path
 from typing import Optional, Sequence, Union
 
 from gpt_tf.text import word_split
+from gpt_tf.console import start_command
 from gpt_tf.text.text_units import token_text_lengths
 from gpt_tf.write_errors import refused_build
 from pipelines import corpus
@@ -286,6 +287,7 @@ def main(argv) -> None:
 
     if len(argv) > 1:
         raise SystemExit(f"error: unexpected arguments {argv[1:]}")
+    start_command()  # before any work: the process started again where TensorFlow must start otherwise
     f = flags.FLAGS
     folders = [folder for value in f.input_dir for folder in value.split(",") if folder]
     cfg = PretrainConfig(input_dir=folders[0] if len(folders) == 1 else tuple(folders), output_dir=f.output_dir,

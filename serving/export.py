@@ -241,9 +241,10 @@ def main(argv):
             locate(FLAGS.preset)  # before TensorFlow starts
         except ValueError as err:
             sys.exit(f"serving.export: --preset={err}")
-    from gpt_tf.console import import_tensorflow
+    from gpt_tf.console import import_tensorflow, start_command
 
-    import_tensorflow(serving=True)  # the serving settings; its start-up lines off the console
+    start_command(serving=True)  # the serving settings
+    import_tensorflow()  # its start-up lines off the console
     try:
         if FLAGS.preset:
             path = export_preset(FLAGS.preset, FLAGS.export_base, FLAGS.model_name, FLAGS.version, FLAGS.precision,

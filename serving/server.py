@@ -133,9 +133,10 @@ def main(argv):
     if problems:
         print("serving.server: invalid flags:\n  " + "\n  ".join(problems), file=sys.stderr)
         sys.exit(2)
-    from gpt_tf.console import import_tensorflow
+    from gpt_tf.console import import_tensorflow, start_command
 
-    tf = import_tensorflow(serving=True)  # the serving settings; start-up lines off the console
+    start_command(serving=True)  # the serving settings
+    tf = import_tensorflow()  # start-up lines off the console
     import grpc
     from tensorflow_serving.apis import model_service_pb2_grpc, prediction_service_pb2_grpc
 

@@ -5,8 +5,8 @@ from pathlib import Path
 
 import pytest
 
-# The suite runs with TensorFlow's defaults: no settings probe (gpt_tf/speed/autotune.py) in any command it starts,
-# so that it stays deterministic and fast; tests/test_autotune.py drives the probe's logic with fake timings.
+# The suite runs with the default speed choices: nothing measured (gpt_tf/speed/resolve.py) in any command it starts,
+# so that it stays deterministic and fast; tests/test_autotune.py drives the measuring's logic with fake timings.
 os.environ["GPT_TF_AUTOTUNE"] = "0"
 
 
@@ -74,15 +74,14 @@ def is_numerics(item) -> bool:
 
 @pytest.fixture
 def fresh_choices(monkeypatch, tmp_path):
-    """``fresh_choices(module)``: autotuning on (the suite turns it off), a fresh cache folder, the module's
-    by-hand variable unset and no decision remembered (``gpt_tf.speed.aliased_grads``, ``gpt_tf.speed.inference_gelu``);
-    returns the cache folder."""
+    """``fresh_choices()``: a fresh folder for the measured choices' cache files (``XDG_CACHE_HOME``), and this
+    process's speed choices (``gpt_tf.speed.choices``) restored after the test; returns the folder."""
 
-    def fresh(module):
-        monkeypatch.setenv("GPT_TF_AUTOTUNE", "1")
+    def fresh():
+        from gpt_tf.speed import choices
+
         monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
-        monkeypatch.delenv(module.ENV, raising=False)
-        monkeypatch.setattr(module, "_decided", {})
+        monkeypatch.setattr(choices, "_current", [])
         return tmp_path
 
     return fresh

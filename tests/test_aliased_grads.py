@@ -1,4 +1,5 @@
-"""gpt_tf.speed.aliased_grads: the padded weight gradient of rows 4 KiB apart, and when it is taken."""
+"""gpt_tf.speed.aliased_grads: the padded weight gradient of rows 4 KiB apart, when it is measured faster, and
+that a graph takes it where the speed choices name its shape."""
 
 import json
 
@@ -6,14 +7,15 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
-from gpt_tf.speed import aliased_grads
+from gpt_tf.speed import aliased_grads, choices
+from gpt_tf.speed.choices import SpeedChoices
 from gpt_tf.nn.layers import Conv1D
 
 
 @pytest.fixture
 def tuned(fresh_choices):
-    """Autotuning on, a fresh cache folder and no decision remembered (conftest.fresh_choices)."""
-    return fresh_choices(aliased_grads)
+    """A fresh cache folder, the process's speed choices restored after the test (conftest.fresh_choices)."""
+    return fresh_choices()
 
 
 @pytest.mark.parametrize("nx, units", [(256, 1024), (1024, 256), (96, 2048)])
@@ -40,18 +42,17 @@ def test_dense_padded_grad_has_the_values_and_gradients_of_matmul_plus_bias():
         np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-4)
 
 
-def test_no_decision_without_an_aliased_operand_or_with_autotuning_off(tuned, monkeypatch):
-    def never(*args):
-        raise AssertionError("measured")
+def _never(*args):
+    raise AssertionError("measured")
 
-    assert not aliased_grads.pads(384, 1536, tf.float32, never)  # rows of 1.5 and 6 KiB
-    assert not aliased_grads.pads(1024, 1536, tf.bfloat16, never)  # 2 KiB rows in bfloat16
-    monkeypatch.setenv("GPT_TF_AUTOTUNE", "0")
-    assert not aliased_grads.pads(256, 1024, tf.float32, never)
+
+def test_no_measuring_without_an_aliased_operand(tuned):
+    assert not aliased_grads.decide(384, 1536, tf.float32, _never)  # rows of 1.5 and 6 KiB
+    assert not aliased_grads.decide(1024, 1536, tf.bfloat16, _never)  # 2 KiB rows in bfloat16
     assert not (tuned / "gpt_tf" / aliased_grads.CACHE_FILE).exists()
 
 
-def test_the_measured_decision_is_cached_per_shape_and_a_setting_by_hand_wins(tuned, monkeypatch):
+def test_the_measured_decision_is_cached_per_shape(tuned):
     calls = []
 
     def fake(nx, units, dtype):
@@ -59,28 +60,27 @@ def test_the_measured_decision_is_cached_per_shape_and_a_setting_by_hand_wins(tu
         # 256 x 1024: padded 40% faster; 768 x 3072: padded 3% faster, within the 5% margin
         return {"plain": 1.0, "padded": 0.6 if nx == 256 else 0.97}
 
-    assert aliased_grads.pads(256, 1024, tf.float32, fake)
-    assert not aliased_grads.pads(768, 3072, tf.float32, fake)
+    assert aliased_grads.decide(256, 1024, tf.float32, fake)
+    assert not aliased_grads.decide(768, 3072, tf.float32, fake)
     cache = json.loads((tuned / "gpt_tf" / aliased_grads.CACHE_FILE).read_text())
     assert sorted(entry["pad"] for entry in cache.values()) == [False, True]
-    monkeypatch.setattr(aliased_grads, "_decided", {})  # a new process reads the file, measures nothing
-    assert aliased_grads.pads(256, 1024, tf.float32, fake) and calls == [(256, 1024), (768, 3072)]
-    monkeypatch.setenv(aliased_grads.ENV, "0")
-    assert not aliased_grads.pads(256, 1024, tf.float32, fake)
-    monkeypatch.setenv(aliased_grads.ENV, "1")
-    assert aliased_grads.pads(768, 3072, tf.float32, fake) and len(calls) == 2
+    assert aliased_grads.decide(256, 1024, tf.float32, _never)  # read from the file: measured once
+    assert calls == [(256, 1024), (768, 3072)]
 
 
-def test_the_measurement_times_both_ways_also_inside_a_traced_graph():
-    seen = {}
+def test_what_is_padded_is_what_the_speed_choices_name(tuned):
+    assert not aliased_grads.pads(256, 1024, tf.float32)  # the defaults pad nothing
+    with choices.using(SpeedChoices(padded_grads=("256x1024 float32",))):
+        assert aliased_grads.pads(256, 1024, tf.float32)
+        assert not aliased_grads.pads(256, 1024, tf.bfloat16) and not aliased_grads.pads(1024, 256, tf.float32)
+    with choices.using(SpeedChoices(padded_grads=(choices.EVERY,))):
+        assert aliased_grads.pads(1024, 256, tf.float32) and aliased_grads.pads(768, 1024, tf.float32)
+        assert not aliased_grads.pads(384, 1536, tf.float32)  # no aliased operand: nothing to pad
 
-    @tf.function
-    def traced():
-        seen.update(aliased_grads.measure(256, 1024, tf.float32))
-        return tf.constant(0)
 
-    traced()
-    assert set(seen) == {"plain", "padded"} and all(s > 0 for s in seen.values())
+def test_the_measurement_times_both_ways():
+    seconds = aliased_grads.measure(256, 1024, tf.float32)
+    assert set(seconds) == {"plain", "padded"} and all(s > 0 for s in seconds.values())
 
 
 def _training_step(layer, x):
@@ -94,13 +94,14 @@ def _training_step(layer, x):
 
 
 def test_conv1d_trains_through_the_padded_gradient_where_chosen_and_evaluates_plainly(tuned, monkeypatch):
+    monkeypatch.setattr(aliased_grads, "measure", _never)  # tracing reads the choices, never times
     x = tf.random.stateless_normal((2, 8, 256), seed=(0, 1))
     layer = Conv1D(1024)
     layer.build(x.shape)
-    monkeypatch.setenv(aliased_grads.ENV, "0")
-    plain_step, (y0, grads0) = _training_step(layer, x)
-    monkeypatch.setenv(aliased_grads.ENV, "1")
-    padded_step, (y1, grads1) = _training_step(layer, x)
+    with choices.using(SpeedChoices()):
+        plain_step, (y0, grads0) = _training_step(layer, x)
+    with choices.using(SpeedChoices(padded_grads=("256x1024 float32",))):
+        padded_step, (y1, grads1) = _training_step(layer, x)
     def op_types(step):
         return {op.type for op in step.get_concrete_function(x).graph.get_operations()}
 
@@ -113,18 +114,9 @@ def test_conv1d_trains_through_the_padded_gradient_where_chosen_and_evaluates_pl
     assert "IdentityN" not in {op.type for op in inference.get_operations()}
 
 
-def test_the_cli_line_names_the_padded_shapes(tuned, monkeypatch):
+def test_the_model_shapes_are_its_dense_layers():
     from gpt_tf.config import get_size
 
-    tiny, small = get_size("tiny"), get_size("small")
-    assert aliased_grads.dense_shapes(tiny) == [(256, 768), (256, 256), (256, 1024), (1024, 256)]
-    monkeypatch.setattr(aliased_grads, "measure", lambda nx, units, dtype: {"plain": 1.0, "padded": 0.6})
-    line = aliased_grads.status(tiny)
-    assert line.startswith("padded weight gradients: 256x1024, 1024x256 (timed per machine and shape, ")
-    assert "none (no weight rows" in aliased_grads.status(small)  # 384, 1152, 1536: no 4 KiB rows
-    assert "none (no weight rows" in aliased_grads.status(tiny, "bfloat16")  # 2 KiB rows in bfloat16
-    monkeypatch.setenv(aliased_grads.ENV, "0")
-    assert aliased_grads.status(tiny) == ("padded weight gradients: none (2 aliased shapes faster plain) "
-                                          "(GPT_TF_PAD_WEIGHT_GRADS=0)")
-    monkeypatch.setenv("GPT_TF_AUTOTUNE", "0")
-    assert aliased_grads.status(tiny) == "padded weight gradients: off (GPT_TF_AUTOTUNE=0)"
+    assert aliased_grads.dense_shapes(get_size("tiny")) == [(256, 768), (256, 256), (256, 1024), (1024, 256)]
+    lstm = get_size("lstm_tiny")
+    assert aliased_grads.dense_shapes(lstm) == [(lstm.d_ff, lstm.n_embd)]  # its projection back to n_embd

@@ -84,7 +84,7 @@ def _tensorflow_only_features_raise(models: dict, folder: Path) -> list:
 
     return [error(lambda: export_task_at(models["classifier"], str(folder / "saved_model"))),
             error(lambda: TrainLoop(None, str(folder / "run"), models["lm"].variables, make_optimizer(1e-3))),
-            error(lambda: backend.use_tensorflow_for_command("gpt_tf.train"))]
+            error(lambda: backend.tensorflow_for_command("gpt_tf.train"))]
 
 
 def _fast_paths(backbone) -> dict:
@@ -255,15 +255,24 @@ def test_the_fast_paths_compute_the_written_out_arithmetic(reports, name):
     assert fast["ce_bfloat16_dtype"] == "float32" and fast["ce_bfloat16_difference"] <= 1e-5, fast
 
 
-def test_the_command_lines_take_tensorflow_and_say_so(monkeypatch):
-    """``python -m ...`` commands run on TensorFlow whatever ``KERAS_BACKEND`` says, with one line saying so."""
+def test_the_command_lines_take_tensorflow_and_say_so(monkeypatch, tmp_path):
+    """``python -m ...`` commands run on TensorFlow whatever ``KERAS_BACKEND`` or Keras's config file says, with one
+    line saying so: the change their process starts again under (gpt_tf/restart.py), this process's left alone."""
     from gpt_tf import backend
 
+    monkeypatch.delitem(sys.modules, "keras", raising=False)  # as a command sees itself before Keras starts
     monkeypatch.setenv("KERAS_BACKEND", "jax")
-    line = backend.use_tensorflow_for_command("gpt_tf.train")
-    assert os.environ["KERAS_BACKEND"] == "tensorflow"
+    changes, line = backend.tensorflow_for_command("gpt_tf.train")
+    assert changes == {"KERAS_BACKEND": "tensorflow"} and os.environ["KERAS_BACKEND"] == "jax"
     assert line.startswith("gpt_tf.train: runs on TensorFlow") and "KERAS_BACKEND=jax" in line
-    assert backend.use_tensorflow_for_command("gpt_tf.train") == ""
+    monkeypatch.delenv("KERAS_BACKEND")
+    monkeypatch.setenv("KERAS_HOME", str(tmp_path))
+    assert backend.tensorflow_for_command("gpt_tf.train") == ({}, "")  # no config file: TensorFlow
+    (tmp_path / "keras.json").write_text('{"backend": "torch"}')
+    changes, line = backend.tensorflow_for_command("gpt_tf.train")
+    assert changes == {"KERAS_BACKEND": "tensorflow"} and "the backend torch of Keras's keras.json" in line
+    monkeypatch.setenv("KERAS_BACKEND", "tensorflow")
+    assert backend.tensorflow_for_command("gpt_tf.train") == ({}, "")
 
 
 if __name__ == "__main__":

@@ -151,7 +151,7 @@ def test_two_workers_fine_tune_together_and_only_the_chief_writes(rte16, tmp_pat
     finals = [json.loads(out.strip().splitlines()[-1]) for _, out, _ in results]
     assert finals[0] == finals[1] and finals[0]["dev"]["examples"] == 16  # the eval is gathered from both
     assert sorted(p.name for p in run_dir.iterdir()) == [".lock", "checkpoints", "data.json", "finetune_config.json",
-                                                         "metrics.json", "model_config.json", "tb"]
+                                                         "metrics.json", "model_config.json", "speed_choices.json", "tb"]
     assert not list(scratch.glob("gpt_tf_worker*")), "the non-chief worker left its scratch checkpoints"
 
 

@@ -407,14 +407,19 @@ def test_causal_lm_generates_text_and_never_a_special_token(tokenizer):
 def test_a_python_api_classifier_serves_raw_strings_in_a_tensorflow_only_process(tokenizer, tmp_path):
     """``serving.export.export_task_at(classifier, path)`` of a classifier built in Python (the SavedModel of
     ``serving.export.export_task``, at ``path``): ``serving_default`` takes raw strings, the graph holds core
-    TF ops only (no TF-Text op, no custom op), and it answers where only ``tensorflow`` is imported."""
+    TF ops only (no TF-Text op, no custom op: also where the speed choices take every custom path they have), and it
+    answers where only ``tensorflow`` is imported."""
     import tensorflow as tf
     from tensorflow.core.protobuf import saved_model_pb2
+
+    from gpt_tf.speed import choices
 
     classifier = _classifier(tokenizer)
     from serving.export import export_task_at
 
-    paths = [export_task_at(classifier, str(tmp_path / "keras_export"))]
+    every = choices.SpeedChoices(padded_grads=(choices.EVERY,), inference_gelu=(choices.EVERY,))
+    with choices.using(every):
+        paths = [export_task_at(classifier, str(tmp_path / "keras_export"))]
     assert paths[0] == str(tmp_path / "keras_export")
     for path in paths:
         proto = saved_model_pb2.SavedModel.FromString(open(f"{path}/saved_model.pb", "rb").read())

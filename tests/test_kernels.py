@@ -7,7 +7,8 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
-from gpt_tf.speed import kernels
+from gpt_tf.speed import choices, kernels
+from gpt_tf.speed.choices import SpeedChoices
 from gpt_tf.speed.kernels.build import KernelBuildError, library_path
 
 
@@ -171,8 +172,9 @@ def test_fused_adamw_matches_clip_decay_then_resource_apply_adam(lib, grad_dtype
     assert not np.allclose(fused[0].numpy(), w0)  # it moved
 
 
-def test_gpt_adamw_gives_the_same_updates_with_and_without_the_kernel(lib, monkeypatch):
-    """``GPTAdamW`` end to end (decay on matrices only, 3 updates, the first two clipped): fused against stock."""
+def test_gpt_adamw_gives_the_same_updates_with_and_without_the_kernel(lib):
+    """``GPTAdamW`` end to end (decay on matrices only, 3 updates, the first two clipped): fused against stock, as
+    the speed choices say."""
     from gpt_tf.nn.optim import make_optimizer
 
     rng = np.random.default_rng(2)
@@ -180,13 +182,14 @@ def test_gpt_adamw_gives_the_same_updates_with_and_without_the_kernel(lib, monke
     grads = [[size * rng.normal(size=a.shape) for a in init] for size in (1.0, 1.0, 0.01)]  # norms ~10, ~10, ~0.1
     results = []
     for use_kernel in (True, False):
-        if not use_kernel:
-            monkeypatch.setattr(kernels, "ops", lambda: None)
-        variables = [tf.Variable(a, dtype=tf.float32) for a in init]
-        opt = make_optimizer(learning_rate=1e-2, weight_decay=0.1, clip_norm=1.0, variables=variables)
-        apply = tf.function(lambda gs: opt.apply(gs, variables))
-        for step in grads:
-            apply([tf.constant(g, tf.float32) for g in step])
+        with choices.using(SpeedChoices(fused_kernels=use_kernel)):  # read as the update is traced
+            variables = [tf.Variable(a, dtype=tf.float32) for a in init]
+            opt = make_optimizer(learning_rate=1e-2, weight_decay=0.1, clip_norm=1.0, variables=variables)
+            apply = tf.function(lambda gs: opt.apply(gs, variables))
+            assert ("GptFusedAdamW" in _op_types(apply.get_concrete_function([tf.TensorSpec(a.shape) for a in init])))\
+                == use_kernel
+            for step in grads:
+                apply([tf.constant(g, tf.float32) for g in step])
         results.append([v.numpy() for v in variables])
     for a, b in zip(*results):
         np.testing.assert_allclose(a, b, rtol=1e-6, atol=1e-7)
@@ -218,9 +221,13 @@ def test_build_failure_is_a_named_reason_and_the_stock_ops_run(monkeypatch, tmp_
     assert not list(tmp_path.iterdir())  # no half-written library left behind
     lib, line = kernels._load.__wrapped__()
     assert lib is None and "stock ops run" in line and "/bin/false" in line
-    monkeypatch.setenv("GPT_TF_FUSED_KERNELS", "0")
-    lib, line = kernels._load.__wrapped__()
-    assert lib is None and "GPT_TF_FUSED_KERNELS=0" in line
+
+
+def test_the_speed_choices_turn_the_kernels_off():
+    with choices.using(SpeedChoices(fused_kernels=False)):
+        assert kernels.ops() is None and kernels.status() == ("fused CPU kernels: off (the speed choices); "
+                                                              "TensorFlow's stock ops run")
+        assert not kernels.can_fuse(tf.zeros((2, 2)))
 
 
 def test_a_checkout_reached_through_links_reuses_the_build_and_other_sources_do_not(monkeypatch, tmp_path):

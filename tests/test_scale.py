@@ -144,7 +144,8 @@ def test_two_workers_preempted_and_resumed_equal_one_worker_on_the_global_batch(
     assert finals[0]["step"] == finals[1]["step"] == STEPS
     assert finals[0]["weights_sha256"] == finals[1]["weights_sha256"]
 
-    assert sorted(p.name for p in run_dir.iterdir()) == [".lock", "checkpoints", "data.json", "model_config.json", "tb",
+    assert sorted(p.name for p in run_dir.iterdir()) == [".lock", "checkpoints", "data.json", "model_config.json",
+                                                         "speed_choices.json", "tb",
                                                          "train_config.json"]
     assert len(list((run_dir / "tb").iterdir())) == 2  # the chief's event files: first run and resumed run
     assert not list(scratch.glob("gpt_tf_worker*")), "the non-chief worker left its scratch checkpoints"
@@ -235,15 +236,17 @@ def test_every_input_pipeline_yields_the_counted_batches(data_dir, pipelines):
     assert counted == min(actual) > 0, (counted, actual)
 
 
-def test_tf_config_names_the_cluster_and_this_worker():
-    from gpt_tf.strategy import tf_config
+def test_the_cluster_resolver_names_the_cluster_and_this_worker():
+    """--workers is the cluster (no TF_CONFIG written): a resolver TensorFlow's MultiWorkerMirroredStrategy takes."""
+    from gpt_tf.strategy import cluster_resolver
 
-    assert json.loads(tf_config(["a:1", "b:2"], 1)) == {"cluster": {"worker": ["a:1", "b:2"]},
-                                                        "task": {"type": "worker", "index": 1}}
+    resolver = cluster_resolver(["a:1", "b:2"], 1)
+    assert resolver.cluster_spec().as_dict() == {"worker": ["a:1", "b:2"]}
+    assert (resolver.task_type, resolver.task_id, resolver.rpc_layer) == ("worker", 1, "grpc")
     with pytest.raises(ValueError, match="not in"):
-        tf_config(["a:1"], 1)
+        cluster_resolver(["a:1"], 1)
     with pytest.raises(ValueError, match="host:port"):
-        tf_config(["a"], 0)
+        cluster_resolver(["a"], 0)
 
 
 @pytest.mark.parametrize(

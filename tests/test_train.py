@@ -19,9 +19,13 @@ import time
 import numpy as np
 import pytest
 
+from gpt_tf.speed import choices
+from gpt_tf.speed.choices import SpeedChoices
 from pipelines.pretrain_data import PretrainConfig, build_pretraining_data
 from tests.small_runs import BASE_FLAGS, ENV, ROOT, decoded_text, max_abs_diff, model_weights, run_cli, \
     wait_for_checkpoint
+
+THIS_MACHINES = choices.environment(ENV).apply(SpeedChoices())  # the suite's runs: GPT_TF_AUTOTUNE=0
 
 
 @pytest.fixture(scope="module")
@@ -61,6 +65,10 @@ def test_training_lowers_loss_and_writes_everything(straight_run):
         assert tag in tags, (tag, tags)
     assert json.loads((run_dir / "model_config.json").read_text())["n_layer"] == 2
     assert json.loads(proc.stdout.strip().splitlines()[-1])["step"] == 60
+    # The choices it trained under (the suite's: nothing measured, the defaults and what ENV sets by hand), in one line
+    assert SpeedChoices.load(str(run_dir / "speed_choices.json")) == THIS_MACHINES
+    assert sum(line.startswith("speed choices (auto, nothing measured: GPT_TF_AUTOTUNE=0): ")
+               for line in proc.stderr.splitlines()) == 1, proc.stderr
 
 
 def test_kill_9_then_same_command_resumes_to_identical_weights(straight_run):
@@ -74,8 +82,12 @@ def test_kill_9_then_same_command_resumes_to_identical_weights(straight_run):
     os.kill(proc.pid, signal.SIGKILL)
     proc.wait()
     assert not (killed_dir / "checkpoints" / "ckpt-60.index").exists()
+    # Another machine's choices in the folder: the machine's own, never compared, rewritten by the resumed command
+    other = THIS_MACHINES.replace(fused_kernels=not THIS_MACHINES.fused_kernels, padded_grads=("*",), onednn=True)
+    (killed_dir / "speed_choices.json").write_text(json.dumps(other.to_dict()))
     resumed = run_cli("gpt_tf.train", *flags, f"--run_dir={killed_dir}")
     assert "resumed from" in resumed.stderr
+    assert SpeedChoices.load(str(killed_dir / "speed_choices.json")) == THIS_MACHINES
     # Bit for bit on every CPU kind: resuming is the point. --deterministic fixes TensorFlow's op order, and both runs
     # execute the same graphs with the same settings on the same machine, so they round alike in either oneDNN mode.
     assert max_abs_diff(model_weights(run_dir, 60), model_weights(killed_dir, 60)) == 0.0
@@ -145,6 +157,7 @@ def test_eval_and_generate_modes(straight_run, data_dir):
         (["--data_dir=/tmp", "--run_dir=/tmp/x", "--strategy=tpu"], "needs --tpu"),
         (["--data_dir=/tmp", "--run_dir=/tmp/x", "--strategy=mirrored", "--jit_compile"], "--jit_compile compiles"),
         (["--data_dir=/tmp", "--run_dir=/tmp/nope", "--mode=eval"], "no checkpoints"),
+        (["--data_dir=/tmp", "--run_dir=/tmp/x", "--speed=fastest"], "--speed=fastest: neither auto, default nor"),
     ],
 )
 def test_bad_flags_fail_fast_with_a_clear_message(args, message):

@@ -68,12 +68,13 @@ def held_out_bits(model: str, data_dir: str, batch_size: int) -> dict:
 def main(argv) -> None:
     del argv
     from bench.harness import header, machine_info, save_report
-    from gpt_tf.console import import_tensorflow
+    from gpt_tf.console import import_tensorflow, start_command
 
     if len(FLAGS.models) != len(FLAGS.data_dirs):
         raise app.UsageError(f"--models names {len(FLAGS.models)}, --data_dirs {len(FLAGS.data_dirs)}: one data "
                              "folder per model")
-    import_tensorflow()  # the machine's picked CPU settings, as the command lines run
+    start_command()  # the machine's picked CPU settings, as the command lines run
+    import_tensorflow()
     info = machine_info()
     rows = []
     for model, data_dir in zip(FLAGS.models, FLAGS.data_dirs):

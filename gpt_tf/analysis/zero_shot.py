@@ -88,8 +88,9 @@ def main(argv):
 
         fail("gpt_tf.analysis.zero_shot", problems)
 
-    from gpt_tf.console import import_tensorflow
+    from gpt_tf.console import import_tensorflow, start_command
 
+    start_command()
     tf = import_tensorflow()  # its start-up lines off the console (GPT_TF_VERBOSE=1 keeps them)
     import keras
 

@@ -50,8 +50,9 @@ def main(argv):
                  "--preset")
     if not (FLAGS.run_dir or FLAGS.preset) and not FLAGS.tokenizer_dir:
         sys.exit("gpt_tf.convert: --tokenizer_dir is required with --gpt1_shards and --state_dict")
-    from gpt_tf.console import import_tensorflow  # pylint: disable=import-outside-toplevel
+    from gpt_tf.console import import_tensorflow, start_command  # pylint: disable=import-outside-toplevel
 
+    start_command()
     import_tensorflow()
     from gpt_tf.convert import presets  # pylint: disable=import-outside-toplevel
 

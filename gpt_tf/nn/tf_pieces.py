@@ -6,10 +6,10 @@ The model is written once, in ``keras.ops`` (``gpt_tf/nn/layers.py``, ``gpt_tf/n
 each piece below computes its part instead; on JAX and PyTorch Keras's ops do. Each says what it gains:
 
 * ``dense``: ``Conv1D``'s ``x @ w + b`` as a 2-D MatMul + BiasAdd (which oneDNN fuses, with the GELU after it in
-  inference graphs, when the three share a name scope); in training graphs the padded weight gradient where
-  measured faster (``gpt_tf.speed.aliased_grads``) and the GELU kernel with its gradient (``gpt_tf.speed.kernels``), else
-  the GELU in float32 under ``mixed_bfloat16``; in the project's own evaluation passes the GELU kernel where
-  measured faster (``gpt_tf.speed.inference_gelu``).
+  inference graphs, when the three share a name scope); in training graphs the padded weight gradient for the
+  shapes the speed choices pad (``gpt_tf.speed.aliased_grads``) and the GELU kernel with its gradient
+  (``gpt_tf.speed.kernels``), else the GELU in float32 under ``mixed_bfloat16``; in the project's own evaluation
+  passes the GELU kernel for the shapes the speed choices name (``gpt_tf.speed.inference_gelu``).
 * ``layer_norm``: Keras's layer norm (float32 arithmetic) with a written-out gradient in half the graph ops; in
   training the fused kernels, one pass each way.
 * ``dropout16``: ``layers.Dropout16``'s mask from 16 bits of TF's Philox stream per element; in training the
@@ -20,7 +20,9 @@ each piece below computes its part instead; on JAX and PyTorch Keras's ops do. E
 * ``token_cross_entropy``: the cross-entropy by oneDNN's softmax and a written-out gradient.
 * ``int8_product``: the int8 layers' (Keras's ``quantize("int8")``) int8 × int8 product as a float32 MatMul.
 
-Exported SavedModels hold none of the custom ops: inference keeps the stock ops outside ``inference_gelu.passes()``.
+Which of these run is the process's speed choices (``gpt_tf.speed.choices.current()``), read as a graph is traced,
+never measured then. Exported SavedModels hold none of the custom ops: inference keeps the stock ops outside
+``inference_gelu.passes()``.
 """
 
 from __future__ import annotations
@@ -45,7 +47,7 @@ def dense(x, w, b, activation, training):
     x2 = tf.reshape(x, (-1, x.shape[-1]))  # as the release's conv1d: a 2-D MatMul + BiasAdd, not tensordot + add
     units = w.shape[-1]
     if training and aliased_grads.pads(x.shape[-1], units, x2.dtype):
-        # Rows 4 KiB apart: the weight gradient on a padded copy, where measured faster (gpt_tf/speed/aliased_grads.py)
+        # Rows 4 KiB apart: the weight gradient on a padded copy, as the speed choices say (gpt_tf/speed/aliased_grads.py)
         w, b = (tf.convert_to_tensor(v, x2.dtype) for v in (w, b))
         y = aliased_grads.dense_padded_grad(x2, w, b)
     else:
@@ -53,7 +55,7 @@ def dense(x, w, b, activation, training):
     if activation:
         if kernels.can_fuse(y) if training else inference_gelu.uses_kernel(y, x2.shape[-1]):
             # forward and gradient in one pass each (gpt_tf/speed/kernels); in the project's own evaluation passes,
-            # where measured faster than oneDNN's fused GELU (gpt_tf/speed/inference_gelu.py)
+            # where the speed choices take it over oneDNN's fused GELU (gpt_tf/speed/inference_gelu.py)
             y = kernels.fused_gelu(y)
         elif training and y.dtype != tf.float32:
             # Training keeps the pre-activation for the gradient, so nothing fuses the activation; run it (and its

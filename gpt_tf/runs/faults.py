@@ -34,13 +34,17 @@ def resume_hint(fault: WriteError, run_dir: str, training: bool) -> str:
     return f"{kept}: {fault.remedy} and run the same command to resume"
 
 
-def worker_lost(err, run_dir: str) -> str:
-    """One line for a ``multi_worker`` cluster that lost a worker (TensorFlow aborted the collectives)."""
+def worker_lost(err, run_dir: str, workers: tuple = (), worker_index: int = 0) -> str:
+    """One line for a ``multi_worker`` cluster that lost a worker (TensorFlow aborted the collectives); the cluster
+    and this worker from ``workers`` and ``worker_index`` (``--workers``), else from ``TF_CONFIG``."""
     text = err.message
-    try:
-        config = json.loads(os.environ.get("TF_CONFIG") or "{}")
-    except ValueError:
-        config = {}
+    if workers:
+        config = {"cluster": {"worker": list(workers)}, "task": {"type": "worker", "index": worker_index}}
+    else:
+        try:
+            config = json.loads(os.environ.get("TF_CONFIG") or "{}")
+        except ValueError:
+            config = {}
     cluster, own = config.get("cluster", {}), config.get("task", {})
     # The failed op may name this worker's own device (an eager collective: "{{function_node ...task:0...}}"): not lost
     this = (own.get("type"), int(own.get("index", -1)))

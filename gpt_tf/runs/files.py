@@ -4,7 +4,9 @@ A run folder holds ``model_config.json`` and ``train_config.json`` (pre-training
 (fine-tuning), plus ``data.json``: the ``config_hash`` of each data folder the run reads, so that data rebuilt
 in place (same path, other content) is noticed too; its checkpoints are in ``checkpoints/``
 (``gpt_tf/runs/checkpoints.py``), or, pre-trained by Keras's ``fit`` on JAX, its saves in ``keras_fit/``
-(``gpt_tf/training/keras_fit.py``; ``has_fit_saves``).
+(``gpt_tf/training/keras_fit.py``; ``has_fit_saves``). ``speed_choices.json`` records the speed choices its last
+training command ran under (``gpt_tf/speed/choices.py``); they belong to the machine, not to the run, so it is
+rewritten at each start and never compared: a run resumes under another machine's choices.
 
 Re-running a command on a folder that holds checkpoints resumes it, and the data position is computed from the
 step with the *current* batch size and data, so every hyper-parameter must be the one the run started with.
@@ -35,6 +37,7 @@ CHECKPOINTS = "checkpoints"  # a run folder's sub-folder
 KERAS_FIT = "keras_fit"  # the sub-folder of a run pre-trained by Keras's fit on JAX (gpt_tf/training/keras_fit.py)
 DATA_FILE = "data.json"
 MODEL_CONFIG = "model_config.json"
+SPEED_CHOICES = "speed_choices.json"  # the machine's choices, rewritten at each start, never compared on resume
 RUN_CONFIGS = {"pretrain": "train_config.json", "finetune": "finetune_config.json"}  # the run config, by kind
 RESUMABLE = {
     "train_config.json": frozenset({"train_steps", "log_every", "checkpoint_every", "keep_checkpoints", "eval_every",

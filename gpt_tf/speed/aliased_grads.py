@@ -12,30 +12,27 @@ AMD EPYC Zen 3, one thread, 1,024 tokens (``bench.train_throughput --mode=profil
 | 768 × 3072 (GPT-1's c_fc) | 80 | 78 |
 | 512 × 2048 | 80 | 75 |
 
-So it depends on the shape and on the CPU, and is measured, not assumed: the first time a training graph
-meets an aliased weight shape, ``pads`` times both ways (a few dozen milliseconds) and keeps the padded one
-only where it is at least 5% faster; the answer is cached per machine (``machine_cache.cache_key``) and shape in
-``$XDG_CACHE_HOME/gpt_tf/weight_grads.json``. ``GPT_TF_PAD_WEIGHT_GRADS=1`` / ``0`` decides by hand;
-``GPT_TF_AUTOTUNE=0`` (the test suite) leaves TensorFlow's own gradient everywhere. Training graphs only:
-evaluation, serving and exports run the plain ``MatMul + BiasAdd``. The padding adds zero rows or columns
-to the product, sliced off: each weight's gradient sums the same products over the same tokens.
+So it depends on the shape and on the CPU, and is measured, not assumed: ``decide`` times both ways (a few dozen
+milliseconds) and keeps the padded one only where it is at least 5% faster; the answer is cached per machine
+(``machine_cache.cache_key``) and shape in ``$XDG_CACHE_HOME/gpt_tf/weight_grads.json``. ``gpt_tf/speed/resolve.py``
+asks it for a run's shapes before the model is built and writes the answer into the run's speed choices
+(``SpeedChoices.padded_grads``), which ``pads`` reads while a training graph is traced. Training graphs only:
+evaluation, serving and exports run the plain ``MatMul + BiasAdd``. The padding adds zero rows or columns to the
+product, sliced off: each weight's gradient sums the same products over the same tokens.
 """
 
 from __future__ import annotations
 
 import functools
-import os
 
 import tensorflow as tf
 
-from gpt_tf.speed import machine_cache
+from gpt_tf.speed import choices, machine_cache
 
-ENV = "GPT_TF_PAD_WEIGHT_GRADS"
 CACHE_FILE = "weight_grads.json"
 PERIOD = 4096  # bytes: the L1 data cache's set period (line size × sets) on current x86 cores
 PAD = 64  # bytes of zero columns: one cache line
 PROBE_TOKENS, PROBE_REPS, MIN_GAIN = 1024, 5, 1.05
-_decided: dict = {}
 _machine = functools.cache(machine_cache.cache_key)  # reads /proc/cpuinfo: once per process
 
 
@@ -80,35 +77,33 @@ def cache_path() -> str:
 
 def measure(nx: int, units: int, dtype) -> dict:
     """Median seconds of ``weight_grad`` plain and padded on ``PROBE_TOKENS`` tokens, taking turns, in this
-    process's thread pools (eagerly, also when called while a graph is traced)."""
-    with tf.init_scope():
-        x = tf.random.normal((PROBE_TOKENS, nx), dtype=tf.float32)
-        dy = tf.random.normal((PROBE_TOKENS, units), dtype=tf.float32)
-        x, dy = tf.cast(x, dtype), tf.cast(dy, dtype)
-        runs = {name: tf.function(lambda a, b, pad=pad: weight_grad(a, b, pad)) for name, pad in
-                (("plain", False), ("padded", True))}
-        return machine_cache.median_seconds({name: lambda run=run: run(x, dy).numpy() for name, run in runs.items()},
-                                            PROBE_REPS)
+    process's thread pools."""
+    x = tf.cast(tf.random.normal((PROBE_TOKENS, nx), dtype=tf.float32), dtype)
+    dy = tf.cast(tf.random.normal((PROBE_TOKENS, units), dtype=tf.float32), dtype)
+    runs = {name: tf.function(lambda a, b, pad=pad: weight_grad(a, b, pad)) for name, pad in
+            (("plain", False), ("padded", True))}
+    return machine_cache.median_seconds({name: lambda run=run: run(x, dy).numpy() for name, run in runs.items()},
+                                        PROBE_REPS)
 
 
-def pads(nx: int, units: int, dtype, measure_fn=None) -> bool:
-    """Whether a training graph's dense layer ``[nx, units]`` in ``dtype`` takes the padded weight gradient."""
+def pads(nx: int, units: int, dtype) -> bool:
+    """Whether a training graph's dense layer ``[nx, units]`` in ``dtype`` takes the padded weight gradient: an
+    aliased shape the speed choices pad (``SpeedChoices.padded_grads``)."""
     dtype = tf.as_dtype(dtype)
-    if machine_cache.disabled() or not aliased_shape(nx, units, dtype):
+    return aliased_shape(nx, units, dtype) and choices.current().pads(nx, units, dtype.name)
+
+
+def decide(nx: int, units: int, dtype, measure_fn=None) -> bool:
+    """Whether the padded weight gradient is at least 5% faster for ``[nx, units]`` in ``dtype`` on this machine:
+    read from the cache, or timed now and cached (never on a GPU or TPU, where the cache effect does not apply)."""
+    dtype = tf.as_dtype(dtype)
+    if not aliased_shape(nx, units, dtype) or tf.config.list_logical_devices("GPU") or \
+            tf.config.list_logical_devices("TPU"):
         return False
-    by_hand = os.environ.get(ENV, "").strip().lower()
-    if by_hand:
-        return by_hand not in ("0", "false", "off", "no")
     key = f"{_machine()} | {nx}x{units} {dtype.name}"
-    if key in _decided:  # every Conv1D of the shape, at every trace: decided once per process
-        return _decided[key]
-    if tf.config.list_logical_devices("GPU") or tf.config.list_logical_devices("TPU"):
-        _decided[key] = False  # the cache effect is a CPU one
-    else:
-        entry = machine_cache.measured_choice(CACHE_FILE, key, lambda: (measure_fn or measure)(nx, units, dtype),
-                                              lambda s: {"pad": s["padded"] * MIN_GAIN <= s["plain"]})
-        _decided[key] = bool(entry["pad"])
-    return _decided[key]
+    entry = machine_cache.measured_choice(CACHE_FILE, key, lambda: (measure_fn or measure)(nx, units, dtype),
+                                          lambda s: {"pad": s["padded"] * MIN_GAIN <= s["plain"]})
+    return bool(entry["pad"])
 
 
 def dense_shapes(config) -> list:
@@ -119,17 +114,3 @@ def dense_shapes(config) -> list:
         return [(f, d)] if f != d else []
     return list(dict.fromkeys([(d, 3 * d), (d, d), (d, f), (f, d)]))
 
-
-def status(config, dtype="float32") -> str:
-    """One line for the CLI: which of the model's weight gradients run padded here, decided now (measured on a
-    machine's first run of the shape, ~50 ms each, then cached)."""
-    if machine_cache.disabled():
-        return "padded weight gradients: off (GPT_TF_AUTOTUNE=0)"
-    aliased_shapes = [(nx, units) for nx, units in dense_shapes(config) if aliased_shape(nx, units, dtype)]
-    if not aliased_shapes:
-        return "padded weight gradients: none (no weight rows a multiple of 4 KiB apart)"
-    padded = [f"{nx}x{units}" for nx, units in aliased_shapes if pads(nx, units, dtype)]
-    how = f"{ENV}={os.environ[ENV]}" if os.environ.get(ENV, "").strip() else f"timed per machine and shape, {cache_path()}"
-    plain = len(aliased_shapes) - len(padded)
-    return (f"padded weight gradients: {', '.join(padded) or 'none'}"
-            + (f" ({plain} aliased shape{'s' * (plain > 1)} faster plain)" if plain else "") + f" ({how})")

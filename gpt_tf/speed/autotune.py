@@ -1,26 +1,21 @@
-"""The fastest CPU settings for this machine, found once and applied before TensorFlow is imported.
+"""The fastest process-wide CPU settings for this machine: oneDNN's rewrites, the fused kernels, the thread pools.
 
 What is fastest depends on the CPU, not only on its flags: TensorFlow 2.21 leaves oneDNN's graph
 rewrites (``TF_ENABLE_ONEDNN_OPTS``) off on CPUs without AVX-512, where turning them on made a
-training step 30-52% faster on an AMD EPYC Zen 3. So at a command's first start on a
-machine, ``apply()`` times a short training step of a 1-layer ``tiny`` model (batch 4 x 64, forward, LM
-loss, backward, AdamW) in a few worker processes, one per candidate that needs its own process --
+training step 30-52% faster on an AMD EPYC Zen 3. So the first time a run asks on a machine (``--speed=auto``,
+``gpt_tf/speed/resolve.py``), ``decide`` times a short training step of a 1-layer ``tiny`` model (batch 4 x 64,
+forward, LM loss, backward, AdamW) in a few worker processes, one per candidate that needs its own process --
 oneDNN rewrites off / on, TensorFlow's default thread pools / one inter-op thread -- each timing the
 step with the fused kernels (``gpt_tf/speed/kernels``) on and off; the workers take turns step by step (a
 load change hits all alike). The fastest combination is cached per machine (CPU model, CPU flags,
 usable cores, TensorFlow version) in ``$XDG_CACHE_HOME/gpt_tf/settings.json`` (``~/.cache/gpt_tf``),
-once per machine (it took 4-6 min on the issue's 2-core Zen 3 at a load of 10-16, shared with four
-other sessions; not yet timed on a quiet machine); later starts read it (delete the entry to re-measure). The chosen values are set as environment variables before
-``import tensorflow`` (``TF_ENABLE_ONEDNN_OPTS``, ``GPT_TF_FUSED_KERNELS``, ``TF_NUM_INTRAOP_THREADS``,
-``TF_NUM_INTEROP_THREADS``), and ``apply()`` returns one line saying what runs and why.
+once per machine (it took 4-6 min on a 2-core Zen 3 shared with other work); later runs read it (delete the entry
+to re-measure). ``process_choices`` gives the pick as ``SpeedChoices`` fields and one phrase saying why; a command
+line starts TensorFlow under them (``gpt_tf/console.py``).
 
-* A variable set by hand wins over the pick (it is kept, and the line says so).
-* ``GPT_TF_AUTOTUNE=0`` leaves everything at TensorFlow's defaults, measures nothing and prints no
-  line (the test suite sets it, so that it stays deterministic and fast).
-* The precision is picked per model shape by ``--precision=auto`` (``gpt_tf/speed/precision.py``), in the
-  process, under these settings.
-* Exported SavedModels are unaffected: the rewrites act when a graph runs, never on what is saved,
-  and the fused kernels are for training only (inference and exports use stock ops).
+Serving takes a fixed default per CPU instead (``serving_default``): nothing timed, the same on every start.
+Exported SavedModels are unaffected: the rewrites act when a graph runs, never on what is saved, and the fused
+kernels are for training only.
 """
 
 from __future__ import annotations
@@ -33,11 +28,12 @@ import subprocess
 import sys
 import time
 
-from gpt_tf.speed import machine_cache
-from gpt_tf.speed.machine_cache import ENV, cache_key, cpu_info, disabled, read_cache, write_cache
+from gpt_tf.speed import choices, machine_cache
+from gpt_tf.speed.choices import SpeedChoices
+from gpt_tf.speed.machine_cache import cache_key, cpu_info, read_cache, write_cache
 
-ONEDNN, FUSED = "TF_ENABLE_ONEDNN_OPTS", "GPT_TF_FUSED_KERNELS"
-INTRA, INTER = "TF_NUM_INTRAOP_THREADS", "TF_NUM_INTEROP_THREADS"
+# The settings as the cache file names them (environment variables, "0" / "1"; threads: 0 is TensorFlow's default).
+ONEDNN, FUSED, INTRA, INTER = choices.ONEDNN, choices.FUSED_KERNELS, choices.INTRA_THREADS, choices.INTER_THREADS
 SETTINGS = (ONEDNN, FUSED, INTRA, INTER)
 CACHE_FILE = "settings.json"
 PROBE = {"size": "tiny", "n_layer": 1, "batch": 4, "seq": 64, "warmup": 1, "steps": 3}
@@ -48,8 +44,8 @@ PROCESS_CANDIDATES = ({ONEDNN: "0", INTRA: "0", INTER: "0"}, {ONEDNN: "1", INTRA
                       {ONEDNN: "1", INTRA: str(os.cpu_count() or 1), INTER: "1"})
 
 
-def cache_path(environ=os.environ) -> str:
-    return machine_cache.cache_path(CACHE_FILE, environ)
+def cache_path() -> str:
+    return machine_cache.cache_path(CACHE_FILE)
 
 
 def candidate_name(settings: dict) -> str:
@@ -71,8 +67,8 @@ def pick(seconds: dict) -> str:
 
 
 def worker_main(settings: dict) -> None:
-    """In a worker process (its settings already in the environment): builds the probe step with the
-    fused kernels on and off, says READY, then runs one step per ``step fused|stock`` line on stdin."""
+    """In a worker process (its oneDNN setting already in the environment, as TensorFlow reads it): builds the probe
+    step with the fused kernels on and off, says READY, then runs one step per ``step fused|stock`` line on stdin."""
     import numpy as np
     import tensorflow as tf
 
@@ -83,7 +79,7 @@ def worker_main(settings: dict) -> None:
     from gpt_tf.nn.objectives import lm_loss
     from gpt_tf.nn.optim import make_optimizer
 
-    apply_threads(tf)
+    choices.apply_threads(tf, settings_choices({**settings, FUSED: "1"}))
     config = get_size(PROBE["size"], n_layer=PROBE["n_layer"])
     ids = np.random.default_rng(0).integers(0, config.vocab_size, (PROBE["batch"], PROBE["seq"] + 1))
     tokens = tf.constant(ids, tf.int32)
@@ -108,10 +104,9 @@ def worker_main(settings: dict) -> None:
     print(f"{TAG}LOADED", flush=True)
     steps = {}
     for fused in ("1", "0"):
-        os.environ[FUSED] = fused
-        kernels._load.cache_clear()  # re-reads the variable
-        if fused == "0" or kernels.ops() is not None:
-            steps[fused] = build()
+        with choices.using(SpeedChoices(fused_kernels=fused == "1")):  # the step is traced under these choices
+            if fused == "0" or kernels.ops() is not None:
+                steps[fused] = build()
     print(f"{TAG}READY {json.dumps(list(steps))}", flush=True)  # fused first: see pick()
     for line in sys.stdin:
         fused = line.split()[-1]
@@ -122,7 +117,9 @@ def worker_main(settings: dict) -> None:
 
 class _Worker:
     def __init__(self, settings: dict):
-        env = {**os.environ, **settings, ENV: "0", "TF_CPP_MIN_LOG_LEVEL": "3", "PYTHONUNBUFFERED": "1"}
+        env = {k: v for k, v in os.environ.items() if k not in (choices.HANDED_OVER, FUSED)}  # a copy for the child
+        env.update({**settings, choices.AUTOTUNE: "0", "KERAS_BACKEND": "tensorflow", "TF_CPP_MIN_LOG_LEVEL": "3",
+                    "PYTHONUNBUFFERED": "1"})
         root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # holds gpt_tf/
         env["PYTHONPATH"] = os.pathsep.join([root, env.get("PYTHONPATH", "")])
         self.proc = subprocess.Popen([sys.executable, "-m", "gpt_tf.speed.autotune", json.dumps(settings)], env=env,
@@ -168,19 +165,6 @@ def measure() -> dict:
     return {name: round(statistics.median(t), 4) for name, t in times.items()}
 
 
-def apply_threads(tf) -> None:
-    """Sizes TensorFlow's thread pools from ``TF_NUM_INTRAOP_THREADS`` / ``TF_NUM_INTEROP_THREADS`` (0 or
-    unset: its default); call right after the import, before any op runs."""
-    for name, setter in ((INTRA, tf.config.threading.set_intra_op_parallelism_threads),
-                         (INTER, tf.config.threading.set_inter_op_parallelism_threads)):
-        value = os.environ.get(name, "").strip()
-        if value.isdigit() and int(value) > 0:
-            try:
-                setter(int(value))
-            except RuntimeError:  # the runtime started already: its pools stay as they are
-                pass
-
-
 # ----------------------------------------------------------------------------- the decision
 
 
@@ -194,12 +178,18 @@ def settings_of(name: str) -> dict:
     raise ValueError(f"unknown settings {name!r}")
 
 
-def decide(path: str | None = None, measure_fn=measure, environ=os.environ) -> tuple[dict, str]:
+def settings_choices(settings: dict) -> SpeedChoices:
+    """The ``SpeedChoices`` fields of cached settings (``{TF_ENABLE_ONEDNN_OPTS: "1", ...}``)."""
+    return SpeedChoices(fused_kernels=settings[FUSED] == "1", onednn=settings[ONEDNN] == "1",
+                        intra_op_threads=int(settings[INTRA]), inter_op_threads=int(settings[INTER]))
+
+
+def decide(path: str | None = None, measure_fn=measure) -> tuple[dict, str]:
     """``(entry, how)``: this machine's cached entry (``pick``, ``settings``, ``s_per_step``, ``measured``),
     measured now with ``measure_fn`` and cached where absent."""
     import fcntl
 
-    path = path or cache_path(environ)
+    path = path or cache_path()
     key = cache_key()
     os.makedirs(os.path.dirname(path), exist_ok=True)
     # One probe per machine at a time: commands started together wait for the first one's pick (two probes
@@ -219,33 +209,21 @@ def decide(path: str | None = None, measure_fn=measure, environ=os.environ) -> t
     return entry, "measured now"
 
 
-def apply(environ=os.environ, path: str | None = None, measure_fn=measure) -> str | None:
-    """Sets this machine's fastest settings in ``environ`` (call before TensorFlow is imported) where not
-    set by hand; returns the one line saying what runs and why (None with ``GPT_TF_AUTOTUNE=0``)."""
-    if disabled(environ):
-        return None
-    if "tensorflow" in sys.modules:
-        return "settings auto: not applied (TensorFlow was imported before them); TensorFlow's defaults run"
-    path = path or cache_path(environ)
+def process_choices(path: str | None = None, measure_fn=measure) -> tuple[SpeedChoices, str]:
+    """This machine's picked settings as ``SpeedChoices`` (the per-shape fields empty) and a phrase saying why;
+    where the probe fails, the defaults and the reason (the command goes on)."""
+    path = path or cache_path()
     try:
-        entry, how = decide(path, measure_fn, environ)
+        entry, how = decide(path, measure_fn)
     except (RuntimeError, OSError, ValueError, subprocess.SubprocessError) as e:  # never stops the command
         reason = (str(e).strip().splitlines() or [type(e).__name__])[0][:200]
-        return f"settings auto: the probe failed ({reason}); TensorFlow's defaults run, nothing cached"
-    by_hand = [name for name in SETTINGS if environ.get(name, "").strip()]
-    for name, value in entry["settings"].items():
-        if name not in by_hand:
-            environ[name] = value
-    effective = {name: environ[name].strip() for name in SETTINGS}
-    for name in (ONEDNN, FUSED):  # the spellings TensorFlow and gpt_tf.speed.kernels take for off
-        effective[name] = "0" if effective[name].lower() in ("0", "false", "off", "no") else "1"
+        return SpeedChoices(), f"the CPU settings probe failed ({reason}): TensorFlow's defaults, nothing cached"
     seconds = entry["s_per_step"]
     before = seconds.get(candidate_name(BASE))
     gain = f", {before / seconds[entry['pick']]:.2f}x the speed with oneDNN off" if before else ""
-    hand = f"; set by hand: {', '.join(f'{n}={environ[n]}' for n in by_hand)}" if by_hand else ""
     probe = f"{PROBE['n_layer']}-layer {PROBE['size']} {PROBE['batch']}x{PROBE['seq']}"
-    return (f"settings auto: {candidate_name(effective)}{hand} (pick {how}: {1e3 * seconds[entry['pick']]:.0f} ms "
-            f"per {probe} training step{gain}; precision: --precision=auto per model; {path})")
+    return settings_choices(entry["settings"]), (f"CPU settings {how}: {1e3 * seconds[entry['pick']]:.0f} ms per "
+                                                  f"{probe} training step{gain}, {path}")
 
 
 # Serving (``serving.server``, ``serving.export``): a fixed default per CPU, no probe (a server must start fast
@@ -253,27 +231,17 @@ def apply(environ=os.environ, path: str | None = None, measure_fn=measure) -> st
 # neural-network instructions; nothing changes there), off elsewhere. On the AVX2-only Zen 3, with the rewrites
 # off, the gRPC p50 was lower in 3 of the 4 served configurations and the p99 in all 4, both values interleaved
 # in one quiet run (``bench.serving_latency --onednn=ab``, docs/benchmarks.md), unlike the training step.
-SERVING_ONEDNN_FLAGS = ("avx512_vnni", "avx512_bf16", "avx_vnni", "amx_tile", "amx_int8", "amx_bf16")
 
 
 def serving_default(info: dict | None = None) -> dict:
     """``{TF_ENABLE_ONEDNN_OPTS: "1" or "0"}`` for serving on this CPU (``cpu_info()``'s flags)."""
-    flags_ = (info or cpu_info())["flags"]
-    return {ONEDNN: "1" if any(f in flags_ for f in SERVING_ONEDNN_FLAGS) else "0"}
+    return {ONEDNN: "1" if machine_cache.onednn_default(info or cpu_info()) else "0"}
 
 
-def apply_serving(environ=os.environ, info: dict | None = None) -> str | None:
-    """Sets the serving default (``serving_default``) where not set by hand; the one line (None when disabled)."""
-    if disabled(environ) or "tensorflow" in sys.modules:
-        return None
-    default = serving_default(info)
-    hand = [name for name in default if environ.get(name, "").strip()]
-    for name, value in default.items():
-        if name not in hand:
-            environ[name] = value
-    on = environ[ONEDNN].strip().lower() not in ("0", "false", "off", "no")
-    how = f"set by hand: {ONEDNN}={environ[ONEDNN]}" if hand else "the serving default, gpt_tf/speed/autotune.py"
-    return f"settings auto: oneDNN {'on' if on else 'off'} ({how})"
+def serving_choices(info: dict | None = None) -> SpeedChoices:
+    """Serving's choices (the server, the export): ``serving_default``'s oneDNN setting and TensorFlow's stock ops
+    only (no fused kernel: what they trace holds core ops only, as stock TF Serving loads them)."""
+    return SpeedChoices(fused_kernels=False, onednn=serving_default(info)[ONEDNN] == "1")
 
 
 if __name__ == "__main__":  # a probe worker (``measure`` starts it)

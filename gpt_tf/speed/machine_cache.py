@@ -3,7 +3,7 @@
 What the measured choices share (``autotune.py``: the CPU settings; ``precision.py``: the precision per model;
 ``aliased_grads.py``: the padded weight gradients per shape; ``inference_gelu.py``: the GELU of evaluation passes): the machine's key (CPU model, a hash of its
 flags, usable cores, TensorFlow's version), where their JSON files live (``$XDG_CACHE_HOME/gpt_tf``), how
-they are read and replaced, and ``GPT_TF_AUTOTUNE=0``, which turns every measured choice off.
+they are read and replaced, and whether TensorFlow turns oneDNN's rewrites on by itself on this CPU.
 """
 
 from __future__ import annotations
@@ -12,12 +12,9 @@ import hashlib
 import json
 import os
 
-ENV = "GPT_TF_AUTOTUNE"
-
-
-def disabled(environ=os.environ) -> bool:
-    """``GPT_TF_AUTOTUNE=0``: TensorFlow's defaults, nothing measured (the test suite sets it)."""
-    return environ.get(ENV, "1").strip().lower() in ("0", "false", "off", "no")
+# The CPU features on which TensorFlow 2.21 turns oneDNN's graph rewrites on by itself (``TF_ENABLE_ONEDNN_OPTS``
+# unset): the neural-network instructions of AVX-512 and AMX; off elsewhere (AVX2-only CPUs such as a Zen 3).
+ONEDNN_BY_DEFAULT = ("avx512_vnni", "avx512_bf16", "avx_vnni", "amx_tile", "amx_int8", "amx_bf16")
 
 
 def cache_path(name: str, environ=os.environ) -> str:
@@ -91,6 +88,11 @@ def measured_choice(name: str, key: str, measure, choose) -> dict:
                       "measured": datetime.datetime.now().astimezone().isoformat(timespec="seconds")}
         write_cache(path, {**read_cache(path), key: cache[key]})  # another run may have written meanwhile
     return cache[key]
+
+
+def onednn_default(info: dict | None = None) -> bool:
+    """Whether TensorFlow runs oneDNN's rewrites on this CPU (``cpu_info()``'s flags) when nobody says otherwise."""
+    return any(flag in (info or cpu_info())["flags"] for flag in ONEDNN_BY_DEFAULT)
 
 
 def usable_cores() -> int:

@@ -218,11 +218,12 @@ def plot_curve(rows: list[dict], setting: dict, path: str, sweep: dict[str, list
 
 def main(argv):
     del argv
-    from gpt_tf.console import import_tensorflow
+    from gpt_tf.console import import_tensorflow, start_command
 
     if not FLAGS["verbosity"].present:
         logging.set_verbosity(logging.WARNING)  # TF's checkpoint INFO lines off the console, as gpt_tf.train
 
+    start_command()
     import_tensorflow()  # its start-up lines off the console (GPT_TF_VERBOSE=1 keeps them)
     if FLAGS.action == "export":
         if not FLAGS.tokens:

@@ -24,25 +24,23 @@ All are exact to float32 rounding against the stock ops (``tests/test_kernels.py
 built on first use with the machine's C++ compiler (``build.py``, ~10 s, cached per machine;
 ``python -m gpt_tf.speed.kernels`` builds it ahead, as ``scripts/setup.sh`` does). The stock ops run instead,
 with the reason in ``status()``, where it cannot be built or loaded, when a GPU or TPU is visible (the
-kernels are CPU-only), inside XLA-compiled functions (``--jit_compile``), and with
-``GPT_TF_FUSED_KERNELS=0`` (for A/B runs).
+kernels are CPU-only), inside XLA-compiled functions (``--jit_compile``), and where the run's speed choices
+turn them off (``SpeedChoices.fused_kernels``, ``gpt_tf/speed/choices.py``; ``GPT_TF_FUSED_KERNELS=0`` by hand, for
+A/B runs).
 """
 
 from __future__ import annotations
 
 import functools
-import os
 
-ENV = "GPT_TF_FUSED_KERNELS"
+from gpt_tf.speed import choices
 
 
 @functools.lru_cache(maxsize=None)
 def _load():
-    """``(ops module or None, one line saying what runs and why)``; once per process."""
+    """``(ops module or None, one line saying what runs and why)``: the library built and loaded, once per process."""
     import tensorflow as tf
 
-    if os.environ.get(ENV, "1").strip().lower() in ("0", "false", "off", "no"):
-        return None, f"fused CPU kernels: off ({ENV}={os.environ[ENV]}); TensorFlow's stock ops run"
     accelerators = [d.device_type for d in tf.config.list_logical_devices() if d.device_type in ("GPU", "TPU")]
     if accelerators:
         return None, f"fused CPU kernels: off ({accelerators[0]} visible; they are CPU-only)"
@@ -56,8 +54,9 @@ def _load():
 
 
 def ops():
-    """The loaded kernel library, or None where the stock ops run (see ``status()``)."""
-    return _load()[0]
+    """The loaded kernel library, or None where the stock ops run: the speed choices turn the kernels off, or they
+    do not load here (see ``status()``)."""
+    return _load()[0] if choices.current().fused_kernels else None
 
 
 def graph_ops():
@@ -67,6 +66,8 @@ def graph_ops():
 
 def status() -> str:
     """One line: whether the fused kernels run, and why not where they do not."""
+    if not choices.current().fused_kernels:
+        return "fused CPU kernels: off (the speed choices); TensorFlow's stock ops run"
     return _load()[1]
 
 

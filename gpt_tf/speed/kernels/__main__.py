@@ -1,9 +1,10 @@
 """``python -m gpt_tf.speed.kernels``: builds the fused CPU kernels now (scripts/setup.sh runs it) and says what runs."""
 
-from gpt_tf.console import import_tensorflow
+from gpt_tf.console import import_tensorflow, start_command
 
 
 def main() -> int:
+    start_command()
     import_tensorflow()
     from gpt_tf.speed import kernels
 
