@@ -48,13 +48,12 @@ from typing import Optional
 
 from absl import app, flags, logging
 
-from gpt_tf import flag_checks, train_flags
+from gpt_tf import flag_checks, train_flags, train_setup
 
 from gpt_tf.speed import kernels
-from gpt_tf.config import GPTConfig
 from gpt_tf.runs.faults import resume_hint, worker_lost
-from gpt_tf.runs.files import (DATA_FILE, MODEL_CONFIG, RUN_CONFIGS, SPEED_CHOICES, data_identity, has_checkpoints,
-                               has_fit_saves, resume_problems, write_json_atomic)
+from gpt_tf.runs.files import DATA_FILE, MODEL_CONFIG, RUN_CONFIGS, SPEED_CHOICES, data_identity, resume_problems, \
+    write_json_atomic
 from gpt_tf.runs.lock import LOCK_FILE, RunDirLocked, chief_task, lock_run_dir
 from gpt_tf.train_flags import define_flags
 from gpt_tf.write_errors import WriteError, as_write_error, writing
@@ -122,18 +121,6 @@ def _say(message: str) -> None:
 
 
 @dataclasses.dataclass(frozen=True)
-class Setup:
-    """What a mode starts from, found before TensorFlow starts (nothing is written yet)."""
-    manifest: dict                 # --data_dir's manifest.json (each manifest is read once, here)
-    aux_manifests: tuple = ()      # --aux_data_dirs' manifests, in flag order
-    model_config: Optional[GPTConfig] = None  # pre-training: from --model and the data (fine-tuning finds its own)
-    tokenizer: object = None       # pre-training: the offline GPTTokenizer of the data
-    train_kwargs: dict = dataclasses.field(default_factory=dict)  # pre-training: TrainConfig's fields
-    problems: tuple = ()
-    speed: object = None           # TensorFlow's loop: the speed choices TensorFlow starts under (resolve.Resolution)
-
-
-@dataclasses.dataclass(frozen=True)
 class Summary:
     """A mode's result: its JSON (None: the line only, as ``--mode=generate`` prints) and its one-line summary."""
     result: Optional[dict]
@@ -150,7 +137,7 @@ def main(argv):
     problems = flag_checks.problems(FLAGS) + train_flags.combination_problems()  # value rules (one table), then combinations
     if problems:
         flag_checks.fail("gpt_tf.train", problems)
-    setup = _setup()
+    setup = train_setup.setup()
     if setup.problems:
         flag_checks.fail("gpt_tf.train", list(setup.problems), "cannot start, nothing was written")
     if not train_flags.on_keras_fit():  # the speed choices (this machine's, cached); started again where they need it
@@ -201,7 +188,7 @@ def _print(summary: Summary) -> None:
     print(json.dumps(summary.result) if FLAGS.json and summary.result is not None else summary.line, flush=True)
 
 
-def _guarded_keras_fit(setup: Setup) -> Summary:
+def _guarded_keras_fit(setup: train_setup.Setup) -> Summary:
     """``_pretrain_keras_fit`` with the machine's faults as one line: devices that do not fit --distribution (1),
     SIGTERM (143, saved), a refused write (1)."""
     from gpt_tf.training.placement import PlacementError
@@ -221,7 +208,7 @@ def _guarded_keras_fit(setup: Setup) -> Summary:
         sys.exit(f"gpt_tf.train: {fault}; fix the storage and run the same command to resume from the last save")
 
 
-def _pretrain_keras_fit(setup: Setup) -> Summary:
+def _pretrain_keras_fit(setup: train_setup.Setup) -> Summary:
     """Pre-training by Keras's fit on JAX (``gpt_tf/training/keras_fit.py``), on --distribution's devices."""
     from gpt_tf.training.keras_fit import KerasFitPretrainer
     from gpt_tf.training.lm_objective import TrainConfig
@@ -238,26 +225,7 @@ def _pretrain_keras_fit(setup: Setup) -> Summary:
                            f"; the run is in {FLAGS.run_dir} (its language model: {result['preset']})")
 
 
-def _setup() -> Setup:
-    """Each data folder's manifest (read once) checked with its files and tokenizer, then the mode's set-up."""
-    from gpt_tf.data.records import data_file_problems, read_manifest, tokenizer_problems
-
-    manifests, problems = [], []
-    for data_dir in [FLAGS.data_dir, *FLAGS.aux_data_dirs]:
-        manifest = read_manifest(data_dir)
-        manifests.append(manifest)
-        tokenizer_dir = (FLAGS.tokenizer_dir if data_dir == FLAGS.data_dir else "") or manifest["tokenizer"]["dir"]
-        if not FLAGS.task or os.path.isdir(tokenizer_dir):  # fine-tuning reads ids only; export needs the files
-            problems += tokenizer_problems(manifest, tokenizer_dir, data_dir)
-        if FLAGS.verify_data and FLAGS.mode in ("train", "eval"):
-            problems += data_file_problems(data_dir, manifest)
-    setup = Setup(manifests[0], tuple(manifests[1:]), problems=tuple(problems))
-    if problems or FLAGS.task:  # the pre-training set-up below reads the tokenizer files
-        return setup
-    return _pretrain_setup(setup)
-
-
-def _pretrain(setup: Setup, keras) -> Summary:
+def _pretrain(setup: train_setup.Setup, keras) -> Summary:
     """Pre-training's --mode: train, eval (held-out perplexity) or generate."""
     from gpt_tf.analysis.baselines import unigram_perplexity
     from gpt_tf.gpt1.generate import Sampler
@@ -314,46 +282,6 @@ def _pretrain(setup: Setup, keras) -> Summary:
     return Summary(None, FLAGS.prompt + " " + tokenizer.decode(ids))
 
 
-def _train_kwargs() -> dict:
-    """``TrainConfig``'s fields from the flags (a dict: compared with a run's before TensorFlow starts)."""
-    names = ("init_checkpoint", "batch_size", "grad_accum_steps", "train_steps", "learning_rate", "warmup_steps", "lr_decay",
-             "weight_decay", "clip_norm", "precision", "jit_compile", "seed", "log_every", "checkpoint_every",
-             "keep_checkpoints", "eval_every", "eval_batches", "sample_every", "sample_prompt", "sample_length")
-    return {"data_dir": FLAGS.data_dir, "run_dir": FLAGS.run_dir, **{name: FLAGS[name].value for name in names}}
-
-
-def _pretrain_setup(setup: Setup) -> Setup:
-    """``setup`` with pre-training's tokenizer, model config and TrainConfig fields, checked against the run's saved ones."""
-    from gpt_tf.config import get_size
-    from gpt_tf.convert.pretrained import continued_model_config
-    from gpt_tf.text.tokenizer import GPTTokenizer
-
-    manifest = setup.manifest
-    tokenizer = GPTTokenizer.from_dir(FLAGS.tokenizer_dir or manifest["tokenizer"]["dir"])
-    overrides = {"vocab_size": tokenizer.vocab_size, "n_ctx": FLAGS.n_ctx or int(manifest["n_ctx"]),
-                 **train_flags.model_overrides()}
-    problems = []
-    if FLAGS.init_checkpoint:
-        model_config, problems = continued_model_config(FLAGS.init_checkpoint, FLAGS.data_dir, overrides)
-    else:
-        model_config = get_size(FLAGS.model, **overrides)
-    if model_config.n_ctx != int(manifest["n_ctx"]):
-        problems.append(f"--n_ctx={model_config.n_ctx} but {FLAGS.data_dir} holds {manifest['n_ctx']}-token sequences")
-    kwargs = _train_kwargs()
-    configs = {MODEL_CONFIG: dataclasses.asdict(model_config)}
-    if FLAGS.mode == "train":
-        configs.update({RUN_CONFIGS["pretrain"]: kwargs, DATA_FILE: data_identity(data=manifest)})
-    problems += resume_problems(FLAGS.run_dir, configs)
-    if train_flags.on_keras_fit() and has_checkpoints(FLAGS.run_dir):
-        problems.append(f"--run_dir={FLAGS.run_dir} holds checkpoints of TensorFlow's loop: resume it without "
-                        "KERAS_BACKEND=jax, or give a new --run_dir")
-    elif FLAGS.mode == "train" and not train_flags.on_keras_fit() and has_fit_saves(FLAGS.run_dir):
-        problems.append(f"--run_dir={FLAGS.run_dir} holds a run of Keras's fit on JAX: resume it with "
-                        "KERAS_BACKEND=jax, or give a new --run_dir")
-    return dataclasses.replace(setup, model_config=model_config, tokenizer=tokenizer, train_kwargs=kwargs,
-                               problems=tuple(problems))
-
-
 def _finetune_model_config(tokenizer_vocab):
     """The backbone's config: the run's own (eval, predict, resume), the pre-trained run's, GPT-1's for
     release shards, else --model's."""
@@ -377,7 +305,7 @@ def _finetune_model_config(tokenizer_vocab):
     return config
 
 
-def _finetune(setup: Setup, keras) -> Summary:
+def _finetune(setup: train_setup.Setup, keras) -> Summary:
     """Fine-tuning's --mode: train (then every eval split), eval (metrics.json) or predict (a submission file)."""
     from gpt_tf.console import format_metrics
     from gpt_tf.runs.checkpoints import CheckpointError
