@@ -15,7 +15,7 @@ def test_the_profile_puts_each_stacks_step_time_in_kinds_and_names_the_costliest
     done = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=600, env=ENV)
     assert done.returncode == 0, done.stderr[-3000:]
     report = json.loads(out.read_text())
-    assert report["settings"].startswith("GPT_TF_AUTOTUNE=0")  # the suite's setting, recorded as such
+    assert "GPT_TF_AUTOTUNE=0" in report["settings"]  # the suite's setting, recorded as such
     (key, rows), = report["rows"].items()
     assert key == "test|float32|8|32"
     assert set(rows) == {"ours", "keras_hub", "torch"}

@@ -54,13 +54,13 @@ def test_flags_that_may_change_on_resume(trained):
 def test_the_fields_that_may_change_are_fields_the_cli_writes():
     from absl import flags
 
-    from gpt_tf import train, train_flags
+    from gpt_tf import train_flags, train_setup
 
     train_flags.define_flags()
     flags.FLAGS.unparse_flags()
     flags.FLAGS(["gpt_tf.train"])
     try:
-        written = set(train._train_kwargs())  # noqa: SLF001 -- what train_config.json holds from the flags
+        written = set(train_setup.train_kwargs())  # what train_config.json holds from the flags
     finally:
         flags.FLAGS.unparse_flags()
     assert RESUMABLE["train_config.json"] < written and RESUMABLE["model_config.json"] == frozenset()
