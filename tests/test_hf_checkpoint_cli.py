@@ -43,6 +43,7 @@ def test_the_command_lines_convert_fine_tune_from_and_export_the_hf_checkpoint(s
     """``gpt_tf.convert --hf=hf://...`` (the cache, offline) writes a preset with a model card and the checkpoint's
     logits; ``gpt_tf.train --init_checkpoint=hf://...`` fine-tunes from it (SST-2 tokenized with GPT-1's BPE; updates
     of learning rate 0 keep its weights); ``serving.export`` exports the classifier."""
+    import keras_hub
     from pipelines import finetune_data as fd
 
     import gpt_tf
@@ -62,6 +63,7 @@ def test_the_command_lines_convert_fine_tune_from_and_export_the_hf_checkpoint(s
     assert "license: mit" in card and f"--hf={HANDLE}" in card and "| 40,478 | 4 |" in card, card
     ids = np.random.default_rng(0).integers(0, V, (2, 16)).astype("int32")
     preset_lm = gpt_tf.GPT1CausalLM.from_preset(str(tmp_path / "preset"))
+    assert type(keras_hub.models.CausalLM.from_preset(str(tmp_path / "preset"))) is gpt_tf.GPT1CausalLM
     np.testing.assert_allclose(np.asarray(preset_lm(ids))[..., :V], transformers_logits(small["safetensors"], ids),
                                rtol=0, atol=1e-5)
     ids_of = lambda tokenizer: np.asarray(tokenizer(TEXT)).tolist()  # noqa: E731
