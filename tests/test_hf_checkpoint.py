@@ -123,9 +123,10 @@ def test_pytorch_model_bin_without_torch_names_what_to_install(small, monkeypatc
     import gpt_tf
     from gpt_tf.convert.hf import CheckpointError, from_hf
 
+    backbone_cls = gpt_tf.GPT1Backbone  # Keras imported first: it imports libraries that look for torch themselves
     monkeypatch.setitem(sys.modules, "torch", None)  # `import torch` raises ImportError
     with pytest.raises(CheckpointError) as err:
-        from_hf(gpt_tf.GPT1Backbone, str(small["bin"]))
+        from_hf(backbone_cls, str(small["bin"]))
     message = str(err.value)
     assert "\n" not in message and "pytorch_model.bin" in message and "pip install torch" in message, message
 
@@ -274,6 +275,7 @@ def test_a_missing_or_misshapen_tensor_names_the_file_and_the_tensor_and_assigns
     ("vocab", "vocab.json: 40477 tokens, but"),
     ("merges", "no merges.txt"),
     ("weights", "no weights (model.safetensors, pytorch_model.bin"),
+    ("truncated", "model.safetensors: not readable as safetensors with numpy"),
     ("positions", "max_sequence_length=128 is longer than the checkpoint's 64 positions"),
 ])
 def test_a_broken_tokenizer_or_missing_weights_name_the_file(small, tmp_path, broken, named):
@@ -289,6 +291,9 @@ def test_a_broken_tokenizer_or_missing_weights_name_the_file(small, tmp_path, br
         (folder / "merges.txt").unlink()
     elif broken == "weights":
         (folder / "model.safetensors").unlink()
+    elif broken == "truncated":
+        path = folder / "model.safetensors"
+        path.write_bytes(path.read_bytes()[:1000])
     if broken == "positions":
         with pytest.raises(CheckpointError, match=named):
             from_hf(gpt_tf.GPT1Backbone, str(folder), max_sequence_length=128)

@@ -47,6 +47,12 @@ class CheckpointError(ValueError):
     """A transformers checkpoint this family cannot load; the message names the file (and the tensor)."""
 
 
+def _cause(err: Exception) -> str:
+    """A library's error as a part of one line: its type and its message's first line."""
+    text = str(err).strip()
+    return f"{type(err).__name__}: {text.splitlines()[0]}" if text else type(err).__name__
+
+
 # ----------------------------------------------------------------------------- where the checkpoint is
 def is_hf_checkpoint(preset) -> bool:
     """Whether ``preset`` names a transformers checkpoint: a local folder whose ``config.json`` has a transformers
@@ -102,11 +108,10 @@ def resolve(preset) -> str:
         if not _weights_files(folder):
             folder = snapshot_download(repo, allow_patterns=DOWNLOAD_BIN)
     except HFValidationError as err:
-        raise CheckpointError(f"{preset}: not a Hugging Face repository name ({err})") from None
+        raise CheckpointError(f"{preset}: not a Hugging Face repository name ({_cause(err)})") from None
     except Exception as err:  # pylint: disable=broad-except  # offline, not cached, not found, no access
-        first = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
         raise CheckpointError(f"{preset}: cannot get it from the Hugging Face Hub or its cache "
-                              f"({type(err).__name__}: {first})") from None
+                              f"({_cause(err)})") from None
     return folder
 
 
@@ -122,7 +127,7 @@ def _weights_files(folder: str) -> list:
                 with open(index_path, encoding="utf-8") as f:
                     shards = sorted(set(json.load(f)["weight_map"].values()))
             except (ValueError, KeyError, TypeError, AttributeError) as err:
-                raise CheckpointError(f"{index_path}: not a weight index ({type(err).__name__}: {err})") from None
+                raise CheckpointError(f"{index_path}: not a weight index ({_cause(err)})") from None
             return [(os.path.join(folder, name), kind) for name in shards]
     return []
 
@@ -208,7 +213,7 @@ def open_checkpoint(preset) -> Checkpoint:
         with open(path, encoding="utf-8") as f:
             config = json.load(f)
     except (OSError, ValueError) as err:
-        raise CheckpointError(f"{path}: not readable JSON ({err})") from None
+        raise CheckpointError(f"{path}: not readable JSON ({_cause(err)})") from None
     if not isinstance(config, dict):
         raise CheckpointError(f"{path}: not a JSON object")
     problem = _config_problem(config)
@@ -239,7 +244,7 @@ def _read_safetensors(path: str) -> dict:
     try:
         return load_file(path)
     except Exception as err:  # pylint: disable=broad-except  # SafetensorError, a dtype numpy lacks (bfloat16)
-        raise CheckpointError(f"{path}: not readable as safetensors with numpy ({type(err).__name__}: {err})") from None
+        raise CheckpointError(f"{path}: not readable as safetensors with numpy ({_cause(err)})") from None
 
 
 def _read_torch(path: str) -> dict:
@@ -251,7 +256,7 @@ def _read_torch(path: str) -> dict:
     try:
         state = torch.load(path, map_location="cpu", weights_only=True)
     except Exception as err:  # pylint: disable=broad-except  # a truncated or foreign file
-        raise CheckpointError(f"{path}: not a readable PyTorch state dict ({type(err).__name__}: {err})") from None
+        raise CheckpointError(f"{path}: not a readable PyTorch state dict ({_cause(err)})") from None
     if not isinstance(state, dict):
         raise CheckpointError(f"{path}: holds a {type(state).__name__}, not a state dict")
     return state
