@@ -193,6 +193,10 @@ class Ours:
         outs, _ = self.tuner.predict("dev")
         return {"examples": int(len(outs))}
 
+    def seek(self, batch: int) -> None:
+        """The next step takes the run's global batch ``batch`` (``--mode=gpt1``: a step of a chosen length)."""
+        self.iterator = iter(self.tuner._dataset(self.tuner.heads[0], "train", training=True, start_batch=batch))
+
 
 class KerasFit:
     """The Python API: ``GPT1TextClassifier.fit`` / ``predict`` on the same SST-2 token ids, given as
@@ -397,6 +401,9 @@ def worker_main(spec: dict) -> None:
         emit("READY", stack.info)
         for line in sys.stdin:
             command = line.strip()
+            if command.startswith("seek "):  # untimed: the iterator the next steps read
+                stack.seek(int(command.split()[1]))
+                command = "train"
             emit("DONE", _timed(lambda: stack.train(spec["train_steps"]) if command == "train" else stack.evaluate()))
         return
 

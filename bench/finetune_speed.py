@@ -349,13 +349,13 @@ def run_gpt1(args, log) -> tuple[dict, str]:
     after another: per task of ``--gpt1_tasks``, ``ours`` at GPT-1's size with
     ``configs/finetune_<task>_gpt1.flags``'s recipe (batch 32, λ 0.5, length buckets, its ``--n_ctx``) on the task's
     training records tokenized with GPT-1's BPE (``data/tasks_gpt1/<task>``, built when missing), one untimed step,
-    then ``--gpt1_steps`` timed steps: their batches are the run's first, as the seeded epoch plan orders the real
-    data's lengths; the epoch's time is extrapolated from them by padded tokens (a step's time taken as proportional
-    to its batch's bucket length: the timed steps' seconds per padded token times the epoch plan's padded tokens);
-    then generation tokens/s (``generate``: a 32-token prompt and 128 new tokens, the key/value cache, three timed
-    calls after one) and the exported classifier's ``predict`` examples/s (``exported``: SST-2's 872 dev sentences,
-    batches of 32, three timed passes after one); threads as the command line's (``--threads=0``: TensorFlow's
-    default, every core). ``bench/results/finetune_gpt1.{json,md}``, with the load average seen."""
+    then ``--gpt1_steps`` timed steps on the plan's batches at its lengths' quantiles (shortest, median, longest by
+    default: real batches of the seeded epoch plan); the epoch's time is a line fitted to them (a fixed cost per
+    step plus one per padded token, ``_epoch_seconds``) summed over the plan's lengths; then generation tokens/s
+    (``generate``: a 32-token prompt and 128 new tokens, the key/value cache, three timed calls after one) and the
+    exported classifier's ``predict`` examples/s (``exported``: SST-2's 872 dev sentences, batches of 32, three
+    timed passes after one); threads as the command line's (``--threads=0``: TensorFlow's default, every core).
+    ``bench/results/finetune_gpt1.{json,md}``, with the load average seen."""
     shared, rows = Path(args.shared_data), []
     common = {"batch_size": args.batch_size, "threads": 0, "glue_dir": str(shared / "glue"), "new_tokens": 128,
               "tokenizer_dir": str(shared / "gpt1_bpe"), "n_ctx": 64, "lm_coef": 0.5, "buckets": True, "train_steps": 1}
@@ -365,10 +365,15 @@ def run_gpt1(args, log) -> tuple[dict, str]:
         if job in GPT1_TASKS:
             folder, n_ctx, plan = gpt1_task_data(Path(args.shared_data), job, args.batch_size)
             spec.update(stack="ours", model="gpt1", task_dir=str(folder.resolve()), n_ctx=n_ctx)
+        # Timed: the plan's batches at its lengths' quantiles (shortest, ..., longest), after one untimed step
+        order = sorted(range(len(plan or [])), key=lambda i: plan[i])
+        picks = [order[round(q * (len(order) - 1) / max(1, args.gpt1_steps - 1))] for q in range(args.gpt1_steps)
+                 if order]
         worker, load = Worker(spec, "bench.finetune_speed", tag="@@finetune_speed "), os.getloadavg()
         try:
             info = worker.read("READY")
-            runs = [measure(worker, "train" if plan else "eval") for _ in range(1 + (args.gpt1_steps if plan else 3))]
+            commands = ["train", *(f"seek {i}" for i in picks)] if plan else ["eval"] * 4
+            runs = [measure(worker, command) for command in commands]
         finally:
             worker.close()
         timed, row = runs[1:], {"job": job, "precision": precision, "info": info, "runs": runs,
@@ -377,17 +382,28 @@ def run_gpt1(args, log) -> tuple[dict, str]:
         row.update(peak_rss_mib=max(m["peak_rss_mib"] for m in runs), per_s=sum(m["examples"] for m in timed) / seconds,
                    per_cpu_s=sum(m["examples"] for m in timed) / sum(m["cpu_s"] for m in timed),
                    others_cpu_share=round(median([m["others_cpu_share"] for m in timed]), 3))
-        if plan:  # steps 1..k of the plan were timed (step 0 warmed up)
-            per_token = seconds / sum(plan[1:1 + len(timed)])
-            row.update(n_ctx=spec["n_ctx"], steps_per_epoch=len(plan), timed_lengths=plan[1:1 + len(timed)],
-                       epoch_minutes=per_token * sum(plan) / 60, epoch_per_s=len(plan) * args.batch_size
-                       / (per_token * sum(plan)), epoch_cpu_minutes=sum(m["cpu_s"] for m in timed) / seconds
-                       * per_token * sum(plan) / 60)
+        if plan:
+            lengths = [plan[i] for i in picks]
+            epoch = {key: _epoch_seconds(lengths, [m[key] for m in timed], plan) for key in ("s", "cpu_s")}
+            row.update(n_ctx=spec["n_ctx"], steps_per_epoch=len(plan), timed_lengths=lengths,
+                       epoch_minutes=epoch["s"] / 60, epoch_cpu_minutes=epoch["cpu_s"] / 60,
+                       epoch_per_s=len(plan) * args.batch_size / epoch["s"])
         rows.append(row)
         log(f"  {precision} {job}: {row['per_s']:.2f}/s, peak {row['peak_rss_mib']} MiB"
             + (f", {row['epoch_minutes']:.0f} min per epoch" if plan else "") + f"; load {row['load_average']}")
     report = {**_head(), "rows": rows}
     return report, gpt1_markdown(report)
+
+
+def _epoch_seconds(lengths: list, seconds: list, plan: list) -> float:
+    """An epoch's seconds: a step's time fitted as ``a + b * length`` (least squares over the timed steps: a fixed
+    cost, the optimizer's update among it, plus one per padded token) and summed over the epoch plan's lengths."""
+    import numpy as np
+
+    if len(set(lengths)) < 2:  # one length timed: every step costs its mean
+        return float(np.mean(seconds)) * len(plan)
+    b, a = np.polyfit(lengths, seconds, 1)
+    return float(a * len(plan) + b * sum(plan))
 
 
 def gpt1_markdown(report: dict) -> str:
@@ -396,12 +412,12 @@ def gpt1_markdown(report: dict) -> str:
     lines = [f"`{report['command']}`", "", f"{m['cpu']}, {m['cores']} cores, {report['date']}; tensorflow "
              f"{m['versions']['tensorflow']}. GPT-1's size (117M), random weights. The machine was shared: load "
              f"average (1 min) {min(loads):.1f} to {max(loads):.1f} over the runs (2 cores).", "",
-             "| task | precision | n_ctx | timed steps' buckets | examples/s (timed) | per CPU s | minutes per epoch "
-             "(extrap.) | CPU-minutes per epoch | 3 epochs, hours | peak memory | others' CPU |",
-             "|---|---|---:|---|" + "---:|" * 7]
+             "| task | precision | n_ctx | steps per epoch | timed steps' buckets | examples/s (epoch) | minutes per "
+             "epoch | CPU-minutes per epoch | 3 epochs, hours | peak memory | others' CPU |",
+             "|---|---|---:|---:|---|" + "---:|" * 6]
     for r in (r for r in report["rows"] if "epoch_minutes" in r):
-        lines.append(f"| {r['job']} | {r['precision']} | {r['n_ctx']} | {r['timed_lengths']} | {r['per_s']:.2f} | "
-                     f"{r['per_cpu_s']:.2f} | {r['epoch_minutes']:.0f} | {r['epoch_cpu_minutes']:.0f} | "
+        lines.append(f"| {r['job']} | {r['precision']} | {r['n_ctx']} | {r['steps_per_epoch']} | {r['timed_lengths']} "
+                     f"| {r['epoch_per_s']:.2f} | {r['epoch_minutes']:.0f} | {r['epoch_cpu_minutes']:.0f} | "
                      f"{3 * r['epoch_minutes'] / 60:.1f} | {r['peak_rss_mib'] / 1024:.1f} GiB | "
                      f"{100 * r['others_cpu_share']:.0f}% |")
     lines += ["", "| measurement | precision | rate | per CPU s | peak memory | others' CPU |",
