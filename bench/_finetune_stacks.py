@@ -11,9 +11,9 @@ same records as token-id views (``<s> text <e>``, cut to n_ctx as `gpt_tf.data.t
 tf.data pipeline, its `strategy.run` train step (forward, Eq. 5 loss, backward, clipping, AdamW)
 and its `predict` (the ``tiny`` size, or the spec's ``model``: ``gpt1`` for ``--mode=gpt1``, on any task's
 records).
-``generate`` and ``exported`` (``--mode=gpt1``): ``GPT1CausalLM.generate`` with the key/value cache
-(``bench.speed_table``'s), and a classifier exported by ``serving.export.export_task_at`` predicting SST-2's dev
-sentences through its ``serving_default`` signature, at GPT-1's size.
+``generate`` and ``exported`` (``--mode=gpt1``): ``GPT1CausalLM.generate`` with the key/value cache, and a
+classifier exported by ``serving.export.export_task_at`` predicting SST-2's dev sentences through its
+``serving_default`` signature, at GPT-1's size.
 ``hf``: `transformers.Trainer` fine-tuning `OpenAIGPTForSequenceClassification`
 of the same shape, driven from a callback, with dynamic padding (each batch padded to its longest
 text) and ``train_sampling_strategy="group_by_length"`` (transformers 5's name for
@@ -256,24 +256,29 @@ def _rows(ragged, rows):
 
 class Generate:
     """GPT-1's size, random weights: ``evaluate()`` is one greedy ``generate`` (the key/value cache) of
-    ``new_tokens`` after a ``prompt_tokens`` prompt (``bench.speed_table``'s stack ``ours_cache``)."""
+    ``new_tokens`` after a 32-token prompt (as ``bench.speed_table --mode=generate`` times it)."""
 
     def __init__(self, spec):
         import keras
+        import numpy as np
 
-        from bench.speed_table import _ours, _prompt
         from gpt_tf.config import get_size
+        from gpt_tf.gpt1.build import causal_lm_for
 
         if spec["precision"] != "float32":
             keras.mixed_precision.set_dtype_policy(spec["precision"])
+        keras.utils.set_random_seed(0)
         config = get_size("gpt1")
-        self.new_tokens = spec["new_tokens"]
-        self.run = _ours({"weights": "random", "stack": "ours_cache", "prompt": _prompt(config.vocab_size, 32),
-                          "prompt_tokens": 32, "new_tokens": self.new_tokens}, config)[1]
+        self.lm, self.new_tokens = causal_lm_for(config), spec["new_tokens"]
+        self.lm.use_sampler("greedy")
+        total = 32 + self.new_tokens
+        ids = np.zeros((1, total), np.int32)
+        ids[0, :32] = np.random.default_rng(0).integers(0, config.vocab_size, 32)
+        self.inputs = {"token_ids": ids, "padding_mask": np.arange(total)[None, :] < 32}
         self.info = {"n_params": config.n_params}
 
     def evaluate(self) -> dict:
-        self.run()
+        self.lm.generate(self.inputs, stop_token_ids=None)
         return {"examples": self.new_tokens}
 
 
