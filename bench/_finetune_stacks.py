@@ -9,7 +9,12 @@ same records as token-id views (``<s> text <e>``, cut to n_ctx as `gpt_tf.data.t
 
 ``ours``: `gpt_tf.training.task_objective.Finetuner`, the loop `python -m gpt_tf.train --task=sst2` runs: its
 tf.data pipeline, its `strategy.run` train step (forward, Eq. 5 loss, backward, clipping, AdamW)
-and its `predict`. ``hf``: `transformers.Trainer` fine-tuning `OpenAIGPTForSequenceClassification`
+and its `predict` (the ``tiny`` size, or the spec's ``model``: ``gpt1`` for ``--mode=gpt1``, on any task's
+records).
+``generate`` and ``exported`` (``--mode=gpt1``): ``GPT1CausalLM.generate`` with the key/value cache, and a
+classifier exported by ``serving.export.export_task_at`` predicting SST-2's dev sentences through its
+``serving_default`` signature, at GPT-1's size.
+``hf``: `transformers.Trainer` fine-tuning `OpenAIGPTForSequenceClassification`
 of the same shape, driven from a callback, with dynamic padding (each batch padded to its longest
 text) and ``train_sampling_strategy="group_by_length"`` (transformers 5's name for
 ``group_by_length=True``; it also orders evaluation by length).
@@ -18,6 +23,7 @@ text) and ``train_sampling_strategy="group_by_length"`` (transformers 5's name f
 from __future__ import annotations
 
 import json
+import resource
 import sys
 import time
 from pathlib import Path
@@ -26,6 +32,8 @@ from bench.harness import cpu_seconds, emit as _emit, use_speed_choices
 
 VIEWS_FILE = "views.json"
 HOLDOUT_FRACTION = 0.06
+GPT1_TASKS = {"rte": "glue/RTE", "mrpc": "glue/MRPC", "stsb": "glue/STS-B", "cola": "glue/CoLA", "sst2": "glue/SST-2",
+              "story_cloze": "story_cloze"}  # --mode=gpt1: the tasks of configs/finetune_<task>_gpt1.flags, their files
 
 
 def train_bpe(root: Path, shared: Path, books: int, log=print) -> Path:
@@ -68,6 +76,28 @@ def prepare_data(root: Path, shared: Path, books: int, n_ctx: int, log=print) ->
     if not views.exists():
         views.write_text(json.dumps({split: _views(task_dir, split, n_ctx) for split in ("train", "dev")}))
     return task_dir
+
+
+def gpt1_task_data(shared: Path, task: str, batch_size: int) -> tuple[Path, int, list]:
+    """``--mode=gpt1``'s data: the task's records tokenized with GPT-1's BPE (``data/tasks_gpt1/<task>``, built when
+    missing), its ``configs/finetune_<task>_gpt1.flags``'s ``--n_ctx``, and its first epoch's plan: each global batch's
+    padded length, in the order the fine-tuning loop (seed 0) takes them."""
+    import tensorflow as tf
+
+    from gpt_tf.data.task_batches import bucket_lengths, epoch_plan
+    from gpt_tf.data.transforms import load_task_spec, record_lengths
+    from gpt_tf.data.records import read_manifest
+    from pipelines.finetune_data import build_task_data
+
+    folder = Path(f"data/tasks_gpt1/{task}")
+    build_task_data(task, shared / GPT1_TASKS[task], shared / "gpt1_bpe", folder, show_progress=False,
+                    **({"holdout_fraction": 0.2} if task == "story_cloze" else {}))
+    flagfile = (Path(__file__).resolve().parents[1] / "configs" / f"finetune_{task}_gpt1.flags").read_text()
+    n_ctx = int(next(line for line in flagfile.splitlines() if line.startswith("--n_ctx=")).split("=")[1])
+    entry = read_manifest(str(folder))["splits"]["train"]
+    records = next(iter(tf.data.TFRecordDataset(str(folder / entry["file"]), "GZIP").batch(entry["examples"] + 1)))
+    lengths = record_lengths(load_task_spec(str(folder)), records, n_ctx)
+    return folder, n_ctx, epoch_plan(lengths, bucket_lengths(n_ctx), batch_size, 0, 0, True)[1].numpy().tolist()
 
 
 def _views(task_dir: Path, split: str, n_ctx: int) -> dict:
@@ -139,7 +169,7 @@ class Ours:
         if spec["precision"] != "float32":
             keras.mixed_precision.set_dtype_policy(spec["precision"])
         task_dir = spec["task_dir"]
-        model_config = get_size("tiny", n_ctx=spec["n_ctx"])
+        model_config = get_size(spec.get("model", "tiny"), n_ctx=spec["n_ctx"])
         use_speed_choices(model_config, "float32" if spec["precision"] == "float32" else "bfloat16")
         config = FinetuneConfig(data_dir=task_dir, run_dir=tempfile.mkdtemp(prefix="finetune_speed_"),
                                 batch_size=spec["batch_size"], lm_coef=spec["lm_coef"], precision=spec["precision"],
@@ -164,6 +194,10 @@ class Ours:
     def evaluate(self) -> dict:
         outs, _ = self.tuner.predict("dev")
         return {"examples": int(len(outs))}
+
+    def seek(self, batch: int) -> None:
+        """The next step takes the run's global batch ``batch`` (``--mode=gpt1``: a step of a chosen length)."""
+        self.iterator = iter(self.tuner._dataset(self.tuner.heads[0], "train", training=True, start_batch=batch))
 
 
 class KerasFit:
@@ -213,6 +247,71 @@ class KerasFit:
     def evaluate(self) -> dict:
         out = self.model.predict(self.dev, verbose=0)
         return {"examples": int(len(out))}
+
+
+class Generate:
+    """GPT-1's size, random weights: ``evaluate()`` is one greedy ``generate`` (the key/value cache) of
+    ``new_tokens`` after a 32-token prompt (as ``bench.speed_table --mode=generate`` times it)."""
+
+    def __init__(self, spec):
+        import keras
+        import numpy as np
+
+        from gpt_tf.config import get_size
+        from gpt_tf.gpt1.build import causal_lm_for
+
+        if spec["precision"] != "float32":
+            keras.mixed_precision.set_dtype_policy(spec["precision"])
+        keras.utils.set_random_seed(0)
+        config = get_size("gpt1")
+        self.lm, self.new_tokens = causal_lm_for(config), spec["new_tokens"]
+        self.lm.use_sampler("greedy")
+        total = 32 + self.new_tokens
+        ids = np.zeros((1, total), np.int32)
+        ids[0, :32] = np.random.default_rng(0).integers(0, config.vocab_size, 32)
+        self.inputs = {"token_ids": ids, "padding_mask": np.arange(total)[None, :] < 32}
+        self.info = {"n_params": config.n_params}
+
+    def evaluate(self) -> dict:
+        self.lm.generate(self.inputs, stop_token_ids=None)
+        return {"examples": self.new_tokens}
+
+
+class Exported:
+    """A GPT-1-size ``GPT1TextClassifier`` (random weights, GPT-1's BPE) exported by ``serving.export.export_task_at``
+    and loaded back: ``evaluate()`` predicts SST-2's dev sentences in batches through ``serving_default``."""
+
+    def __init__(self, spec):
+        import tempfile
+
+        import keras
+        import tensorflow as tf
+
+        import gpt_tf
+        from gpt_tf.config import get_size
+        from serving.export import export_task_at
+
+        if spec["precision"] != "float32":
+            keras.mixed_precision.set_dtype_policy(spec["precision"])
+        keras.utils.set_random_seed(0)
+        preprocessor = gpt_tf.GPT1TaskPreprocessor(gpt_tf.GPT1Tokenizer(spec["tokenizer_dir"]),
+                                                   sequence_length=spec["n_ctx"])
+        backbone = gpt_tf.GPT1Backbone.from_gpt_config(get_size("gpt1", n_ctx=spec["n_ctx"]))
+        model = gpt_tf.GPT1TextClassifier(backbone, 2, preprocessor, compile=False)
+        start = time.perf_counter()
+        path = export_task_at(model, tempfile.mkdtemp(prefix="finetune_speed_export_") + "/model")
+        self.serve = tf.saved_model.load(path).signatures["serving_default"]
+        lines = (Path(spec["glue_dir"]) / "SST-2" / "dev.tsv").read_text(encoding="utf-8").splitlines()[1:]
+        self.texts, self.batch_size = [line.split("\t")[0] for line in lines], spec["batch_size"]
+        self.info = {"export_s": round(time.perf_counter() - start, 1), "examples": len(self.texts)}
+
+    def evaluate(self) -> dict:
+        import tensorflow as tf
+
+        for i in range(0, len(self.texts), self.batch_size):
+            out = self.serve(sentence=tf.constant(self.texts[i:i + self.batch_size]))
+        _ = [v.numpy() for v in out.values()]  # waits for the last batch
+        return {"examples": len(self.texts)}
 
 
 # ----------------------------------------------------------------------------- transformers
@@ -290,16 +389,21 @@ def emit(kind: str, payload: dict) -> None:
 def _timed(fn) -> dict:
     start_wall, start_cpu = time.perf_counter(), cpu_seconds()
     out = fn()
-    return {**out, "s": time.perf_counter() - start_wall, "cpu_s": cpu_seconds() - start_cpu}
+    return {**out, "s": time.perf_counter() - start_wall, "cpu_s": cpu_seconds() - start_cpu,
+            "peak_rss_mib": round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024)}
 
 
 def worker_main(spec: dict) -> None:
     """Answers ``train`` (``spec['train_steps']`` steps) and ``eval`` (one pass) lines on stdin until it closes."""
-    if spec["stack"] in ("ours", "keras_fit"):
-        stack = Ours(spec) if spec["stack"] == "ours" else KerasFit(spec)
+    stacks = {"ours": Ours, "keras_fit": KerasFit, "generate": Generate, "exported": Exported}
+    if spec["stack"] in stacks:
+        stack = stacks[spec["stack"]](spec)
         emit("READY", stack.info)
         for line in sys.stdin:
             command = line.strip()
+            if command.startswith("seek "):  # untimed: the iterator the next steps read
+                stack.seek(int(command.split()[1]))
+                command = "train"
             emit("DONE", _timed(lambda: stack.train(spec["train_steps"]) if command == "train" else stack.evaluate()))
         return
 

@@ -36,7 +36,7 @@ LONGEST_FIRST = ("serving_e2e", "test_walkthrough", "test_gpt1_harness", "test_f
                  "test_gpt1_presets_cli", "test_backends", "test_finetune", "test_tokenizer", "test_scale",
                  "test_server_hardening", "test_serving_ab", "test_jax_distribution", "test_jax_pretrain",
                  "test_torch_pretrain", "test_disk_faults", "test_gpt1_family", "test_fuzz_serving",
-                 "test_hot_swap_memory", "test_buckets")
+                 "test_hot_swap_memory", "test_hf_checkpoint", "test_buckets")
 
 
 # The numerics-sensitive tests: they compare floats TensorFlow computes, against a reference, between two computation
@@ -56,6 +56,8 @@ NUMERICS = (
     "test_gpt1_family::test_release_shards_and_runs_convert_to_presets",
     "test_gpt1_family::test_regression_and_multiple_choice_fit_and_predict",
     "test_zero_shot::test_scorer_equals_numpy_log_probs",
+    "test_hf_checkpoint::test_lm_logits_equal_transformers_on_the_same_folder",
+    "test_hf_checkpoint::test_pytorch_model_bin_gives_the_same_weights_and_transformers_logits",
     "test_finetune_loop::test_kill_9_then_resume_gives_bit_identical_weights",
     "test_finetune_loop::test_kill_9_mid_epoch_then_resume_gives_bit_identical_weights",
     "test_finetune_loop::test_sigterm_saves_exits_143_and_the_same_command_resumes_to_the_same_weights",
@@ -97,7 +99,13 @@ def pytest_collection_modifyitems(config, items):
     """Under pytest-xdist (`scripts/test.sh`: two workers, ``--dist loadgroup``), a test file runs whole on
     one worker (its module fixtures are built once) and tests/serving_e2e/ runs whole on one (its package
     fixtures, the exported models and the server, cost minutes); the groups in LONGEST_FIRST come first, in
-    that order, the others in the order collected. Runs before xdist reads the groups."""
+    that order, the others in the order collected. Runs before xdist reads the groups. The tests marked ``slow``
+    are deselected unless ``-m`` names them (``-m slow``; the numerics run's ``-m numerics`` does not)."""
+    if config is not None and "slow" not in (config.getoption("markexpr", "") or ""):
+        slow = [item for item in items if item.get_closest_marker("slow")]
+        if slow:
+            config.hook.pytest_deselected(items=slow)
+            items[:] = [item for item in items if not item.get_closest_marker("slow")]
     rank = {group: i for i, group in enumerate(LONGEST_FIRST)}
     items.sort(key=lambda item: rank.get(xdist_group(item.path), len(rank)))  # stable: files stay together
     for item in items:

@@ -8,6 +8,8 @@ these imports it from here rather than from another test file.
 from __future__ import annotations
 
 import contextlib
+import hashlib
+import json
 import os
 import select
 import shutil
@@ -43,22 +45,23 @@ TRAIN_FLAGS = ["--model=test", "--batch_size=8", "--warmup_steps=1", "--learning
                "--eval_batches=1", "--sample_length=4", "--seed=3", "--progress=false", "--checkpoint_every=2"]
 
 
-def run_cli(module: str, *args, check: bool = True, timeout: int = 300) -> subprocess.CompletedProcess:
-    """``python -m module *args`` from the repo root; with ``check``, a non-zero exit fails with its output."""
-    proc = subprocess.run([sys.executable, "-m", module, *args], cwd=ROOT, env=ENV, capture_output=True, text=True,
-                          timeout=timeout)
+def run_cli(module: str, *args, check: bool = True, timeout: int = 300, env=None) -> subprocess.CompletedProcess:
+    """``python -m module *args`` from the repo root (``env``: instead of ``ENV``); with ``check``, a non-zero exit
+    fails with its output."""
+    proc = subprocess.run([sys.executable, "-m", module, *args], cwd=ROOT, env=env or ENV, capture_output=True,
+                          text=True, timeout=timeout)
     if check and proc.returncode != 0:
         raise AssertionError(f"{module} {' '.join(args)} failed ({proc.returncode}):\n{proc.stdout}\n{proc.stderr}")
     return proc
 
 
-def run_clis(*calls, timeout: int = 300) -> list[subprocess.CompletedProcess]:
+def run_clis(*calls, timeout: int = 300, env=None) -> list[subprocess.CompletedProcess]:
     """Independent ``run_cli`` calls, each ``(module, *args)``, run at once (most of a small run is the
     single-threaded start-up); their results in order, each checked as ``run_cli`` checks it."""
     from concurrent.futures import ThreadPoolExecutor
 
     with ThreadPoolExecutor(len(calls)) as pool:
-        return list(pool.map(lambda call: run_cli(*call, timeout=timeout), calls))
+        return list(pool.map(lambda call: run_cli(*call, timeout=timeout, env=env), calls))
 
 
 def start(args, env=None) -> subprocess.Popen:
@@ -369,3 +372,78 @@ def fuzz_settings(examples: int, **more):
     return settings(max_examples=count, deadline=None, database=None, print_blob=True,
                     suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large,
                                            HealthCheck.function_scoped_fixture], **more)
+
+
+# GPT-1 as transformers publishes it (tests/test_hf_checkpoint.py, test_hf_checkpoint_cli.py): checkpoints written
+# here, offline, with GPT-1's released BPE files, and the Hugging Face cache an hf:// download would leave.
+GPT1_BPE = ROOT.parent / "shared" / "data" / "gpt1_bpe"
+GPT1_BPE_TOKENS = 40478
+HF_REPO = "openai-community/openai-gpt"
+
+
+def write_tokenizer_files(folder: Path) -> None:
+    """GPT-1's ``encoder_bpe_40000.json`` and ``vocab_40000.bpe`` as ``vocab.json`` and ``merges.txt``, laid out as
+    ``transformers``' OpenAIGPT tokenizer wrote them (sorted keys, indent 2; the merges after ``#version: 0.2``)."""
+    encoder = json.loads((GPT1_BPE / "encoder_bpe_40000.json").read_text(encoding="utf-8"))
+    (folder / "vocab.json").write_text(json.dumps(encoder, indent=2, sort_keys=True, ensure_ascii=False) + "\n",
+                                       encoding="utf-8")
+    merges = (GPT1_BPE / "vocab_40000.bpe").read_text(encoding="utf-8").splitlines()[1:]
+    (folder / "merges.txt").write_text("#version: 0.2\n" + "\n".join(merges) + "\n", encoding="utf-8")
+
+
+def write_checkpoint(root: Path, shape: dict, seed: int = 0) -> dict:
+    """A seeded random ``OpenAIGPTLMHeadModel`` of ``shape``: ``root/safetensors`` (``save_pretrained``) and
+    ``root/bin`` (``pytorch_model.bin``: ``torch.save`` of its state dict, what ``save_pretrained(
+    safe_serialization=False)`` wrote before transformers 5, which writes safetensors only), each with the tokenizer
+    files. Returns both folders."""
+    import torch
+    from transformers import OpenAIGPTConfig, OpenAIGPTLMHeadModel
+
+    torch.manual_seed(seed)
+    model = OpenAIGPTLMHeadModel(OpenAIGPTConfig(vocab_size=GPT1_BPE_TOKENS, **shape)).eval()
+    folders = {"safetensors": root / "safetensors", "bin": root / "bin"}
+    model.save_pretrained(folders["safetensors"])
+    folders["bin"].mkdir(parents=True)
+    model.config.save_pretrained(folders["bin"])
+    torch.save(model.state_dict(), folders["bin"] / "pytorch_model.bin")
+    for folder in folders.values():
+        write_tokenizer_files(folder)
+    return folders
+
+
+def fill_hub_cache(hub_cache: Path, repo: str, source: Path, revision: str = "0" * 40) -> None:
+    """``source``'s files as the Hugging Face cache holds a download of ``repo``: ``blobs/<sha256>``,
+    ``snapshots/<revision>/<name>`` linking to them and ``refs/main`` naming the revision."""
+    storage = hub_cache / f"models--{repo.replace('/', '--')}"
+    (storage / "blobs").mkdir(parents=True, exist_ok=True)
+    (storage / "refs").mkdir(exist_ok=True)
+    snapshot = storage / "snapshots" / revision
+    snapshot.mkdir(parents=True, exist_ok=True)
+    for path in sorted(p for p in source.rglob("*") if p.is_file()):
+        digest = hashlib.sha256(path.read_bytes()).hexdigest()
+        blob = storage / "blobs" / digest
+        if not blob.exists():
+            try:
+                os.link(path, blob)
+            except OSError:
+                shutil.copyfile(path, blob)
+        link = snapshot / path.relative_to(source)
+        link.parent.mkdir(parents=True, exist_ok=True)
+        link.symlink_to(os.path.relpath(blob, link.parent))
+    (storage / "refs" / "main").write_text(revision)
+
+
+def hub_env(hf_home: Path) -> dict:
+    """The environment of a process that reads the Hugging Face cache at ``hf_home`` only (``HF_HUB_OFFLINE=1``)."""
+    env = {k: v for k, v in ENV.items() if k not in ("HF_HUB_CACHE", "HUGGINGFACE_HUB_CACHE", "TRANSFORMERS_CACHE")}
+    return {**env, "HF_HOME": str(hf_home), "HF_HUB_OFFLINE": "1"}
+
+
+def transformers_logits(folder: Path, ids: np.ndarray) -> np.ndarray:
+    """``transformers``' ``OpenAIGPTLMHeadModel`` loaded from ``folder``: its logits of ``ids`` [B, T]."""
+    import torch
+    from transformers import OpenAIGPTLMHeadModel
+
+    model = OpenAIGPTLMHeadModel.from_pretrained(folder).eval()
+    with torch.no_grad():
+        return model(torch.from_numpy(ids.astype(np.int64))).logits.numpy()

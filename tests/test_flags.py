@@ -135,7 +135,10 @@ def test_the_shipped_flagfiles_break_no_rule(monkeypatch, flagfile):
 PAPER_RECIPE = {"learning_rate": 6.25e-5, "batch_size": 32, "epochs": 3, "lr_decay": "linear", "warmup_fraction": 0.002,
                 "lm_coef": 0.5, "clf_pdrop": 0.1, "weight_decay": 0.01, "clip_norm": 1.0, "log_every": 20}
 TASK_FLAGFILES = sorted(p.name for p in (ROOT / "configs").glob("finetune_*.flags")
-                        if p.name != "finetune_paper.flags" and not p.stem.endswith("_tiny"))
+                        if p.name != "finetune_paper.flags" and not p.stem.endswith(("_tiny", "_gpt1")))
+# GPT-1 itself (117M, docs/real_gpt1.md): the paper's recipe, each task's context holding its longest example
+GPT1_FLAGFILES = {"finetune_rte_gpt1.flags": 320, "finetune_mrpc_gpt1.flags": 128, "finetune_stsb_gpt1.flags": 128,
+                  "finetune_cola_gpt1.flags": 48, "finetune_sst2_gpt1.flags": 64, "finetune_story_cloze_gpt1.flags": 80}
 
 
 def test_the_code_and_the_flagfile_hold_the_same_recipe():
@@ -170,6 +173,16 @@ def test_every_task_flagfile_is_the_paper_recipe_plus_its_task(monkeypatch):
         assert resolved(flagfile) == {**PAPER_RECIPE, "task": task, "data_dir": f"data/tasks/{task}",
                                       "run_dir": f"runs/finetune_{task}"}, flagfile
         assert own_lines(flagfile).keys() == {"task", "data_dir", "run_dir"}, "the recipe belongs in finetune_paper.flags"
+
+
+def test_the_gpt1_flagfiles_are_the_paper_recipe_at_gpt1s_size_on_gpt1s_bpe_data(monkeypatch):
+    monkeypatch.chdir(ROOT)
+    assert sorted(GPT1_FLAGFILES) == sorted(p.name for p in (ROOT / "configs").glob("finetune_*_gpt1.flags"))
+    for flagfile, n_ctx in GPT1_FLAGFILES.items():
+        task = flagfile[len("finetune_"):-len("_gpt1.flags")]
+        assert resolved(flagfile) == {**PAPER_RECIPE, "task": task, "data_dir": f"data/tasks_gpt1/{task}",
+                                      "run_dir": f"runs/finetune_{task}_gpt1", "n_ctx": n_ctx}, flagfile
+        assert "--tokenizer_dir=../shared/data/gpt1_bpe" in (ROOT / "configs" / flagfile).read_text(), flagfile
 
 
 @pytest.mark.parametrize("flagfile", sorted(p.name for p in (ROOT / "configs").glob("finetune_*_tiny.flags")))

@@ -264,8 +264,10 @@ def _runtime_files() -> list[Path]:
 
 
 # A Keras backend's own package, imported only once ``keras.config.backend()`` names that backend: installed
-# wherever that code runs (Keras on JAX imports JAX first), so no dependency of the package.
-BACKEND_IMPORTS = {("gpt_tf/backend.py", "jax")}
+# wherever that code runs (Keras on JAX imports JAX first), so no dependency of the package. PyTorch also where a
+# transformers checkpoint comes as pytorch_model.bin alone (gpt_tf/convert/hf.py: without it, one line naming
+# `pip install torch`; model.safetensors needs no PyTorch).
+BACKEND_IMPORTS = {("gpt_tf/backend.py", "jax"), ("gpt_tf/convert/hf.py", "torch")}
 
 
 def _third_party_imports() -> dict[str, list[str]]:

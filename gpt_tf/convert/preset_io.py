@@ -23,6 +23,7 @@ TASK_FILE = "task.json"  # a task preset's: the task's class and config (its wei
 TOKENIZER_ASSETS = os.path.join("assets", "tokenizer")
 SHIPPED_DIR = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "presets")  # package data: named presets
 PRESET_ALIASES = {"books_tiny": "gpt1_tiny_books_en"}  # earlier names of shipped presets -> their names
+HF_SCHEME = "hf://"  # a Hugging Face Hub handle: a keras-hub preset there, or a transformers checkpoint (convert/hf.py)
 
 
 def is_preset(path: str) -> bool:
@@ -66,10 +67,11 @@ def shipped_presets() -> dict:
 
 def locate(path) -> str:
     """Where the weights ``path`` names are: ``path`` itself where something is there (a folder or a file, or a
-    checkpoint prefix: ``<path>.index``), else the folder of the shipped preset it names (``shipped_presets``: a
+    checkpoint prefix: ``<path>.index``) or where it is an ``hf://`` handle (a transformers checkpoint on the Hugging
+    Face Hub, ``gpt_tf/convert/hf.py``), else the folder of the shipped preset it names (``shipped_presets``: a
     name or an earlier name). ValueError when it is neither, naming the shipped presets."""
     path = os.fspath(path)
-    if os.path.exists(path) or os.path.exists(path + ".index"):
+    if os.path.exists(path) or os.path.exists(path + ".index") or path.startswith(HF_SCHEME):
         return path
     shipped = shipped_presets()
     if path in shipped:

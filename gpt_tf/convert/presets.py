@@ -4,7 +4,9 @@
 A pre-training run becomes a backbone preset (its latest checkpoint, and the tokenizer its data manifest names);
 a fine-tuning run a task preset (the keras-hub task of its primary head, label names and tokenizer included);
 GPT-1's released shards and a ``transformers`` ``OpenAIGPT`` state dict (``tools/torch_pretrain``'s GPU-trained
-``weights-<step>.part<k>.npz`` included) a backbone preset of a model size. ``python -m gpt_tf.convert`` is their
+``weights-<step>.part<k>.npz`` included) a backbone preset of a model size; a ``transformers`` checkpoint folder
+or ``hf://`` handle (``openai-community/openai-gpt``: the paper's model; ``gpt_tf/convert/hf.py``) a backbone preset
+with its tokenizer and a model card. ``python -m gpt_tf.convert`` is their
 command line. A preset starts training wherever a run would (``--init_checkpoint``, ``pretrained.py``) and is
 exported like one (``python -m serving.export --preset``).
 """
@@ -161,3 +163,82 @@ def preset_from_preset(source_dir: str, preset_dir: str) -> str:
                 shutil.rmtree(target)
             shutil.move(os.path.join(tmp, name), target)
     return preset_dir
+
+
+def preset_from_hf(source: str, preset_dir: str, weights_dtype: str = "float32") -> str:
+    """A ``transformers`` GPT-1 checkpoint (a folder or an ``hf://`` handle, ``gpt_tf/convert/hf.py``) as a backbone
+    preset: its weights with the special-token rows added, its ``vocab.json`` + ``merges.txt`` written in GPT-1's
+    two-file format as the tokenizer's assets, and a model card (``README.md``: source, licence, sizes)."""
+    import os  # pylint: disable=import-outside-toplevel
+    import tempfile  # pylint: disable=import-outside-toplevel
+
+    from gpt_tf.convert import hf  # pylint: disable=import-outside-toplevel
+    from gpt_tf.text.tokenizer import GPTTokenizer  # pylint: disable=import-outside-toplevel
+
+    checkpoint = hf.open_checkpoint(source)
+    hf.from_hf(GPT1Tokenizer, checkpoint)  # the tokenizer's errors before the weights are read
+    backbone = hf.from_hf(GPT1Backbone, checkpoint)
+    with tempfile.TemporaryDirectory() as tokenizer_dir:
+        GPTTokenizer.from_files(*checkpoint.tokenizer_files()).save(tokenizer_dir)
+        save_backbone_preset(backbone, tokenizer_dir, preset_dir, weights_dtype)
+    weights_mb = os.path.getsize(os.path.join(preset_dir, "model.weights.h5")) / 2**20
+    name = os.path.basename(os.path.abspath(preset_dir))
+    with open(os.path.join(preset_dir, "README.md"), "w", encoding="utf-8") as f:
+        f.write(hf_model_card(checkpoint.source, checkpoint.config, weights_mb, name))
+    return preset_dir
+
+
+def hf_model_card(source: str, config, weights_mb: float, name: str) -> str:
+    """The model card of a preset converted from a ``transformers`` GPT-1 checkpoint (YAML header as the Hugging Face
+    and Kaggle hubs read it)."""
+    cells = [f"{config.n_params / 1e6:.1f}M", config.n_layer, config.n_embd, config.n_head, config.d_ff, config.n_ctx,
+             f"{config.vocab_size:,}", config.n_special, f"{weights_mb:.0f} MB (`model.weights.h5`)"]
+    row = "| " + " | ".join(map(str, cells)) + " |"
+    return f"""---
+license: mit
+library_name: keras-hub
+language:
+- en
+pipeline_tag: text-generation
+tags:
+- gpt1
+- keras
+- keras-hub
+- tensorflow
+- jax
+- pytorch
+---
+
+# {name}
+
+GPT-1 (Radford et al. 2018, *Improving Language Understanding by Generative Pre-Training*) as a gpt-tf keras-hub
+preset, converted from the `transformers` checkpoint `{source}` by `python -m gpt_tf.convert --hf={source}`.
+
+```python
+import gpt_tf
+preset = "path/to/{name}"  # this folder
+lm = gpt_tf.GPT1CausalLM.from_preset(preset)
+classifier = gpt_tf.GPT1TextClassifier.from_preset(preset, num_classes=2)
+```
+
+`python -m gpt_tf.train --task=... --init_checkpoint=<this folder>` fine-tunes it; the task data is tokenized with
+`assets/tokenizer/` (GPT-1's BPE: `--tokenizer_dir` of `python -m pipelines.finetune_data`).
+
+## Model
+
+| parameters | blocks | width | heads | feed-forward | context | BPE tokens | special tokens | weights file |
+|---|---|---|---|---|---|---|---|---|
+{row}
+
+The token table holds the checkpoint's {config.vocab_size:,} BPE rows, then {config.n_special} rows for the special
+tokens of the paper's §3.3 (start `_start_`, delimiter `_delimiter_`, extract `_classify_`, pad `_pad_`), which
+the pre-trained language model never had: they are drawn from N(0, {config.init_std}) as the release's code draws
+them, and fine-tuning draws them again from its own seed.
+
+## Source and licence
+
+Weights and tokenizer from `{source}`. GPT-1's weights and BPE files were released by OpenAI under the MIT licence
+(github.com/openai/finetune-transformer-lm), as is the Hugging Face repository `openai-community/openai-gpt`; a
+checkpoint from elsewhere carries its own terms. The conversion copies the weights and adds the special rows; it
+trains nothing.
+"""

@@ -2,11 +2,12 @@
 
 A path names them (``--init_checkpoint``, the LM export): a pre-training run folder (its latest checkpoint), one
 of its checkpoint prefixes (``runs/x/checkpoints/ckpt-N``), a folder of GPT-1's release shards
-(``params_0.npy`` … + ``params_shapes.json``) or a keras-hub preset folder (``config.json`` +
-``model.weights.h5``), or a shipped preset's name does where no such path is there (``gpt1_tiny_books_en``, its
-earlier name ``books_tiny``: ``preset_io.locate``), so a shipped preset is usable wherever a run is.
-``pretrained_model_config`` is the model it
-implies, ``restore_pretrained_lm`` reads its weights into a ``GPT1CausalLM``; fine-tuning starts from it
+(``params_0.npy`` … + ``params_shapes.json``), a keras-hub preset folder (``config.json`` +
+``model.weights.h5``) or a ``transformers`` GPT-1 checkpoint (a folder ``save_pretrained`` wrote, or an ``hf://``
+handle such as ``hf://openai-community/openai-gpt``: ``gpt_tf/convert/hf.py``), or a shipped preset's name does
+where no such path is there (``gpt1_tiny_books_en``, its earlier name ``books_tiny``: ``preset_io.locate``), so a
+shipped preset is usable wherever a run is. ``pretrained_model_config`` is the model it implies,
+``restore_pretrained_lm`` reads its weights into a ``GPT1CausalLM``; fine-tuning starts from it
 (``initialise_from_pretrained``: the embeddings and the first blocks into a task model's backbone) and so does
 continued pre-training (``continue_from_pretrained``, with the model ``continued_model_config`` gives).
 The configs are found before TensorFlow starts (nothing here imports it until weights are read).
@@ -16,7 +17,7 @@ from __future__ import annotations
 
 import os
 
-from gpt_tf.convert import preset_io
+from gpt_tf.convert import hf, preset_io
 from gpt_tf.config import GPTConfig, get_size
 from gpt_tf.runs.files import CHECKPOINTS, MODEL_CONFIG, read_model_config
 
@@ -30,16 +31,19 @@ def is_release(path: str) -> bool:
 
 def pretrained_model_config(path: str) -> GPTConfig:
     """The GPTConfig of a pre-training (or fine-tuning) run dir, a checkpoint prefix, GPT-1 release shards, a
-    keras-hub preset folder (``gpt_tf/convert/preset_io.py``) or a shipped preset's name."""
+    keras-hub preset folder (``gpt_tf/convert/preset_io.py``), a shipped preset's name or a ``transformers``
+    checkpoint (``gpt_tf/convert/hf.py``)."""
     path = preset_io.locate(path)
     if is_release(path):
         return get_size("gpt1")
+    if hf.is_hf_checkpoint(path):
+        return hf.checkpoint_config(path)
     if preset_io.is_preset(path):
         return preset_io.preset_config(path)
     run_dir = path if os.path.isdir(path) else os.path.dirname(os.path.dirname(path))  # run/checkpoints/ckpt-N
     if not os.path.isfile(os.path.join(run_dir, MODEL_CONFIG)):
         raise FileNotFoundError(f"{os.path.join(run_dir, MODEL_CONFIG)} not found: {path} is not a gpt_tf run (nor "
-                                "GPT-1 release shards, nor a preset folder)")
+                                "GPT-1 release shards, a preset folder or a transformers checkpoint)")
     return read_model_config(run_dir)
 
 
@@ -62,6 +66,8 @@ def restore_pretrained_lm(lm, path: str) -> str:
     """Loads the pre-trained weights at ``path`` (see the module doc) into the ``GPT1CausalLM`` ``lm``; returns
     what was read (the weights file, the shards' folder or the checkpoint prefix)."""
     path = preset_io.locate(path)
+    if hf.is_hf_checkpoint(path):
+        return hf.load_checkpoint_weights(lm.backbone, path)
     if preset_io.is_preset(path):
         return preset_io.load_preset_weights(lm.backbone, path)
     if is_release(path):

@@ -24,6 +24,7 @@ from gpt_tf.config import GPTConfig
 from gpt_tf.convert.old_layout import is_old_layout, load_old_layout
 from gpt_tf.nn.embedding import GPTEmbedding
 from gpt_tf.nn.layers import PACKAGE, TransformerBlock
+from gpt_tf.convert.hf import FROM_PRESET
 
 
 def token_inputs(token_ids) -> dict:
@@ -71,6 +72,7 @@ class GPT1Backbone(keras_hub.models.Backbone):
     ```
     """
 
+    from_preset = FROM_PRESET  # keras-hub's, and a transformers GPT-1 checkpoint too (gpt_tf/convert/hf.py)
     model_type = "gpt"  # the GPTConfig.model_type it builds (the LSTM baseline's subclass: "lstm")
     supports_cache = True  # its blocks take a key/value cache (GPT1CausalLM.call_with_cache)
 

@@ -26,6 +26,7 @@ from gpt_tf.gpt1.backbone import GPT1Backbone
 from gpt_tf.gpt1.causal_lm_preprocessor import GPT1CausalLMPreprocessor
 from gpt_tf.nn.layers import PACKAGE
 from gpt_tf.nn.objectives import TokenCrossEntropy
+from gpt_tf.convert.hf import FROM_PRESET
 
 
 @keras.saving.register_keras_serializable(package=PACKAGE)
@@ -56,6 +57,7 @@ class GPT1CausalLM(keras_hub.models.CausalLM):
 
     backbone_cls = GPT1Backbone
     preprocessor_cls = GPT1CausalLMPreprocessor
+    from_preset = FROM_PRESET  # keras-hub's, and a transformers GPT-1 checkpoint too (gpt_tf/convert/hf.py)
 
     def __init__(self, backbone, preprocessor=None, **kwargs):
         # === Layers ===

@@ -17,6 +17,7 @@ from gpt_tf.gpt1.backbone import GPT1Backbone
 from gpt_tf.gpt1.keras_hub_adapter import preprocessing_function, preset_sequence_length
 from gpt_tf.gpt1.tokenizer import GPT1Tokenizer
 from gpt_tf.nn.layers import PACKAGE
+from gpt_tf.convert.hf import FROM_PRESET
 
 
 def preset_length(loader, kwargs) -> dict:
@@ -66,6 +67,7 @@ class GPT1CausalLMPreprocessor(keras_hub.models.CausalLMPreprocessor):
 
     backbone_cls = GPT1Backbone
     tokenizer_cls = GPT1Tokenizer
+    from_preset = FROM_PRESET  # keras-hub's, and a transformers GPT-1 checkpoint too (gpt_tf/convert/hf.py)
 
     def __init__(self, tokenizer, sequence_length=None, **kwargs):
         keras_hub.models.Preprocessor.__init__(self, **kwargs)

@@ -28,6 +28,7 @@ from gpt_tf.nn.layers import PACKAGE
 from gpt_tf.tasks import INPUT_FIELDS, INPUT_TYPES
 from gpt_tf.data.task_batches import bucket_lengths
 from gpt_tf.data.transforms import transform_record
+from gpt_tf.convert.hf import FROM_PRESET
 
 CHOICES = "choices"
 PADDINGS = ("length", "bucket", "longest")
@@ -109,6 +110,7 @@ class GPT1TaskPreprocessor(keras_hub.models.TextClassifierPreprocessor):
 
     backbone_cls = GPT1Backbone
     tokenizer_cls = GPT1Tokenizer
+    from_preset = FROM_PRESET  # keras-hub's, and a transformers GPT-1 checkpoint too (gpt_tf/convert/hf.py)
 
     def __init__(self, tokenizer, sequence_length=None, input_type="single", num_choices=0, pad_to_bucket=False,
                  **kwargs):

@@ -12,6 +12,7 @@ from gpt_tf.gpt1.preprocessor import GPT1TaskPreprocessor
 from gpt_tf.gpt1.task import check_lm_coef, compile_args, task_graph
 from gpt_tf.nn.layers import PACKAGE
 from gpt_tf.nn.objectives import SquaredError
+from gpt_tf.convert.hf import FROM_PRESET
 
 # How a head combines an input type's views (gpt_tf/nn/task_head.py), and how many views it has (None: any).
 VIEWS = {"single": ("first", 1), "pair": ("first", 1), "pair_symmetric": ("sum", 2), "multiple_choice": ("each", None)}
@@ -65,6 +66,7 @@ class GPT1TextClassifier(keras_hub.models.TextClassifier):
 
     backbone_cls = GPT1Backbone
     preprocessor_cls = GPT1TaskPreprocessor
+    from_preset = FROM_PRESET  # keras-hub's, and a transformers GPT-1 checkpoint too (gpt_tf/convert/hf.py)
 
     def __init__(self, backbone, num_classes, preprocessor=None, input_type=None, dropout=0.1, lm_coef=0.5,
                  label_names=None, activation=None, **kwargs):
@@ -125,6 +127,7 @@ class GPT1TextRegressor(keras_hub.models.Task):
 
     backbone_cls = GPT1Backbone
     preprocessor_cls = GPT1TaskPreprocessor
+    from_preset = FROM_PRESET  # keras-hub's, and a transformers GPT-1 checkpoint too (gpt_tf/convert/hf.py)
 
     def __init__(self, backbone, preprocessor=None, input_type="pair_symmetric", dropout=0.1, lm_coef=0.5, **kwargs):
         input_type = _input_type(preprocessor, input_type, ("pair_symmetric", "pair", "single"))
@@ -169,6 +172,7 @@ class GPT1MultipleChoice(keras_hub.models.Task):
 
     backbone_cls = GPT1Backbone
     preprocessor_cls = GPT1TaskPreprocessor
+    from_preset = FROM_PRESET  # keras-hub's, and a transformers GPT-1 checkpoint too (gpt_tf/convert/hf.py)
 
     def __init__(self, backbone, num_choices=2, preprocessor=None, dropout=0.1, lm_coef=0.5, **kwargs):
         if isinstance(num_choices, bool) or not isinstance(num_choices, int) or num_choices < 2:

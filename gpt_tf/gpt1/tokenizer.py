@@ -22,6 +22,7 @@ from gpt_tf.gpt1.keras_hub_adapter import preprocessing_function
 from gpt_tf.nn.layers import PACKAGE
 from gpt_tf.text.tokenizer import ENCODER_FILE, MERGES_FILE, GPTTokenizer
 from gpt_tf.text.word_split import END_OF_WORD
+from gpt_tf.convert.hf import FROM_PRESET
 
 SPECIAL_TOKEN_NAMES = {"start": "_start_", "delimiter": "_delimiter_", "extract": "_classify_", "pad": "_pad_"}
 
@@ -54,6 +55,7 @@ class GPT1Tokenizer(keras_hub.tokenizers.Tokenizer):
     """
 
     backbone_cls = GPT1Backbone  # keras_hub.tokenizers.Tokenizer.from_preset finds this class for a GPT-1 preset
+    from_preset = FROM_PRESET  # keras-hub's, and a transformers GPT-1 checkpoint too (gpt_tf/convert/hf.py)
 
     def __init__(self, vocabulary=None, merges=None, **kwargs):
         super().__init__(**kwargs)
