@@ -187,6 +187,9 @@ class WeightMatmulOp : public OpKernel {
     auto work = [&](int64_t begin, int64_t end) {
       for (int64_t n = begin * kUnit; n < std::min(N, end * kUnit); ++n) {
         const TW* wn = w + n * K;
+        if (n + 4 < N)  // the row 4 ahead, a line in every 64 bytes
+          for (int64_t b = 0; b < K * static_cast<int64_t>(sizeof(TW)); b += 64)
+            wm::Prefetch(reinterpret_cast<const char*>(w + (n + 4) * K) + b);
         for (int64_t m = 0; m < M; ++m) {
           if (quantize_) {
             finish(m, n, 0.0f, ExactDotOf(rows, m, wn));

@@ -24,6 +24,11 @@ constexpr float kEpsilon = 1e-7f;  // keras.config.epsilon(), abs_max_quantize's
 constexpr int64_t kBlock = 64;     // columns a thread's share is counted in
 constexpr int64_t kRows = 8;       // rows of w [K, N] read at a time
 constexpr int64_t kMaxK = 65536;   // the exact int8 sums stay below 2^31 (K 255 127)
+constexpr int64_t kAhead = 2;      // groups of kRows rows of w [K, N] prefetched ahead of the one read
+
+// Asks for the cache line at p ahead of its use (one thread's loads alone keep too few lines in flight to read
+// memory at its rate; measured: ~7 GB/s without, one Xeon core).
+inline void Prefetch(const void* p) { __builtin_prefetch(p, 0, 3); }
 
 inline float Decode(int8_t w) { return static_cast<float>(w); }
 inline float Decode(bfloat16 w) { return ToFloat(w); }
@@ -88,7 +93,10 @@ void FloatRows(const float* x, int64_t M, int64_t K, const TW* w, int64_t N, int
   using S = Step<TW>;
   for (int64_t k = 0; k < K; k += kRows) {
     const int64_t live = std::min(kRows, K - k);
+    const bool ahead = k + (kAhead + 1) * kRows <= K;
     for (int64_t j = 0; j < cols; j += S::kCols) {
+      if (ahead)
+        for (int i = 0; i < kRows; ++i) Prefetch(w + (k + kAhead * kRows + i) * N + n0 + j);
       __m512 v[kRows][S::kVectors];
       for (int i = 0; i < kRows; ++i) {
         if (i < live) {
@@ -130,7 +138,10 @@ inline void ExactRows(const int8_t* q, int64_t M, int64_t K64, int64_t K, const 
                       int64_t cols, int32_t* sums, int64_t width) {
   const __m512i flip = _mm512_set1_epi8(static_cast<char>(0x80));
   for (int64_t k = 0; k < K; k += kRows) {
+    const bool ahead = k + (kAhead + 1) * kRows <= K;
     for (int64_t j = 0; j < cols; j += 64) {
+      if (ahead)
+        for (int i = 0; i < kRows; ++i) Prefetch(w + (k + kAhead * kRows + i) * N + n0 + j);
       const __mmask64 mask = Mask64(cols - j);
       __m512i u[2][4];
       for (int h = 0; h < 2; ++h) {
