@@ -31,7 +31,10 @@ key/value cache), its ``generate_step(use_cache=False)`` (each token runs the se
 ``transformers.OpenAIGPTLMHeadModel.generate`` (``use_cache=True``, ``do_sample=False``) on the same weights, which
 keeps no cache (transformers' GPT-1 predates them: ``use_cache`` is ignored), and ``GPT2LMHeadModel.generate`` of
 the same shape (random weights), transformers' generation with a cache; the goal: the cache ≥ 1.5× transformers.
-It also reports how many generated tokens the stacks share.
+It also reports how many generated tokens the stacks share. ``--weights=bfloat16,int8``: ours with the weights held in
+those formats too (``gpt_tf.gpt1.weight_formats``), against float32, and the anchors: transformers' GPT-2 cached in
+bfloat16 and PyTorch's dynamic int8 of it (``quantize_dynamic``), keras-hub's ``GPT2CausalLM`` in float32 and
+``quantize("int8")``; ``--generate_threads=0``: every core.
 
 ``--jax``: ours on JAX too (``KERAS_BACKEND=jax``, compiled as pre-training on JAX compiles it) as one more stack of
 every pre-training group, its own column; the goals stay TensorFlow's.
@@ -86,7 +89,9 @@ def define_flags():
     flags.DEFINE_integer("new_tokens", 128, "--mode=generate: tokens generated")
     flags.DEFINE_integer("generate_rounds", 3, "--mode=generate: timed calls per stack (after one untimed)")
     flags.DEFINE_integer("generate_threads", 1, "--mode=generate: threads of every stack (TF intra- and inter-op, "
-                         "torch intra-op); one prompt's matrices are too small to share out well")
+                         "torch intra-op; 0: every core); one prompt's matrices are too small to share out well")
+    flags.DEFINE_list("weights", [], "--mode=generate: ours with weights held in these formats too (bfloat16, int8, "
+                      "int8_weight_only), and the anchors in bfloat16 and int8")
     flags.DEFINE_bool("jax", False, "also time ours on JAX (KERAS_BACKEND=jax) in every pre-training group")
     flags.DEFINE_float("attn_pdrop", -1.0, "the pre-training steps' attention dropout, every stack alike (-1: the "
                        "paper's 0.1; 0: the fused attention where the backend has it)")
@@ -237,12 +242,16 @@ def _ours(spec, config):
     lm = causal_lm_for(config)
     if spec["weights"] == "shipped":
         load_preset_weights(lm.backbone, str(Path(SHIPPED_DIR) / "gpt1_tiny_books_en"))
+    if spec.get("format", "float32") != "float32":
+        from gpt_tf.gpt1.weight_formats import with_weights
+
+        lm = with_weights(lm, spec["format"])
     lm.use_sampler("greedy")
     total, prompt = spec["prompt_tokens"] + spec["new_tokens"], spec["prompt"]
     ids = np.zeros((1, total), np.int32)
     ids[0, : len(prompt)] = prompt
     inputs = {"token_ids": ids, "padding_mask": np.arange(total)[None, :] < len(prompt)}
-    if spec["stack"] == "ours_cache":  # the Python API's generate (keras-hub's tf.function of generate_step)
+    if spec["stack"].startswith("ours_cache"):  # the Python API's generate (keras-hub's tf.function of generate_step)
         return lm, lambda: lm.generate(inputs, stop_token_ids=None)["token_ids"][0]
     step = tf.function(lambda x: lm.generate_step(x, use_cache=False)["token_ids"])
     return lm, lambda: step(inputs).numpy()[0]
@@ -258,6 +267,7 @@ def _transformers(spec, config, state=None):
     shape = dict(vocab_size=config.vocab_size, n_positions=config.n_ctx, n_embd=config.n_embd, n_layer=config.n_layer,
                  n_head=config.n_head, layer_norm_epsilon=config.layer_norm_epsilon)
     if state is None:
+        torch.manual_seed(0)
         model = transformers.GPT2LMHeadModel(transformers.GPT2Config(**shape, activation_function="gelu_new"))
     else:
         model = transformers.OpenAIGPTLMHeadModel(transformers.OpenAIGPTConfig(**shape, afn="gelu"))
@@ -265,6 +275,10 @@ def _transformers(spec, config, state=None):
         if unexpected or [k for k in missing if not k.endswith(".attn.bias")]:
             raise ValueError(f"weights do not fit transformers' model: missing {missing}, unexpected {unexpected}")
     model = model.float().eval()
+    if spec.get("format") == "bfloat16":
+        model = model.to(torch.bfloat16)
+    elif spec.get("format") == "int8":  # PyTorch's dynamic int8 of every Linear (GPT-2's projections are Conv1D)
+        model = torch.ao.quantization.quantize_dynamic(_gpt2_linear(model), {torch.nn.Linear}, dtype=torch.qint8)
     prompt = torch.tensor([spec["prompt"]])
 
     def generate():
@@ -276,6 +290,42 @@ def _transformers(spec, config, state=None):
     return generate
 
 
+def _gpt2_linear(model):
+    """``model`` (transformers' GPT-2) with its ``Conv1D`` projections as ``torch.nn.Linear`` (the same weights,
+    transposed), so ``quantize_dynamic`` finds them."""
+    import torch
+    from transformers.pytorch_utils import Conv1D
+
+    for name, module in list(model.named_modules()):
+        for child_name, child in list(module.named_children()):
+            if isinstance(child, Conv1D):
+                linear = torch.nn.Linear(child.weight.shape[0], child.weight.shape[1])
+                linear.weight.data, linear.bias.data = child.weight.data.t().contiguous(), child.bias.data
+                setattr(module, child_name, linear)
+    return model
+
+
+def _keras_hub(spec, config):
+    """keras-hub's ``GPT2CausalLM`` of the same shape (random weights; ``format`` int8: ``quantize("int8")``)."""
+    import keras
+    import keras_hub
+    import numpy as np
+
+    keras.utils.set_random_seed(0)
+    backbone = keras_hub.models.GPT2Backbone(vocabulary_size=config.vocab_size, num_layers=config.n_layer,
+                                             num_heads=config.n_head, hidden_dim=config.n_embd,
+                                             intermediate_dim=config.d_ff, max_sequence_length=config.n_ctx)
+    lm = keras_hub.models.GPT2CausalLM(backbone, preprocessor=None)
+    if spec.get("format") == "int8":
+        lm.quantize("int8")
+    lm.compile(sampler="greedy")
+    total, prompt = spec["prompt_tokens"] + spec["new_tokens"], spec["prompt"]
+    ids = np.zeros((1, total), np.int32)
+    ids[0, : len(prompt)] = prompt
+    inputs = {"token_ids": ids, "padding_mask": np.arange(total)[None, :] < len(prompt)}
+    return lambda: lm.generate(inputs, stop_token_ids=None)["token_ids"][0]
+
+
 def generate_worker(spec) -> None:
     """Worker: builds its stack, then one timed generation per ``step`` line; answers the tokens it generated."""
     import numpy as np
@@ -285,15 +335,18 @@ def generate_worker(spec) -> None:
 
     import tensorflow as tf
 
-    tf.config.threading.set_intra_op_parallelism_threads(spec["threads"])
-    tf.config.threading.set_inter_op_parallelism_threads(spec["threads"])
+    if spec["threads"]:
+        tf.config.threading.set_intra_op_parallelism_threads(spec["threads"])
+        tf.config.threading.set_inter_op_parallelism_threads(spec["threads"])
     config = get_size(spec["preset"], n_ctx=spec["n_ctx"])
     if spec["stack"] == "transformers":  # the same weights: ours, as transformers' state dict
         from gpt_tf.convert.state_dicts import to_hf_state_dict
 
         run = _transformers(spec, config, to_hf_state_dict(_ours({**spec, "stack": "ours_cache"}, config)[0]))
-    elif spec["stack"] == "transformers_gpt2":
+    elif spec["stack"].startswith("transformers_gpt2"):
         run = _transformers(spec, config)
+    elif spec["stack"].startswith("keras_hub"):
+        run = _keras_hub(spec, config)
     else:
         run = _ours(spec, config)[1]
     emit("READY", {"n_params": config.n_params})
@@ -315,8 +368,14 @@ def generation(preset: str, log) -> dict:
     base = {"preset": preset, "prompt_tokens": FLAGS.prompt_tokens, "new_tokens": FLAGS.new_tokens,
             "n_ctx": max(total, config.n_ctx), "weights": "shipped" if shipped else "random",
             "threads": FLAGS.generate_threads, "prompt": _prompt(config.vocab_size, FLAGS.prompt_tokens)}
-    workers = {stack: Worker({**base, "stack": stack}, "bench.speed_table") for stack in GENERATE_STACKS}
-    calls = {stack: [] for stack in GENERATE_STACKS}
+    stacks = {stack: "float32" for stack in GENERATE_STACKS}
+    if FLAGS.weights:  # the formats against float32's cached stacks (the uncached ones are the default run's)
+        stacks = {"ours_cache": "float32", "transformers_gpt2": "float32"}
+        stacks.update({f"ours_cache_{w}": w for w in FLAGS.weights})
+        stacks.update({"transformers_gpt2_bfloat16": "bfloat16", "transformers_gpt2_int8": "int8",
+                       "keras_hub_gpt2": "float32", "keras_hub_gpt2_int8": "int8"})
+    workers = {stack: Worker({**base, "stack": stack, "format": w}, "bench.speed_table") for stack, w in stacks.items()}
+    calls = {stack: [] for stack in stacks}
     try:
         for worker in workers.values():
             worker.read("READY")
@@ -334,17 +393,25 @@ def generation(preset: str, log) -> dict:
                     "others_cpu_share": median([c["others_cpu_share"] for c in got])} for stack, got in calls.items()}
     tokens = {stack: got[-1]["tokens"] for stack, got in calls.items()}
     shared = {f"ours_cache = {other}": sum(map(int.__eq__, tokens["ours_cache"], tokens[other])) / len(tokens[other])
-              for other in ("ours_no_cache", "transformers")}
-    ratio = rows["ours_cache"]["tokens_per_s"] / rows["transformers"]["tokens_per_s"]
-    return {"preset": preset, "n_ctx": base["n_ctx"], "weights": base["weights"], "rows": rows,
-            "same_tokens": shared, "cache_vs_transformers": ratio,
-            "no_cache_vs_transformers": rows["ours_no_cache"]["tokens_per_s"] / rows["transformers"]["tokens_per_s"],
-            "cache_vs_gpt2_cache": rows["ours_cache"]["tokens_per_s"] / rows["transformers_gpt2"]["tokens_per_s"]}
+              for other in stacks if other in ("ours_no_cache", "transformers") or other.startswith("ours_cache_")}
+    formats = {stack: rows[stack]["tokens_per_s"] / rows[base_stack]["tokens_per_s"] for stack, base_stack in
+               [(f"ours_cache_{w}", "ours_cache") for w in FLAGS.weights] + [(s, s.rsplit("_", 1)[0]) for s in stacks
+                                                                             if s.endswith(("_bfloat16", "_int8"))
+                                                                             and not s.startswith("ours")]}
+    result = {"preset": preset, "n_ctx": base["n_ctx"], "weights": base["weights"], "rows": rows,
+              "same_tokens": shared, "vs_float32": formats, "threads": FLAGS.generate_threads,
+              "cache_vs_gpt2_cache": rows["ours_cache"]["tokens_per_s"] / rows["transformers_gpt2"]["tokens_per_s"]}
+    if "transformers" in rows:
+        result["cache_vs_transformers"] = rows["ours_cache"]["tokens_per_s"] / rows["transformers"]["tokens_per_s"]
+        result["no_cache_vs_transformers"] = rows["ours_no_cache"]["tokens_per_s"] / rows["transformers"]["tokens_per_s"]
+    return result
 
 
 def generation_markdown(report: dict) -> str:
+    legacy = [g for g in report["generation"] if "cache_vs_transformers" in g]  # without --weights
     lines = ["```bash", report["command"], "```", "", f"Measured {report['date']}: {report['header']}.", "",
-             f"Settings picked by the project: {report['settings']}", "",
+             f"Settings picked by the project: {report['settings']}", ""]
+    lines += [] if not legacy else [
              f"Greedy generation, one prompt of {FLAGS.prompt_tokens} tokens continued by {FLAGS.new_tokens}; "
              f"tokens/s, the median of {FLAGS.generate_rounds} calls per stack, the stacks taking turns, "
              f"{FLAGS.generate_threads} thread(s) each:", "",
@@ -352,7 +419,7 @@ def generation_markdown(report: dict) -> str:
              "| cache / transformers | no cache / transformers | cache / GPT-2 cached "
              "| tokens shared (cache = no cache; = transformers) | others' CPU |",
              "|---|---:|---:|---:|---:|---:|---:|---:|---|---:|"]
-    for g in report["generation"]:
+    for g in legacy:
         r = g["rows"]
         others = median([row["others_cpu_share"] for row in r.values()])
         rates = " | ".join(f"{r[s]['tokens_per_s']:,.1f}" for s in GENERATE_STACKS)
@@ -360,12 +427,25 @@ def generation_markdown(report: dict) -> str:
                      + f" | **{g['cache_vs_transformers']:.2f}×** | {g['no_cache_vs_transformers']:.2f}× "
                      + f"| {g['cache_vs_gpt2_cache']:.2f}× | "
                      + "; ".join(f"{v:.0%}" for v in g["same_tokens"].values()) + f" | {100 * others:.0f}% |")
-    lines += ["", "transformers' `OpenAIGPTLMHeadModel` keeps no key/value cache (its `generate` ignores `use_cache`: "
+    lines += [] if not legacy else [
+              "", "transformers' `OpenAIGPTLMHeadModel` keeps no key/value cache (its `generate` ignores `use_cache`: "
               "each token runs the sequence so far, as ours without the cache); `GPT2LMHeadModel` of the same shape "
               "(pre-LN, random weights) is transformers' generation with a cache.", "",
               f"Goal: the cache ≥ {GENERATE_GOAL}× transformers: " + ", ".join(
         f"{g['preset']} {'met' if g['cache_vs_transformers'] >= GENERATE_GOAL else 'missed'}"
-        for g in report["generation"]) + "."]
+        for g in legacy) + "."]
+    for g in report["generation"]:  # --weights: each format against the same stack's float32
+        if g.get("vs_float32"):
+            same = {k.split(" = ")[1]: v for k, v in g["same_tokens"].items()}
+            lines += ["", f"Greedy generation, {FLAGS.prompt_tokens} prompt tokens + {FLAGS.new_tokens}, the median "
+                      f"of {FLAGS.generate_rounds} calls per stack taking turns; {g['preset']} ({g['n_ctx']}, "
+                      f"{g['weights']} weights), weights in fewer bytes, "
+                      f"{g['threads'] or 'all'} thread(s): tokens/s and × the same stack in float32; generated tokens "
+                      "the same as ours in float32:", "",
+                      "| stack | tokens/s | × float32 | same tokens | others' CPU |", "|---|---:|---:|---:|---:|"]
+            lines += [f"| {s} | {r['tokens_per_s']:,.1f} | {g['vs_float32'].get(s, 1.0):.2f}× | "
+                      f"{f'{same[s]:.0%}' if s in same else ''} | {100 * r['others_cpu_share']:.0f}% |"
+                      for s, r in g["rows"].items() if s not in ("ours_no_cache", "transformers")]
     return "\n".join(lines) + "\n"
 
 
