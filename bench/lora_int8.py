@@ -10,9 +10,12 @@ from seed 0 on the first ``--train_limit`` SST-2 training sentences, one epoch, 
 plan. Each row: dev accuracy (the 872 dev sentences), trainable parameters, the median training step time, the
 epoch's wall time, and the process's peak resident memory (and its resident memory before ``fit``).
 
-Then int8: the fully fine-tuned classifier, saved with ``save_to_preset``, is loaded twice in one process, one
-copy ``quantize("int8")``-ed. Each row: the preset's weights file size, dev accuracy, and ``predict`` examples/s on
-the dev sentences, the two models taking turns (``--predict_rounds`` rounds each after one warm-up; the median).
+Then the weight formats (``--weights``, default float32 and int8; ``gpt_tf.gpt1.weight_formats``): the fully
+fine-tuned classifier, saved with ``save_to_preset``, is loaded once and copied into each format in one process.
+Each row: the preset's weights file size, dev accuracy, and ``predict`` examples/s on the dev sentences at
+``--predict_batch`` per call, the models taking turns (``--predict_rounds`` rounds each after one warm-up; the
+median). With formats other than float32, the preset's language model generates greedily from
+``--generate_prompts`` dev sentences' first words in each format: the share of tokens the same as float32's.
 
 The machine may be shared: each timing also records the share of the CPU other processes used meanwhile.
 Writes ``bench/results/lora_int8_<cpu>.{json,md}``.
@@ -42,6 +45,9 @@ def define_flags():
     flags.DEFINE_float("learning_rate", 5e-4, "Full fine-tuning's peak learning rate (the reproduction's SST-2 recipe).")
     flags.DEFINE_float("lora_learning_rate", 2e-3, "LoRA's peak learning rate.")
     flags.DEFINE_integer("predict_rounds", 3, "int8: predict rounds per model after a warm-up round.")
+    flags.DEFINE_list("weights", ["float32", "int8"], "The weight formats compared (gpt_tf.gpt1.weight_formats).")
+    flags.DEFINE_integer("predict_batch", 64, "Examples per predict call.")
+    flags.DEFINE_integer("generate_prompts", 20, "Prompts the language model continues in each format.")
     flags.DEFINE_string("glue_dir", str(ROOT.parent / "shared/data/glue"), "GLUE's folder (SST-2/{train,dev}.tsv).")
     flags.DEFINE_string("output", "", "The report (JSON; .md beside it). Default: bench/results/lora_int8_<cpu>.json.")
     flags.DEFINE_string("worker", None, "Internal: run one measurement (a JSON spec) and answer on stdout.")
@@ -64,8 +70,8 @@ def rss_mib() -> dict:
     return {"now": now / 1024, "peak": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024}
 
 
-def _accuracy(model, x, y) -> float:
-    return float((model.predict(x, batch_size=64, verbose=0).argmax(-1) == y).mean())
+def _accuracy(model, x, y, batch: int = 64) -> float:
+    return float((model.predict(x, batch_size=batch, verbose=0).argmax(-1) == y).mean())
 
 
 def finetune_worker(spec: dict) -> None:
@@ -117,36 +123,61 @@ def finetune_worker(spec: dict) -> None:
     emit("RESULT", result)
 
 
+def same_generations(preset: str, formats: list, prompts: list, new_tokens: int = 32) -> dict:
+    """The share of greedily generated tokens (``new_tokens`` after each prompt) the same as float32's, per format."""
+    import numpy as np
+
+    import gpt_tf
+    from gpt_tf.gpt1.weight_formats import with_weights
+
+    lm = gpt_tf.GPT1CausalLM.from_preset(preset)
+    ids = {}
+    for name in formats:
+        model = lm if name == "float32" else with_weights(lm, name)
+        model.compile(sampler="greedy")
+        x = model.preprocessor.generate_preprocess(prompts, sequence_length=64)
+        lengths = np.asarray(x["padding_mask"]).sum(-1)
+        out = np.asarray(model.make_generate_function()(x, stop_token_ids=None)["token_ids"])
+        ids[name] = [row[n:n + new_tokens] for row, n in zip(out, lengths)]
+    return {name: float(np.mean([np.mean(a == b) for a, b in zip(ids[name], ids["float32"])])) for name in formats}
+
+
 def int8_worker(spec: dict) -> None:
-    """The saved float32 classifier against its int8 copy: size, dev accuracy, predict examples/s, alternating."""
+    """The saved float32 classifier against its copies in other weight formats: size, dev accuracy, predict
+    examples/s, alternating; the preset's language model's greedy tokens."""
     import keras_hub
     import numpy as np
 
     import gpt_tf.gpt1  # noqa: F401
+    from gpt_tf.gpt1.weight_formats import with_weights
 
     dev_x, dev_y = sst2(spec["glue_dir"], "dev")
     dev_y = np.array(dev_y)
-    models = {"float32": keras_hub.models.TextClassifier.from_preset(spec["preset_dir"]),
-              "int8": keras_hub.models.TextClassifier.from_preset(spec["preset_dir"])}
-    models["int8"].quantize("int8")
+    formats = spec.get("weights", ["float32", "int8"])
+    float32 = keras_hub.models.TextClassifier.from_preset(spec["preset_dir"])
+    models = {name: float32 if name == "float32" else with_weights(float32, name) for name in formats}
+    batch = spec.get("predict_batch", 64)
     rows = {}
     with tempfile.TemporaryDirectory() as tmp:
         for name, model in models.items():
             model.save_to_preset(f"{tmp}/{name}")
             size = sum(p.stat().st_size for p in Path(tmp, name).glob("*.weights.h5"))
-            rows[name] = {"weights_mib": size / 2**20, "dev_accuracy": _accuracy(model, dev_x, dev_y), "rates": [],
-                          "others": []}
+            rows[name] = {"weights_mib": size / 2**20, "dev_accuracy": _accuracy(model, dev_x, dev_y, batch),
+                          "rates": [], "others": []}
     for r in range(spec["predict_rounds"] + 1):
         for name, model in models.items():
             clock = Clock()
-            model.predict(dev_x, batch_size=64, verbose=0)
+            model.predict(dev_x, batch_size=batch, verbose=0)
             reading = clock.read()
             if r:  # round 0 warms up
                 rows[name]["rates"].append(len(dev_x) / reading["s"])
                 rows[name]["others"].append(reading["others_cpu_share"])
+    same = same_generations(spec["lm_preset"], formats, [" ".join(x.split()[:6]) for x in dev_x[:spec["prompts"]]]) \
+        if spec.get("prompts") and formats != ["float32"] else {}
     emit("RESULT", {name: {"weights_mib": row["weights_mib"], "dev_accuracy": row["dev_accuracy"],
                            "predict_examples_per_s": median(row["rates"]), "rates": row["rates"],
-                           "others_cpu_share": max(row["others"])} for name, row in rows.items()})
+                           "others_cpu_share": max(row["others"]), "same_greedy_tokens": same.get(name)}
+                    for name, row in rows.items()})
 
 
 def run_worker(spec: dict) -> dict:
@@ -171,12 +202,18 @@ def markdown(report: dict) -> str:
                          f"({100 * r['trainable_params'] / r['params']:.2f}%) | {r['step_ms_median']:.0f} | "
                          f"{r['fit_s']:.0f} | {r['peak_rss_mib']:.0f} | {r['rss_before_fit_mib']:.0f} | "
                          f"{100 * r['others_cpu_share']:.0f}% |")
-    lines += ["", "| preset (fully fine-tuned) | weights | weights file (MiB) | dev accuracy | predict (examples/s) | "
-              "others' CPU |", "|---|---|---:|---:|---:|---:|"]
+    lines += ["", f"Predict: {report.get('predict_batch', 64)} examples per call. Greedy tokens: the preset's language "
+              f"model continuing {report.get('generate_prompts', 0)} prompts by 32 tokens, the share the same as "
+              "float32's.", "",
+              "| preset (fully fine-tuned) | weights | weights file (MiB) | dev accuracy | predict (examples/s) | "
+              "× float32 | greedy tokens as float32's | others' CPU |", "|---|---|---:|---:|---:|---:|---:|---:|"]
     for preset, rows in report["int8"].items():
+        base = rows.get("float32", {}).get("predict_examples_per_s")
         for name, r in rows.items():
+            same, rate = r.get("same_greedy_tokens"), r["predict_examples_per_s"]
             lines.append(f"| {preset} | {name} | {r['weights_mib']:.1f} | {100 * r['dev_accuracy']:.1f} | "
-                         f"{r['predict_examples_per_s']:.0f} | {100 * r['others_cpu_share']:.0f}% |")
+                         f"{rate:.0f} | {f'{rate / base:.2f}×' if base else ''} | "
+                         f"{'' if same is None else f'{same:.0%}'} | {100 * r['others_cpu_share']:.0f}% |")
     return "\n".join(lines) + "\n"
 
 
@@ -197,6 +234,7 @@ def main(argv):
         f"--{k}={v}" for k, v in (("presets", ",".join(FLAGS.presets)), ("train_limit", FLAGS.train_limit))),
               "machine": info, "date": time.strftime("%Y-%m-%d"), "train_limit": FLAGS.train_limit,
               "learning_rate": FLAGS.learning_rate, "lora_learning_rate": FLAGS.lora_learning_rate,
+              "predict_batch": FLAGS.predict_batch, "generate_prompts": FLAGS.generate_prompts,
               "finetune": {}, "int8": {}}
     with tempfile.TemporaryDirectory() as tmp:
         for preset in FLAGS.presets:
@@ -212,8 +250,10 @@ def main(argv):
             if "full" in FLAGS.modes:
                 log(f"{preset} int8 ...")
                 report["int8"][preset] = run_worker({"kind": "int8", "preset_dir": f"{tmp}/{preset}",
-                                                     "glue_dir": FLAGS.glue_dir,
-                                                     "predict_rounds": FLAGS.predict_rounds})
+                                                     "glue_dir": FLAGS.glue_dir, "weights": FLAGS.weights,
+                                                     "predict_rounds": FLAGS.predict_rounds, "lm_preset": preset,
+                                                     "predict_batch": FLAGS.predict_batch,
+                                                     "prompts": FLAGS.generate_prompts})
     out = Path(FLAGS.output or ROOT / "bench/results" / f"lora_int8_{cpu_slug(info)}.json")
     save_report(report, markdown(report), out, log)
 
