@@ -394,7 +394,8 @@ def generation(preset: str, log) -> dict:
     tokens = {stack: got[-1]["tokens"] for stack, got in calls.items()}
     shared = {f"ours_cache = {other}": sum(map(int.__eq__, tokens["ours_cache"], tokens[other])) / len(tokens[other])
               for other in stacks if other in ("ours_no_cache", "transformers") or other.startswith("ours_cache_")}
-    formats = {stack: rows[stack]["tokens_per_s"] / rows[base_stack]["tokens_per_s"] for stack, base_stack in
+    formats = {stack: median([b["s"] / c["s"] for b, c in zip(calls[base_stack], calls[stack])])  # paired by round
+               for stack, base_stack in
                [(f"ours_cache_{w}", "ours_cache") for w in FLAGS.weights] + [(s, s.rsplit("_", 1)[0]) for s in stacks
                                                                              if s.endswith(("_bfloat16", "_int8"))
                                                                              and not s.startswith("ours")]}
@@ -440,8 +441,8 @@ def generation_markdown(report: dict) -> str:
             lines += ["", f"Greedy generation, {FLAGS.prompt_tokens} prompt tokens + {FLAGS.new_tokens}, the median "
                       f"of {FLAGS.generate_rounds} calls per stack taking turns; {g['preset']} ({g['n_ctx']}, "
                       f"{g['weights']} weights), weights in fewer bytes, "
-                      f"{g['threads'] or 'all'} thread(s): tokens/s and × the same stack in float32; generated tokens "
-                      "the same as ours in float32:", "",
+                      f"{g['threads'] or 'all'} thread(s): tokens/s (median) and × the same stack in float32 (the "
+                      "median of the rounds' ratios); tokens the same as ours in float32:", "",
                       "| stack | tokens/s | × float32 | same tokens | others' CPU |", "|---|---:|---:|---:|---:|"]
             lines += [f"| {s} | {r['tokens_per_s']:,.1f} | {g['vs_float32'].get(s, 1.0):.2f}× | "
                       f"{f'{same[s]:.0%}' if s in same else ''} | {100 * r['others_cpu_share']:.0f}% |"
