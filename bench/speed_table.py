@@ -263,7 +263,8 @@ def _transformers(spec, config, state=None):
     import torch
     import transformers
 
-    torch.set_num_threads(spec["threads"])
+    if spec["threads"]:  # 0: torch's default, every core
+        torch.set_num_threads(spec["threads"])
     shape = dict(vocab_size=config.vocab_size, n_positions=config.n_ctx, n_embd=config.n_embd, n_layer=config.n_layer,
                  n_head=config.n_head, layer_norm_epsilon=config.layer_norm_epsilon)
     if state is None:
