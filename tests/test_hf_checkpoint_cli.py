@@ -12,12 +12,13 @@ from __future__ import annotations
 
 import json
 import shutil
+import urllib.request
 
 import numpy as np
 import pytest
 
 from tests.small_runs import GPT1_BPE, GPT1_BPE_TOKENS as V, HF_REPO, fill_hub_cache, hub_env, run_cli, run_clis
-from tests.small_runs import transformers_logits, write_checkpoint
+from tests.small_runs import start_server, stop_servers, transformers_logits, write_checkpoint
 
 HANDLE = f"hf://{HF_REPO}"
 SMALL = {"n_embd": 32, "n_layer": 2, "n_head": 4, "n_positions": 64}
@@ -77,6 +78,18 @@ def test_the_command_lines_convert_fine_tune_from_and_export_the_hf_checkpoint(s
         np.testing.assert_array_equal(a, b)
     run_cli("serving.export", f"--run_dir={tmp_path / 'ft'}", f"--export_base={tmp_path / 'exported'}", timeout=600)
     assert (tmp_path / "exported" / "sst2" / "1" / "saved_model.pb").is_file()
+    # The server answers it, over TF Serving's REST API.
+    server = start_server(tmp_path / "server.log", "--model_name=sst2",
+                          f"--model_base_path={tmp_path / 'exported' / 'sst2'}")
+    try:
+        request = urllib.request.Request(f"http://127.0.0.1:{server.ports[1]}/v1/models/sst2:predict",
+                                         data=json.dumps({"instances": [{"sentence": TEXT}]}).encode(),
+                                         headers={"Content-Type": "application/json"})
+        with urllib.request.urlopen(request, timeout=120) as answer:
+            prediction, = json.loads(answer.read())["predictions"]
+    finally:
+        stop_servers(server)
+    assert abs(sum(prediction["probabilities"]) - 1) < 1e-5, prediction
 
 
 def test_the_convert_command_says_what_is_wrong_in_one_line(small, tmp_path):
