@@ -1,4 +1,4 @@
-"""Fine-tuning model (§3.2–3.3) and task metrics: heads, Eq. 5 loss, padding, transfer; metrics vs sklearn/scipy.
+"""Fine-tuning model (§3.2–3.3): heads, Eq. 5 loss, padding, transfer (the task metrics: tests/test_metrics.py).
 
 A task model's output is ``model(features)``; its training loss is what Keras's ``train_step`` minimises, the compiled
 loss (L2) plus ``model.losses`` (``ExtractStates``'s λ·L1): ``model.compute_loss(x, y, model(x, training=True))``.
@@ -12,7 +12,6 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
-from gpt_tf import metrics
 from gpt_tf.config import get_size
 from gpt_tf.gpt1.backbone import GPT1Backbone, token_inputs
 from gpt_tf.gpt1.build import causal_lm_for
@@ -21,7 +20,6 @@ from gpt_tf.nn import objectives
 from gpt_tf.nn import tf_pieces
 from gpt_tf.nn.embedding import GPTEmbedding
 from gpt_tf.nn.layers import take_at
-from gpt_tf.nn.task_head import task_predictions
 from gpt_tf.nn.transfer import reset_special_embeddings, transfer_layers
 from gpt_tf.tasks import get_task
 
@@ -406,42 +404,3 @@ def test_reset_special_embeddings_redraws_only_special_rows():
     assert 0.01 < after[CONFIG.vocab_size :].std() < 0.03
     reset_special_embeddings(model, seed=3)
     np.testing.assert_array_equal(_np(model.backbone.embed.tokens_embed), after)  # deterministic in the seed
-
-
-def test_task_predictions_and_compute_metrics():
-    mrpc, stsb = get_task("mrpc"), get_task("stsb")
-    ids = task_predictions(mrpc, np.array([[0.1, 0.9], [2.0, -1.0], [0.0, 3.0]], "float32"))
-    np.testing.assert_array_equal(ids, [1, 0, 1])
-    got = metrics.compute_metrics(mrpc, [1, 0, 0], ids)
-    assert list(got) == ["f1", "accuracy"]
-    assert got["accuracy"] == pytest.approx(2 / 3) and got["f1"] == pytest.approx(2 / 3)
-    scores = task_predictions(stsb, np.array([0.5, 3.0, 1.0], "float32"))
-    assert list(metrics.compute_metrics(stsb.to_dict(), [1.0, 4.0, 2.0], scores)) == ["pearson", "spearman"]
-    with pytest.raises(ValueError, match="3 values"):
-        metrics.accuracy([1, 0, 1], [1, 0])
-
-
-@pytest.mark.parametrize("seed", [0, 1, 2])
-def test_metrics_match_sklearn_and_scipy(seed):
-    sk = pytest.importorskip("sklearn.metrics")
-    stats = pytest.importorskip("scipy.stats")
-    rng = np.random.default_rng(seed)
-    y, p = rng.integers(0, 2, 200), rng.integers(0, 2, 200)
-    assert metrics.accuracy(y, p) == pytest.approx(sk.accuracy_score(y, p))
-    assert metrics.f1(y, p) == pytest.approx(sk.f1_score(y, p))
-    assert metrics.matthews(y, p) == pytest.approx(sk.matthews_corrcoef(y, p))
-    y3, p3 = rng.integers(0, 3, 200), rng.integers(0, 3, 200)
-    p3[:80] = y3[:80]
-    assert metrics.matthews(y3, p3) == pytest.approx(sk.matthews_corrcoef(y3, p3))
-    for constant in (np.zeros(200, int), np.ones(200, int)):  # undefined cases, returned as the literal 0.0
-        assert metrics.matthews(y, constant) == sk.matthews_corrcoef(y, constant) == 0.0
-        assert metrics.f1(y, constant) == pytest.approx(sk.f1_score(y, constant, zero_division=0.0))
-    assert metrics.f1(np.zeros(5), np.zeros(5)) == 0.0
-    x = rng.normal(size=300)
-    s = 0.6 * x + rng.normal(size=300)
-    assert metrics.pearson(x, s) == pytest.approx(stats.pearsonr(x, s)[0], rel=1e-9)
-    assert metrics.spearman(x, s) == pytest.approx(stats.spearmanr(x, s)[0], rel=1e-9)
-    tied_a, tied_b = rng.integers(0, 6, 300) / 5 * 5, np.round(s * 2)  # STS-B-like scores with many ties
-    np.testing.assert_allclose(metrics.rankdata(tied_a), stats.rankdata(tied_a))
-    assert metrics.spearman(tied_a, tied_b) == pytest.approx(stats.spearmanr(tied_a, tied_b)[0], rel=1e-9)
-    assert metrics.pearson(x, np.full(300, 2.0)) == 0.0  # undefined: reported as 0
