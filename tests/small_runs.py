@@ -335,11 +335,6 @@ def small_disk(folder: Path, size: str):
         subprocess.run(["umount", "-l", str(folder)], check=False)
 
 
-def resize_disk(folder: Path, size: str) -> None:
-    """A ``small_disk`` given another size (space freed, or taken)."""
-    subprocess.run(["mount", "-o", f"remount,size={size}", str(folder)], check=True)
-
-
 @contextlib.contextmanager
 def read_only(folder: Path):
     """``folder`` read-only for the block (a read-only bind mount over itself: EROFS for root too). Files already
