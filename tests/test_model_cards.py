@@ -9,8 +9,8 @@ from pathlib import Path
 
 import pytest
 
+from tests.offline_hubs import FakeHubs
 from tests.small_runs import BOOKS_TINY as BOOKS
-from tests.small_runs import FakeHubs
 
 
 # The metadata header of every shipped model card (the fields the Hugging Face and Kaggle hubs read).
