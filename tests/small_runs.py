@@ -238,7 +238,8 @@ def decoded_text(tokenizer, ids) -> str:
     """The text token ``ids`` encode, by hand (bits per character's definition, ``gpt_tf/text/text_units.py``): each
     token's string, ``</w>`` as the space after its word, ``<unk>`` as one character."""
     tokens = tokenizer.tokens
-    return "".join("?" if i == tokenizer.unk_id else tokens[i] for i in np.asarray(ids).reshape(-1)).replace("</w>", " ")
+    text = "".join("?" if i == tokenizer.unk_id else tokens[i] for i in np.asarray(ids).reshape(-1))
+    return text.replace("</w>", " ")
 
 
 def gpt1_classifier(tokenizer, input_type="single", num_classes=2):
@@ -294,7 +295,8 @@ def read_only(folder: Path):
 
     proc = subprocess.run(["mount", "--bind", str(folder), str(folder)], capture_output=True, text=True)
     if proc.returncode != 0:
-        pytest.skip(f"a read-only bind mount cannot be made here (root or CAP_SYS_ADMIN needed): {proc.stderr.strip()[:200]}")
+        pytest.skip(f"a read-only bind mount cannot be made here (root or CAP_SYS_ADMIN needed): "
+                    f"{proc.stderr.strip()[:200]}")
     try:
         for _ in range(200):  # EBUSY while a file is being opened for writing through the new mount: try again
             if subprocess.run(["mount", "-o", "remount,bind,ro", str(folder)], capture_output=True).returncode == 0:

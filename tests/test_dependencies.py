@@ -41,7 +41,8 @@ def test_requirements_files_only_point_at_the_project_and_its_constraints():
     install the project through them and list nothing of their own."""
     for name, target in (("requirements.txt", "-e .[serving]"), ("requirements-dev.txt", "-e .[dev]")):
         lines = [x.strip() for x in (ROOT / name).read_text().splitlines() if x.strip() and not x.startswith("#")]
-        assert lines == ["-c constraints.txt", target], f"{name}: expected `-c constraints.txt`, `{target}`; got {lines}"
+        expected = ["-c constraints.txt", target]
+        assert lines == expected, f"{name}: expected `-c constraints.txt`, `{target}`; got {lines}"
 
 
 def _constraints() -> dict[str, str]:

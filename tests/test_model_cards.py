@@ -77,7 +77,8 @@ def test_upload_preset_keeps_the_model_card(tmp_path, monkeypatch):
     for uri, preset, repo in (("hf://me/gpt1_tiny_books_en", "gpt1_tiny_books_en", "me/gpt1_tiny_books_en"),
                               ("hf://me/older", str(BOOKS), "me/older"),
                               ("hf://bare", "books_tiny", "me/bare"),
-                              ("kaggle://me/gpt1/keras/gpt1_tiny_books_en", str(BOOKS), "me/gpt1/keras/gpt1_tiny_books_en")):
+                              ("kaggle://me/gpt1/keras/gpt1_tiny_books_en", str(BOOKS),
+                               "me/gpt1/keras/gpt1_tiny_books_en")):
         hubs.calls.clear()
         upload_preset(uri, preset)
         uploaded = hubs.repo(repo)

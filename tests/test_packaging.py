@@ -69,7 +69,8 @@ def test_the_wheel_holds_every_package_file_and_the_package_data(installed):
     names, _ = installed
     missing = sorted(_source_files() - NOT_SHIPPED - names)
     assert not missing, f"files of the packages missing from the wheel (pyproject.toml's package-data): {missing}"
-    for data in ("gpt_tf/text/spacy_en_rules.json", "gpt_tf/speed/kernels/fused_ops.cc", "gpt_tf/speed/kernels/common.h", PROBE,
+    for data in ("gpt_tf/text/spacy_en_rules.json", "gpt_tf/speed/kernels/fused_ops.cc",
+                 "gpt_tf/speed/kernels/common.h", PROBE,
                  "gpt_tf/presets/gpt1_tiny_books_en/README.md"):  # the shipped preset's model card
         assert data in names
     assert not any("__pycache__" in n or n.endswith(".pyc") for n in names)
@@ -89,7 +90,8 @@ def test_the_wheel_carries_the_licence_the_notice_and_the_packages_version(insta
     assert re.search(rf"^Version: {re.escape(version)}$", metadata, re.M), metadata[:500]
     assert info == f"gpt_tf-{version}.dist-info"
     assert re.search(r"^License-Expression: Apache-2\.0$", metadata, re.M), metadata[:800]
-    assert "Apache License" in (ROOT / "LICENSE").read_text() and "Version 2.0, January 2004" in (ROOT / "LICENSE").read_text()
+    licence = (ROOT / "LICENSE").read_text()
+    assert "Apache License" in licence and "Version 2.0, January 2004" in licence
 
 
 def test_the_notice_names_every_file_it_attributes():
@@ -110,7 +112,8 @@ def test_the_kernel_sources_compile_from_the_installed_package(installed):
     local = set()
     for path in (kernels / "fused_ops.cc", *kernels.glob("*.h")):
         local |= set(re.findall(r'^#include "([^"/]+)"', path.read_text(), re.M))  # not TensorFlow's (a/b.h)
-    assert local and all((kernels / h).is_file() for h in local), sorted(h for h in local if not (kernels / h).is_file())
+    missing = sorted(h for h in local if not (kernels / h).is_file())
+    assert local and not missing, missing
     cxx = os.environ.get("CXX") or shutil.which("g++") or shutil.which("c++")
     if not cxx:
         pytest.skip("no C++ compiler here: the kernels fall back to TensorFlow's ops; the includes were checked above")
@@ -157,7 +160,8 @@ def test_the_source_distribution_holds_what_pyproject_says(tmp_path):
     skip = {ROOT: {".git", ".venv", "data", "runs", ".pytest_cache", ".hypothesis"}, ROOT / "gpt_tf": {"presets"}}
 
     def ignore(folder, names):  # the checkout's outputs, and the presets' 54 MB (package data, checked in the wheel)
-        return [n for n in names if n in skip.get(Path(folder), ()) or n == "__pycache__" or n.endswith((".pyc", ".egg-info"))]
+        return [n for n in names
+                if n in skip.get(Path(folder), ()) or n == "__pycache__" or n.endswith((".pyc", ".egg-info"))]
 
     shutil.copytree(ROOT, src, ignore=ignore)
     build = subprocess.run([sys.executable, "-c", "from setuptools import build_meta as b; import sys; "

@@ -336,7 +336,8 @@ def test_get_config_round_trip_and_keras_file(race, rng, tmp_path):
     clone = type(race).from_config(race.get_config())
     spec = task_spec_of(clone)
     assert (spec.input_type, spec.head, spec.num_choices) == ("multiple_choice", "choice", race.num_choices)
-    assert (clone.dropout, clone.lm_coef) == (race.dropout, race.lm_coef) and clone.backbone.config == race.backbone.config
+    assert (clone.dropout, clone.lm_coef) == (race.dropout, race.lm_coef)
+    assert clone.backbone.config == race.backbone.config
     assert clone.get_layer("extract").lm_coef == race.lm_coef == 0.5
     assert [v.path for v in clone.weights] == [v.path for v in race.weights]
     clone.set_weights(race.get_weights())  # exact copies, the same eager ops: bit for bit on every CPU
