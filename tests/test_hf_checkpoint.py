@@ -22,8 +22,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from tests.small_runs import GPT1_BPE, HF_REPO as REPO, ROOT, fill_hub_cache, hub_env, transformers_logits
-from tests.small_runs import write_checkpoint
+from tests.offline_hubs import GPT1_BPE, HF_REPO as REPO, fill_hub_cache, hub_env, transformers_logits, write_checkpoint
+from tests.small_runs import ROOT
 
 SMALL = {"n_embd": 32, "n_layer": 2, "n_head": 4, "n_positions": 64}
 FULL = {"n_embd": 768, "n_layer": 12, "n_head": 12, "n_positions": 512}  # GPT-1 (transformers' defaults)

@@ -4,7 +4,7 @@ logits, ``python -m gpt_tf.train --init_checkpoint=hf://...`` fine-tunes from th
 GPT-1's BPE), ``python -m serving.export`` exports the classifier, and a broken checkpoint is one line.
 
 The checkpoint: a seeded random ``OpenAIGPTLMHeadModel`` of a small shape (2 blocks of 32 dims, 64 positions) with
-GPT-1's 40,478 BPE rows (``tests/small_runs.py``'s ``write_checkpoint``; the library's tests:
+GPT-1's 40,478 BPE rows (``tests/offline_hubs.py``'s ``write_checkpoint``; the library's tests:
 ``tests/test_hf_checkpoint.py``).
 """
 
@@ -17,8 +17,9 @@ import urllib.request
 import numpy as np
 import pytest
 
-from tests.small_runs import GPT1_BPE, GPT1_BPE_TOKENS as V, HF_REPO, fill_hub_cache, hub_env, run_cli, run_clis
-from tests.small_runs import start_server, stop_servers, transformers_logits, write_checkpoint
+from tests.offline_hubs import GPT1_BPE, GPT1_BPE_TOKENS as V, HF_REPO, fill_hub_cache, hub_env, transformers_logits
+from tests.offline_hubs import write_checkpoint
+from tests.small_runs import run_cli, run_clis, start_server, stop_servers
 
 HANDLE = f"hf://{HF_REPO}"
 SMALL = {"n_embd": 32, "n_layer": 2, "n_head": 4, "n_positions": 64}
