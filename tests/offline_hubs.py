@@ -77,6 +77,24 @@ def fill_hub_cache(hub_cache: Path, repo: str, source: Path, revision: str = "0"
     (storage / "refs" / "main").write_text(revision)
 
 
+SMALL = {"n_embd": 32, "n_layer": 2, "n_head": 4, "n_positions": 64}  # the suite's checkpoint: 2 blocks of 32 dims
+
+
+def cached_checkpoint(root: Path, shape: dict = SMALL) -> dict:
+    """``write_checkpoint`` of ``shape`` under ``root``, and an ``HF_HOME`` (``hf_home``) whose cache holds its
+    safetensors folder as ``hf://{HF_REPO}``: both weight formats' folders and the HF_HOME."""
+    folders = write_checkpoint(root, shape)
+    fill_hub_cache(root / "hf_home" / "hub", HF_REPO, folders["safetensors"])
+    return {**folders, "hf_home": root / "hf_home"}
+
+
+def backbone_weights(model) -> list:
+    """The weights of ``model``'s backbone (or of ``model``, a backbone) as numpy arrays."""
+    import keras
+
+    return [keras.ops.convert_to_numpy(v) for v in getattr(model, "backbone", model).weights]
+
+
 def hub_env(hf_home: Path) -> dict:
     """The environment of a process that reads the Hugging Face cache at ``hf_home`` only (``HF_HUB_OFFLINE=1``)."""
     env = {k: v for k, v in ENV.items() if k not in ("HF_HUB_CACHE", "HUGGINGFACE_HUB_CACHE", "TRANSFORMERS_CACHE")}

@@ -17,28 +17,18 @@ import urllib.request
 import numpy as np
 import pytest
 
-from tests.offline_hubs import GPT1_BPE, GPT1_BPE_TOKENS as V, HF_REPO, fill_hub_cache, hub_env, transformers_logits
-from tests.offline_hubs import write_checkpoint
+from tests.offline_hubs import GPT1_BPE, GPT1_BPE_TOKENS as V, HF_REPO, backbone_weights, cached_checkpoint, hub_env
+from tests.offline_hubs import transformers_logits
 from tests.small_runs import run_cli, run_clis, start_server, stop_servers
 
 HANDLE = f"hf://{HF_REPO}"
-SMALL = {"n_embd": 32, "n_layer": 2, "n_head": 4, "n_positions": 64}
 TEXT = "the man walked into the room and sat down ."
 
 
 @pytest.fixture(scope="module")
 def small(tmp_path_factory):
     """The small checkpoint, and an HF_HOME whose cache holds it as ``hf://{HF_REPO}``."""
-    root = tmp_path_factory.mktemp("hf_cli")
-    folders = write_checkpoint(root, SMALL)
-    fill_hub_cache(root / "hf_home" / "hub", HF_REPO, folders["safetensors"])
-    return {**folders, "hf_home": root / "hf_home"}
-
-
-def _weights(model) -> list:
-    import keras
-
-    return [keras.ops.convert_to_numpy(v) for v in model.backbone.weights]
+    return cached_checkpoint(tmp_path_factory.mktemp("hf_cli"))
 
 
 def test_the_command_lines_convert_fine_tune_from_and_export_the_hf_checkpoint(small, shared_data, tmp_path):
@@ -72,7 +62,7 @@ def test_the_command_lines_convert_fine_tune_from_and_export_the_hf_checkpoint(s
     ids_of = lambda tokenizer: np.asarray(tokenizer(TEXT)).tolist()  # noqa: E731
     assert ids_of(preset_lm.preprocessor.tokenizer) == ids_of(gpt_tf.GPT1Tokenizer(str(GPT1_BPE)))
     model, _ = load_task_model(RunFolder.open(str(tmp_path / "ft")))
-    tuned, start = _weights(model), _weights(preset_lm)
+    tuned, start = backbone_weights(model), backbone_weights(preset_lm)
     np.testing.assert_array_equal(tuned[0][:V], start[0][:V])  # the special rows: drawn again from --seed
     np.testing.assert_array_equal(tuned[1], start[1][:32])  # --n_ctx=32: the first position rows
     for a, b in zip(tuned[2:], start[2:]):
