@@ -4,7 +4,8 @@
   on them) and GPT-1's BPE, exported as ``<base>/sst2/1``.
 * ``spawn_server`` / ``server_port`` / ``stop_server``: ``python -m serving.server`` of a checkout in its own
   process (its gRPC port read from its start-up line), stopped gracefully, killed if it hangs, so that no server
-  outlives a run. ``server_stats``: a process's RSS, threads and open files (Linux ``/proc``).
+  outlives a run. ``server_stats``: a process's RSS, threads and open files (Linux ``/proc``); ``CpuMeter``: the
+  share of the machine's CPU other processes used around a server and its clients.
 * Load: ``sst2_texts`` (real SST-2 sentences joined to a length in tokens), ``run_load`` (N calls over k threads,
   the latencies and the wall time), ``percentile_ms``.
 * ``Client``: one client thread's connections and the request kinds of ``KINDS``, good (REST and gRPC predictions,
@@ -28,7 +29,7 @@ import threading
 import time
 from pathlib import Path
 
-from bench.harness import ROOT
+from bench.harness import ROOT, busy_seconds
 
 DATA = ROOT.parent / "shared" / "data"
 HOST = "127.0.0.1"
@@ -99,6 +100,32 @@ def server_stats(pid: int) -> dict:
     fields = dict(line.split(":", 1) for line in Path(f"/proc/{pid}/status").read_text().splitlines())
     return {"rss_mb": round(int(fields["VmRSS"].split()[0]) / 1024, 1), "threads": int(fields["Threads"]),
             "fds": len(os.listdir(f"/proc/{pid}/fd"))}
+
+
+class CpuMeter:
+    """Share of the machine's CPU used by processes other than ``pids`` (a server and its clients) between start()
+    and stop()."""
+
+    def __init__(self, pids):
+        self.pids = pids
+
+    def _ours(self):
+        total = 0
+        for pid in self.pids:
+            try:
+                with open(f"/proc/{pid}/stat") as f:
+                    stat = f.read().rsplit(")", 1)[1].split()
+                total += (int(stat[11]) + int(stat[12])) / os.sysconf("SC_CLK_TCK")  # utime + stime
+            except OSError:
+                pass
+        return total
+
+    def start(self):
+        self._t, self._b, self._o = time.monotonic(), busy_seconds(), self._ours()
+
+    def stop(self) -> float:
+        available = (time.monotonic() - self._t) * (os.cpu_count() or 1)
+        return max(0.0, (busy_seconds() - self._b) - (self._ours() - self._o)) / available
 
 
 # ----------------------------------------------------------------------------- load

@@ -62,20 +62,18 @@ than float32 for this size on AVX512_BF16 Xeons, faster on AMD Zen 5; see README
 
 from __future__ import annotations
 
-import datetime
 import json
 import os
-import statistics
-import sys
 from pathlib import Path
+from statistics import mean, median
 
 from absl import app, flags
 
 from bench import _profiles
 from bench._finetune_stacks import GPT1_TASKS, define_data_flags, gpt1_task_data, lengths_summary, padding_summary
 from bench._finetune_stacks import prepare_data, train_bpe
-from bench.harness import Worker, apply_settings, base_checkout, busy_seconds, header, machine_info, median, save_report
-from bench.harness import timed, wait_until_quiet
+from bench.harness import Worker, apply_settings, base_checkout, busy_seconds, header, new_report, save_report, timed
+from bench.harness import wait_until_quiet
 
 FLAGS = flags.FLAGS
 STACKS = {
@@ -136,12 +134,6 @@ def define_flags():
     flags.DEFINE_list("gpt1_precisions", ["float32", "mixed_bfloat16"], "--mode=gpt1: precisions")
     flags.DEFINE_integer("gpt1_steps", 3, "--mode=gpt1: timed fine-tuning steps per task (after one untimed)")
     flags.DEFINE_string("worker", None, "internal: run as a worker with this JSON spec")
-
-
-def _head() -> dict:
-    """What every report starts with: its command, date and machine."""
-    return {"command": " ".join(["python -m bench.finetune_speed", *sys.argv[1:]]), "machine": machine_info(),
-            "date": datetime.datetime.now().astimezone().isoformat(timespec="seconds")}
 
 
 def measure(worker: Worker, command: str, wait_quiet_s: float = 0.0) -> dict:
@@ -246,8 +238,9 @@ def run_ab(args, task_dir: Path, log) -> tuple[dict, str]:
         logs = run(args, {"base": spec, "this": spec}, log, code_roots={"base": tree})
     base_rev, this_rev = revs["base"], revs["this"]
     rates = {name: [m["examples_per_s"] for m in logs[name]["train"]] for name in ("base", "this")}
-    means = {name: statistics.mean(v) for name, v in rates.items()}
-    report = {**_head(), "settings": {"this": this_rev, "base": base_rev, "stack": args.stack, "train_steps": args.train_steps,
+    means = {name: mean(v) for name, v in rates.items()}
+    report = {**new_report("bench.finetune_speed"),
+              "settings": {"this": this_rev, "base": base_rev, "stack": args.stack, "train_steps": args.train_steps,
                            "rounds": args.rounds},
               "result": {**rates, "base_mean": means["base"], "this_mean": means["this"],
                          "ratio": means["this"] / means["base"]}}
@@ -271,7 +264,8 @@ def speed_report(args, task_dir: Path, stacks: list, log, padding=None, base=Non
     specs = {name: {"precision": precision, **common, **STACKS[name]} for name in stacks}
     tree, renamed = base or (None, {})
     specs.update({renamed[name]: specs[name] for name in renamed})
-    report = {**_head(), "settings": {"model": "tiny (4 x 256, 4 heads, FFN 1024, 8k BPE)", "n_ctx": args.n_ctx,
+    report = {**new_report("bench.finetune_speed"),
+              "settings": {"model": "tiny (4 x 256, 4 heads, FFN 1024, 8k BPE)", "n_ctx": args.n_ctx,
                            "batch": args.batch_size, "train steps per round": args.train_steps,
                            "rounds": f"{args.rounds} (+1 warm-up)", "ours precision": precision,
                            "threads per stack": args.threads, "BPE books": args.books, "wait_quiet_s": args.wait_quiet,
@@ -331,7 +325,8 @@ def run_zero_shot(args) -> tuple[dict, str]:
                 log[name].append({"s": wall, "others_cpu_share": others})
     rows = {name: {"tokens_per_s": round(tokens / median([m["s"] for m in ms])),
                    "others_cpu_share": round(median([m["others_cpu_share"] for m in ms]), 3)} for name, ms in log.items()}
-    report = {**_head(), "requests": len(reqs), "model_input_tokens": tokens, "batch_size": args.batch_size, "rows": rows,
+    report = {**new_report("bench.finetune_speed"), "requests": len(reqs), "model_input_tokens": tokens,
+              "batch_size": args.batch_size, "rows": rows,
               "speed_up": round(rows["after"]["tokens_per_s"] / rows["before"]["tokens_per_s"], 2),
               "max_abs_diff_logprob_sums": float(np.max(np.abs(sums["after"] - sums["before"]))), "log": log}
     text = (f"`{report['command']}`\n\n{report['machine']['cpu']}, {report['machine']['cores']} cores, "
@@ -391,7 +386,7 @@ def run_gpt1(args, log) -> tuple[dict, str]:
         rows.append(row)
         log(f"  {precision} {job}: {row['per_s']:.2f}/s, peak {row['peak_rss_mib']} MiB"
             + (f", {row['epoch_minutes']:.0f} min per epoch" if plan else "") + f"; load {row['load_average']}")
-    report = {**_head(), "rows": rows}
+    report = {**new_report("bench.finetune_speed"), "rows": rows}
     return report, gpt1_markdown(report)
 
 

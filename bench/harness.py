@@ -1,20 +1,22 @@
 """The shared harness of the speed benchmarks: clocks, others' CPU share, worker processes, peak matmul, reports.
 
 * ``Clock`` / ``timed``: wall seconds, this process's CPU seconds and the share of the machine's CPU time
-  other processes used meanwhile (the machine may be shared; 0: we had it to ourselves). ``CpuMeter``:
-  the same share around a set of processes (a server and its clients). ``measured_run``: a command run to its end,
-  with its wall and CPU seconds, peak resident memory and others' share.
+  other processes used meanwhile (the machine may be shared; 0: we had it to ourselves). ``measured_run``: a command
+  run to its end, with its wall and CPU seconds, peak resident memory and others' share.
 * ``Worker``: one stack in its own process (``python -m <module> --worker=<spec as JSON>``), driven line
   by line (``<tag><KIND> <JSON>``), so that stacks take turns step by step (a load change hits all alike);
-  ``emit`` is the worker's side. ``wait_until_quiet``: waits for other processes to go quiet.
+  ``emit`` is the worker's side; ``worker_result``: a worker that answers once. ``wait_until_quiet``: waits for other
+  processes to go quiet.
 * ``measure_peak`` / ``measure_peaks``: the best square-matmul FLOP/s through TF and torch, the MFU's peak.
 * ``machine_info`` (CPU model, features, cores, versions, load), ``header`` (its one line), ``cpu_slug`` (its
-  name in a file name), ``save_report`` (the JSON and the markdown beside it), ``median``.
+  name in a file name), ``new_report`` (a report's command, date and machine), ``save_report`` (the JSON and the
+  markdown beside it).
 """
 
 from __future__ import annotations
 
 import contextlib
+import datetime
 import json
 import os
 import platform
@@ -31,12 +33,6 @@ ROOT = Path(__file__).resolve().parents[1]
 PRECISIONS = ("float32", "bfloat16")
 TAG = "@@bench "  # prefix of the protocol lines a worker prints on stdout
 ISA = ("avx2", "fma", "avx512f", "avx512_vnni", "avx512_bf16", "amx_bf16")
-
-
-def median(values):
-    ordered = sorted(values)
-    mid = len(ordered) // 2
-    return ordered[mid] if len(ordered) % 2 else 0.5 * (ordered[mid - 1] + ordered[mid])
 
 
 # ----------------------------------------------------------------------------- clocks
@@ -74,31 +70,6 @@ def timed(fn):
     clock = Clock()
     result = fn()
     return result, clock.read()
-
-
-class CpuMeter:
-    """Share of the machine's CPU used by processes other than ``pids`` between start() and stop()."""
-
-    def __init__(self, pids):
-        self.pids = pids
-
-    def _ours(self):
-        total = 0
-        for pid in self.pids:
-            try:
-                with open(f"/proc/{pid}/stat") as f:
-                    stat = f.read().rsplit(")", 1)[1].split()
-                total += (int(stat[11]) + int(stat[12])) / os.sysconf("SC_CLK_TCK")  # utime + stime
-            except OSError:
-                pass
-        return total
-
-    def start(self):
-        self._t, self._b, self._o = time.monotonic(), busy_seconds(), self._ours()
-
-    def stop(self) -> float:
-        available = (time.monotonic() - self._t) * (os.cpu_count() or 1)
-        return max(0.0, (busy_seconds() - self._b) - (self._ours() - self._o)) / available
 
 
 def measured_run(argv, cwd, env=None) -> dict:
@@ -184,6 +155,15 @@ class Worker:
         self.stderr.close()
 
 
+def worker_result(spec, module, kind="RESULT", **options):
+    """The payload of the one ``kind`` line a ``Worker`` of ``spec`` answers (``options``: ``Worker``'s), then closed."""
+    worker = Worker(spec, module, **options)
+    try:
+        return worker.read(kind)
+    finally:
+        worker.close()
+
+
 def apply_settings() -> str:
     """Puts the project's CPU settings (``--speed=auto``'s: ``gpt_tf/speed/resolve.py``) in this process's environment,
     as the variables that set them by hand, for the workers it starts next (call before they start); the line saying
@@ -261,11 +241,7 @@ def measure_peaks(module, sizes, threads, quiet_share, log, precisions=PRECISION
     for lib in ("tf", "torch"):
         spec = {"kind": "peak", "lib": lib, "sizes": sizes, "reps": 6, "threads": threads, "quiet_share": quiet_share,
                 "precisions": list(precisions)}
-        worker = Worker(spec, module)
-        try:
-            per_lib[lib] = worker.read("RESULT")
-        finally:
-            worker.close()
+        per_lib[lib] = worker_result(spec, module)
         log(f"  {lib} matmul GFLOP/s: " + ", ".join(f"{k} {v / 1e9:.0f}" for k, v in per_lib[lib].items()))
         for key, flops in per_lib[lib].items():
             precision = key.split("@")[0]
@@ -319,6 +295,12 @@ def machine_info():
         "versions": versions,
         "loadavg_at_start": os.getloadavg(),
     }
+
+
+def new_report(module: str, timespec: str = "seconds") -> dict:
+    """What a report starts with: its command (``python -m <module>`` and this process's arguments), date and machine."""
+    return {"command": " ".join([f"python -m {module}", *sys.argv[1:]]), "machine": machine_info(),
+            "date": datetime.datetime.now().astimezone().isoformat(timespec=timespec)}
 
 
 def cpu_slug(info: dict) -> str:

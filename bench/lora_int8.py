@@ -26,10 +26,11 @@ import resource
 import tempfile
 import time
 from pathlib import Path
+from statistics import median
 
 from absl import app, flags
 
-from bench.harness import ROOT, Clock, Worker, cpu_slug, emit, header, machine_info, median, save_report
+from bench.harness import ROOT, Clock, cpu_slug, emit, header, machine_info, save_report, worker_result
 
 MODES = {"full": None, "lora4": 4, "lora16": 16}
 FLAGS = flags.FLAGS
@@ -149,14 +150,6 @@ def int8_worker(spec: dict) -> None:
                            "others_cpu_share": max(row["others"])} for name, row in rows.items()})
 
 
-def run_worker(spec: dict) -> dict:
-    worker = Worker(spec, "bench.lora_int8")
-    try:
-        return worker.read("RESULT")
-    finally:
-        worker.close()
-
-
 def markdown(report: dict) -> str:
     lines = [f"# LoRA and int8 on SST-2 ({report['command']})", "", header(report["machine"]) + f"; {report['date']}", "",
              f"Seed 0, the first {report['train_limit'] or 67349:,} SST-2 training sentences, one epoch, batch 32, "
@@ -207,13 +200,13 @@ def main(argv):
                         "learning_rate": FLAGS.lora_learning_rate if rank else FLAGS.learning_rate,
                         "save_to": f"{tmp}/{preset}" if mode == "full" else ""}
                 log(f"{preset} {mode} ...")
-                report["finetune"][preset][mode] = run_worker(spec)
+                report["finetune"][preset][mode] = worker_result(spec, "bench.lora_int8")
                 log(f"  {report['finetune'][preset][mode]}")
             if "full" in FLAGS.modes:
                 log(f"{preset} int8 ...")
-                report["int8"][preset] = run_worker({"kind": "int8", "preset_dir": f"{tmp}/{preset}",
-                                                     "glue_dir": FLAGS.glue_dir,
-                                                     "predict_rounds": FLAGS.predict_rounds})
+                spec = {"kind": "int8", "preset_dir": f"{tmp}/{preset}", "glue_dir": FLAGS.glue_dir,
+                        "predict_rounds": FLAGS.predict_rounds}
+                report["int8"][preset] = worker_result(spec, "bench.lora_int8")
     out = Path(FLAGS.output or ROOT / "bench/results" / f"lora_int8_{cpu_slug(info)}.json")
     save_report(report, markdown(report), out, log)
 

@@ -47,8 +47,8 @@ from types import SimpleNamespace
 import numpy as np
 from absl import app, flags, logging
 
-from bench._servers import DATA, export_sst2, run_load, server_port, spawn_server, sst2_texts, stop_server
-from bench.harness import ROOT, CpuMeter, Worker, emit, header, machine_info, save_report
+from bench._servers import DATA, CpuMeter, export_sst2, run_load, server_port, spawn_server, sst2_texts, stop_server
+from bench.harness import ROOT, Worker, emit, header, machine_info, save_report
 
 FLAGS = flags.FLAGS
 CONFIGS = ("in-process", "grpc-batched", "grpc-unbatched")

@@ -47,17 +47,17 @@ temporary ``git worktree``, interleaved with the others), and a table of this ch
 from __future__ import annotations
 
 import contextlib
-import datetime
 import json
 import os
 import sys
 import types
 from pathlib import Path
+from statistics import median
 
 from absl import app, flags
 
 from bench._train_stacks import PRESET_DEFAULTS
-from bench.harness import ROOT, apply_settings, base_checkout, cpu_slug, header, machine_info, median, save_report
+from bench.harness import ROOT, apply_settings, base_checkout, cpu_slug, header, new_report, save_report
 
 FLAGS = flags.FLAGS
 GENERATE_STACKS = ("ours_cache", "ours_no_cache", "transformers", "transformers_gpt2")
@@ -377,10 +377,9 @@ def main(argv):
         if preset not in SIZES:
             raise app.UsageError(f"--presets: unknown {preset!r}; choose from {sorted(SIZES)}")
     log = lambda msg: print(msg, flush=True)  # noqa: E731
-    info = machine_info()
-    report = {"command": " ".join(["python -m bench.speed_table", *sys.argv[1:]]),
-              "date": datetime.datetime.now().astimezone().isoformat(timespec="minutes"), "machine": info,
-              "header": header(info)}
+    report = new_report("bench.speed_table", "minutes")
+    info = report["machine"]
+    report["header"] = header(info)
     log(report["header"])
     # Before any worker starts: they inherit the settings (the keras-hub stack runs the same TensorFlow as ours).
     report["settings"] = apply_settings()

@@ -34,18 +34,18 @@ Writes the JSON report, a markdown snippet next to it (``.md``) and prints the t
 from __future__ import annotations
 
 import contextlib
-import datetime
 import json
 import os
 import sys
 import time
 from pathlib import Path
+from statistics import median
 
 from absl import app, flags
 
 from bench import _profiles
 from bench._train_stacks import PRESET_DEFAULTS, build_step, loop, run_optimizer, worker_env
-from bench.harness import Worker, apply_settings, base_checkout, emit, header, machine_info, measure_peak, measure_peaks, median
+from bench.harness import Worker, apply_settings, base_checkout, emit, header, measure_peak, measure_peaks, new_report
 from bench.harness import save_report, timed, wait_until_quiet
 
 STACKS = ("ours", "keras_hub", "torch")  # the default; ours_jax (ours on JAX) is asked for by name
@@ -307,9 +307,7 @@ def main(argv):
         return _profiles.pretrain_profile(args, log)
     settings = apply_settings()  # before any worker starts
     report = {
-        "command": " ".join(["python -m bench.train_throughput", *sys.argv[1:]]),
-        "date": datetime.datetime.now().astimezone().isoformat(timespec="seconds"),
-        "machine": machine_info(),
+        **new_report("bench.train_throughput"),
         "settings": settings,
         "schedule": args.schedule,
         "quiet_share": args.quiet_share,
