@@ -30,6 +30,9 @@ import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
+DATA = ROOT.parent / "shared" / "data"  # the shared data folder: books, GLUE, Story Cloze, GPT-1's BPE
+TASK_FOLDERS = {"sst2": "glue/SST-2", "cola": "glue/CoLA", "mrpc": "glue/MRPC", "stsb": "glue/STS-B", "rte": "glue/RTE",
+                "story_cloze": "story_cloze"}  # each task's official files under the shared data folder
 PRECISIONS = ("float32", "bfloat16")
 TAG = "@@bench "  # prefix of the protocol lines a worker prints on stdout
 ISA = ("avx2", "fma", "avx512f", "avx512_vnni", "avx512_bf16", "amx_bf16")
