@@ -1,4 +1,4 @@
-"""The shared harness of the speed benchmarks: clocks, others' CPU share, worker processes, peak matmul, reports.
+"""The shared harness of the benchmarks: clocks, others' CPU share, worker processes, commands, peak matmul, reports.
 
 * ``Clock`` / ``timed``: wall seconds, this process's CPU seconds and the share of the machine's CPU time
   other processes used meanwhile (the machine may be shared; 0: we had it to ourselves). ``measured_run``: a command
@@ -7,6 +7,8 @@
   by line (``<tag><KIND> <JSON>``), so that stacks take turns step by step (a load change hits all alike);
   ``emit`` is the worker's side; ``worker_result``: a worker that answers once. ``wait_until_quiet``: waits for other
   processes to go quiet.
+* ``run_command`` / ``BackgroundCommand``: a command run from the repository root (the experiments' runs), to its end
+  or beside others; ``shown_command``: it as a user types it there, the paths relative.
 * ``measure_peak`` / ``measure_peaks``: the best square-matmul FLOP/s through TF and torch, the MFU's peak.
 * ``machine_info`` (CPU model, features, cores, versions, load), ``header`` (its one line), ``cpu_slug`` (its
   name in a file name), ``new_report`` (a report's command, date and machine), ``save_report`` (the JSON and the
@@ -22,6 +24,7 @@ import os
 import platform
 import re
 import resource
+import shlex
 import shutil
 import subprocess
 import sys
@@ -212,6 +215,64 @@ def base_checkout(rev: str, prefix: str = "bench_ab_"):
     finally:
         git("worktree", "remove", "--force", str(tree))
         shutil.rmtree(tree.parent, ignore_errors=True)
+
+
+# ----------------------------------------------------------------------------- commands from the repository root
+
+
+def child_env(root=ROOT) -> dict:
+    """The environment of a child process running the code of checkout ``root``, TensorFlow's start-up lines off."""
+    return dict(os.environ, PYTHONPATH=str(root), TF_CPP_MIN_LOG_LEVEL="2")
+
+
+def run_command(cmd: list[str]) -> tuple[str, float]:
+    """Runs ``cmd`` from the repository root; returns its stdout and wall-clock seconds (raises on failure)."""
+    start = time.time()
+    proc = subprocess.run(cmd, cwd=ROOT, env=child_env(), capture_output=True, text=True)
+    seconds = time.time() - start
+    if proc.returncode != 0:
+        raise RuntimeError(f"{shlex.join(cmd)} failed ({proc.returncode}):\n{proc.stderr[-3000:]}")
+    return proc.stdout, seconds
+
+
+class BackgroundCommand:
+    """Starts ``cmd`` from the repository root beside others, stderr to ``log``, stdout beside it;
+    ``wait`` returns what ``run_command`` would."""
+
+    def __init__(self, cmd: list[str], log):
+        self.cmd, self.log, self.out = cmd, Path(log), Path(log).with_suffix(".stdout")
+        self.log.parent.mkdir(parents=True, exist_ok=True)
+        self.start = time.time()
+        with open(self.out, "w") as out, open(self.log, "w") as err:
+            self.proc = subprocess.Popen(cmd, cwd=ROOT, env=child_env(), stdout=out, stderr=err, text=True)
+
+    def finished(self) -> bool:
+        return self.proc.poll() is not None
+
+    def stop(self) -> None:
+        """SIGTERM (a trainer saves a checkpoint and exits), then waits for it."""
+        if self.proc.poll() is None:
+            self.proc.terminate()
+            self.proc.wait()
+
+    def wait(self) -> tuple[str, float]:
+        returncode = self.proc.wait()
+        seconds = time.time() - self.start
+        if returncode != 0:
+            tail = self.log.read_text()[-3000:]
+            raise RuntimeError(f"{shlex.join(self.cmd)} failed ({returncode}); its log {self.log} ends:\n{tail}")
+        return self.out.read_text(), seconds
+
+
+def relative(arg: str) -> str:
+    """``arg`` with this checkout's absolute path taken out (a path under the repository root, or a flag's value that
+    is one, as a user types it from the root): what the ledgers and docs record works on any machine."""
+    return arg.replace(f"{ROOT}{os.sep}", "")
+
+
+def shown_command(cmd: list[str]) -> str:
+    """The command as a user types it from the repository root (``python -m ...``), paths relative to the root."""
+    return shlex.join(relative(a) for a in cmd[1:]).replace("-m ", "python -m ", 1)
 
 
 # ----------------------------------------------------------------------------- peak matmul

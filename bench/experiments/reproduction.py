@@ -15,9 +15,9 @@
     # 6. what scale bought: both sizes' ledgers side by side, one table per task, into docs/reproduction.md
     python -m bench.experiments.reproduction --stage=scale
 
-Every run is one ``python -m gpt_tf.train --task`` process (``bench.experiments.finetune_runs.finetune_spec``: the
-task's flagfile, the arm's initialisation, then the recipe's flags), timed wall-clock; each finished run is
-one line of the ledger (``--ledger``, with the commit that ran it), keyed by (task, arm, seed, recipe), so an
+Every run is one ``python -m gpt_tf.train --task`` process (``finetune_spec``: the task's flagfile, the arm's
+initialisation, then the recipe's flags; ``run_one``; ``bench/experiments/study.py`` runs its own the same way and
+can take this ledger's runs, ``ledger_run``), timed wall-clock; each finished run is one line of the ledger (``--ledger``, with the commit that ran it), keyed by (task, arm, seed, recipe), so an
 interrupted stage resumes and a run already in the ledger is never redone. The choice of recipe reads dev scores only; the test
 files are predicted once, by the chosen recipe's seed-0 run, and never scored here. ``--stage=scale`` runs nothing: for each
 size (``SCALE_LEDGERS``), arm and task, the dev scores of every seed of the arm's chosen recipe, as median [min–max]
@@ -27,16 +27,17 @@ size (``SCALE_LEDGERS``), arm and task, the dev scores of every seed of the arm'
 
 from __future__ import annotations
 
+import datetime
 import json
+import shlex
 import shutil
 import statistics
-import subprocess
+import sys
 from pathlib import Path
 
 from absl import app, flags
 
-from bench.experiments.finetune_runs import (N_CTX, ROOT, append_ledger, dev_score, finetune_spec, load_ledger,
-                                             main_metric, median_spread, run_command, run_one, shown_command)
+from bench.harness import ROOT, git, run_command, shown_command
 
 FLAGS = flags.FLAGS
 ARMS = ("pretrained", "scratch")
@@ -49,6 +50,10 @@ SCALE_LEDGERS = {"tiny": "bench/results/reproduction.jsonl", "small": "bench/res
 SIZES = {"tiny": "5.2M parameters, 128 context", "small": "16.9M parameters, 256 context"}
 START, END = "<!-- scale: written by `python -m bench.experiments.reproduction --stage=scale`; edits here are replaced -->", \
     "<!-- /scale -->"
+# Context per task, from the token lengths in the task manifests (max view lengths: SST-2 73,
+# CoLA 52, STS-B 142, MRPC 135, RTE 370, Story Cloze 94); longer views are truncated by the
+# documented rule of gpt_tf/data/transforms.py.
+N_CTX = {"sst2": 64, "cola": 64, "stsb": 96, "mrpc": 128, "rte": 128, "story_cloze": 96}
 
 
 def define_flags():
@@ -67,6 +72,105 @@ def define_flags():
     flags.DEFINE_string("predictions_dir", "bench/results/test_predictions", "--stage=predict: <arm>/<file>.tsv "
                         "(<arm>_<model>/ for a --model other than tiny).")
     flags.DEFINE_string("precision", "float32", "Fine-tuning precision flag.")
+
+
+# ----------------------------------------------------------------------------- a fine-tuning run and the ledger
+# (the study's runs too)
+
+
+def finetune_spec(task: str, arm: str, seed: int, *, runs_root, tasks_dir, precision: str,
+                  init_checkpoint: str = "", model: str = "", extra=(), recipe: str = "") -> dict:
+    """One ``python -m gpt_tf.train --task`` run: the recipe of ``configs/finetune_<task><recipe>.flags``
+    (``recipe=""``: the paper's; ``"_tiny"``: the small-model recipe chosen here, ``--stage=configs``).
+
+    ``init_checkpoint`` (a pre-training run) or ``model`` (a preset, from scratch); ``extra``: more flags.
+    """
+    run_dir = Path(runs_root) / f"{task}_{arm}_s{seed}"
+    cmd = [sys.executable, "-m", "gpt_tf.train", f"--flagfile=configs/finetune_{task}{recipe}.flags",
+           f"--data_dir={Path(tasks_dir) / task}", f"--run_dir={run_dir}", f"--n_ctx={N_CTX[task]}",
+           f"--precision={precision}", f"--seed={seed}", "--progress=false", "--json"]
+    cmd.append(f"--init_checkpoint={init_checkpoint}" if init_checkpoint else f"--model={model}")
+    return {"task": task, "arm": arm, "seed": seed, "run_dir": str(run_dir), "cmd": cmd + list(extra)}
+
+
+def run_one(spec: dict) -> dict:
+    """Runs it; returns the spec with the final metrics and the wall-clock seconds."""
+    stdout, seconds = run_command(spec["cmd"])
+    metrics = json.loads(stdout.strip().splitlines()[-1])
+    return {**spec, "cmd": shown_command(spec["cmd"]), "metrics": metrics,
+            "seconds": round(seconds, 1), "finished": datetime.datetime.now().isoformat(timespec="seconds")}
+
+
+def load_ledger(path: Path) -> list[dict]:
+    """The records of finished runs (one JSON object per line), or [] when there is no ledger yet."""
+    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()] if path.exists() else []
+
+
+def append_ledger(path: Path, record: dict) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with open(path, "a") as f:
+        f.write(json.dumps(record) + "\n")
+
+
+def main_metric(task: str) -> str:
+    """The task's headline metric (the first of its ``TaskSpec.metrics``: Matthews for CoLA, F1 for MRPC, ...)."""
+    from gpt_tf.tasks import get_task
+
+    return get_task(task).metrics[0]
+
+
+def dev_score(record: dict) -> float:
+    """The task's headline metric on its first eval split (``dev`` for all tasks here), in percent."""
+    return 100 * record["metrics"]["dev"][main_metric(record["task"])]
+
+
+def median_spread(values) -> tuple[float, float, float] | None:
+    """(median, min, max) of ``values``, or None when there are none."""
+    values = list(values)
+    return (statistics.median(values), min(values), max(values)) if values else None
+
+
+def recipe_flags(task: str, suffix: str = "") -> dict:
+    """The flags of ``configs/finetune_<task><suffix>.flags`` beyond the task flagfile it includes and the run's own
+    folder and context: the recipe, as this ledger records it."""
+    lines = (ROOT / "configs" / f"finetune_{task}{suffix}.flags").read_text().splitlines()
+    found = dict(line[2:].partition("=")[::2] for line in lines if line.startswith("--"))
+    return {k: v for k, v in found.items() if k not in ("flagfile", "run_dir", "n_ctx")}
+
+
+def _flag_values(cmd: str) -> dict:
+    return {a[2:].partition("=")[0]: a[2:].partition("=")[2] for a in shlex.split(cmd) if a.startswith("--")}
+
+
+def ledger_run(spec: dict, arm: str, suffix: str, records: list[dict]) -> dict | None:
+    """The run of this ledger that ``spec`` would repeat: the same task and seed, ``arm`` here, the recipe of
+    ``configs/finetune_<task><suffix>.flags``, start, data, context and precision. Paths compare resolved from the
+    repository root."""
+    recipe, want = recipe_flags(spec["task"], suffix), _flag_values(shown_command(spec["cmd"]))
+    resolve = lambda path: str((ROOT / path).resolve()) if path else path  # noqa: E731
+    for r in records:
+        if (r["task"], r["arm"], r["seed"], r["recipe"]) != (spec["task"], arm, spec["seed"], recipe):
+            continue
+        have = _flag_values(r["cmd"])
+        if all(have.get(k) == want.get(k) for k in ("precision", "n_ctx", "model")) and \
+                all(resolve(have.get(k, "")) == resolve(want.get(k, "")) for k in ("data_dir", "init_checkpoint")):
+            return r
+    return None
+
+
+def size_of(run) -> str:
+    """The model size whose shape the pre-training run has (the scratch arm's ``--model``); ``run``: its
+    ``gpt_tf.runs.folder.RunFolder``."""
+    from gpt_tf.config import SIZES
+
+    shape = ("n_embd", "n_layer", "n_head", "d_ff", "model_type")
+    for name, size in SIZES.items():
+        if all(getattr(size, k) == getattr(run.model_config, k) for k in shape):
+            return name
+    raise ValueError(f"{run.path}/model_config.json matches no model size's shape {shape}")
+
+
+# ----------------------------------------------------------------------------- the stages
 
 
 def parse_grid(text: str) -> list[dict]:
@@ -105,7 +209,7 @@ def best_recipes(records: list[dict]) -> dict:
 
 
 def run_all(specs: list[dict], stage: str, records: list[dict]) -> None:
-    commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, capture_output=True, text=True).stdout.strip()
+    commit = git("rev-parse", "--short", "HEAD")
     have = {key(r) for r in records}
     todo = [s for s in specs if key(s) not in have]
     print(f"{stage}: {len(specs)} runs, {len(specs) - len(todo)} already in {FLAGS.ledger}", flush=True)

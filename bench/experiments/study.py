@@ -14,7 +14,7 @@ Phases, each a subprocess whose command, output and wall-clock time go to ``<run
    ``--data_root`` rebuilt with the pre-trained run's tokenizer, N train examples by guid hash;
 2. zero-shot (``python -m gpt_tf.analysis.zero_shot``) on every kept checkpoint of the transformer's pre-training
    and on its initialisation (step 0);
-3. fine-tuning (``bench/experiments/finetune_runs.py``, the paper's recipe): per task and seed the arms ``full``
+3. fine-tuning (``bench/experiments/reproduction.py``'s runs, the paper's recipe): per task and seed the arms ``full``
    (all blocks transferred, λ 0.5), ``scratch`` (no pre-training) and ``lm0`` (λ = 0), plus
    ``transfer<k>`` for k = 0 … n_layer − 1 blocks on the layer-transfer tasks (k = n_layer is ``full``);
 4. the LSTM baseline (Table 5): ``--lstm_run``, or pre-trained here (``--model=lstm_<preset>``, the data and
@@ -41,9 +41,8 @@ from pathlib import Path
 
 from absl import app, flags
 
-from bench.experiments.finetune_runs import (ROOT, BackgroundCommand, append_ledger, finetune_spec, ledger_run,
-                                             load_ledger, read_json, recipe_flags, relative, run_command, run_one,
-                                             shown_command, size_of)
+from bench.experiments.reproduction import append_ledger, finetune_spec, ledger_run, load_ledger, run_one, size_of
+from bench.harness import ROOT, TASK_FOLDERS, BackgroundCommand, relative, run_command, shown_command
 from gpt_tf.runs.folder import RunFolder
 
 FLAGS = flags.FLAGS
@@ -109,9 +108,6 @@ def parse_args(argv: list[str]) -> flags.FlagValues:
     return fv
 
 
-# Where each task's official files sit under --data_root (the layout of ../shared/data).
-OFFICIAL = {"sst2": "glue/SST-2", "cola": "glue/CoLA", "mrpc": "glue/MRPC", "stsb": "glue/STS-B", "rte": "glue/RTE",
-            "story_cloze": "story_cloze"}
 STORY_CLOZE_HOLDOUT = 0.3  # as data/tasks_books/story_cloze: the part of val that is dev
 ARMS = ("full", "scratch", "lm0", "lstm")
 
@@ -125,8 +121,8 @@ def resolve_plan(args, n_layer: int, pretrain_steps: int) -> dict:
     plan["zero_shot_tasks"] += [t for t, d in (("race", args.race_dir), ("dprd", args.dprd_dir)) if d]
     plan["seeds"] = [int(s) for s in plan["seeds"].split(",")]
     plan["lstm_steps"] = plan["lstm_steps"] or pretrain_steps
-    problems = [f"unknown task {t!r}; tasks with training data: {sorted(OFFICIAL)}"
-                for t in plan["tasks"] + plan["transfer_tasks"] if t not in OFFICIAL]
+    problems = [f"unknown task {t!r}; tasks with training data: {sorted(TASK_FOLDERS)}"
+                for t in plan["tasks"] + plan["transfer_tasks"] if t not in TASK_FOLDERS]
     problems += [f"--layers: {k} is not within 0..{n_layer}" for k in plan["layers"] if not 0 <= k <= n_layer]
     if problems:
         sys.exit("bench.experiments.study: " + "; ".join(problems))
@@ -169,7 +165,7 @@ def task_data(plan: dict, args, tokenizer_dir: str, ledger: Path, build: bool = 
             sys.exit(f"bench.experiments.study: --pretrained={args.pretrained}: its data manifest, which names its "
                      "tokenizer, is gone; the task data cannot be rebuilt with it")
         cmd = [sys.executable, "-m", "pipelines.finetune_data", f"--task={task}",
-               f"--data_dir={Path(args.data_root) / OFFICIAL[task]}", f"--tokenizer_dir={tokenizer_dir}",
+               f"--data_dir={Path(args.data_root) / TASK_FOLDERS[task]}", f"--tokenizer_dir={tokenizer_dir}",
                f"--output_dir={out / task}", "--noprogress", f"--train_subsample={plan['train_subsample']}",
                *([f"--holdout_fraction={STORY_CLOZE_HOLDOUT}"] if task == "story_cloze" else [])]
         _, seconds = run_command(cmd)
@@ -234,12 +230,12 @@ def reused_run(spec: dict, plan: dict, records: list[dict]) -> dict | None:
     arm = {"full": "pretrained", "scratch": "scratch"}.get(spec["arm"])
     if arm is None or plan["epochs"]:
         return None
-    return ledger_run(spec, arm, recipe_flags(spec["task"], RECIPES[plan["recipe"]]), records)
+    return ledger_run(spec, arm, RECIPES[plan["recipe"]], records)
 
 
 def zero_shot_cmd(run_dir: str, plan: dict, args, out_csv: Path) -> list[str]:
     dirs = {"race": args.race_dir, "dprd": args.dprd_dir,
-            **{t: str(Path(args.data_root) / OFFICIAL[t]) for t in ("cola", "sst2", "story_cloze")}}
+            **{t: str(Path(args.data_root) / TASK_FOLDERS[t]) for t in ("cola", "sst2", "story_cloze")}}
     tasks = plan["zero_shot_tasks"]
     return [sys.executable, "-m", "gpt_tf.analysis.zero_shot", f"--run_dir={run_dir}", f"--task={','.join(tasks)}",
             f"--data_dir={','.join(dirs[t] for t in tasks)}", "--include_init", f"--output_csv={out_csv}",
@@ -250,7 +246,7 @@ def _check_configuration(runs_root: Path, config: dict) -> None:
     """One configuration per runs_root: the first run records it; a different one later is refused."""
     path = runs_root / "study_config.json"
     if path.is_file():
-        before = read_json(path)
+        before = json.loads(path.read_text())
         changed = sorted(k for k in set(before) | set(config) if before.get(k) != config.get(k))
         if changed:
             sys.exit(f"bench.experiments.study: {runs_root} holds a study with another configuration ({', '.join(changed)} "

@@ -21,7 +21,7 @@ import os
 import re
 from pathlib import Path
 
-from bench.experiments.finetune_runs import dev_score, main_metric, median_spread
+from bench.experiments.reproduction import dev_score, main_metric, median_spread
 from gpt_tf.analysis.heuristics import HEURISTICS
 from gpt_tf.metrics import spearman
 from gpt_tf.runs.files import MODEL_CONFIG, RUN_CONFIGS, read_json
@@ -186,7 +186,7 @@ def departures(config, train_config, model_config, sizes) -> list[str]:
             f"- Fine-tuning: {sub}, " + (f"{config['epochs']} epoch(s) of the paper's recipe" if config.get("recipe", "paper") == "paper"
             else "each task's small-model recipe for every arm (`configs/finetune_<task>_tiny.flags`, chosen on dev by "
             "`bench/experiments/reproduction.py`)") + f", seeds {config['seeds']}, shorter contexts "
-            "(bench/experiments/finetune_runs.N_CTX), precision " + config["precision"] + "; dev sets, not test sets."
+            "(bench/experiments/reproduction.N_CTX), precision " + config["precision"] + "; dev sets, not test sets."
             + (" Story Cloze is scored on a 30% hold-out of its val file (the paper fine-tunes on val and tests on "
                "test)." if "story_cloze" in config["tasks"] + config["zero_shot_tasks"] else ""),
             f"- The LSTM baseline: one layer with about the transformer's non-embedding parameters "
