@@ -256,19 +256,17 @@ class HF:
         import tempfile
 
         import torch
-        from transformers import OpenAIGPTConfig, OpenAIGPTForSequenceClassification, Trainer, TrainerCallback
-        from transformers import TrainingArguments
+        from transformers import OpenAIGPTForSequenceClassification, Trainer, TrainerCallback, TrainingArguments
 
+        from bench._train_stacks import hf_config
         from gpt_tf.config import get_size
 
         torch.set_num_threads(spec["threads"])
         torch.manual_seed(0)
-        c = get_size("tiny", n_ctx=spec["n_ctx"])
         views = json.loads((Path(spec["task_dir"]) / VIEWS_FILE).read_text())
         self.pad = views["train"]["pad"]
-        config = OpenAIGPTConfig(vocab_size=c.total_vocab, n_positions=c.n_ctx, n_embd=c.n_embd, n_layer=c.n_layer,
-                                 n_head=c.n_head, afn="gelu", resid_pdrop=c.resid_pdrop, embd_pdrop=c.embd_pdrop,  # gelu = gelu_new (tanh)
-                                 attn_pdrop=c.attn_pdrop, summary_first_dropout=0.1, num_labels=2, pad_token_id=self.pad)
+        config = hf_config(get_size("tiny", n_ctx=spec["n_ctx"]), summary_first_dropout=0.1, num_labels=2,
+                           pad_token_id=self.pad)
         model = OpenAIGPTForSequenceClassification(config)
         self.data = {split: [{"input_ids": ids, "labels": y} for ids, y in zip(v["input_ids"], v["labels"])]
                      for split, v in views.items()}

@@ -44,7 +44,7 @@ from statistics import median
 from absl import app, flags
 
 from bench import _profiles
-from bench._train_stacks import PRESET_DEFAULTS, build_step, loop, run_optimizer, worker_env
+from bench._train_stacks import PRESET_DEFAULTS, build_step, run_loop, run_optimizer, worker_env
 from bench.harness import Worker, apply_settings, base_checkout, emit, header, measure_peak, measure_peaks, new_report
 from bench.harness import save_report, timed, wait_until_quiet
 
@@ -243,6 +243,41 @@ def _round_line(rows, i, warmup):
 
 def _quiet_count(row, quiet_share):
     return sum(s["others_cpu_share"] <= quiet_share for s in row["steps_log"])
+
+
+# ----------------------------------------------------------------------------- --mode=loop's report
+
+
+def loop_markdown(rows) -> str:
+    lines = [
+        "| when (UTC) | device | model | batch × seq | accum | precision | XLA | strategy | tokens/s | ms/step | MFU "
+        "| peak (source) | CPU s/step | our share of the cores | load avg start→end |",
+        "|---|---|---|---|---:|---|---|---|---:|---:|---:|---|---:|---:|---|",
+    ]
+    for r in rows:
+        share = r["cpu_s_per_step_median"] / (r["ms_per_step_median"] / 1e3 * r["cores"])  # < 100%: others ran too
+        lines.append(
+            f"| {r['when']} | {r['device']} | {r['model']} | {r['batch']} × {r['seq']} | {r['grad_accum_steps']} "
+            f"| {r['precision']} | {'on' if r['jit_compile'] else 'off'} | {r['strategy']} ({r['replicas']}) "
+            f"| {r['tokens_per_sec']:,.0f} | {r['ms_per_step_median']:,.0f} | {100 * r['mfu']:.1f}% "
+            f"| {r['peak_flops'] / 1e12:.3g} TFLOP/s ({r['peak_source']}) | {r['cpu_s_per_step_median']:.2f} "
+            f"| {share:.0%} | {r['loadavg_start_end'][0]:.1f}→{r['loadavg_start_end'][1]:.1f} |")
+    commands = "\n".join(f"    {r['command']}" for r in rows)
+    return "\n".join(lines) + f"\n\nCommands:\n\n{commands}\n"
+
+
+def loop(args) -> None:
+    """``--mode=loop``: one row appended to ``--out`` (JSON) and the table of every row rewritten beside it."""
+    args.warmup = 3 if args.warmup is None else args.warmup
+    args.steps = 10 if args.steps is None else args.steps
+    row = run_loop(args)
+    out = Path(args.out or "bench/results/pretrain_throughput.json")
+    rows = json.loads(out.read_text()) if out.exists() else []
+    rows.append(row)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps(rows, indent=1) + "\n")
+    out.with_suffix(".md").write_text(loop_markdown(rows))
+    print(loop_markdown([row]))
 
 
 def define_flags():
