@@ -345,7 +345,12 @@ def _ours_update(jit: bool):
     grads = [tf.random.normal(v.shape, stddev=1e-2, seed=i) for i, v in enumerate(variables)]
     optimizer = make_optimizer(LEARNING_RATE, weight_decay=WEIGHT_DECAY, clip_norm=CLIP_NORM, variables=variables)
     update = tf.function(lambda g: optimizer.apply(g, variables), jit_compile=jit)
-    return lambda: update(grads).numpy(), variables
+
+    def step():
+        update(grads)
+        return optimizer.iterations.numpy()  # read after the update, so it has run
+
+    return step, variables
 
 
 def _torch_fused_update(shapes):
