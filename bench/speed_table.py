@@ -49,7 +49,6 @@ from __future__ import annotations
 import contextlib
 import json
 import os
-import sys
 import types
 from pathlib import Path
 from statistics import median
@@ -279,11 +278,10 @@ def _transformers(spec, config, state=None):
 def generate_worker(spec) -> None:
     """Worker: builds its stack, then one timed generation per ``step`` line; answers the tokens it generated."""
     import numpy as np
-
-    from bench.harness import emit, timed
-    from gpt_tf.config import get_size
-
     import tensorflow as tf
+
+    from bench.train_throughput import serve_steps
+    from gpt_tf.config import get_size
 
     tf.config.threading.set_intra_op_parallelism_threads(spec["threads"])
     tf.config.threading.set_inter_op_parallelism_threads(spec["threads"])
@@ -296,17 +294,14 @@ def generate_worker(spec) -> None:
         run = _transformers(spec, config)
     else:
         run = _ours(spec, config)[1]
-    emit("READY", {"n_params": config.n_params})
-    for line in sys.stdin:
-        if line.strip() != "step":
-            break
-        ids, stats = timed(run)
-        emit("STEP", {**stats, "tokens": np.asarray(ids)[spec["prompt_tokens"]:].tolist()})
+    serve_steps(run, {"n_params": config.n_params},
+                lambda ids: {"tokens": np.asarray(ids)[spec["prompt_tokens"]:].tolist()})
 
 
 def generation(preset: str, log) -> dict:
-    """The stacks' interleaved calls at ``preset``: tokens/s (median), ratios, shared tokens."""
-    from bench.harness import Worker
+    """The stacks' calls at ``preset``, taking turns (``train_throughput.run_group``; one untimed call each first):
+    tokens/s (median), ratios, shared tokens."""
+    from bench.train_throughput import run_group
     from gpt_tf.config import get_size
 
     config = get_size(preset)
@@ -314,22 +309,11 @@ def generation(preset: str, log) -> dict:
     shipped = preset == "tiny" and total <= config.n_ctx
     base = {"preset": preset, "prompt_tokens": FLAGS.prompt_tokens, "new_tokens": FLAGS.new_tokens,
             "n_ctx": max(total, config.n_ctx), "weights": "shipped" if shipped else "random",
-            "threads": FLAGS.generate_threads, "prompt": _prompt(config.vocab_size, FLAGS.prompt_tokens)}
-    workers = {stack: Worker({**base, "stack": stack}, "bench.speed_table") for stack in GENERATE_STACKS}
-    calls = {stack: [] for stack in GENERATE_STACKS}
-    try:
-        for worker in workers.values():
-            worker.read("READY")
-        for i in range(1 + FLAGS.generate_rounds):  # the first call traces / warms up: not timed
-            for stack, worker in workers.items():
-                result = worker.ask("step", "STEP")
-                if i:
-                    calls[stack].append(result)
-                    log(f"  {preset} round {i}: {stack} {base['new_tokens'] / result['s']:.1f} tokens/s "
-                        f"({100 * result['others_cpu_share']:.0f}% others' CPU)")
-    finally:
-        for worker in workers.values():
-            worker.close()
+            "threads": FLAGS.generate_threads, "prompt": _prompt(config.vocab_size, FLAGS.prompt_tokens),
+            "warmup": 1, "steps": FLAGS.generate_rounds}  # the first call traces / warms up: not timed
+    specs = [{**base, "stack": stack} for stack in GENERATE_STACKS]
+    calls = {row["stack"]: row["steps_log"] for row in run_group(specs, 1.0, FLAGS.generate_rounds, log,
+                                                                 module="bench.speed_table")}
     rows = {stack: {"tokens_per_s": base["new_tokens"] / median([c["s"] for c in got]),
                     "others_cpu_share": median([c["others_cpu_share"] for c in got])} for stack, got in calls.items()}
     tokens = {stack: got[-1]["tokens"] for stack, got in calls.items()}

@@ -71,12 +71,18 @@ def worker_main(spec):
 
         choices.apply_threads(tf, choices.current())
     step, info = build_step(spec)
+    serve_steps(step, info, lambda loss: {"loss": loss})
+
+
+def serve_steps(step, info: dict, answer) -> None:
+    """A worker's side of ``run_group``: ``READY`` with ``info``, then for each ``step`` line on stdin one timed
+    ``step()``, answered by ``STEP``: the ``Clock`` reading and ``answer(what step() returned)``."""
     emit("READY", info)
     for line in sys.stdin:
         if line.strip() != "step":
             break
-        loss, stats = timed(step)
-        emit("STEP", {**stats, "loss": loss})
+        result, stats = timed(step)
+        emit("STEP", {**stats, **answer(result)})
 
 
 # ----------------------------------------------------------------------------- statistics and report
@@ -196,8 +202,9 @@ def ab_lines(report):
 # ----------------------------------------------------------------------------- driver side
 
 
-def run_group(specs, quiet_share, max_rounds, log, wait_quiet_s=0.0):
-    """Starts ``specs``' workers one by one, then steps them round-robin; returns one row per spec.
+def run_group(specs, quiet_share, max_rounds, log, wait_quiet_s=0.0, module="bench.train_throughput"):
+    """Starts ``specs``' workers (``python -m <module> --worker``, each answering ``step`` lines with ``STEP``) one by
+    one, then steps them round-robin; returns one row per spec.
 
     After the warm-up, rounds go on until every worker has ``steps`` quiet steps (other processes
     used at most ``quiet_share`` of the machine meanwhile) or ``max_rounds`` rounds have run.
@@ -206,8 +213,7 @@ def run_group(specs, quiet_share, max_rounds, log, wait_quiet_s=0.0):
     try:
         for spec in specs:
             start = time.time()
-            workers.append(Worker(spec, "bench.train_throughput", code_root=spec.get("code_root"),
-                                  env=worker_env(spec)))
+            workers.append(Worker(spec, module, code_root=spec.get("code_root"), env=worker_env(spec)))
             rows.append({**spec, **workers[-1].read("READY"), "warmup_s": [], "steps_log": []})
             rows[-1]["build_s"] = round(time.time() - start, 1)
         warmup, steps = specs[0]["warmup"], specs[0]["steps"]
