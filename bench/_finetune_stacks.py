@@ -1,4 +1,4 @@
-"""The stacks `bench/finetune_speed.py` times (its speed, ab and profile modes; ``bench/model_costs.py``'s ``gpt1``
+"""The stacks `bench/finetune_speed.py` times (its speed, ab and profile modes; ``bench/costs.py``'s ``gpt1``
 too), each in its own worker process, and the data they share.
 
 ``prepare_data``: an 8k BPE trained with the project's tokenizer on the first ``books`` Gutenberg
@@ -10,7 +10,7 @@ same records as token-id views (``<s> text <e>``, cut to n_ctx as `gpt_tf.data.t
 
 ``ours``: `gpt_tf.training.task_objective.Finetuner`, the loop `python -m gpt_tf.train --task=sst2` runs: its
 tf.data pipeline, its `strategy.run` train step (forward, Eq. 5 loss, backward, clipping, AdamW)
-and its `predict` (the ``tiny`` size, or the spec's ``model``: ``gpt1`` for ``bench.model_costs --mode=gpt1``, on
+and its `predict` (the ``tiny`` size, or the spec's ``model``: ``gpt1`` for ``bench.costs --mode=gpt1``, on
 any task's records).
 ``hf``: `transformers.Trainer` fine-tuning `OpenAIGPTForSequenceClassification`
 of the same shape, driven from a callback, with dynamic padding (each batch padded to its longest
@@ -74,7 +74,7 @@ def prepare_data(root: Path, shared: Path, books: int, n_ctx: int, log=print) ->
 
 
 def gpt1_task_data(shared: Path, task: str, batch_size: int) -> tuple[Path, int, list]:
-    """The data of ``ours`` at GPT-1's size (``bench.model_costs --mode=gpt1``): the task's records tokenized with
+    """The data of ``ours`` at GPT-1's size (``bench.costs --mode=gpt1``): the task's records tokenized with
     GPT-1's BPE (``data/tasks_gpt1/<task>``, built when missing), its ``configs/finetune_<task>_gpt1.flags``'s
     ``--n_ctx``, and its first epoch's plan: each global batch's padded length, in the order the fine-tuning loop
     (seed 0) takes them."""
@@ -192,7 +192,7 @@ class Ours:
         return {"examples": int(len(outs))}
 
     def seek(self, batch: int) -> None:
-        """The next step takes the run's global batch ``batch`` (``bench.model_costs --mode=gpt1``: a step of a
+        """The next step takes the run's global batch ``batch`` (``bench.costs --mode=gpt1``: a step of a
         chosen length)."""
         self.iterator = iter(self.tuner._dataset(self.tuner.heads[0], "train", training=True, start_batch=batch))
 

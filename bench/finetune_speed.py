@@ -19,7 +19,7 @@ the LM head at the scored positions only), in one process, alternating round by 
 real dev sets of SST-2, CoLA and Story Cloze (its 30% hold-out of val) with this bench's 8k BPE and the ``tiny``
 preset's random weights; tokens/s counts the real model-input tokens, and the two scorers' sums of
 log-probabilities are compared (``--rounds`` 4 unless given; ``bench/results/zero_shot_speed.{json,md}``).
-What GPT-1 itself costs to fine-tune on this CPU: ``bench/model_costs.py --mode=gpt1``.
+What GPT-1 itself costs to fine-tune on this CPU: ``bench/costs.py --mode=gpt1``.
 
 Stacks (`bench/_finetune_stacks.py`), each in its own worker process, all the `tiny` shape
 (4 layers, 256 dims, 4 heads, 1024 FFN, 8k BPE + 4 special tokens) with n_ctx 64, batch 32, on the

@@ -225,10 +225,10 @@ def child_env(root=ROOT) -> dict:
     return dict(os.environ, PYTHONPATH=str(root), TF_CPP_MIN_LOG_LEVEL="2")
 
 
-def run_command(cmd: list[str]) -> tuple[str, float]:
-    """Runs ``cmd`` from the repository root; returns its stdout and wall-clock seconds (raises on failure)."""
+def run_command(cmd: list[str], root=ROOT) -> tuple[str, float]:
+    """Runs ``cmd`` from checkout ``root`` on its code; returns its stdout and wall-clock seconds (raises on failure)."""
     start = time.time()
-    proc = subprocess.run(cmd, cwd=ROOT, env=child_env(), capture_output=True, text=True)
+    proc = subprocess.run(cmd, cwd=root, env=child_env(root), capture_output=True, text=True)
     seconds = time.time() - start
     if proc.returncode != 0:
         raise RuntimeError(f"{shlex.join(cmd)} failed ({proc.returncode}):\n{proc.stderr[-3000:]}")

@@ -1,9 +1,10 @@
-"""What a model costs on this CPU to fine-tune and to predict with: GPT-1 at its own size (``--mode=gpt1``), and LoRA
-and int8 on the shipped presets (``--mode=lora_int8``).
+"""What a job costs on this CPU, in time and memory: fine-tuning GPT-1 at its own size (``--mode=gpt1``), LoRA and int8
+on the shipped presets (``--mode=lora_int8``), building a pre-training corpus (``--mode=corpus``).
 
-    python -m bench.model_costs --mode=gpt1         # ~2 h on 2 cores -> bench/results/finetune_gpt1.{json,md}
-    python -m bench.model_costs --mode=lora_int8    # tiny and small, ~40 min on 2 cores -> lora_int8_<cpu>.{json,md}
-    python -m bench.model_costs --mode=lora_int8 --presets=gpt1_tiny_books_en --train_limit=2000   # a quick look
+    python -m bench.costs --mode=gpt1         # ~2 h on 2 cores -> bench/results/finetune_gpt1.{json,md}
+    python -m bench.costs --mode=lora_int8    # tiny and small, ~40 min on 2 cores -> lora_int8_<cpu>.{json,md}
+    python -m bench.costs --mode=lora_int8 --presets=gpt1_tiny_books_en --train_limit=2000   # a quick look
+    python -m bench.costs --mode=corpus --baseline_ref=main   # -> bench/results/corpus_build_<cpu>.{json,md}
 
 **GPT-1** (``run_gpt1``): what GPT-1 itself (117M, random weights: the speed is the same) costs, in each of
 ``--precisions``, a worker process per measurement (its peak memory its own), one after another: per task of
@@ -13,8 +14,8 @@ recipe (batch 32, λ 0.5, length buckets, its ``--n_ctx``) on the task's trainin
 at its lengths' quantiles (shortest, median, longest by default: real batches of the seeded epoch plan); the epoch's
 time is a line fitted to them (a fixed cost per step plus one per padded token, ``_epoch_seconds``) summed over the
 plan's lengths; then generation tokens/s (``Generate``: a 32-token prompt and 128 new tokens, the key/value cache,
-three timed calls after one) and the exported classifier's ``predict`` examples/s (``Exported``: SST-2's 872 dev
-sentences, batches of 32, three timed passes after one); threads as the command line's (TensorFlow's default, every
+three timed calls after one) and the exported classifier's ``predict`` examples/s (``_servers.Exported``: SST-2's
+872 dev sentences, batches of 32, three timed passes after one); threads as the command line's (TensorFlow's default, every
 core). The project's picked settings (``gpt_tf/speed/autotune.py``) apply before the workers start.
 
 **LoRA and int8** (``run_lora_int8``): for each preset, three fine-tunings of ``GPT1TextClassifier`` through the
@@ -27,14 +28,21 @@ int8: the fully fine-tuned classifier, saved with ``save_to_preset``, is loaded 
 ``quantize("int8")``-ed. Each row: the preset's weights file size, dev accuracy, and ``predict`` examples/s on the
 dev sentences, the two models taking turns (``--predict_rounds`` rounds each after one warm-up; the median).
 
+**Corpus** (``run_corpus``): each of ``--corpora`` built as a user builds it, by one ``python -m
+pipelines.pretrain_data`` process (a BPE of ``--vocab`` trained on the books, then records of ``--n_ctx``,
+``books/valid`` held out): its wall and CPU seconds, peak resident memory and others' CPU share
+(``bench.harness.measured_run``); one folder's also by ``--baseline_ref``'s code (a temporary `git worktree`).
+
 The machine may be shared: each timing also records the share of the CPU other processes used meanwhile.
 """
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import resource
+import sys
 import tempfile
 import time
 from pathlib import Path
@@ -43,19 +51,20 @@ from statistics import median
 from absl import app, flags
 
 from bench._finetune_stacks import TAG, gpt1_task_data, worker_main
+from bench._servers import Exported, server_stats, sst2
 from bench.finetune_speed import measure
-from bench.harness import DATA, ROOT, TASK_FOLDERS, Clock, Worker, apply_settings, cpu_slug, emit, header
-from bench.harness import machine_info, new_report, save_report, worker_result
+from bench.harness import DATA, ROOT, TASK_FOLDERS, Clock, Worker, apply_settings, base_checkout, child_env, cpu_slug
+from bench.harness import emit, header, machine_info, measured_run, new_report, save_report, worker_result
 
 FLAGS = flags.FLAGS
 FINETUNINGS = {"full": None, "lora4": 4, "lora16": 16}  # --mode=lora_int8: the LoRA rank of each
 
 
 def define_flags():
-    flags.DEFINE_enum("mode", None, ["gpt1", "lora_int8"], "what to measure (see the module doc)")
-    flags.DEFINE_string("shared_data", str(DATA), "the shared data folder (GLUE, GPT-1's BPE)")
+    flags.DEFINE_enum("mode", None, ["gpt1", "lora_int8", "corpus"], "what to measure (see the module doc)")
+    flags.DEFINE_string("shared_data", str(DATA), "the shared data folder (GLUE, GPT-1's BPE, books)")
     flags.DEFINE_string("out", None, "the JSON report (.md beside it); default: bench/results/finetune_gpt1.json, "
-                        "--mode=lora_int8: bench/results/lora_int8_<cpu>.json")
+                        "--mode=lora_int8: lora_int8_<cpu>.json, --mode=corpus: corpus_build_<cpu>.json")
     flags.DEFINE_list("tasks", ["rte", "mrpc", "stsb", "cola", "sst2", "story_cloze"], "--mode=gpt1: tasks "
                       "(configs/finetune_<task>_gpt1.flags)")
     flags.DEFINE_list("precisions", ["float32", "mixed_bfloat16"], "--mode=gpt1: precisions")
@@ -68,6 +77,12 @@ def define_flags():
                        "reproduction's SST-2 recipe)")
     flags.DEFINE_float("lora_learning_rate", 2e-3, "--mode=lora_int8: LoRA's peak learning rate")
     flags.DEFINE_integer("predict_rounds", 3, "--mode=lora_int8: int8's predict rounds per model after a warm-up")
+    flags.DEFINE_string("corpora", "books/train,books/train+books_extra/train", "--mode=corpus: the corpora built, "
+                        "comma-separated; each a folder under --shared_data, or several joined by '+'")
+    flags.DEFINE_integer("vocab", 8000, "--mode=corpus: the BPE's size")
+    flags.DEFINE_integer("n_ctx", 128, "--mode=corpus: the records' context")
+    flags.DEFINE_string("baseline_ref", "main", "--mode=corpus: git ref whose code builds the first corpus too ('' for "
+                        "none)")
     flags.DEFINE_string("worker", None, "internal: run as a worker with this JSON spec")
 
 
@@ -97,40 +112,6 @@ class Generate:
         return {"examples": self.new_tokens}
 
 
-class Exported:
-    """A GPT-1-size ``GPT1TextClassifier`` (random weights, GPT-1's BPE) exported by ``serving.export.export_task_at``
-    and loaded back: ``evaluate()`` predicts SST-2's dev sentences in batches through ``serving_default``."""
-
-    def __init__(self, spec):
-        import keras
-        import tensorflow as tf
-
-        import gpt_tf
-        from gpt_tf.config import get_size
-        from serving.export import export_task_at
-
-        if spec["precision"] != "float32":
-            keras.mixed_precision.set_dtype_policy(spec["precision"])
-        keras.utils.set_random_seed(0)
-        preprocessor = gpt_tf.GPT1TaskPreprocessor(gpt_tf.GPT1Tokenizer(spec["tokenizer_dir"]),
-                                                   sequence_length=spec["n_ctx"])
-        backbone = gpt_tf.GPT1Backbone.from_gpt_config(get_size("gpt1", n_ctx=spec["n_ctx"]))
-        model = gpt_tf.GPT1TextClassifier(backbone, 2, preprocessor, compile=False)
-        start = time.perf_counter()
-        path = export_task_at(model, tempfile.mkdtemp(prefix="model_costs_export_") + "/model")
-        self.serve = tf.saved_model.load(path).signatures["serving_default"]
-        self.texts, self.batch_size = sst2(spec["glue_dir"], "dev")[0], spec["batch_size"]
-        self.info = {"export_s": round(time.perf_counter() - start, 1), "examples": len(self.texts)}
-
-    def evaluate(self) -> dict:
-        import tensorflow as tf
-
-        for i in range(0, len(self.texts), self.batch_size):
-            out = self.serve(sentence=tf.constant(self.texts[i:i + self.batch_size]))
-        _ = [v.numpy() for v in out.values()]  # waits for the last batch
-        return {"examples": len(self.texts)}
-
-
 def run_gpt1(args, log) -> tuple[dict, str]:
     """``--mode=gpt1``'s report and its markdown (see the module doc), with the load average seen."""
     shared, rows = Path(args.shared_data), []
@@ -145,7 +126,7 @@ def run_gpt1(args, log) -> tuple[dict, str]:
         # Timed: the plan's batches at its lengths' quantiles (shortest, ..., longest), after one untimed step
         order = sorted(range(len(plan or [])), key=lambda i: plan[i])
         picks = [order[round(q * (len(order) - 1) / max(1, args.steps - 1))] for q in range(args.steps) if order]
-        worker, load = Worker(spec, "bench.model_costs", tag=TAG), os.getloadavg()
+        worker, load = Worker(spec, "bench.costs", tag=TAG), os.getloadavg()
         try:
             info = worker.read("READY")
             commands = ["train", *(f"seek {i}" for i in picks)] if plan else ["eval"] * 4
@@ -167,7 +148,7 @@ def run_gpt1(args, log) -> tuple[dict, str]:
         rows.append(row)
         log(f"  {precision} {job}: {row['per_s']:.2f}/s, peak {row['peak_rss_mib']} MiB"
             + (f", {row['epoch_minutes']:.0f} min per epoch" if plan else "") + f"; load {row['load_average']}")
-    report = {**new_report("bench.model_costs"), "rows": rows}
+    report = {**new_report("bench.costs"), "rows": rows}
     return report, gpt1_markdown(report)
 
 
@@ -209,23 +190,6 @@ def gpt1_markdown(report: dict) -> str:
 # ----------------------------------------------------------------------------- LoRA and int8
 
 
-def sst2(glue_dir: str, split: str, limit: int = 0):
-    """SST-2's texts and labels as the project reads them (``gpt_tf.data.task_readers``), the first ``limit`` (0: all)."""
-    from gpt_tf.data.task_readers import read_examples
-    from gpt_tf.tasks import get_task
-
-    examples = read_examples(get_task("sst2"), Path(glue_dir) / "SST-2", split)[0]
-    examples = examples[:limit] if limit else examples
-    return [e.text_a for e in examples], [e.label for e in examples]
-
-
-def rss_mib() -> dict:
-    """This process's resident memory now and at its peak, MiB."""
-    with open("/proc/self/status") as f:
-        now = next(int(line.split()[1]) for line in f if line.startswith("VmRSS:"))
-    return {"now": now / 1024, "peak": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024}
-
-
 def _accuracy(model, x, y) -> float:
     return float((model.predict(x, batch_size=64, verbose=0).argmax(-1) == y).mean())
 
@@ -249,7 +213,7 @@ def lora_worker(spec: dict) -> None:
     classifier.compile(learning_rate=spec["learning_rate"], warmup_fraction=0.05, train_steps=steps_per_epoch)
     trainable = int(sum(np.prod(v.shape) for v in classifier.trainable_weights))
     total = int(sum(np.prod(v.shape) for v in classifier.weights))
-    before = rss_mib()
+    before = server_stats(os.getpid())["rss_mb"]
 
     starts, seconds = [], []  # each training step's start and time, from keras's batch hooks
     begin = lambda batch, logs: starts.append(time.perf_counter())  # noqa: E731
@@ -258,13 +222,13 @@ def lora_worker(spec: dict) -> None:
     clock = Clock()
     classifier.fit(train, steps_per_epoch=steps_per_epoch, epochs=1, callbacks=[steps], verbose=0)
     fit = clock.read()
-    peak = rss_mib()["peak"]
+    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
     result = {
         "dev_accuracy": _accuracy(classifier, dev_x, np.array(dev_y)),
         "trainable_params": trainable, "params": total,
         "step_ms_median": 1000 * median(seconds[10:] or seconds), "steps": len(seconds),
         "fit_s": fit["s"], "others_cpu_share": fit["others_cpu_share"],
-        "rss_before_fit_mib": before["now"], "peak_rss_mib": peak,
+        "rss_before_fit_mib": before, "peak_rss_mib": peak,
     }
     if spec.get("save_to"):
         classifier.save_to_preset(spec["save_to"])
@@ -335,7 +299,7 @@ def run_lora_int8(args, log) -> tuple[dict, str]:
     if not Path(glue_dir, "SST-2", "train.tsv").is_file():
         raise app.UsageError(f"--shared_data={args.shared_data}: no glue/SST-2/train.tsv there")
     shown = (("mode", "lora_int8"), ("presets", ",".join(args.presets)), ("train_limit", args.train_limit))
-    report = {"command": "python -m bench.model_costs " + " ".join(f"--{k}={v}" for k, v in shown),
+    report = {"command": "python -m bench.costs " + " ".join(f"--{k}={v}" for k, v in shown),
               "machine": machine_info(), "date": time.strftime("%Y-%m-%d"), "train_limit": args.train_limit,
               "learning_rate": args.learning_rate, "lora_learning_rate": args.lora_learning_rate,
               "finetune": {}, "int8": {}}
@@ -348,14 +312,47 @@ def run_lora_int8(args, log) -> tuple[dict, str]:
                         "glue_dir": glue_dir, "learning_rate": args.lora_learning_rate if rank else args.learning_rate,
                         "save_to": f"{tmp}/{preset}" if name == "full" else ""}
                 log(f"{preset} {name} ...")
-                report["finetune"][preset][name] = worker_result(spec, "bench.model_costs")
+                report["finetune"][preset][name] = worker_result(spec, "bench.costs")
                 log(f"  {report['finetune'][preset][name]}")
             if "full" in args.finetunings:
                 log(f"{preset} int8 ...")
                 spec = {"kind": "int8", "preset_dir": f"{tmp}/{preset}", "glue_dir": glue_dir,
                         "predict_rounds": args.predict_rounds}
-                report["int8"][preset] = worker_result(spec, "bench.model_costs")
+                report["int8"][preset] = worker_result(spec, "bench.costs")
     return report, lora_int8_markdown(report)
+
+
+# ----------------------------------------------------------------------------- building a corpus
+
+
+def run_corpus(args, log) -> tuple[dict, str]:
+    """``--mode=corpus``'s report and its markdown: each corpus built by this checkout's code (and, one folder's, by
+    ``--baseline_ref``'s)."""
+    report = {**new_report("bench.costs"), "vocab": args.vocab, "n_ctx": args.n_ctx, "runs": []}
+    data, rows = Path(args.shared_data).resolve(), report["runs"]
+    with base_checkout(args.baseline_ref, "corpus_") if args.baseline_ref else contextlib.nullcontext() as base:
+        for name in args.corpora.split(","):
+            folders = [data / f for f in name.split("+")]
+            codes = {"this checkout": ROOT, **({args.baseline_ref: base[0]} if base and len(folders) == 1 else {})}
+            for code, source in codes.items():
+                with tempfile.TemporaryDirectory(prefix="corpus_build_") as tmp:
+                    run = measured_run([sys.executable, "-m", "pipelines.pretrain_data", f"--output_dir={tmp}/data",
+                                        f"--input_dir={','.join(map(str, folders))}", f"--tokenizer_dir={tmp}/bpe",
+                                        f"--valid_dir={data / 'books' / 'valid'}", f"--n_ctx={args.n_ctx}",
+                                        f"--train_tokenizer_vocab={args.vocab}", "--noprogress"], cwd=str(source),
+                                       env=child_env(source))
+                    if run.pop("returncode"):
+                        raise SystemExit(f"{name} ({code}) failed:\n{run['output_tail']}")
+                    train = json.loads(Path(tmp, "data", "manifest.json").read_text())["splits"]["train"]
+                rows.append({"corpus": name, "code": code, "books": train["num_books"], "tokens": train["stream_tokens"],
+                             "mb": sum(p.stat().st_size for f in folders for p in f.rglob("*.txt")) / 1e6,
+                             **{k: v for k, v in run.items() if k != "output_tail"}})
+                log(json.dumps(rows[-1]))
+    lines = [header(report["machine"]), "", "| corpus | training books (MB) | tokens | code | wall s | CPU s | peak RSS "
+             "MiB | others' CPU share |", "|---|---:|---:|---|---:|---:|---:|---:|"] + [
+        f"| {r['corpus']} | {r['books']} ({r['mb']:.0f}) | {r['tokens']:,} | {r['code']} | {r['seconds']:.0f} | "
+        f"{r['cpu_seconds']:.0f} | {r['peak_rss_mib']:.0f} | {r['others_cpu_share']:.0%} |" for r in rows]
+    return report, "\n".join(lines) + "\n"
 
 
 def main(argv):
@@ -375,9 +372,12 @@ def main(argv):
         return save_report(report, text, Path(args.out or "bench/results/finetune_gpt1.json"), log)
     if args.mode == "lora_int8":
         report, text = run_lora_int8(args, log)
-        out = args.out or ROOT / "bench" / "results" / f"lora_int8_{cpu_slug(report['machine'])}.json"
-        return save_report(report, text, Path(out), log)
-    raise app.UsageError("--mode: gpt1 or lora_int8")
+    elif args.mode == "corpus":
+        report, text = run_corpus(args, log)
+    else:
+        raise app.UsageError("--mode: gpt1, lora_int8 or corpus")
+    name = {"lora_int8": "lora_int8", "corpus": "corpus_build"}[args.mode]  # the results' file, by CPU
+    save_report(report, text, Path(args.out or ROOT / "bench/results" / f"{name}_{cpu_slug(report['machine'])}.json"), log)
 
 
 if __name__ == "__main__":
