@@ -271,7 +271,8 @@ class HF:
         self.data = {split: [{"input_ids": ids, "labels": y} for ids, y in zip(v["input_ids"], v["labels"])]
                      for split, v in views.items()}
         args = TrainingArguments(
-            output_dir=tempfile.mkdtemp(prefix="finetune_speed_hf_"), use_cpu=True, bf16=spec["precision"] == "bfloat16",
+            output_dir=tempfile.mkdtemp(prefix="finetune_speed_hf_"), use_cpu=True,
+            bf16=spec["precision"] == "bfloat16",
             per_device_train_batch_size=spec["batch_size"], per_device_eval_batch_size=spec["batch_size"],
             train_sampling_strategy="group_by_length", learning_rate=6.25e-5, lr_scheduler_type="linear",
             warmup_steps=0, weight_decay=0.01, max_grad_norm=1.0, max_steps=10**6, seed=0,

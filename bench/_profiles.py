@@ -207,9 +207,9 @@ def pretrain_markdown(report: dict) -> str:
     m = report["machine"]
     lines = ["```bash", report["command"], "```", "",
              f"{m['cpu']}, {m['cores']} cores, {report['date']}; settings: {report['settings']}. Each stack in "
-             f"its own process, one thread, the stacks taking turns: {report['warmup']} warm-up steps, then {report['rounds']} "
-             f"rounds of {report['steps']} recorded steps under the framework's profiler (so the totals are slower than "
-             "`bench.speed_table`'s unprofiled steps).", ""]
+             f"its own process, one thread, the stacks taking turns: {report['warmup']} warm-up steps, then "
+             f"{report['rounds']} rounds of {report['steps']} recorded steps under the framework's profiler (so the "
+             "totals are slower than `bench.speed_table`'s unprofiled steps).", ""]
     for key, rows in report["rows"].items():
         preset, precision, batch, seq = key.split("|")
         lines += [f"**{preset}**, {precision}, batch {batch} × {seq}: ms per 1,000 tokens (share of the step)", "",

@@ -48,8 +48,8 @@ def export_sst2(base: Path, preset: str, tokenizer_dir, vocab_size: int):
     from serving.export import export_task_model
 
     task, config = get_task("sst2"), get_size(preset, vocab_size=vocab_size)
-    export_task_model(task_for_spec(GPT1Backbone.from_gpt_config(config, name="backbone"), task), task, str(tokenizer_dir), str(base),
-                      "sst2", version=1)
+    model = task_for_spec(GPT1Backbone.from_gpt_config(config, name="backbone"), task)
+    export_task_model(model, task, str(tokenizer_dir), str(base), "sst2", version=1)
     return config
 
 
@@ -169,7 +169,8 @@ class CpuMeter:
 
 
 def sst2(glue_dir: str, split: str, limit: int = 0):
-    """SST-2's texts and labels as the project reads them (``gpt_tf.data.task_readers``), the first ``limit`` (0: all)."""
+    """SST-2's texts and labels of ``split`` as the project reads them (``gpt_tf.data.task_readers``), the first
+    ``limit`` (0: all)."""
     from gpt_tf.data.task_readers import read_examples
     from gpt_tf.tasks import get_task
 
@@ -344,8 +345,8 @@ KINDS = ("rest_predict", "bad_json", "grpc_predict", "deep_json", "wrong_type", 
 EXPECTED = {"rest_predict": "200", "grpc_predict": "grpc OK", "bad_json": "400", "deep_json": "400",
             "wrong_type": "400", "unknown_model": "404", "bad_utf8": "400", "huge_length": "413", "no_length": "411",
             "cut_body": "hung up", "partial_header": "hung up", "grpc_wrong_dtype": "grpc INVALID_ARGUMENT",
-            "grpc_bad_utf8": "grpc INVALID_ARGUMENT", "big_bad_json": "400", "big_ragged": "400", "lone_surrogate": "400",
-            "huge_version": "400"}
+            "grpc_bad_utf8": "grpc INVALID_ARGUMENT", "big_bad_json": "400", "big_ragged": "400",
+            "lone_surrogate": "400", "huge_version": "400"}
 
 
 def send_one(client: Client, kind: str, results: list, lock) -> None:

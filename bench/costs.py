@@ -15,8 +15,8 @@ at its lengths' quantiles (shortest, median, longest by default: real batches of
 time is a line fitted to them (a fixed cost per step plus one per padded token, ``_epoch_seconds``) summed over the
 plan's lengths; then generation tokens/s (``Generate``: a 32-token prompt and 128 new tokens, the key/value cache,
 three timed calls after one) and the exported classifier's ``predict`` examples/s (``_servers.Exported``: SST-2's
-872 dev sentences, batches of 32, three timed passes after one); threads as the command line's (TensorFlow's default, every
-core). The project's picked settings (``gpt_tf/speed/autotune.py``) apply before the workers start.
+872 dev sentences, batches of 32, three timed passes after one); threads as the command line's (TensorFlow's
+default, every core). The project's picked settings (``gpt_tf/speed/autotune.py``) apply before the workers start.
 
 **LoRA and int8** (``run_lora_int8``): for each preset, three fine-tunings of ``GPT1TextClassifier`` through the
 Python API (``compile`` / ``fit``, the README's block), each in its own process so that its peak memory is its own:
@@ -268,7 +268,8 @@ def int8_worker(spec: dict) -> None:
 
 
 def lora_int8_markdown(report: dict) -> str:
-    lines = [f"# LoRA and int8 on SST-2 ({report['command']})", "", header(report["machine"]) + f"; {report['date']}", "",
+    lines = [f"# LoRA and int8 on SST-2 ({report['command']})", "",
+             header(report["machine"]) + f"; {report['date']}", "",
              f"Seed 0, the first {report['train_limit'] or 67349:,} SST-2 training sentences, one epoch, batch 32, "
              f"λ = 0; full fine-tuning at peak learning rate {report['learning_rate']:g}, LoRA at "
              f"{report['lora_learning_rate']:g}; dev: the 872 dev sentences.", "",
@@ -344,12 +345,13 @@ def run_corpus(args, log) -> tuple[dict, str]:
                     if run.pop("returncode"):
                         raise SystemExit(f"{name} ({code}) failed:\n{run['output_tail']}")
                     train = json.loads(Path(tmp, "data", "manifest.json").read_text())["splits"]["train"]
-                rows.append({"corpus": name, "code": code, "books": train["num_books"], "tokens": train["stream_tokens"],
+                rows.append({"corpus": name, "code": code, "books": train["num_books"],
+                             "tokens": train["stream_tokens"],
                              "mb": sum(p.stat().st_size for f in folders for p in f.rglob("*.txt")) / 1e6,
                              **{k: v for k, v in run.items() if k != "output_tail"}})
                 log(json.dumps(rows[-1]))
-    lines = [header(report["machine"]), "", "| corpus | training books (MB) | tokens | code | wall s | CPU s | peak RSS "
-             "MiB | others' CPU share |", "|---|---:|---:|---|---:|---:|---:|---:|"] + [
+    lines = [header(report["machine"]), "", "| corpus | training books (MB) | tokens | code | wall s | CPU s | "
+             "peak RSS MiB | others' CPU share |", "|---|---:|---:|---|---:|---:|---:|---:|"] + [
         f"| {r['corpus']} | {r['books']} ({r['mb']:.0f}) | {r['tokens']:,} | {r['code']} | {r['seconds']:.0f} | "
         f"{r['cpu_seconds']:.0f} | {r['peak_rss_mib']:.0f} | {r['others_cpu_share']:.0%} |" for r in rows]
     return report, "\n".join(lines) + "\n"
@@ -377,7 +379,8 @@ def main(argv):
     else:
         raise app.UsageError("--mode: gpt1, lora_int8 or corpus")
     name = {"lora_int8": "lora_int8", "corpus": "corpus_build"}[args.mode]  # the results' file, by CPU
-    save_report(report, text, Path(args.out or ROOT / "bench/results" / f"{name}_{cpu_slug(report['machine'])}.json"), log)
+    out = args.out or ROOT / "bench" / "results" / f"{name}_{cpu_slug(report['machine'])}.json"
+    save_report(report, text, Path(out), log)
 
 
 if __name__ == "__main__":

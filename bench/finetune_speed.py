@@ -4,7 +4,7 @@
     python -m bench.finetune_speed --mode=padding        # tokens per example after padding, ours and HF's
     python -m bench.finetune_speed --mode=ab --base=REV  # this checkout against commit REV, same stack, same batches
     python -m bench.finetune_speed --mode=profile        # where the time goes, ours against HF (bench/_profiles.py)
-    python -m bench.finetune_speed --mode=zero_shot      # §5 zero-shot scoring, LMScorer before vs after length buckets
+    python -m bench.finetune_speed --mode=zero_shot      # §5 zero-shot scoring, LMScorer before vs after buckets
 
 Modes: ``speed`` (below); ``padding``; ``ab``: two workers of ``--stack`` (default ``ours_bucketed_bf16``), one
 running this checkout, one ``--base`` from a temporary `git worktree`, from the same seed (round r of each trains
@@ -194,8 +194,8 @@ def summarise(logs: dict) -> dict:
         "eval keras predict / CLI predict (fp32)": ratio("keras_fit", "ours_bucketed", "eval"),
         f"train {lm0} / best HF ({hf}) (goal >= 1.5)": ratio(lm0, hf, "train") if hf and lm0 else None,
         f"train {ours} (λ=0.5) / best HF ({hf})": ratio(ours, hf, "train") if hf else None,
-        f"eval {ours_eval} / best HF ({hf_eval}) (goal >= 1.5)": ratio(ours_eval, hf_eval, "eval") if hf_eval and ours_eval
-        else None,
+        f"eval {ours_eval} / best HF ({hf_eval}) (goal >= 1.5)": ratio(ours_eval, hf_eval, "eval")
+        if hf_eval and ours_eval else None,
     }
     if "ours_every_length_lm0_bf16" in rows and hf:
         goals[f"train ours_every_length_lm0_bf16 / best HF ({hf})"] = ratio("ours_every_length_lm0_bf16", hf, "train")
@@ -317,7 +317,8 @@ def run_zero_shot(args) -> tuple[dict, str]:
             if r:
                 log[name].append({"s": wall, "others_cpu_share": others})
     rows = {name: {"tokens_per_s": round(tokens / median([m["s"] for m in ms])),
-                   "others_cpu_share": round(median([m["others_cpu_share"] for m in ms]), 3)} for name, ms in log.items()}
+                   "others_cpu_share": round(median([m["others_cpu_share"] for m in ms]), 3)}
+            for name, ms in log.items()}
     report = {**new_report("bench.finetune_speed"), "requests": len(reqs), "model_input_tokens": tokens,
               "batch_size": args.batch_size, "rows": rows,
               "speed_up": round(rows["after"]["tokens_per_s"] / rows["before"]["tokens_per_s"], 2),

@@ -162,7 +162,7 @@ class Worker:
 
 
 def worker_result(spec, module, kind="RESULT", **options):
-    """The payload of the one ``kind`` line a ``Worker`` of ``spec`` answers (``options``: ``Worker``'s), then closed."""
+    """The payload of the one ``kind`` line a ``Worker`` of ``spec`` answers (``options``: ``Worker``'s)."""
     worker = Worker(spec, module, **options)
     try:
         return worker.read(kind)
@@ -226,7 +226,7 @@ def child_env(root=ROOT) -> dict:
 
 
 def run_command(cmd: list[str], root=ROOT) -> tuple[str, float]:
-    """Runs ``cmd`` from checkout ``root`` on its code; returns its stdout and wall-clock seconds (raises on failure)."""
+    """Runs ``cmd`` in checkout ``root``, on its code; its stdout and wall-clock seconds (raises if it fails)."""
     start = time.time()
     proc = subprocess.run(cmd, cwd=root, env=child_env(root), capture_output=True, text=True)
     seconds = time.time() - start
@@ -362,7 +362,7 @@ def machine_info():
 
 
 def new_report(module: str, timespec: str = "seconds") -> dict:
-    """What a report starts with: its command (``python -m <module>`` and this process's arguments), date and machine."""
+    """What a report starts with: its command (``python -m <module>`` and this process's arguments), date, machine."""
     return {"command": " ".join([f"python -m {module}", *sys.argv[1:]]), "machine": machine_info(),
             "date": datetime.datetime.now().astimezone().isoformat(timespec=timespec)}
 

@@ -191,7 +191,8 @@ def markdown(report: dict) -> str:
              "| ours / PyTorch | others' CPU |" + (" ours on JAX |" if jax else ""),
              "|---|---|---|---:|---:|---:|---:|---:|---:|" + ("---:|" if jax else "")]
     for preset, precision in dict.fromkeys((r["preset"], r["precision"]) for r in rows):
-        group = {r["stack"]: r for r in rows if r["preset"] == preset and r["precision"] == precision and "rev" not in r}
+        group = {r["stack"]: r for r in rows
+                 if r["preset"] == preset and r["precision"] == precision and "rev" not in r}
         ours = group["ours"]
         others = median([r["others_cpu_share"] for r in group.values()])
         lines.append(f"| {preset} | {precision} | {ours['batch']} × {ours['seq']} | "

@@ -1,5 +1,5 @@
-"""The tokenizer: its speed against a git ref (``--mode=speed``), its ids against GPT-1's released encoder (``fidelity``).
-What building a corpus's BPE and records costs: ``bench/costs.py --mode=corpus``.
+"""The tokenizer: its speed against a git ref (``--mode=speed``), its ids against GPT-1's released encoder
+(``fidelity``). What building a corpus's BPE and records costs: ``bench/costs.py --mode=corpus``.
 
     python -m bench.tokenizer --baseline_ref=main --rounds=5                     # offline encode rate
     python -m bench.tokenizer --baseline_ref=main --rounds=5 --graph_calls=200   # in-graph latency
@@ -317,7 +317,8 @@ def fidelity(data_dir: Path, names, with_graph: bool, examples: int) -> dict:
         if graph is not None:
             import tensorflow as tf
 
-            in_graph = [ids for i in range(0, len(texts), 64) for ids in graph(tf.constant(texts[i: i + 64], tf.string)).to_list()]
+            in_graph = [ids for i in range(0, len(texts), 64)
+                        for ids in graph(tf.constant(texts[i: i + 64], tf.string)).to_list()]
             row["graph"] = score(ref, in_graph)
             row["offline_equals_graph"] = sum(o == g for o, g in zip(ours, in_graph)) / len(texts)
             row["graph_differs_from_offline"] = [t for t, o, g in zip(texts, ours, in_graph) if o != g][:examples]
@@ -337,9 +338,10 @@ def fidelity_markdown(results: dict) -> str:
              "|---|---:|---:|" + ("---:|---:|---:|" if graph else "")]
     for row in results.values():
         off, gr = row["offline"], row.get("graph")
-        lines.append(f"| {row['title']} ({off['texts']:,}) | {off['identical_share']:.2%} | {off['changed_share']:.3%} |"
-                     + (f" {gr['identical_share']:.2%} | {gr['changed_share']:.3%} | {row['offline_equals_graph']:.2%} |"
-                        if graph else ""))
+        lines.append(f"| {row['title']} ({off['texts']:,}) | {off['identical_share']:.2%} "
+                     f"| {off['changed_share']:.3%} |"
+                     + (f" {gr['identical_share']:.2%} | {gr['changed_share']:.3%} "
+                        f"| {row['offline_equals_graph']:.2%} |" if graph else ""))
     lines.append("")
     lines += [f"- {name}: {example}" for name, row in results.items() for example in row["examples"]]
     return "\n".join(lines) + "\n"

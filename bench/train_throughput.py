@@ -126,20 +126,16 @@ def summarise(rows, peaks, quiet_share):
 
 def table_lines(rows):
     """The results as markdown table lines."""
-    lines = [
-        "| preset | precision | stack | batch × seq | params | tokens/s | ms/step | MFU | vs keras-hub | vs torch "
-        "| CPU s/step | others' CPU | steps used |",
-        "|---|---|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---|",
-    ]
+    lines = ["| preset | precision | stack | batch × seq | params | tokens/s | ms/step | MFU | vs keras-hub "
+             "| vs torch | CPU s/step | others' CPU | steps used |",
+             "|---|---|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---|"]
     for r in rows:
         ratio = {k: f"{r[k]:.2f}×" if k in r else "–" for k in ("vs_keras_hub", "vs_torch")}
-        lines.append(
-            f"| {r['preset']} | {r['precision']} | {row_name(r)} | {r['batch']} × {r['seq']} | {r['n_params']:,} "
-            f"| {r['tokens_per_s']:,.0f} | {r['ms_per_step']:,.0f} | {100 * r['mfu']:.1f}% "
-            f"| {ratio['vs_keras_hub']} | {ratio['vs_torch']} | {r['cpu_s_per_step']:.2f} "
-            f"| {100 * r['others_cpu_share']:.0f}% "
-            f"| {r['used_steps']} ({r['quiet_steps']}/{len(r['steps_log'])} quiet) |"
-        )
+        lines.append(f"| {r['preset']} | {r['precision']} | {row_name(r)} | {r['batch']} × {r['seq']} "
+                     f"| {r['n_params']:,} | {r['tokens_per_s']:,.0f} | {r['ms_per_step']:,.0f} "
+                     f"| {100 * r['mfu']:.1f}% | {ratio['vs_keras_hub']} | {ratio['vs_torch']} "
+                     f"| {r['cpu_s_per_step']:.2f} | {100 * r['others_cpu_share']:.0f}% "
+                     f"| {r['used_steps']} ({r['quiet_steps']}/{len(r['steps_log'])} quiet) |")
     return lines
 
 
@@ -147,34 +143,21 @@ def markdown(report):
     """The README snippet: the command, the machine, the measured peaks and the table."""
     m, peaks = report["machine"], report["peak_flops"]
     versions = ", ".join(f"{k} {v}" for k, v in m["versions"].items() if v)
-    return (
-        "\n".join(
-            [
-                "```bash",
-                report["command"],
-                "```",
-                "",
-                f"Measured {report['date']} on {m['cpu']} ({m['cores']} cores, {m['memory_gib']} GiB, "
-                f"{' '.join(m['isa'])}); {versions}. Settings: {report.get('settings', 'not recorded')}.",
-                f"MFU = tokens/s × `flops_per_token` (6N + 12·L·d·T) / peak, where peak is the matmul FLOP/s "
-                f"measured in the same run (best of TF and torch over square matmuls of sizes "
-                f"{report['peak_matmul_sizes']}): "
-                + ", ".join(f"{p} {v / 1e9:.0f} GFLOP/s" for p, v in peaks.items())
-                + ".",
-                f"A step is forward + backward + global-norm clip + AdamW with dropout on, on one identical random "
-                f"batch (torch: `torch.optim.AdamW`, `{report['torch_adamw']}` implementation); "
-                f"each stack runs in its own process, schedule `{report['schedule']}`. This is a shared machine: "
-                f'"others\' CPU" is the mean share of its CPU time that other processes used during the timed steps; '
-                f"ms/step and CPU s/step (our process's own CPU time) are medians over the quiet steps (others ≤ "
-                f"{100 * report['quiet_share']:.0f}%) when every stack of the preset × precision has at least half its "
-                f'steps quiet, otherwise over all steps ("steps used").',
-                "",
-                *table_lines(report["rows"]),
-                *ab_lines(report),
-            ]
-        )
-        + "\n"
-    )
+    lines = ["```bash", report["command"], "```", "",
+             f"Measured {report['date']} on {m['cpu']} ({m['cores']} cores, {m['memory_gib']} GiB, "
+             f"{' '.join(m['isa'])}); {versions}. Settings: {report.get('settings', 'not recorded')}.",
+             f"MFU = tokens/s × `flops_per_token` (6N + 12·L·d·T) / peak, where peak is the matmul FLOP/s "
+             f"measured in the same run (best of TF and torch over square matmuls of sizes "
+             f"{report['peak_matmul_sizes']}): "
+             + ", ".join(f"{p} {v / 1e9:.0f} GFLOP/s" for p, v in peaks.items()) + ".",
+             f"A step is forward + backward + global-norm clip + AdamW with dropout on, on one identical random "
+             f"batch (torch: `torch.optim.AdamW`, `{report['torch_adamw']}` implementation); "
+             f"each stack runs in its own process, schedule `{report['schedule']}`. This is a shared machine: "
+             f'"others\' CPU" is the mean share of its CPU time that other processes used during the timed steps; '
+             f"ms/step and CPU s/step (our process's own CPU time) are medians over the quiet steps (others ≤ "
+             f"{100 * report['quiet_share']:.0f}%) when every stack of the preset × precision has at least half "
+             f'its steps quiet, otherwise over all steps ("steps used").', ""]
+    return "\n".join(lines + table_lines(report["rows"]) + ab_lines(report)) + "\n"
 
 
 def base_pairs(rows):
@@ -287,7 +270,7 @@ def loop(args) -> None:
 
 
 def define_flags():
-    flags.DEFINE_enum("mode", "stacks", ["stacks", "loop", "optimizer", "profile"], "what to measure (see the module doc)")
+    flags.DEFINE_enum("mode", "stacks", ["stacks", "loop", "optimizer", "profile"], "what to measure (the module doc)")
     flags.DEFINE_string("presets", "gpt1,small", "comma-separated model sizes (gpt_tf/config.py)")
     flags.DEFINE_string("precisions", "float32,bfloat16", "float32 and/or bfloat16")
     flags.DEFINE_string("stacks", ",".join(STACKS), "comma-separated subset of " + ",".join(CHOICES))
@@ -296,10 +279,12 @@ def define_flags():
     flags.DEFINE_integer("warmup", None, "untimed steps (default: per preset)")
     flags.DEFINE_integer("steps", None, "timed steps (default: per preset)")
     flags.DEFINE_enum("schedule", "interleaved", ["interleaved", "sequential"], "how the stacks' workers take turns")
-    flags.DEFINE_float("quiet_share", 0.1, "a step counts as quiet if other processes used at most this share of the CPUs")
-    flags.DEFINE_integer("max_rounds", None, "timed rounds at most, stepping on while some stack has fewer than --steps "
-                         "quiet steps (default: --steps, i.e. no waiting for quiet)")
-    flags.DEFINE_float("wait_quiet", 0.0, "before each timed step, wait up to this many seconds for other processes to go quiet")
+    flags.DEFINE_float("quiet_share", 0.1, "a step counts as quiet if other processes used at most this share of "
+                       "the CPUs")
+    flags.DEFINE_integer("max_rounds", None, "timed rounds at most, stepping on while some stack has fewer than "
+                         "--steps quiet steps (default: --steps, i.e. no waiting for quiet)")
+    flags.DEFINE_float("wait_quiet", 0.0, "before each timed step, wait up to this many seconds for other processes to "
+                       "go quiet")
     flags.DEFINE_enum("torch_adamw", "fused", ["fused", "foreach", "default"],
                       "torch.optim.AdamW implementation (fused: the fastest on CPU)")
     flags.DEFINE_integer("threads", os.cpu_count(), "torch intra-op threads")

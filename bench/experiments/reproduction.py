@@ -17,9 +17,10 @@
 
 Every run is one ``python -m gpt_tf.train --task`` process (``finetune_spec``: the task's flagfile, the arm's
 initialisation, then the recipe's flags; ``run_one``; ``bench/experiments/study.py`` runs its own the same way and
-can take this ledger's runs, ``ledger_run``), timed wall-clock; each finished run is one line of the ledger (``--ledger``, with the commit that ran it), keyed by (task, arm, seed, recipe), so an
-interrupted stage resumes and a run already in the ledger is never redone. The choice of recipe reads dev scores only; the test
-files are predicted once, by the chosen recipe's seed-0 run, and never scored here. ``--stage=scale`` runs nothing: for each
+can take this ledger's runs, ``ledger_run``), timed wall-clock; each finished run is one line of the ledger
+(``--ledger``, with the commit that ran it), keyed by (task, arm, seed, recipe), so an interrupted stage resumes
+and a run already in the ledger is never redone. The choice of recipe reads dev scores only; the test files are
+predicted once, by the chosen recipe's seed-0 run, and never scored here. ``--stage=scale`` runs nothing: for each
 size (``SCALE_LEDGERS``), arm and task, the dev scores of every seed of the arm's chosen recipe, as median [min–max]
 (seeds), the gain from pre-training and what the bigger model adds, replacing the marked section of
 ``docs/reproduction.md``.
@@ -37,6 +38,7 @@ from pathlib import Path
 
 from absl import app, flags
 
+from bench.experiments.study_report import dev_score, main_metric, median_spread
 from bench.harness import ROOT, git, run_command, shown_command
 
 FLAGS = flags.FLAGS
@@ -48,8 +50,8 @@ GOALS = {"sst2": 82, "cola": 15, "mrpc": 82, "stsb": 50, "rte": 56, "story_cloze
 # --stage=scale: each model size's ledger, and what it is.
 SCALE_LEDGERS = {"tiny": "bench/results/reproduction.jsonl", "small": "bench/results/reproduction_small.jsonl"}
 SIZES = {"tiny": "5.2M parameters, 128 context", "small": "16.9M parameters, 256 context"}
-START, END = "<!-- scale: written by `python -m bench.experiments.reproduction --stage=scale`; edits here are replaced -->", \
-    "<!-- /scale -->"
+START = "<!-- scale: written by `python -m bench.experiments.reproduction --stage=scale`; edits here are replaced -->"
+END = "<!-- /scale -->"
 # Context per task, from the token lengths in the task manifests (max view lengths: SST-2 73,
 # CoLA 52, STS-B 142, MRPC 135, RTE 370, Story Cloze 94); longer views are truncated by the
 # documented rule of gpt_tf/data/transforms.py.
@@ -110,24 +112,6 @@ def append_ledger(path: Path, record: dict) -> None:
     path.parent.mkdir(parents=True, exist_ok=True)
     with open(path, "a") as f:
         f.write(json.dumps(record) + "\n")
-
-
-def main_metric(task: str) -> str:
-    """The task's headline metric (the first of its ``TaskSpec.metrics``: Matthews for CoLA, F1 for MRPC, ...)."""
-    from gpt_tf.tasks import get_task
-
-    return get_task(task).metrics[0]
-
-
-def dev_score(record: dict) -> float:
-    """The task's headline metric on its first eval split (``dev`` for all tasks here), in percent."""
-    return 100 * record["metrics"]["dev"][main_metric(record["task"])]
-
-
-def median_spread(values) -> tuple[float, float, float] | None:
-    """(median, min, max) of ``values``, or None when there are none."""
-    values = list(values)
-    return (statistics.median(values), min(values), max(values)) if values else None
 
 
 def recipe_flags(task: str, suffix: str = "") -> dict:
@@ -249,8 +233,8 @@ def write_report(records: list[dict]) -> None:
     chosen = best_recipes(records)
     lines = ["# Pre-trained vs from scratch, each arm with its own recipe chosen on dev", "",
              "Written by `python -m bench.experiments.reproduction --stage=report` from `" + FLAGS.ledger + "`.", "",
-             "| task | metric | goal | pre-trained median [min–max] | seeds | from scratch median [min–max] | seeds "
-             "| Δ median | s/run (pre / scratch) |", "|---|---|---:|---|---:|---|---:|---:|---|"]
+             "| task | metric | goal | pre-trained median [min–max] | seeds | from scratch median [min–max] "
+             "| seeds | Δ median | s/run (pre / scratch) |", "|---|---|---:|---|---:|---|---:|---:|---|"]
     deltas = []
     for task in N_CTX:
         cells = {arm: cell_runs(records, task, arm, chosen[(task, arm)]) for arm in ARMS if (task, arm) in chosen}
@@ -258,14 +242,15 @@ def write_report(records: list[dict]) -> None:
             continue
         stats = {arm: median_spread(dev_score(r) for r in runs.values()) for arm, runs in cells.items()}
         fmt = lambda s: "–" if not s else f"{s[0]:.1f} [{s[1]:.1f}–{s[2]:.1f}]"
-        delta = stats["pretrained"][0] - stats["scratch"][0] if stats.get("pretrained") and stats.get("scratch") else None
+        both = stats.get("pretrained") and stats.get("scratch")
+        delta = stats["pretrained"][0] - stats["scratch"][0] if both else None
         if delta is not None:
             deltas.append(delta)
         secs = " / ".join(f"{statistics.median(r['seconds'] for r in cells[a].values()):.0f}" if cells.get(a) else "–"
                           for a in ARMS)
         lines.append(f"| {task} | {main_metric(task)} | {GOALS[task]} | {fmt(stats.get('pretrained'))} | "
-                     f"{len(cells.get('pretrained', {}))} | {fmt(stats.get('scratch'))} | {len(cells.get('scratch', {}))} "
-                     f"| {'–' if delta is None else f'{delta:+.1f}'} | {secs} |")
+                     f"{len(cells.get('pretrained', {}))} | {fmt(stats.get('scratch'))} "
+                     f"| {len(cells.get('scratch', {}))} | {'–' if delta is None else f'{delta:+.1f}'} | {secs} |")
     if deltas:
         lines.append(f"| **mean Δ** ({len(deltas)} tasks) | | 10 | | | | | **{statistics.mean(deltas):+.1f}** | |")
     lines += ["", "Chosen recipes (best seed-0 dev score of each arm's sweep):", ""]
@@ -275,10 +260,11 @@ def write_report(records: list[dict]) -> None:
             tried[(r["task"], r["arm"])] = tried.get((r["task"], r["arm"]), 0) + 1
     lines += [f"- {task} {arm}: `{json.dumps(recipe, sort_keys=True)}` (best of {tried[(task, arm)]} tried)"
               for (task, arm), recipe in sorted(chosen.items())]
-    lines += ["", "## Every run", "", "| stage | task | arm | seed | recipe | dev | seconds |", "|---|---|---|---:|---|---:|---:|"]
+    lines += ["", "## Every run", "", "| stage | task | arm | seed | recipe | dev | seconds |",
+              "|---|---|---|---:|---|---:|---:|"]
     for r in records:
-        lines.append(f"| {r['stage']} | {r['task']} | {r['arm']} | {r['seed']} | `{json.dumps(r['recipe'], sort_keys=True)}` "
-                     f"| {dev_score(r):.1f} | {r['seconds']:.0f} |")
+        lines.append(f"| {r['stage']} | {r['task']} | {r['arm']} | {r['seed']} "
+                     f"| `{json.dumps(r['recipe'], sort_keys=True)}` | {dev_score(r):.1f} | {r['seconds']:.0f} |")
     lines += ["", "Commands: each run's exact `cmd` is in the ledger."]
     Path(FLAGS.ledger).with_suffix(".md").write_text("\n".join(lines) + "\n")
 
@@ -295,13 +281,14 @@ def write_configs(records: list[dict], configs_dir: Path) -> list[Path]:
         stats = median_spread(dev_score(r) for r in runs.values())
         path = configs_dir / f"finetune_{task}_tiny.flags"
         lines = [f"# The small-model fine-tuning recipe for {task}, chosen on dev by bench/experiments/reproduction.py",
-                 f"# for a `tiny` books model: dev {main_metric(task)} median {stats[0]:.1f} [{stats[1]:.1f}-{stats[2]:.1f}] "
-                 f"over {len(runs)} seed(s).",
-                 f"# Run: python -m gpt_tf.train --flagfile=configs/finetune_{task}_tiny.flags --init_checkpoint=gpt1_tiny_books_en "
-                 f"--data_dir=data/tasks_books/{task}",
+                 f"# for a `tiny` books model: dev {main_metric(task)} median {stats[0]:.1f} "
+                 f"[{stats[1]:.1f}-{stats[2]:.1f}] over {len(runs)} seed(s).",
+                 f"# Run: python -m gpt_tf.train --flagfile=configs/finetune_{task}_tiny.flags "
+                 f"--init_checkpoint=gpt1_tiny_books_en --data_dir=data/tasks_books/{task}",
                  "# Written by `python -m bench.experiments.reproduction --stage=configs`; the paper's recipe stays in "
                  f"finetune_{task}.flags (gpt1).",
-                 f"--flagfile=configs/finetune_{task}.flags", f"--run_dir=runs/finetune_{task}_tiny", f"--n_ctx={N_CTX[task]}"]
+                 f"--flagfile=configs/finetune_{task}.flags", f"--run_dir=runs/finetune_{task}_tiny",
+                 f"--n_ctx={N_CTX[task]}"]
         lines += [f"--{k}={v}" for k, v in sorted(recipe.items())]
         path.write_text("\n".join(lines) + "\n")
         written.append(path)
@@ -333,8 +320,9 @@ def scale_section(by_size: dict[str, dict]) -> str:
     """The scale section of ``docs/reproduction.md`` (between the markers: one table per task that any size ran."""
     tasks = [t for t in N_CTX if any((t, arm) in c for c in by_size.values() for arm in ARMS)]
     lines = [START, "",
-             "Dev metric × 100: median [min–max] (seeds), each arm with its own recipe chosen on dev; gain: pre-trained "
-             "minus scratch at the same size; scale: the small model's pre-trained median minus the tiny one's.", ""]
+             "Dev metric × 100: median [min–max] (seeds), each arm with its own recipe chosen on dev; gain: "
+             "pre-trained minus scratch at the same size; scale: the small model's pre-trained median minus the tiny "
+             "one's.", ""]
     for task in tasks:
         lines += [f"**{task}** ({main_metric(task)})", "",
                   "| size | pre-trained | from scratch | gain from pre-training | scale (pre-trained) |",
