@@ -276,10 +276,11 @@ def before_scorer(lm, bos_id, batch_size):
     import tensorflow as tf
 
     from gpt_tf.analysis.lm_scorer import LMScorer
+    from gpt_tf.gpt1.backbone import token_inputs
 
     class Before(LMScorer):
-        def _batch_scores(self, tokens, mask):
-            logits = tf.cast(self.lm(tokens[:, :-1], training=False), tf.float32)
+        def _batch_scores(self, tokens, mask):  # the model takes keras-hub's inputs, as LMScorer gives them
+            logits = tf.cast(self.lm(token_inputs(tokens[:, :-1]), training=False), tf.float32)
             logp = -tf.nn.sparse_softmax_cross_entropy_with_logits(labels=tokens[:, 1:], logits=logits)
             return tf.reduce_sum(logp * mask[:, 1:], axis=1)
 
