@@ -47,17 +47,16 @@ temporary ``git worktree``, interleaved with the others), and a table of this ch
 from __future__ import annotations
 
 import contextlib
-import datetime
 import json
 import os
-import sys
 import types
 from pathlib import Path
+from statistics import median
 
 from absl import app, flags
 
 from bench._train_stacks import PRESET_DEFAULTS
-from bench.harness import ROOT, apply_settings, base_checkout, cpu_slug, header, machine_info, median, save_report
+from bench.harness import ROOT, apply_settings, base_checkout, cpu_slug, header, new_report, save_report
 
 FLAGS = flags.FLAGS
 GENERATE_STACKS = ("ours_cache", "ours_no_cache", "transformers", "transformers_gpt2")
@@ -192,7 +191,8 @@ def markdown(report: dict) -> str:
              "| ours / PyTorch | others' CPU |" + (" ours on JAX |" if jax else ""),
              "|---|---|---|---:|---:|---:|---:|---:|---:|" + ("---:|" if jax else "")]
     for preset, precision in dict.fromkeys((r["preset"], r["precision"]) for r in rows):
-        group = {r["stack"]: r for r in rows if r["preset"] == preset and r["precision"] == precision and "rev" not in r}
+        group = {r["stack"]: r for r in rows
+                 if r["preset"] == preset and r["precision"] == precision and "rev" not in r}
         ours = group["ours"]
         others = median([r["others_cpu_share"] for r in group.values()])
         lines.append(f"| {preset} | {precision} | {ours['batch']} × {ours['seq']} | "
@@ -279,11 +279,10 @@ def _transformers(spec, config, state=None):
 def generate_worker(spec) -> None:
     """Worker: builds its stack, then one timed generation per ``step`` line; answers the tokens it generated."""
     import numpy as np
-
-    from bench.harness import emit, timed
-    from gpt_tf.config import get_size
-
     import tensorflow as tf
+
+    from bench.train_throughput import serve_steps
+    from gpt_tf.config import get_size
 
     tf.config.threading.set_intra_op_parallelism_threads(spec["threads"])
     tf.config.threading.set_inter_op_parallelism_threads(spec["threads"])
@@ -296,17 +295,14 @@ def generate_worker(spec) -> None:
         run = _transformers(spec, config)
     else:
         run = _ours(spec, config)[1]
-    emit("READY", {"n_params": config.n_params})
-    for line in sys.stdin:
-        if line.strip() != "step":
-            break
-        ids, stats = timed(run)
-        emit("STEP", {**stats, "tokens": np.asarray(ids)[spec["prompt_tokens"]:].tolist()})
+    serve_steps(run, {"n_params": config.n_params},
+                lambda ids: {"tokens": np.asarray(ids)[spec["prompt_tokens"]:].tolist()})
 
 
 def generation(preset: str, log) -> dict:
-    """The stacks' interleaved calls at ``preset``: tokens/s (median), ratios, shared tokens."""
-    from bench.harness import Worker
+    """The stacks' calls at ``preset``, taking turns (``train_throughput.run_group``; one untimed call each first):
+    tokens/s (median), ratios, shared tokens."""
+    from bench.train_throughput import run_group
     from gpt_tf.config import get_size
 
     config = get_size(preset)
@@ -314,22 +310,11 @@ def generation(preset: str, log) -> dict:
     shipped = preset == "tiny" and total <= config.n_ctx
     base = {"preset": preset, "prompt_tokens": FLAGS.prompt_tokens, "new_tokens": FLAGS.new_tokens,
             "n_ctx": max(total, config.n_ctx), "weights": "shipped" if shipped else "random",
-            "threads": FLAGS.generate_threads, "prompt": _prompt(config.vocab_size, FLAGS.prompt_tokens)}
-    workers = {stack: Worker({**base, "stack": stack}, "bench.speed_table") for stack in GENERATE_STACKS}
-    calls = {stack: [] for stack in GENERATE_STACKS}
-    try:
-        for worker in workers.values():
-            worker.read("READY")
-        for i in range(1 + FLAGS.generate_rounds):  # the first call traces / warms up: not timed
-            for stack, worker in workers.items():
-                result = worker.ask("step", "STEP")
-                if i:
-                    calls[stack].append(result)
-                    log(f"  {preset} round {i}: {stack} {base['new_tokens'] / result['s']:.1f} tokens/s "
-                        f"({100 * result['others_cpu_share']:.0f}% others' CPU)")
-    finally:
-        for worker in workers.values():
-            worker.close()
+            "threads": FLAGS.generate_threads, "prompt": _prompt(config.vocab_size, FLAGS.prompt_tokens),
+            "warmup": 1, "steps": FLAGS.generate_rounds}  # the first call traces / warms up: not timed
+    specs = [{**base, "stack": stack} for stack in GENERATE_STACKS]
+    calls = {row["stack"]: row["steps_log"] for row in run_group(specs, 1.0, FLAGS.generate_rounds, log,
+                                                                 module="bench.speed_table")}
     rows = {stack: {"tokens_per_s": base["new_tokens"] / median([c["s"] for c in got]),
                     "others_cpu_share": median([c["others_cpu_share"] for c in got])} for stack, got in calls.items()}
     tokens = {stack: got[-1]["tokens"] for stack, got in calls.items()}
@@ -377,10 +362,9 @@ def main(argv):
         if preset not in SIZES:
             raise app.UsageError(f"--presets: unknown {preset!r}; choose from {sorted(SIZES)}")
     log = lambda msg: print(msg, flush=True)  # noqa: E731
-    info = machine_info()
-    report = {"command": " ".join(["python -m bench.speed_table", *sys.argv[1:]]),
-              "date": datetime.datetime.now().astimezone().isoformat(timespec="minutes"), "machine": info,
-              "header": header(info)}
+    report = new_report("bench.speed_table", "minutes")
+    info = report["machine"]
+    report["header"] = header(info)
     log(report["header"])
     # Before any worker starts: they inherit the settings (the keras-hub stack runs the same TensorFlow as ours).
     report["settings"] = apply_settings()
