@@ -68,6 +68,31 @@ def read_flags(module: str, define: str) -> list[dict]:
     """The flags ``module``'s ``define`` function defines, in definition order; removed from ``FLAGS`` again."""
     from absl import flags
 
+    aside = _set_aside(flags.FLAGS)  # what this process defined already (a test run's flags): out of the way
+    try:
+        return _read_defined(flags, module, define)
+    finally:
+        for owner, flag in aside:  # put back as they were
+            for name in {flag.name, flag.short_name} - {None}:
+                flags.FLAGS[name] = flag
+            flags.FLAGS.register_flag_by_module(owner, flag)
+
+
+def _set_aside(flag_values) -> list:
+    """The flags the project's modules (and tests) defined in this process, removed from ``flag_values``:
+    ``[(defining module, flag)]``, so that a command's ``define_flags`` defines its flags afresh (it does nothing,
+    or fails as a duplicate, where they or another command's are defined)."""
+    ours = PACKAGES + ("bench", "tools", "tests")
+    aside = [(owner, flag) for owner, flags_of in flag_values.flags_by_module_dict().items()
+             if owner.split(".")[0] in ours for flag in flags_of]
+    for _, flag in aside:
+        for name in {flag.name, flag.short_name} - {None}:
+            if name in flag_values:
+                delattr(flag_values, name)
+    return aside
+
+
+def _read_defined(flags, module: str, define: str) -> list[dict]:
     before = set(flags.FLAGS)
     function = getattr(importlib.import_module(module), define)
     function(flags) if define == "_define_flags" else function()
