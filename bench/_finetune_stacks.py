@@ -229,7 +229,7 @@ class KerasFit:
         self.model.compile(optimizer=make_optimizer(schedule))
         ragged = lambda rows: tf.ragged.constant([r[1:-1] for r in rows], tf.int32)  # noqa: E731  (<s>, <e> off)
         train_y = np.asarray(views["train"]["labels"])
-        self.train, _ = bucketed(preprocessor, {"sentence": ragged(views["train"]["input_ids"])}, train_y,
+        self.train_batches, _ = bucketed(preprocessor, {"sentence": ragged(views["train"]["input_ids"])}, train_y,
                                  batch_size=spec["batch_size"])
         self.dev, _ = sorted_batches(preprocessor, {"sentence": ragged(views["dev"]["input_ids"])},
                                      batch_size=spec["batch_size"])
@@ -238,7 +238,7 @@ class KerasFit:
                      "buckets": "the command line's bucketed order (gpt_tf.gpt1.batching)"}
 
     def train(self, steps: int) -> dict:
-        history = self.model.fit(self.train, steps_per_epoch=steps, epochs=1, verbose=0)
+        history = self.model.fit(self.train_batches, steps_per_epoch=steps, epochs=1, verbose=0)
         return {"examples": steps * self.batch_size, "loss": float(history.history["loss"][-1])}
 
     def evaluate(self) -> dict:
