@@ -1,19 +1,17 @@
-"""The stacks `bench/finetune_speed.py` times (its speed, ab and profile modes), each in its own worker process, and
-the data they share.
+"""The stacks `bench/finetune_speed.py` times (its speed, ab and profile modes; ``bench/costs.py``'s ``gpt1``
+too), each in its own worker process, and the data they share.
 
 ``prepare_data``: an 8k BPE trained with the project's tokenizer on the first ``books`` Gutenberg
 books of ``../shared/data/books/train``; the SST-2 training texts (``glue/SST-2/train.tsv``,
 67,349) tokenized with it into the project's task TFRecords, 6% of them held out by id hash as the
 ``dev`` split that evaluation reads (so both phases run on training texts); and, for PyTorch, the
 same records as token-id views (``<s> text <e>``, cut to n_ctx as `gpt_tf.data.transforms` does).
+``gpt1_task_data``: a task's records in GPT-1's BPE and its first epoch's plan, for ``ours`` at GPT-1's size.
 
 ``ours``: `gpt_tf.training.task_objective.Finetuner`, the loop `python -m gpt_tf.train --task=sst2` runs: its
 tf.data pipeline, its `strategy.run` train step (forward, Eq. 5 loss, backward, clipping, AdamW)
-and its `predict` (the ``tiny`` size, or the spec's ``model``: ``gpt1`` for ``--mode=gpt1``, on any task's
-records).
-``generate`` and ``exported`` (``--mode=gpt1``): ``GPT1CausalLM.generate`` with the key/value cache, and a
-classifier exported by ``serving.export.export_task_at`` predicting SST-2's dev sentences through its
-``serving_default`` signature, at GPT-1's size.
+and its `predict` (the ``tiny`` size, or the spec's ``model``: ``gpt1`` for ``bench.costs --mode=gpt1``, on
+any task's records).
 ``hf``: `transformers.Trainer` fine-tuning `OpenAIGPTForSequenceClassification`
 of the same shape, driven from a callback, with dynamic padding (each batch padded to its longest
 text) and ``train_sampling_strategy="group_by_length"`` (transformers 5's name for
@@ -28,12 +26,10 @@ import sys
 import time
 from pathlib import Path
 
-from bench.harness import cpu_seconds, emit as _emit, use_speed_choices
+from bench.harness import DATA, ROOT, TASK_FOLDERS, cpu_seconds, emit as _emit, use_speed_choices
 
 VIEWS_FILE = "views.json"
 HOLDOUT_FRACTION = 0.06
-GPT1_TASKS = {"rte": "glue/RTE", "mrpc": "glue/MRPC", "stsb": "glue/STS-B", "cola": "glue/CoLA", "sst2": "glue/SST-2",
-              "story_cloze": "story_cloze"}  # --mode=gpt1: the tasks of configs/finetune_<task>_gpt1.flags, their files
 
 
 def train_bpe(root: Path, shared: Path, books: int, log=print) -> Path:
@@ -59,9 +55,8 @@ def define_data_flags(out: str) -> None:
     """The fine-tuning benches' shared flags: where their data lives (cached) and where the report goes."""
     from absl import flags
 
-    shared = Path(__file__).resolve().parents[2] / "shared" / "data"
     flags.DEFINE_string("data_root", "data/bench_finetune_speed", "BPE and task records (cached; built on first use)")
-    flags.DEFINE_string("shared_data", str(shared), "the shared data folder (books, GLUE)")
+    flags.DEFINE_string("shared_data", str(DATA), "the shared data folder (books, GLUE)")
     flags.DEFINE_string("out", out, "the JSON report (the .md goes beside it)")
 
 
@@ -79,20 +74,21 @@ def prepare_data(root: Path, shared: Path, books: int, n_ctx: int, log=print) ->
 
 
 def gpt1_task_data(shared: Path, task: str, batch_size: int) -> tuple[Path, int, list]:
-    """``--mode=gpt1``'s data: the task's records tokenized with GPT-1's BPE (``data/tasks_gpt1/<task>``, built when
-    missing), its ``configs/finetune_<task>_gpt1.flags``'s ``--n_ctx``, and its first epoch's plan: each global batch's
-    padded length, in the order the fine-tuning loop (seed 0) takes them."""
+    """The data of ``ours`` at GPT-1's size (``bench.costs --mode=gpt1``): the task's records tokenized with
+    GPT-1's BPE (``data/tasks_gpt1/<task>``, built when missing), its ``configs/finetune_<task>_gpt1.flags``'s
+    ``--n_ctx``, and its first epoch's plan: each global batch's padded length, in the order the fine-tuning loop
+    (seed 0) takes them."""
     import tensorflow as tf
 
+    from gpt_tf.data.records import read_manifest
     from gpt_tf.data.task_batches import bucket_lengths, epoch_plan
     from gpt_tf.data.transforms import load_task_spec, record_lengths
-    from gpt_tf.data.records import read_manifest
     from pipelines.finetune_data import build_task_data
 
     folder = Path(f"data/tasks_gpt1/{task}")
-    build_task_data(task, shared / GPT1_TASKS[task], shared / "gpt1_bpe", folder, show_progress=False,
+    build_task_data(task, shared / TASK_FOLDERS[task], shared / "gpt1_bpe", folder, show_progress=False,
                     **({"holdout_fraction": 0.2} if task == "story_cloze" else {}))
-    flagfile = (Path(__file__).resolve().parents[1] / "configs" / f"finetune_{task}_gpt1.flags").read_text()
+    flagfile = (ROOT / "configs" / f"finetune_{task}_gpt1.flags").read_text()
     n_ctx = int(next(line for line in flagfile.splitlines() if line.startswith("--n_ctx=")).split("=")[1])
     entry = read_manifest(str(folder))["splits"]["train"]
     records = next(iter(tf.data.TFRecordDataset(str(folder / entry["file"]), "GZIP").batch(entry["examples"] + 1)))
@@ -196,7 +192,8 @@ class Ours:
         return {"examples": int(len(outs))}
 
     def seek(self, batch: int) -> None:
-        """The next step takes the run's global batch ``batch`` (``--mode=gpt1``: a step of a chosen length)."""
+        """The next step takes the run's global batch ``batch`` (``bench.costs --mode=gpt1``: a step of a
+        chosen length)."""
         self.iterator = iter(self.tuner._dataset(self.tuner.heads[0], "train", training=True, start_batch=batch))
 
 
@@ -232,7 +229,7 @@ class KerasFit:
         self.model.compile(optimizer=make_optimizer(schedule))
         ragged = lambda rows: tf.ragged.constant([r[1:-1] for r in rows], tf.int32)  # noqa: E731  (<s>, <e> off)
         train_y = np.asarray(views["train"]["labels"])
-        self.train, _ = bucketed(preprocessor, {"sentence": ragged(views["train"]["input_ids"])}, train_y,
+        self.train_batches, _ = bucketed(preprocessor, {"sentence": ragged(views["train"]["input_ids"])}, train_y,
                                  batch_size=spec["batch_size"])
         self.dev, _ = sorted_batches(preprocessor, {"sentence": ragged(views["dev"]["input_ids"])},
                                      batch_size=spec["batch_size"])
@@ -241,77 +238,12 @@ class KerasFit:
                      "buckets": "the command line's bucketed order (gpt_tf.gpt1.batching)"}
 
     def train(self, steps: int) -> dict:
-        history = self.model.fit(self.train, steps_per_epoch=steps, epochs=1, verbose=0)
+        history = self.model.fit(self.train_batches, steps_per_epoch=steps, epochs=1, verbose=0)
         return {"examples": steps * self.batch_size, "loss": float(history.history["loss"][-1])}
 
     def evaluate(self) -> dict:
         out = self.model.predict(self.dev, verbose=0)
         return {"examples": int(len(out))}
-
-
-class Generate:
-    """GPT-1's size, random weights: ``evaluate()`` is one greedy ``generate`` (the key/value cache) of
-    ``new_tokens`` after a 32-token prompt (as ``bench.speed_table --mode=generate`` times it)."""
-
-    def __init__(self, spec):
-        import keras
-        import numpy as np
-
-        from gpt_tf.config import get_size
-        from gpt_tf.gpt1.build import causal_lm_for
-
-        if spec["precision"] != "float32":
-            keras.mixed_precision.set_dtype_policy(spec["precision"])
-        keras.utils.set_random_seed(0)
-        config = get_size("gpt1")
-        self.lm, self.new_tokens = causal_lm_for(config), spec["new_tokens"]
-        self.lm.use_sampler("greedy")
-        total = 32 + self.new_tokens
-        ids = np.zeros((1, total), np.int32)
-        ids[0, :32] = np.random.default_rng(0).integers(0, config.vocab_size, 32)
-        self.inputs = {"token_ids": ids, "padding_mask": np.arange(total)[None, :] < 32}
-        self.info = {"n_params": config.n_params}
-
-    def evaluate(self) -> dict:
-        self.lm.generate(self.inputs, stop_token_ids=None)
-        return {"examples": self.new_tokens}
-
-
-class Exported:
-    """A GPT-1-size ``GPT1TextClassifier`` (random weights, GPT-1's BPE) exported by ``serving.export.export_task_at``
-    and loaded back: ``evaluate()`` predicts SST-2's dev sentences in batches through ``serving_default``."""
-
-    def __init__(self, spec):
-        import tempfile
-
-        import keras
-        import tensorflow as tf
-
-        import gpt_tf
-        from gpt_tf.config import get_size
-        from serving.export import export_task_at
-
-        if spec["precision"] != "float32":
-            keras.mixed_precision.set_dtype_policy(spec["precision"])
-        keras.utils.set_random_seed(0)
-        preprocessor = gpt_tf.GPT1TaskPreprocessor(gpt_tf.GPT1Tokenizer(spec["tokenizer_dir"]),
-                                                   sequence_length=spec["n_ctx"])
-        backbone = gpt_tf.GPT1Backbone.from_gpt_config(get_size("gpt1", n_ctx=spec["n_ctx"]))
-        model = gpt_tf.GPT1TextClassifier(backbone, 2, preprocessor, compile=False)
-        start = time.perf_counter()
-        path = export_task_at(model, tempfile.mkdtemp(prefix="finetune_speed_export_") + "/model")
-        self.serve = tf.saved_model.load(path).signatures["serving_default"]
-        lines = (Path(spec["glue_dir"]) / "SST-2" / "dev.tsv").read_text(encoding="utf-8").splitlines()[1:]
-        self.texts, self.batch_size = [line.split("\t")[0] for line in lines], spec["batch_size"]
-        self.info = {"export_s": round(time.perf_counter() - start, 1), "examples": len(self.texts)}
-
-    def evaluate(self) -> dict:
-        import tensorflow as tf
-
-        for i in range(0, len(self.texts), self.batch_size):
-            out = self.serve(sentence=tf.constant(self.texts[i:i + self.batch_size]))
-        _ = [v.numpy() for v in out.values()]  # waits for the last batch
-        return {"examples": len(self.texts)}
 
 
 # ----------------------------------------------------------------------------- transformers
@@ -324,24 +256,23 @@ class HF:
         import tempfile
 
         import torch
-        from transformers import OpenAIGPTConfig, OpenAIGPTForSequenceClassification, Trainer, TrainerCallback
-        from transformers import TrainingArguments
+        from transformers import OpenAIGPTForSequenceClassification, Trainer, TrainerCallback, TrainingArguments
 
+        from bench._train_stacks import hf_config
         from gpt_tf.config import get_size
 
         torch.set_num_threads(spec["threads"])
         torch.manual_seed(0)
-        c = get_size("tiny", n_ctx=spec["n_ctx"])
         views = json.loads((Path(spec["task_dir"]) / VIEWS_FILE).read_text())
         self.pad = views["train"]["pad"]
-        config = OpenAIGPTConfig(vocab_size=c.total_vocab, n_positions=c.n_ctx, n_embd=c.n_embd, n_layer=c.n_layer,
-                                 n_head=c.n_head, afn="gelu", resid_pdrop=c.resid_pdrop, embd_pdrop=c.embd_pdrop,  # gelu = gelu_new (tanh)
-                                 attn_pdrop=c.attn_pdrop, summary_first_dropout=0.1, num_labels=2, pad_token_id=self.pad)
+        config = hf_config(get_size("tiny", n_ctx=spec["n_ctx"]), summary_first_dropout=0.1, num_labels=2,
+                           pad_token_id=self.pad)
         model = OpenAIGPTForSequenceClassification(config)
         self.data = {split: [{"input_ids": ids, "labels": y} for ids, y in zip(v["input_ids"], v["labels"])]
                      for split, v in views.items()}
         args = TrainingArguments(
-            output_dir=tempfile.mkdtemp(prefix="finetune_speed_hf_"), use_cpu=True, bf16=spec["precision"] == "bfloat16",
+            output_dir=tempfile.mkdtemp(prefix="finetune_speed_hf_"), use_cpu=True,
+            bf16=spec["precision"] == "bfloat16",
             per_device_train_batch_size=spec["batch_size"], per_device_eval_batch_size=spec["batch_size"],
             train_sampling_strategy="group_by_length", learning_rate=6.25e-5, lr_scheduler_type="linear",
             warmup_steps=0, weight_decay=0.01, max_grad_norm=1.0, max_steps=10**6, seed=0,
@@ -393,9 +324,10 @@ def _timed(fn) -> dict:
             "peak_rss_mib": round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024)}
 
 
-def worker_main(spec: dict) -> None:
-    """Answers ``train`` (``spec['train_steps']`` steps) and ``eval`` (one pass) lines on stdin until it closes."""
-    stacks = {"ours": Ours, "keras_fit": KerasFit, "generate": Generate, "exported": Exported}
+def worker_main(spec: dict, more: dict | None = None) -> None:
+    """Answers ``train`` (``spec['train_steps']`` steps) and ``eval`` (one pass) lines on stdin until it closes;
+    ``more``: other stacks by name (a class as ``Ours``, with ``evaluate`` at least)."""
+    stacks = {"ours": Ours, "keras_fit": KerasFit, **(more or {})}
     if spec["stack"] in stacks:
         stack = stacks[spec["stack"]](spec)
         emit("READY", stack.info)

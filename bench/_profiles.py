@@ -32,13 +32,12 @@ products, so one stack can be only as much faster as the other's non-matmul time
 from __future__ import annotations
 
 import collections
-import datetime
 import sys
 import tempfile
 import time
 from pathlib import Path
 
-from bench.harness import Clock, Worker, apply_settings, cpu_slug, emit, machine_info, save_report, timed
+from bench.harness import Clock, Worker, apply_settings, cpu_slug, emit, new_report, save_report, timed, worker_result
 
 KINDS = ("matmul", "optimizer", "dropout", "other ops", "outside ops")
 OTHERS = "others' CPU"
@@ -208,9 +207,9 @@ def pretrain_markdown(report: dict) -> str:
     m = report["machine"]
     lines = ["```bash", report["command"], "```", "",
              f"{m['cpu']}, {m['cores']} cores, {report['date']}; settings: {report['settings']}. Each stack in "
-             f"its own process, one thread, the stacks taking turns: {report['warmup']} warm-up steps, then {report['rounds']} "
-             f"rounds of {report['steps']} recorded steps under the framework's profiler (so the totals are slower than "
-             "`bench.speed_table`'s unprofiled steps).", ""]
+             f"its own process, one thread, the stacks taking turns: {report['warmup']} warm-up steps, then "
+             f"{report['rounds']} rounds of {report['steps']} recorded steps under the framework's profiler (so the "
+             "totals are slower than `bench.speed_table`'s unprofiled steps).", ""]
     for key, rows in report["rows"].items():
         preset, precision, batch, seq = key.split("|")
         lines += [f"**{preset}**, {precision}, batch {batch} × {seq}: ms per 1,000 tokens (share of the step)", "",
@@ -252,10 +251,9 @@ def pretrain_profile(args, log) -> None:
     from bench._train_stacks import PRESET_DEFAULTS
 
     settings = apply_settings()  # before any worker starts
-    info = machine_info()
-    report = {"command": " ".join(["python -m bench.train_throughput", *sys.argv[1:]]),
-              "date": datetime.datetime.now().astimezone().isoformat(timespec="minutes"), "machine": info,
-              "settings": settings, "warmup": args.warmup or 3, "steps": args.steps or 2, "rounds": ROUNDS, "rows": {}}
+    report = {**new_report("bench.train_throughput", "minutes"), "settings": settings, "warmup": args.warmup or 3,
+              "steps": args.steps or 2, "rounds": ROUNDS, "rows": {}}
+    info = report["machine"]
     log(f"{info['cpu']}, {info['cores']} cores; {settings}")
     stacks = [s for s in args.stacks.split(",") if s]
     for preset in args.presets.split(","):
@@ -339,16 +337,11 @@ def finetune_profile(args, task_dir: Path, log) -> dict:
     rows = {}
     for name, stack in stacks.items():
         log(f"profiling {name} ...")
-        worker = Worker({**common, **stack}, "bench.finetune_speed")
-        try:
-            result = worker.read("RESULT")
-        finally:
-            worker.close()
+        result = worker_result({**common, **stack}, "bench.finetune_speed")
         rows[name] = {phase: per_unit_ms(r["s"], r["op_s"], r["examples"], r["others_cpu_share"])
                       for phase, r in result.items()}
         log(f"  {name}: {rows[name]}")
-    return {"command": " ".join(["python -m bench.finetune_speed", *sys.argv[1:]]),
-            "date": datetime.datetime.now().astimezone().isoformat(timespec="seconds"), "machine": machine_info(),
+    return {**new_report("bench.finetune_speed"),
             "settings": {"model": "tiny (4 x 256, 4 heads, FFN 1024, 8k BPE)", "n_ctx": args.n_ctx,
                          "batch": args.batch_size, "precision": short, "warm-up steps": args.profile_warmup_steps,
                          "recorded steps": args.train_steps, "threads per stack": args.threads,

@@ -1,11 +1,14 @@
 """What the serving benchmarks (``serving_latency``, ``soak``) share: a model to serve, server processes, clients.
 
 * ``export_sst2``: an SST-2 classifier of a preset's shape with random weights (speed and robustness do not depend
-  on them) and GPT-1's BPE, exported as ``<base>/sst2/1``.
+  on them) and GPT-1's BPE, exported as ``<base>/sst2/1``. ``Exported``: one at GPT-1's size exported by
+  ``serving.export.export_task_at`` and predicting in process (``bench.costs --mode=gpt1``'s serving).
 * ``spawn_server`` / ``server_port`` / ``stop_server``: ``python -m serving.server`` of a checkout in its own
   process (its gRPC port read from its start-up line), stopped gracefully, killed if it hangs, so that no server
-  outlives a run. ``server_stats``: a process's RSS, threads and open files (Linux ``/proc``).
-* Load: ``sst2_texts`` (real SST-2 sentences joined to a length in tokens), ``run_load`` (N calls over k threads,
+  outlives a run. ``server_stats``: a process's RSS, threads and open files (Linux ``/proc``); ``CpuMeter``: the
+  share of the machine's CPU other processes used around a server and its clients.
+* Load: ``sst2`` (SST-2's texts and labels, the project's reader), ``sst2_texts`` (real SST-2 sentences joined to a
+  length in tokens), ``run_load`` (N calls over k threads,
   the latencies and the wall time), ``percentile_ms``.
 * ``Client``: one client thread's connections and the request kinds of ``KINDS``, good (REST and gRPC predictions,
   ``GOOD``) and malformed (bad JSON, 1 MB of it, JSON nested 1,000 deep, a ragged 1 MB array, wrong types, an
@@ -28,7 +31,7 @@ import threading
 import time
 from pathlib import Path
 
-from bench.harness import ROOT
+from bench.harness import ROOT, busy_seconds
 
 DATA = ROOT.parent / "shared" / "data"
 HOST = "127.0.0.1"
@@ -49,6 +52,41 @@ def export_sst2(base: Path, preset: str, tokenizer_dir, vocab_size: int, weights
     model = in_weights(task_for_spec(GPT1Backbone.from_gpt_config(config, name="backbone"), task), weights)
     export_task_model(model, task, str(tokenizer_dir), str(base), "sst2", version=1)
     return config
+
+
+class Exported:
+    """A GPT-1-size ``GPT1TextClassifier`` (random weights, GPT-1's BPE) exported by ``serving.export.export_task_at``
+    and loaded back: ``evaluate()`` predicts SST-2's dev sentences in batches through ``serving_default``, in process
+    (``bench.costs --mode=gpt1``'s serving, a ``_finetune_stacks`` worker's stack)."""
+
+    def __init__(self, spec):
+        import keras
+        import tensorflow as tf
+
+        import gpt_tf
+        from gpt_tf.config import get_size
+        from serving.export import export_task_at
+
+        if spec["precision"] != "float32":
+            keras.mixed_precision.set_dtype_policy(spec["precision"])
+        keras.utils.set_random_seed(0)
+        preprocessor = gpt_tf.GPT1TaskPreprocessor(gpt_tf.GPT1Tokenizer(spec["tokenizer_dir"]),
+                                                   sequence_length=spec["n_ctx"])
+        backbone = gpt_tf.GPT1Backbone.from_gpt_config(get_size("gpt1", n_ctx=spec["n_ctx"]))
+        model = gpt_tf.GPT1TextClassifier(backbone, 2, preprocessor, compile=False)
+        start = time.perf_counter()
+        path = export_task_at(model, tempfile.mkdtemp(prefix="costs_export_") + "/model")
+        self.serve = tf.saved_model.load(path).signatures["serving_default"]
+        self.texts, self.batch_size = sst2(spec["glue_dir"], "dev")[0], spec["batch_size"]
+        self.info = {"export_s": round(time.perf_counter() - start, 1), "examples": len(self.texts)}
+
+    def evaluate(self) -> dict:
+        import tensorflow as tf
+
+        for i in range(0, len(self.texts), self.batch_size):
+            out = self.serve(sentence=tf.constant(self.texts[i:i + self.batch_size]))
+        _ = [v.numpy() for v in out.values()]  # waits for the last batch
+        return {"examples": len(self.texts)}
 
 
 # ----------------------------------------------------------------------------- server processes
@@ -102,7 +140,44 @@ def server_stats(pid: int) -> dict:
             "fds": len(os.listdir(f"/proc/{pid}/fd"))}
 
 
+class CpuMeter:
+    """Share of the machine's CPU used by processes other than ``pids`` (a server and its clients) between start()
+    and stop()."""
+
+    def __init__(self, pids):
+        self.pids = pids
+
+    def _ours(self):
+        total = 0
+        for pid in self.pids:
+            try:
+                with open(f"/proc/{pid}/stat") as f:
+                    stat = f.read().rsplit(")", 1)[1].split()
+                total += (int(stat[11]) + int(stat[12])) / os.sysconf("SC_CLK_TCK")  # utime + stime
+            except OSError:
+                pass
+        return total
+
+    def start(self):
+        self._t, self._b, self._o = time.monotonic(), busy_seconds(), self._ours()
+
+    def stop(self) -> float:
+        available = (time.monotonic() - self._t) * (os.cpu_count() or 1)
+        return max(0.0, (busy_seconds() - self._b) - (self._ours() - self._o)) / available
+
+
 # ----------------------------------------------------------------------------- load
+
+
+def sst2(glue_dir: str, split: str, limit: int = 0):
+    """SST-2's texts and labels of ``split`` as the project reads them (``gpt_tf.data.task_readers``), the first
+    ``limit`` (0: all)."""
+    from gpt_tf.data.task_readers import read_examples
+    from gpt_tf.tasks import get_task
+
+    examples = read_examples(get_task("sst2"), Path(glue_dir) / "SST-2", split)[0]
+    examples = examples[:limit] if limit else examples
+    return [e.text_a for e in examples], [e.label for e in examples]
 
 
 def sst2_texts(tokenizer, count: int, low: int, high: int) -> list:
@@ -271,8 +346,8 @@ KINDS = ("rest_predict", "bad_json", "grpc_predict", "deep_json", "wrong_type", 
 EXPECTED = {"rest_predict": "200", "grpc_predict": "grpc OK", "bad_json": "400", "deep_json": "400",
             "wrong_type": "400", "unknown_model": "404", "bad_utf8": "400", "huge_length": "413", "no_length": "411",
             "cut_body": "hung up", "partial_header": "hung up", "grpc_wrong_dtype": "grpc INVALID_ARGUMENT",
-            "grpc_bad_utf8": "grpc INVALID_ARGUMENT", "big_bad_json": "400", "big_ragged": "400", "lone_surrogate": "400",
-            "huge_version": "400"}
+            "grpc_bad_utf8": "grpc INVALID_ARGUMENT", "big_bad_json": "400", "big_ragged": "400",
+            "lone_surrogate": "400", "huge_version": "400"}
 
 
 def send_one(client: Client, kind: str, results: list, lock) -> None:

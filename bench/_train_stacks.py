@@ -1,5 +1,5 @@
-"""What ``bench/train_throughput.py`` times, each built in its own worker process: the training step of three
-stacks, the real pre-training loop (``--mode=loop``) and the optimizer update alone (``--mode=optimizer``).
+"""What ``bench/train_throughput.py`` times: the training step of three stacks, each built in its own worker process,
+and, in the command's own process, the real pre-training loop (``--mode=loop``) and the optimizer update alone.
 
 **The stacks** (``--mode=stacks``, ``--mode=profile``). ``build_step(spec)`` returns ``(step, info)``: ``step()`` runs
 one full training step (forward, backward, global-norm clipping, AdamW update; dropout on) on a fixed random batch
@@ -76,21 +76,12 @@ def _keras_hub_model(config):
         def __init__(self, **kwargs):
             super().__init__(**kwargs)
             self.embed = keras_hub.layers.TokenAndPositionEmbedding(
-                config.total_vocab, config.n_ctx, config.n_embd, tie_weights=True, embeddings_initializer=init
-            )
+                config.total_vocab, config.n_ctx, config.n_embd, tie_weights=True, embeddings_initializer=init)
             self.drop = keras.layers.Dropout(config.embd_pdrop)
-            self.blocks = [
-                keras_hub.layers.TransformerDecoder(
-                    intermediate_dim=config.d_ff,
-                    num_heads=config.n_head,
-                    dropout=config.resid_pdrop,
-                    activation=gelu_tanh,
-                    layer_norm_epsilon=config.layer_norm_epsilon,
-                    kernel_initializer=init,
-                    normalize_first=False,
-                )
-                for _ in range(config.n_layer)
-            ]
+            self.blocks = [keras_hub.layers.TransformerDecoder(
+                intermediate_dim=config.d_ff, num_heads=config.n_head, dropout=config.resid_pdrop, activation=gelu_tanh,
+                layer_norm_epsilon=config.layer_norm_epsilon, kernel_initializer=init, normalize_first=False)
+                for _ in range(config.n_layer)]
 
         def call(self, token_ids, training=False):
             h = self.drop(self.embed(token_ids), training=training)
@@ -131,9 +122,8 @@ def _tf_step(spec, config):
     else:
         model = _keras_hub_model(config)
         variables = model.trainable_variables
-        optimizer = keras.optimizers.AdamW(
-            learning_rate=LEARNING_RATE, weight_decay=WEIGHT_DECAY, epsilon=1e-8, global_clipnorm=CLIP_NORM
-        )
+        optimizer = keras.optimizers.AdamW(learning_rate=LEARNING_RATE, weight_decay=WEIGHT_DECAY, epsilon=1e-8,
+                                           global_clipnorm=CLIP_NORM)
         optimizer.exclude_from_weight_decay(var_list=[v for v in variables if len(v.shape) < 2])
         optimizer.build(variables)
 
@@ -173,6 +163,18 @@ def _jax_step(spec, config):
     return (lambda: float(model.train_on_batch(inputs, targets))), {"n_params": n_params}
 
 
+def hf_config(config, **extra):
+    """``transformers.OpenAIGPTConfig`` of ``config``'s shape, dropouts and init (HF maps ``afn="gelu"`` to gelu_new,
+    the tanh approximation); ``extra``: more of its fields (``_finetune_stacks.HF``'s classifier head)."""
+    import transformers
+
+    return transformers.OpenAIGPTConfig(
+        vocab_size=config.total_vocab, n_positions=config.n_ctx, n_embd=config.n_embd, n_layer=config.n_layer,
+        n_head=config.n_head, afn="gelu", resid_pdrop=config.resid_pdrop, embd_pdrop=config.embd_pdrop,
+        attn_pdrop=config.attn_pdrop, layer_norm_epsilon=config.layer_norm_epsilon, initializer_range=config.init_std,
+        **extra)
+
+
 def _torch_step(spec, config):
     """``transformers.OpenAIGPTLMHeadModel`` with ``torch.optim.AdamW``: one eager training step."""
     import torch
@@ -182,25 +184,10 @@ def _torch_step(spec, config):
     torch.set_num_threads(spec["threads"])
     if 4 * config.n_embd != config.d_ff:
         raise ValueError(f"OpenAIGPT hard-codes d_ff = 4·n_embd; preset {spec['preset']} has d_ff={config.d_ff}")
-    hf_config = transformers.OpenAIGPTConfig(
-        vocab_size=config.total_vocab,
-        n_positions=config.n_ctx,
-        n_embd=config.n_embd,
-        n_layer=config.n_layer,
-        n_head=config.n_head,
-        afn="gelu",  # HF maps "gelu" to gelu_new, the tanh approximation
-        resid_pdrop=config.resid_pdrop,
-        embd_pdrop=config.embd_pdrop,
-        attn_pdrop=config.attn_pdrop,
-        layer_norm_epsilon=config.layer_norm_epsilon,
-        initializer_range=config.init_std,
-    )
-    model = transformers.OpenAIGPTLMHeadModel(hf_config).train()
+    model = transformers.OpenAIGPTLMHeadModel(hf_config(config)).train()
     params = list(model.parameters())  # the tied LM head appears once
-    groups = [
-        {"params": [p for p in params if p.dim() >= 2], "weight_decay": WEIGHT_DECAY},
-        {"params": [p for p in params if p.dim() < 2], "weight_decay": 0.0},
-    ]
+    groups = [{"params": [p for p in params if p.dim() >= 2], "weight_decay": WEIGHT_DECAY},
+              {"params": [p for p in params if p.dim() < 2], "weight_decay": 0.0}]
     # "fused" (one kernel per tensor) is torch's fastest AdamW on CPU: ~5x the default loop at gpt1 size.
     kind = spec.get("torch_adamw", "fused")
     options = {"fused": {"fused": True}, "foreach": {"foreach": True}, "default": {}}[kind]
@@ -344,38 +331,6 @@ def run_loop(args) -> dict:
     }
 
 
-def loop_markdown(rows) -> str:
-    lines = [
-        "| when (UTC) | device | model | batch × seq | accum | precision | XLA | strategy | tokens/s | ms/step | MFU "
-        "| peak (source) | CPU s/step | our share of the cores | load avg start→end |",
-        "|---|---|---|---|---:|---|---|---|---:|---:|---:|---|---:|---:|---|",
-    ]
-    for r in rows:
-        share = r["cpu_s_per_step_median"] / (r["ms_per_step_median"] / 1e3 * r["cores"])  # < 100%: others ran too
-        lines.append(
-            f"| {r['when']} | {r['device']} | {r['model']} | {r['batch']} × {r['seq']} | {r['grad_accum_steps']} "
-            f"| {r['precision']} | {'on' if r['jit_compile'] else 'off'} | {r['strategy']} ({r['replicas']}) "
-            f"| {r['tokens_per_sec']:,.0f} | {r['ms_per_step_median']:,.0f} | {100 * r['mfu']:.1f}% "
-            f"| {r['peak_flops'] / 1e12:.3g} TFLOP/s ({r['peak_source']}) | {r['cpu_s_per_step_median']:.2f} "
-            f"| {share:.0%} | {r['loadavg_start_end'][0]:.1f}→{r['loadavg_start_end'][1]:.1f} |")
-    commands = "\n".join(f"    {r['command']}" for r in rows)
-    return "\n".join(lines) + f"\n\nCommands:\n\n{commands}\n"
-
-
-def loop(args) -> None:
-    """``--mode=loop``: one row appended to ``--out`` (JSON) and the table of every row rewritten beside it."""
-    args.warmup = 3 if args.warmup is None else args.warmup
-    args.steps = 10 if args.steps is None else args.steps
-    row = run_loop(args)
-    out = Path(args.out or "bench/results/pretrain_throughput.json")
-    rows = json.loads(out.read_text()) if out.exists() else []
-    rows.append(row)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(json.dumps(rows, indent=1) + "\n")
-    out.with_suffix(".md").write_text(loop_markdown(rows))
-    print(loop_markdown([row]))
-
-
 # ----------------------------------------------------------------------------- the optimizer update
 
 
@@ -390,7 +345,12 @@ def _ours_update(jit: bool):
     grads = [tf.random.normal(v.shape, stddev=1e-2, seed=i) for i, v in enumerate(variables)]
     optimizer = make_optimizer(LEARNING_RATE, weight_decay=WEIGHT_DECAY, clip_norm=CLIP_NORM, variables=variables)
     update = tf.function(lambda g: optimizer.apply(g, variables), jit_compile=jit)
-    return lambda: update(grads).numpy(), sum(v.shape.num_elements() for v in variables)
+
+    def step():
+        update(grads)
+        return optimizer.iterations.numpy()  # read after the update, so it has run
+
+    return step, variables
 
 
 def _torch_fused_update(shapes):
@@ -417,12 +377,10 @@ def run_optimizer(args) -> None:
     tf.config.threading.set_intra_op_parallelism_threads(1)
     tf.config.threading.set_inter_op_parallelism_threads(1)
     torch.set_num_threads(1)
-    graph, n = _ours_update(jit=False)
+    graph, variables = _ours_update(jit=False)
     xla, _ = _ours_update(jit=True)
-    from gpt_tf.config import get_size
-    from gpt_tf.gpt1.build import backbone_for
-
-    shapes = [tuple(v.shape) for v in backbone_for(get_size("tiny", n_ctx=64)).trainable_variables]
+    n = sum(v.shape.num_elements() for v in variables)
+    shapes = [tuple(v.shape) for v in variables]
     stacks = {"gpt_tf graph": graph, "gpt_tf XLA": xla, "torch fused": _torch_fused_update(shapes)}
     times = {name: [] for name in stacks}
     for step in stacks.values():

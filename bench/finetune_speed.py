@@ -4,8 +4,7 @@
     python -m bench.finetune_speed --mode=padding        # tokens per example after padding, ours and HF's
     python -m bench.finetune_speed --mode=ab --base=REV  # this checkout against commit REV, same stack, same batches
     python -m bench.finetune_speed --mode=profile        # where the time goes, ours against HF (bench/_profiles.py)
-    python -m bench.finetune_speed --mode=zero_shot      # §5 zero-shot scoring, LMScorer before vs after length buckets
-    python -m bench.finetune_speed --mode=gpt1           # GPT-1 on a CPU: fine-tuning, generation, serving
+    python -m bench.finetune_speed --mode=zero_shot      # §5 zero-shot scoring, LMScorer before vs after buckets
 
 Modes: ``speed`` (below); ``padding``; ``ab``: two workers of ``--stack`` (default ``ours_bucketed_bf16``), one
 running this checkout, one ``--base`` from a temporary `git worktree`, from the same seed (round r of each trains
@@ -20,7 +19,7 @@ the LM head at the scored positions only), in one process, alternating round by 
 real dev sets of SST-2, CoLA and Story Cloze (its 30% hold-out of val) with this bench's 8k BPE and the ``tiny``
 preset's random weights; tokens/s counts the real model-input tokens, and the two scorers' sums of
 log-probabilities are compared (``--rounds`` 4 unless given; ``bench/results/zero_shot_speed.{json,md}``).
-``gpt1``: what GPT-1 itself costs on this CPU (``run_gpt1``; ``bench/results/finetune_gpt1.{json,md}``).
+What GPT-1 itself costs to fine-tune on this CPU: ``bench/costs.py --mode=gpt1``.
 
 Stacks (`bench/_finetune_stacks.py`), each in its own worker process, all the `tiny` shape
 (4 layers, 256 dims, 4 heads, 1024 FFN, 8k BPE + 4 special tokens) with n_ctx 64, batch 32, on the
@@ -62,20 +61,17 @@ than float32 for this size on AVX512_BF16 Xeons, faster on AMD Zen 5; see README
 
 from __future__ import annotations
 
-import datetime
 import json
 import os
-import statistics
-import sys
 from pathlib import Path
+from statistics import mean, median
 
 from absl import app, flags
 
 from bench import _profiles
-from bench._finetune_stacks import GPT1_TASKS, define_data_flags, gpt1_task_data, lengths_summary, padding_summary
-from bench._finetune_stacks import prepare_data, train_bpe
-from bench.harness import Worker, apply_settings, base_checkout, busy_seconds, header, machine_info, median, save_report
-from bench.harness import timed, wait_until_quiet
+from bench._finetune_stacks import define_data_flags, lengths_summary, padding_summary, prepare_data, train_bpe
+from bench.harness import Worker, apply_settings, base_checkout, busy_seconds, header, new_report, save_report, timed
+from bench.harness import wait_until_quiet
 
 FLAGS = flags.FLAGS
 STACKS = {
@@ -111,7 +107,7 @@ def eval_stacks(names) -> list:
 
 
 def define_flags():
-    flags.DEFINE_enum("mode", "speed", ["speed", "padding", "ab", "profile", "zero_shot", "gpt1"],
+    flags.DEFINE_enum("mode", "speed", ["speed", "padding", "ab", "profile", "zero_shot"],
                       "what to measure (see the module doc)")
     flags.DEFINE_string("stacks", ",".join(DEFAULT_STACKS), "comma-separated subset of " + ",".join(STACKS))
     flags.DEFINE_integer("rounds", 3, "counted rounds (after one warm-up round)")
@@ -130,18 +126,7 @@ def define_flags():
                       "--mode=ab: the stack both workers run")
     flags.DEFINE_integer("profile_warmup_steps", 50, "--mode=profile: steps before recording (50 = one of HF's "
                          "length-grouped megabatches, so the recorded --train_steps=50 are one whole megabatch)")
-    flags.DEFINE_bool("padding_only", False, "same as --mode=padding: " "only print the training tokens per example after padding, "
-                      "ours (buckets) and HF's (group_by_length), over one epoch; no timing")
-    flags.DEFINE_list("gpt1_tasks", list(GPT1_TASKS), "--mode=gpt1: tasks (configs/finetune_<task>_gpt1.flags)")
-    flags.DEFINE_list("gpt1_precisions", ["float32", "mixed_bfloat16"], "--mode=gpt1: precisions")
-    flags.DEFINE_integer("gpt1_steps", 3, "--mode=gpt1: timed fine-tuning steps per task (after one untimed)")
     flags.DEFINE_string("worker", None, "internal: run as a worker with this JSON spec")
-
-
-def _head() -> dict:
-    """What every report starts with: its command, date and machine."""
-    return {"command": " ".join(["python -m bench.finetune_speed", *sys.argv[1:]]), "machine": machine_info(),
-            "date": datetime.datetime.now().astimezone().isoformat(timespec="seconds")}
 
 
 def measure(worker: Worker, command: str, wait_quiet_s: float = 0.0) -> dict:
@@ -209,8 +194,8 @@ def summarise(logs: dict) -> dict:
         "eval keras predict / CLI predict (fp32)": ratio("keras_fit", "ours_bucketed", "eval"),
         f"train {lm0} / best HF ({hf}) (goal >= 1.5)": ratio(lm0, hf, "train") if hf and lm0 else None,
         f"train {ours} (λ=0.5) / best HF ({hf})": ratio(ours, hf, "train") if hf else None,
-        f"eval {ours_eval} / best HF ({hf_eval}) (goal >= 1.5)": ratio(ours_eval, hf_eval, "eval") if hf_eval and ours_eval
-        else None,
+        f"eval {ours_eval} / best HF ({hf_eval}) (goal >= 1.5)": ratio(ours_eval, hf_eval, "eval")
+        if hf_eval and ours_eval else None,
     }
     if "ours_every_length_lm0_bf16" in rows and hf:
         goals[f"train ours_every_length_lm0_bf16 / best HF ({hf})"] = ratio("ours_every_length_lm0_bf16", hf, "train")
@@ -246,8 +231,9 @@ def run_ab(args, task_dir: Path, log) -> tuple[dict, str]:
         logs = run(args, {"base": spec, "this": spec}, log, code_roots={"base": tree})
     base_rev, this_rev = revs["base"], revs["this"]
     rates = {name: [m["examples_per_s"] for m in logs[name]["train"]] for name in ("base", "this")}
-    means = {name: statistics.mean(v) for name, v in rates.items()}
-    report = {**_head(), "settings": {"this": this_rev, "base": base_rev, "stack": args.stack, "train_steps": args.train_steps,
+    means = {name: mean(v) for name, v in rates.items()}
+    report = {**new_report("bench.finetune_speed"),
+              "settings": {"this": this_rev, "base": base_rev, "stack": args.stack, "train_steps": args.train_steps,
                            "rounds": args.rounds},
               "result": {**rates, "base_mean": means["base"], "this_mean": means["this"],
                          "ratio": means["this"] / means["base"]}}
@@ -271,7 +257,8 @@ def speed_report(args, task_dir: Path, stacks: list, log, padding=None, base=Non
     specs = {name: {"precision": precision, **common, **STACKS[name]} for name in stacks}
     tree, renamed = base or (None, {})
     specs.update({renamed[name]: specs[name] for name in renamed})
-    report = {**_head(), "settings": {"model": "tiny (4 x 256, 4 heads, FFN 1024, 8k BPE)", "n_ctx": args.n_ctx,
+    report = {**new_report("bench.finetune_speed"),
+              "settings": {"model": "tiny (4 x 256, 4 heads, FFN 1024, 8k BPE)", "n_ctx": args.n_ctx,
                            "batch": args.batch_size, "train steps per round": args.train_steps,
                            "rounds": f"{args.rounds} (+1 warm-up)", "ours precision": precision,
                            "threads per stack": args.threads, "BPE books": args.books, "wait_quiet_s": args.wait_quiet,
@@ -289,10 +276,11 @@ def before_scorer(lm, bos_id, batch_size):
     import tensorflow as tf
 
     from gpt_tf.analysis.lm_scorer import LMScorer
+    from gpt_tf.gpt1.backbone import token_inputs
 
     class Before(LMScorer):
-        def _batch_scores(self, tokens, mask):
-            logits = tf.cast(self.lm(tokens[:, :-1], training=False), tf.float32)
+        def _batch_scores(self, tokens, mask):  # the model takes keras-hub's inputs, as LMScorer gives them
+            logits = tf.cast(self.lm(token_inputs(tokens[:, :-1]), training=False), tf.float32)
             logp = -tf.nn.sparse_softmax_cross_entropy_with_logits(labels=tokens[:, 1:], logits=logits)
             return tf.reduce_sum(logp * mask[:, 1:], axis=1)
 
@@ -330,8 +318,10 @@ def run_zero_shot(args) -> tuple[dict, str]:
             if r:
                 log[name].append({"s": wall, "others_cpu_share": others})
     rows = {name: {"tokens_per_s": round(tokens / median([m["s"] for m in ms])),
-                   "others_cpu_share": round(median([m["others_cpu_share"] for m in ms]), 3)} for name, ms in log.items()}
-    report = {**_head(), "requests": len(reqs), "model_input_tokens": tokens, "batch_size": args.batch_size, "rows": rows,
+                   "others_cpu_share": round(median([m["others_cpu_share"] for m in ms]), 3)}
+            for name, ms in log.items()}
+    report = {**new_report("bench.finetune_speed"), "requests": len(reqs), "model_input_tokens": tokens,
+              "batch_size": args.batch_size, "rows": rows,
               "speed_up": round(rows["after"]["tokens_per_s"] / rows["before"]["tokens_per_s"], 2),
               "max_abs_diff_logprob_sums": float(np.max(np.abs(sums["after"] - sums["before"]))), "log": log}
     text = (f"`{report['command']}`\n\n{report['machine']['cpu']}, {report['machine']['cores']} cores, "
@@ -341,93 +331,6 @@ def run_zero_shot(args) -> tuple[dict, str]:
             + f"\nafter / before: {report['speed_up']}×; largest difference of a log-probability sum: "
               f"{report['max_abs_diff_logprob_sums']:.2e}\n")
     return report, text
-
-
-def run_gpt1(args, log) -> tuple[dict, str]:
-    """``--mode=gpt1``'s report and its markdown: what GPT-1 itself (117M, random weights: the speed is the same) costs
-    on this CPU, in each of ``--gpt1_precisions``, a worker process per measurement (its peak memory its own), one
-    after another: per task of ``--gpt1_tasks``, ``ours`` at GPT-1's size with
-    ``configs/finetune_<task>_gpt1.flags``'s recipe (batch 32, λ 0.5, length buckets, its ``--n_ctx``) on the task's
-    training records tokenized with GPT-1's BPE (``data/tasks_gpt1/<task>``, built when missing), one untimed step,
-    then ``--gpt1_steps`` timed steps on the plan's batches at its lengths' quantiles (shortest, median, longest by
-    default: real batches of the seeded epoch plan); the epoch's time is a line fitted to them (a fixed cost per
-    step plus one per padded token, ``_epoch_seconds``) summed over the plan's lengths; then generation tokens/s
-    (``generate``: a 32-token prompt and 128 new tokens, the key/value cache, three timed calls after one) and the
-    exported classifier's ``predict`` examples/s (``exported``: SST-2's 872 dev sentences, batches of 32, three
-    timed passes after one); threads as the command line's (``--threads=0``: TensorFlow's default, every core).
-    ``bench/results/finetune_gpt1.{json,md}``, with the load average seen."""
-    shared, rows = Path(args.shared_data), []
-    common = {"batch_size": args.batch_size, "threads": 0, "glue_dir": str(shared / "glue"), "new_tokens": 128,
-              "tokenizer_dir": str(shared / "gpt1_bpe"), "n_ctx": 64, "lm_coef": 0.5, "buckets": True, "train_steps": 1}
-    jobs = [(p, t) for p in args.gpt1_precisions for t in [*args.gpt1_tasks, "generate", "exported"]]
-    for precision, job in jobs:
-        spec, plan = {**common, "precision": precision, "stack": job}, None
-        if job in GPT1_TASKS:
-            folder, n_ctx, plan = gpt1_task_data(Path(args.shared_data), job, args.batch_size)
-            spec.update(stack="ours", model="gpt1", task_dir=str(folder.resolve()), n_ctx=n_ctx)
-        # Timed: the plan's batches at its lengths' quantiles (shortest, ..., longest), after one untimed step
-        order = sorted(range(len(plan or [])), key=lambda i: plan[i])
-        picks = [order[round(q * (len(order) - 1) / max(1, args.gpt1_steps - 1))] for q in range(args.gpt1_steps)
-                 if order]
-        worker, load = Worker(spec, "bench.finetune_speed", tag="@@finetune_speed "), os.getloadavg()
-        try:
-            info = worker.read("READY")
-            commands = ["train", *(f"seek {i}" for i in picks)] if plan else ["eval"] * 4
-            runs = [measure(worker, command) for command in commands]
-        finally:
-            worker.close()
-        timed, row = runs[1:], {"job": job, "precision": precision, "info": info, "runs": runs,
-                                "load_average": [round(x, 1) for x in (*load, *os.getloadavg())]}
-        seconds = sum(m["s"] for m in timed)
-        row.update(peak_rss_mib=max(m["peak_rss_mib"] for m in runs), per_s=sum(m["examples"] for m in timed) / seconds,
-                   per_cpu_s=sum(m["examples"] for m in timed) / sum(m["cpu_s"] for m in timed),
-                   others_cpu_share=round(median([m["others_cpu_share"] for m in timed]), 3))
-        if plan:
-            lengths = [plan[i] for i in picks]
-            epoch = {key: _epoch_seconds(lengths, [m[key] for m in timed], plan) for key in ("s", "cpu_s")}
-            row.update(n_ctx=spec["n_ctx"], steps_per_epoch=len(plan), timed_lengths=lengths,
-                       epoch_minutes=epoch["s"] / 60, epoch_cpu_minutes=epoch["cpu_s"] / 60,
-                       epoch_per_s=len(plan) * args.batch_size / epoch["s"])
-        rows.append(row)
-        log(f"  {precision} {job}: {row['per_s']:.2f}/s, peak {row['peak_rss_mib']} MiB"
-            + (f", {row['epoch_minutes']:.0f} min per epoch" if plan else "") + f"; load {row['load_average']}")
-    report = {**_head(), "rows": rows}
-    return report, gpt1_markdown(report)
-
-
-def _epoch_seconds(lengths: list, seconds: list, plan: list) -> float:
-    """An epoch's seconds: a step's time fitted as ``a + b * length`` (least squares over the timed steps: a fixed
-    cost, the optimizer's update among it, plus one per padded token) and summed over the epoch plan's lengths."""
-    import numpy as np
-
-    if len(set(lengths)) < 2:  # one length timed: every step costs its mean
-        return float(np.mean(seconds)) * len(plan)
-    b, a = np.polyfit(lengths, seconds, 1)
-    return float(a * len(plan) + b * sum(plan))
-
-
-def gpt1_markdown(report: dict) -> str:
-    m = report["machine"]
-    loads = [x for r in report["rows"] for x in r["load_average"][::3]]
-    lines = [f"`{report['command']}`", "", f"{m['cpu']}, {m['cores']} cores, {report['date']}; tensorflow "
-             f"{m['versions']['tensorflow']}. GPT-1's size (117M), random weights. The machine was shared: load "
-             f"average (1 min) {min(loads):.1f} to {max(loads):.1f} over the runs (2 cores).", "",
-             "| task | precision | n_ctx | steps per epoch | timed steps' buckets | examples/s (epoch) | minutes per "
-             "epoch | CPU-minutes per epoch | 3 epochs, hours | peak memory | others' CPU |",
-             "|---|---|---:|---:|---|" + "---:|" * 6]
-    for r in (r for r in report["rows"] if "epoch_minutes" in r):
-        lines.append(f"| {r['job']} | {r['precision']} | {r['n_ctx']} | {r['steps_per_epoch']} | {r['timed_lengths']} "
-                     f"| {r['epoch_per_s']:.2f} | {r['epoch_minutes']:.0f} | {r['epoch_cpu_minutes']:.0f} | "
-                     f"{3 * r['epoch_minutes'] / 60:.1f} | {r['peak_rss_mib'] / 1024:.1f} GiB | "
-                     f"{100 * r['others_cpu_share']:.0f}% |")
-    lines += ["", "| measurement | precision | rate | per CPU s | peak memory | others' CPU |",
-              "|---|---|" + "---:|" * 4]
-    names = {"generate": "generation, key/value cache (tokens/s)", "exported": "exported classifier predict "
-             "(examples/s)"}
-    lines += [f"| {names[r['job']]} | {r['precision']} | {r['per_s']:.1f} | {r['per_cpu_s']:.1f} | "
-              f"{r['peak_rss_mib'] / 1024:.1f} GiB | {100 * r['others_cpu_share']:.0f}% |"
-              for r in report["rows"] if r["job"] in names]
-    return "\n".join(lines) + "\n"
 
 
 def main(argv):
@@ -440,19 +343,16 @@ def main(argv):
         from bench._finetune_stacks import worker_main
 
         return worker_main(spec)
-    mode = "padding" if args.padding_only else args.mode
+    mode = args.mode
     unknown = [s for s in args.stacks.split(",") if s not in STACKS]
     if unknown:
         raise app.UsageError(f"--stacks: unknown {unknown}; choose from {list(STACKS)}")
     log = lambda msg: print(msg, flush=True)  # noqa: E731
-    if mode in ("speed", "profile", "ab", "gpt1"):
+    if mode in ("speed", "profile", "ab"):
         # Before any worker starts: they inherit the settings the project picks on this machine (oneDNN
         # rewrites, fused kernels, thread pools; gpt_tf/speed/autotune.py), as the CLI runs with them.
         tuned = apply_settings()
         log(tuned)
-    if mode == "gpt1":
-        return save_report(*run_gpt1(args, log), Path(args.out if args["out"].present else
-                                                      "bench/results/finetune_gpt1.json"), log)
     if mode == "zero_shot":
         if not args["rounds"].present:
             args.rounds = 4

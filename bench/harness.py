@@ -1,25 +1,30 @@
-"""The shared harness of the speed benchmarks: clocks, others' CPU share, worker processes, peak matmul, reports.
+"""The shared harness of the benchmarks: clocks, others' CPU share, worker processes, commands, peak matmul, reports.
 
 * ``Clock`` / ``timed``: wall seconds, this process's CPU seconds and the share of the machine's CPU time
-  other processes used meanwhile (the machine may be shared; 0: we had it to ourselves). ``CpuMeter``:
-  the same share around a set of processes (a server and its clients). ``measured_run``: a command run to its end,
-  with its wall and CPU seconds, peak resident memory and others' share.
+  other processes used meanwhile (the machine may be shared; 0: we had it to ourselves). ``measured_run``: a command
+  run to its end, with its wall and CPU seconds, peak resident memory and others' share.
 * ``Worker``: one stack in its own process (``python -m <module> --worker=<spec as JSON>``), driven line
   by line (``<tag><KIND> <JSON>``), so that stacks take turns step by step (a load change hits all alike);
-  ``emit`` is the worker's side. ``wait_until_quiet``: waits for other processes to go quiet.
+  ``emit`` is the worker's side; ``worker_result``: a worker that answers once. ``wait_until_quiet``: waits for other
+  processes to go quiet.
+* ``run_command`` / ``BackgroundCommand``: a command run from the repository root (the experiments' runs), to its end
+  or beside others; ``shown_command``: it as a user types it there, the paths relative.
 * ``measure_peak`` / ``measure_peaks``: the best square-matmul FLOP/s through TF and torch, the MFU's peak.
 * ``machine_info`` (CPU model, features, cores, versions, load), ``header`` (its one line), ``cpu_slug`` (its
-  name in a file name), ``save_report`` (the JSON and the markdown beside it), ``median``.
+  name in a file name), ``new_report`` (a report's command, date and machine), ``save_report`` (the JSON and the
+  markdown beside it).
 """
 
 from __future__ import annotations
 
 import contextlib
+import datetime
 import json
 import os
 import platform
 import re
 import resource
+import shlex
 import shutil
 import subprocess
 import sys
@@ -28,15 +33,12 @@ import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
+DATA = ROOT.parent / "shared" / "data"  # the shared data folder: books, GLUE, Story Cloze, GPT-1's BPE
+TASK_FOLDERS = {"sst2": "glue/SST-2", "cola": "glue/CoLA", "mrpc": "glue/MRPC", "stsb": "glue/STS-B", "rte": "glue/RTE",
+                "story_cloze": "story_cloze"}  # each task's official files under the shared data folder
 PRECISIONS = ("float32", "bfloat16")
 TAG = "@@bench "  # prefix of the protocol lines a worker prints on stdout
 ISA = ("avx2", "fma", "avx512f", "avx512_vnni", "avx512_bf16", "amx_bf16")
-
-
-def median(values):
-    ordered = sorted(values)
-    mid = len(ordered) // 2
-    return ordered[mid] if len(ordered) % 2 else 0.5 * (ordered[mid - 1] + ordered[mid])
 
 
 # ----------------------------------------------------------------------------- clocks
@@ -74,31 +76,6 @@ def timed(fn):
     clock = Clock()
     result = fn()
     return result, clock.read()
-
-
-class CpuMeter:
-    """Share of the machine's CPU used by processes other than ``pids`` between start() and stop()."""
-
-    def __init__(self, pids):
-        self.pids = pids
-
-    def _ours(self):
-        total = 0
-        for pid in self.pids:
-            try:
-                with open(f"/proc/{pid}/stat") as f:
-                    stat = f.read().rsplit(")", 1)[1].split()
-                total += (int(stat[11]) + int(stat[12])) / os.sysconf("SC_CLK_TCK")  # utime + stime
-            except OSError:
-                pass
-        return total
-
-    def start(self):
-        self._t, self._b, self._o = time.monotonic(), busy_seconds(), self._ours()
-
-    def stop(self) -> float:
-        available = (time.monotonic() - self._t) * (os.cpu_count() or 1)
-        return max(0.0, (busy_seconds() - self._b) - (self._ours() - self._o)) / available
 
 
 def measured_run(argv, cwd, env=None) -> dict:
@@ -184,6 +161,15 @@ class Worker:
         self.stderr.close()
 
 
+def worker_result(spec, module, kind="RESULT", **options):
+    """The payload of the one ``kind`` line a ``Worker`` of ``spec`` answers (``options``: ``Worker``'s)."""
+    worker = Worker(spec, module, **options)
+    try:
+        return worker.read(kind)
+    finally:
+        worker.close()
+
+
 def apply_settings() -> str:
     """Puts the project's CPU settings (``--speed=auto``'s: ``gpt_tf/speed/resolve.py``) in this process's environment,
     as the variables that set them by hand, for the workers it starts next (call before they start); the line saying
@@ -231,6 +217,64 @@ def base_checkout(rev: str, prefix: str = "bench_ab_"):
         shutil.rmtree(tree.parent, ignore_errors=True)
 
 
+# ----------------------------------------------------------------------------- commands from the repository root
+
+
+def child_env(root=ROOT) -> dict:
+    """The environment of a child process running the code of checkout ``root``, TensorFlow's start-up lines off."""
+    return dict(os.environ, PYTHONPATH=str(root), TF_CPP_MIN_LOG_LEVEL="2")
+
+
+def run_command(cmd: list[str], root=ROOT) -> tuple[str, float]:
+    """Runs ``cmd`` in checkout ``root``, on its code; its stdout and wall-clock seconds (raises if it fails)."""
+    start = time.time()
+    proc = subprocess.run(cmd, cwd=root, env=child_env(root), capture_output=True, text=True)
+    seconds = time.time() - start
+    if proc.returncode != 0:
+        raise RuntimeError(f"{shlex.join(cmd)} failed ({proc.returncode}):\n{proc.stderr[-3000:]}")
+    return proc.stdout, seconds
+
+
+class BackgroundCommand:
+    """Starts ``cmd`` from the repository root beside others, stderr to ``log``, stdout beside it;
+    ``wait`` returns what ``run_command`` would."""
+
+    def __init__(self, cmd: list[str], log):
+        self.cmd, self.log, self.out = cmd, Path(log), Path(log).with_suffix(".stdout")
+        self.log.parent.mkdir(parents=True, exist_ok=True)
+        self.start = time.time()
+        with open(self.out, "w") as out, open(self.log, "w") as err:
+            self.proc = subprocess.Popen(cmd, cwd=ROOT, env=child_env(), stdout=out, stderr=err, text=True)
+
+    def finished(self) -> bool:
+        return self.proc.poll() is not None
+
+    def stop(self) -> None:
+        """SIGTERM (a trainer saves a checkpoint and exits), then waits for it."""
+        if self.proc.poll() is None:
+            self.proc.terminate()
+            self.proc.wait()
+
+    def wait(self) -> tuple[str, float]:
+        returncode = self.proc.wait()
+        seconds = time.time() - self.start
+        if returncode != 0:
+            tail = self.log.read_text()[-3000:]
+            raise RuntimeError(f"{shlex.join(self.cmd)} failed ({returncode}); its log {self.log} ends:\n{tail}")
+        return self.out.read_text(), seconds
+
+
+def relative(arg: str) -> str:
+    """``arg`` with this checkout's absolute path taken out (a path under the repository root, or a flag's value that
+    is one, as a user types it from the root): what the ledgers and docs record works on any machine."""
+    return arg.replace(f"{ROOT}{os.sep}", "")
+
+
+def shown_command(cmd: list[str]) -> str:
+    """The command as a user types it from the repository root (``python -m ...``), paths relative to the root."""
+    return shlex.join(relative(a) for a in cmd[1:]).replace("-m ", "python -m ", 1)
+
+
 # ----------------------------------------------------------------------------- peak matmul
 
 
@@ -261,11 +305,7 @@ def measure_peaks(module, sizes, threads, quiet_share, log, precisions=PRECISION
     for lib in ("tf", "torch"):
         spec = {"kind": "peak", "lib": lib, "sizes": sizes, "reps": 6, "threads": threads, "quiet_share": quiet_share,
                 "precisions": list(precisions)}
-        worker = Worker(spec, module)
-        try:
-            per_lib[lib] = worker.read("RESULT")
-        finally:
-            worker.close()
+        per_lib[lib] = worker_result(spec, module)
         log(f"  {lib} matmul GFLOP/s: " + ", ".join(f"{k} {v / 1e9:.0f}" for k, v in per_lib[lib].items()))
         for key, flops in per_lib[lib].items():
             precision = key.split("@")[0]
@@ -319,6 +359,12 @@ def machine_info():
         "versions": versions,
         "loadavg_at_start": os.getloadavg(),
     }
+
+
+def new_report(module: str, timespec: str = "seconds") -> dict:
+    """What a report starts with: its command (``python -m <module>`` and this process's arguments), date, machine."""
+    return {"command": " ".join([f"python -m {module}", *sys.argv[1:]]), "machine": machine_info(),
+            "date": datetime.datetime.now().astimezone().isoformat(timespec=timespec)}
 
 
 def cpu_slug(info: dict) -> str:

@@ -48,8 +48,8 @@ from types import SimpleNamespace
 import numpy as np
 from absl import app, flags, logging
 
-from bench._servers import DATA, export_sst2, run_load, server_port, spawn_server, sst2_texts, stop_server
-from bench.harness import ROOT, CpuMeter, Worker, emit, header, machine_info, save_report
+from bench._servers import DATA, CpuMeter, export_sst2, run_load, server_port, spawn_server, sst2_texts, stop_server
+from bench.harness import ROOT, Worker, emit, header, machine_info, save_report
 
 FLAGS = flags.FLAGS
 CONFIGS = ("in-process", "grpc-batched", "grpc-unbatched")
@@ -201,14 +201,14 @@ def run_one_value(args, setup) -> dict:
 
 def markdown(report: dict) -> str:
     r, many = report["results"], max(report["concurrency"])
-    lines = [f"Measured {report['date']} on {header(report['machine'])} ({report['cpus']} CPUs); model `{report['preset']}` preset "
-             f"({report['params'] / 1e6:.1f}M parameters, GPT-1 BPE), SST-2 head, random weights; "
-             f"weights held in {report.get('weights', 'float32')}; "
-             f"{report['tokens_min']}-{report['tokens_max']} text tokens per request (+ <s>, <e>); "
-             f"{report['rounds']} interleaved rounds; oneDNN rewrites {'on' if report.get('onednn_rewrites') else 'off'}.", "",
+    rewrites = "on" if report.get("onednn_rewrites") else "off"
+    lines = [f"Measured {report['date']} on {header(report['machine'])} ({report['cpus']} CPUs); model "
+             f"`{report['preset']}` preset ({report['params'] / 1e6:.1f}M parameters, GPT-1 BPE), SST-2 head, random "
+             f"weights held in {report.get('weights', 'float32')}; {report['tokens_min']}-{report['tokens_max']} text "
+             f"tokens per request (+ <s>, <e>); {report['rounds']} interleaved rounds; oneDNN rewrites {rewrites}.", "",
              f"Command: `{report['command']}`", "",
-             "| configuration | concurrency | requests | p50 ms | p99 ms | p99 / p50 | throughput req/s | others' CPU |",
-             "|---|---:|---:|---:|---:|---:|---:|---:|"]
+             "| configuration | concurrency | requests | p50 ms | p99 ms | p99 / p50 | throughput req/s "
+             "| others' CPU |", "|---|---:|---:|---:|---:|---:|---:|---:|"]
     for name, c in slots(report["concurrency"]):
         s = r[f"{name}@{c}"]
         lines.append(f"| {row_label(name, c, many)} | {s['requests']} | {s['p50_ms']:.1f} | {s['p99_ms']:.1f} | "
@@ -265,13 +265,14 @@ def run_ab(args, setup) -> dict:
         print("processes: " + ", ".join(f"{k} {ONEDNN}={s['env']}" + (f" IsMklEnabled={s['mkl_enabled']}"
                                                                       if "mkl_enabled" in s else "")
                                         for k, s in seen.items()), flush=True)
-        callers = {(name, c, v): grpc_caller(ports[name, v], "sst2", c, texts) for (name, v) in servers for c in concurrency}
+        callers = {(name, c, v): grpc_caller(ports[name, v], "sst2", c, texts)
+                   for (name, v) in servers for c in concurrency}
 
         def load(name, c, value, n, threads):
             if name in SERVED:
                 return run_load(callers[name, c, value], n, threads)
-            got = workers[value].ask(json.dumps({"size": many if name == BATCH else 1, "requests": n, "threads": threads}),
-                                     "RESULT")
+            ask = {"size": many if name == BATCH else 1, "requests": n, "threads": threads}
+            got = workers[value].ask(json.dumps(ask), "RESULT")
             return got["latencies"], got["wall"]
 
         pids = [os.getpid()] + [w.proc.pid for w in workers.values()] + [p.pid for p in servers.values()]
@@ -325,9 +326,10 @@ def ab_markdown(report: dict) -> str:
     for name, c in slots(report["concurrency"]):
         row = report["results"][f"{name}@{c}"]
         off, on = row["off"], row["on"]
-        lines.append(f"| {row_label(name, c, many)} | {off['p50_ms']:.1f} | {on['p50_ms']:.1f} | {row['on_off_p50']:.2f} "
-                     f"| {off['p99_ms']:.1f} | {on['p99_ms']:.1f} | {off['throughput_rps']:.1f} | "
-                     f"{on['throughput_rps']:.1f} | {off['others_cpu']:.0%} / {on['others_cpu']:.0%} |")
+        lines.append(f"| {row_label(name, c, many)} | {off['p50_ms']:.1f} | {on['p50_ms']:.1f} "
+                     f"| {row['on_off_p50']:.2f} | {off['p99_ms']:.1f} | {on['p99_ms']:.1f} "
+                     f"| {off['throughput_rps']:.1f} | {on['throughput_rps']:.1f} "
+                     f"| {off['others_cpu']:.0%} / {on['others_cpu']:.0%} |")
     return "\n".join(lines + ["", report["verdict"]["text"]]) + "\n"
 
 
@@ -338,10 +340,11 @@ def define_flags():
     flags.DEFINE_string("concurrency", "1,8", "comma-separated client concurrencies")
     flags.DEFINE_integer("warmup", 16, "untimed requests per configuration first")
     flags.DEFINE_string("tokens", "120,128", "text length range in BPE tokens")
-    flags.DEFINE_string("out", str(ROOT / "bench" / "results" / "serving_latency.json"), "the JSON report (.md beside it)")
+    flags.DEFINE_string("out", str(ROOT / "bench" / "results" / "serving_latency.json"),
+                        "the JSON report (.md beside it)")
     flags.DEFINE_enum("onednn", None, ["0", "1", "ab"], "TF_ENABLE_ONEDNN_OPTS for this process and its servers "
-                      "(default: the serving default, gpt_tf/speed/autotune.py); ab: both values in one run, interleaved, "
-                      "each in its own processes (default --out serving_latency_onednn_ab.json)")
+                      "(default: the serving default, gpt_tf/speed/autotune.py); ab: both values in one run, "
+                      "interleaved, each in its own processes (default --out serving_latency_onednn_ab.json)")
     flags.DEFINE_enum("weights", "float32", ["float32", "bfloat16", "int8", "int8_weight_only"], "the export's "
                       "weights (serving.export --weights); the report's default name gains _<weights>")
     flags.DEFINE_string("worker", None, "internal: run as an in-process worker of --onednn=ab with this JSON spec")

@@ -1,11 +1,10 @@
-"""The tokenizer: its speed against a git ref (``--mode=speed``), its ids against GPT-1's released encoder (``fidelity``),
-the cost of a corpus's BPE and records (``corpus``).
+"""The tokenizer: its speed against a git ref (``--mode=speed``), its ids against GPT-1's released encoder
+(``fidelity``). What building a corpus's BPE and records costs: ``bench/costs.py --mode=corpus``.
 
     python -m bench.tokenizer --baseline_ref=main --rounds=5                     # offline encode rate
     python -m bench.tokenizer --baseline_ref=main --rounds=5 --graph_calls=200   # in-graph latency
     python -m bench.tokenizer --mode=fidelity          # -> bench/results/tokenizer_fidelity.{json,md} (needs spaCy)
     python -m bench.tokenizer --mode=fidelity --skip_graph --examples=10
-    python -m bench.tokenizer --mode=corpus --baseline_ref=main   # -> bench/results/corpus_build_<cpu>.{json,md}
 
 **Speed.** Each measurement is a fresh process (cold caches, as ``pipelines.pretrain_data`` starts) that loads
 GPT-1's BPE, reads the first ``--books`` training books and times ``encode_batch`` over their ``text_blocks`` (as
@@ -28,21 +27,16 @@ The reference is the release's ``TextEncoder.encode`` (openai/finetune-transform
 The release loaded ``spacy.load('en', disable=[...])`` with every pipeline component off, i.e. only its tokenizer;
 here that is ``spacy.lang.en.English().tokenizer`` (the same English rules without a model package).
 ``text_standardize`` and ``bpe`` are copied from the release (``bpe``'s cache kept).
-
-**Corpus.** Each of ``--corpora`` built as a user builds it, by one ``python -m pipelines.pretrain_data`` process (a
-BPE of ``--vocab`` trained on the books, then records of ``--n_ctx``, ``books/valid`` held out): its wall and CPU
-seconds, peak resident memory and others' CPU share (``bench.harness.measured_run``); one folder's also by
-``--baseline_ref``'s code.
 """
 
 from __future__ import annotations
 
+import contextlib
 import difflib
 import json
 import os
 import re
 import statistics
-import subprocess
 import sys
 import time
 from pathlib import Path
@@ -113,17 +107,15 @@ def graph_child(data_dir: Path, calls: int) -> dict:
 
 def run_child(source: Path, data_dir: Path, books_count: int, graph_calls: int = 0) -> dict:
     """Runs this file's measurement in a fresh interpreter on the tokenizer code under ``source``."""
-    env = dict(os.environ, PYTHONPATH=str(source), TF_CPP_MIN_LOG_LEVEL="2")
-    out = subprocess.run([sys.executable, str(Path(__file__).resolve()), "--child", f"--data_dir={data_dir}",
-                          f"--books={books_count}", f"--graph_calls={graph_calls}"],
-                         capture_output=True, text=True, env=env, cwd=str(source), check=True)
-    return json.loads(out.stdout.strip().split("\n")[-1])
+    from bench.harness import run_command
+
+    stdout, _ = run_command([sys.executable, str(Path(__file__).resolve()), "--child", f"--data_dir={data_dir}",
+                             f"--books={books_count}", f"--graph_calls={graph_calls}"], source)
+    return json.loads(stdout.strip().split("\n")[-1])
 
 
 def speed(args) -> None:
     """This checkout against ``--baseline_ref``, alternating; the rates (or latencies) and their ratio."""
-    import contextlib
-
     from bench.harness import base_checkout
 
     data_dir = Path(args.data_dir).resolve()
@@ -151,45 +143,6 @@ def speed(args) -> None:
     if len(runs) == 2:
         mine, base = runs
         print(f"ratio: {best[mine] / best[base]:.2f}x (best wall), {cpu[mine] / cpu[base]:.2f}x (CPU time)")
-
-
-# ----------------------------------------------------------------------------- corpus: the build's cost
-
-
-def corpus(args) -> None:
-    """Each corpus built by this checkout's code (and, one folder's, by ``--baseline_ref``'s); the report."""
-    import contextlib
-    import tempfile
-
-    from bench.harness import base_checkout, cpu_slug, header, machine_info, measured_run, save_report
-
-    data, info, rows = Path(args.data_dir).resolve(), machine_info(), []
-    with base_checkout(args.baseline_ref, "corpus_") if args.baseline_ref else contextlib.nullcontext() as base:
-        for name in args.corpora.split(","):
-            folders = [data / f for f in name.split("+")]
-            codes = {"this checkout": ROOT, **({args.baseline_ref: base[0]} if base and len(folders) == 1 else {})}
-            for code, source in codes.items():
-                with tempfile.TemporaryDirectory(prefix="corpus_build_") as tmp:
-                    run = measured_run([sys.executable, "-m", "pipelines.pretrain_data", f"--output_dir={tmp}/data",
-                                        f"--input_dir={','.join(map(str, folders))}", f"--tokenizer_dir={tmp}/bpe",
-                                        f"--valid_dir={data / 'books' / 'valid'}", f"--n_ctx={args.n_ctx}",
-                                        f"--train_tokenizer_vocab={args.vocab}", "--noprogress"], cwd=str(source),
-                                       env=dict(os.environ, PYTHONPATH=str(source), TF_CPP_MIN_LOG_LEVEL="2"))
-                    if run.pop("returncode"):
-                        raise SystemExit(f"{name} ({code}) failed:\n{run['output_tail']}")
-                    train = json.loads(Path(tmp, "data", "manifest.json").read_text())["splits"]["train"]
-                rows.append({"corpus": name, "code": code, "books": train["num_books"], "tokens": train["stream_tokens"],
-                             "mb": sum(p.stat().st_size for f in folders for p in f.rglob("*.txt")) / 1e6,
-                             **{k: v for k, v in run.items() if k != "output_tail"}})
-                print(json.dumps(rows[-1]), file=sys.stderr)
-    lines = [header(info), "", "| corpus | training books (MB) | tokens | code | wall s | CPU s | peak RSS MiB | others' "
-             "CPU share |", "|---|---:|---:|---|---:|---:|---:|---:|"] + [
-        f"| {r['corpus']} | {r['books']} ({r['mb']:.0f}) | {r['tokens']:,} | {r['code']} | {r['seconds']:.0f} | "
-        f"{r['cpu_seconds']:.0f} | {r['peak_rss_mib']:.0f} | {r['others_cpu_share']:.0%} |" for r in rows]
-    out = Path(args.output or ROOT / "bench" / "results" / f"corpus_build_{cpu_slug(info)}").with_suffix(".json")
-    report = {"machine": info, "command": " ".join(["python -m bench.tokenizer", *sys.argv[1:]]), "vocab": args.vocab,
-              "n_ctx": args.n_ctx, "runs": rows}
-    save_report(report, "\n".join(lines) + "\n", out, lambda line: print(line, file=sys.stderr))
 
 
 # ----------------------------------------------------------------------------- fidelity: the release's encoder
@@ -364,7 +317,8 @@ def fidelity(data_dir: Path, names, with_graph: bool, examples: int) -> dict:
         if graph is not None:
             import tensorflow as tf
 
-            in_graph = [ids for i in range(0, len(texts), 64) for ids in graph(tf.constant(texts[i: i + 64], tf.string)).to_list()]
+            in_graph = [ids for i in range(0, len(texts), 64)
+                        for ids in graph(tf.constant(texts[i: i + 64], tf.string)).to_list()]
             row["graph"] = score(ref, in_graph)
             row["offline_equals_graph"] = sum(o == g for o, g in zip(ours, in_graph)) / len(texts)
             row["graph_differs_from_offline"] = [t for t, o, g in zip(texts, ours, in_graph) if o != g][:examples]
@@ -384,16 +338,17 @@ def fidelity_markdown(results: dict) -> str:
              "|---|---:|---:|" + ("---:|---:|---:|" if graph else "")]
     for row in results.values():
         off, gr = row["offline"], row.get("graph")
-        lines.append(f"| {row['title']} ({off['texts']:,}) | {off['identical_share']:.2%} | {off['changed_share']:.3%} |"
-                     + (f" {gr['identical_share']:.2%} | {gr['changed_share']:.3%} | {row['offline_equals_graph']:.2%} |"
-                        if graph else ""))
+        lines.append(f"| {row['title']} ({off['texts']:,}) | {off['identical_share']:.2%} "
+                     f"| {off['changed_share']:.3%} |"
+                     + (f" {gr['identical_share']:.2%} | {gr['changed_share']:.3%} "
+                        f"| {row['offline_equals_graph']:.2%} |" if graph else ""))
     lines.append("")
     lines += [f"- {name}: {example}" for name, row in results.items() for example in row["examples"]]
     return "\n".join(lines) + "\n"
 
 
 def define_flags():
-    flags.DEFINE_enum("mode", "speed", ["speed", "fidelity", "corpus"], "what to measure (see the module doc)")
+    flags.DEFINE_enum("mode", "speed", ["speed", "fidelity"], "what to measure (see the module doc)")
     flags.DEFINE_string("data_dir", str(DATA), "the shared data folder (GPT-1's BPE, books, GLUE, Story Cloze)")
     flags.DEFINE_integer("books", 10, "--mode=speed: the first N books of books/train")
     flags.DEFINE_string("baseline_ref", "main", "--mode=speed: git ref to compare with ('' for none)")
@@ -404,12 +359,8 @@ def define_flags():
     flags.DEFINE_string("sets", ",".join(SETS), f"--mode=fidelity: comma-separated subset of {','.join(SETS)}")
     flags.DEFINE_bool("skip_graph", False, "--mode=fidelity: the offline tokenizer only (no TensorFlow)")
     flags.DEFINE_integer("examples", 5, "--mode=fidelity: differences listed per set")
-    flags.DEFINE_string("output", None, "--mode=fidelity, corpus: writes OUTPUT.json and OUTPUT.md (default "
-                        "bench/results/tokenizer_fidelity, corpus_build_<cpu>; fidelity: '' to print only)")
-    flags.DEFINE_string("corpora", "books/train,books/train+books_extra/train", "--mode=corpus: the corpora built, "
-                        "comma-separated; each a folder under --data_dir, or several joined by '+'")
-    flags.DEFINE_integer("vocab", 8000, "--mode=corpus: the BPE's size")
-    flags.DEFINE_integer("n_ctx", 128, "--mode=corpus: the records' context")
+    flags.DEFINE_string("output", None, "--mode=fidelity: writes OUTPUT.json and OUTPUT.md (default "
+                        "bench/results/tokenizer_fidelity; '' to print only)")
 
 
 def main(argv):
@@ -421,8 +372,6 @@ def main(argv):
         return
     if args.mode == "speed":
         return speed(args)
-    if args.mode == "corpus":
-        return corpus(args)
     os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
     results = fidelity(Path(args.data_dir), [n for n in args.sets.split(",") if n], not args.skip_graph, args.examples)
     table = fidelity_markdown(results)

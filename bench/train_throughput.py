@@ -34,18 +34,18 @@ Writes the JSON report, a markdown snippet next to it (``.md``) and prints the t
 from __future__ import annotations
 
 import contextlib
-import datetime
 import json
 import os
 import sys
 import time
 from pathlib import Path
+from statistics import median
 
 from absl import app, flags
 
 from bench import _profiles
-from bench._train_stacks import PRESET_DEFAULTS, build_step, loop, run_optimizer, worker_env
-from bench.harness import Worker, apply_settings, base_checkout, emit, header, machine_info, measure_peak, measure_peaks, median
+from bench._train_stacks import PRESET_DEFAULTS, build_step, run_loop, run_optimizer, worker_env
+from bench.harness import Worker, apply_settings, base_checkout, emit, header, measure_peak, measure_peaks, new_report
 from bench.harness import save_report, timed, wait_until_quiet
 
 STACKS = ("ours", "keras_hub", "torch")  # the default; ours_jax (ours on JAX) is asked for by name
@@ -71,12 +71,18 @@ def worker_main(spec):
 
         choices.apply_threads(tf, choices.current())
     step, info = build_step(spec)
+    serve_steps(step, info, lambda loss: {"loss": loss})
+
+
+def serve_steps(step, info: dict, answer) -> None:
+    """A worker's side of ``run_group``: ``READY`` with ``info``, then for each ``step`` line on stdin one timed
+    ``step()``, answered by ``STEP``: the ``Clock`` reading and ``answer(what step() returned)``."""
     emit("READY", info)
     for line in sys.stdin:
         if line.strip() != "step":
             break
-        loss, stats = timed(step)
-        emit("STEP", {**stats, "loss": loss})
+        result, stats = timed(step)
+        emit("STEP", {**stats, **answer(result)})
 
 
 # ----------------------------------------------------------------------------- statistics and report
@@ -120,20 +126,16 @@ def summarise(rows, peaks, quiet_share):
 
 def table_lines(rows):
     """The results as markdown table lines."""
-    lines = [
-        "| preset | precision | stack | batch × seq | params | tokens/s | ms/step | MFU | vs keras-hub | vs torch "
-        "| CPU s/step | others' CPU | steps used |",
-        "|---|---|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---|",
-    ]
+    lines = ["| preset | precision | stack | batch × seq | params | tokens/s | ms/step | MFU | vs keras-hub "
+             "| vs torch | CPU s/step | others' CPU | steps used |",
+             "|---|---|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---|"]
     for r in rows:
         ratio = {k: f"{r[k]:.2f}×" if k in r else "–" for k in ("vs_keras_hub", "vs_torch")}
-        lines.append(
-            f"| {r['preset']} | {r['precision']} | {row_name(r)} | {r['batch']} × {r['seq']} | {r['n_params']:,} "
-            f"| {r['tokens_per_s']:,.0f} | {r['ms_per_step']:,.0f} | {100 * r['mfu']:.1f}% "
-            f"| {ratio['vs_keras_hub']} | {ratio['vs_torch']} | {r['cpu_s_per_step']:.2f} "
-            f"| {100 * r['others_cpu_share']:.0f}% "
-            f"| {r['used_steps']} ({r['quiet_steps']}/{len(r['steps_log'])} quiet) |"
-        )
+        lines.append(f"| {r['preset']} | {r['precision']} | {row_name(r)} | {r['batch']} × {r['seq']} "
+                     f"| {r['n_params']:,} | {r['tokens_per_s']:,.0f} | {r['ms_per_step']:,.0f} "
+                     f"| {100 * r['mfu']:.1f}% | {ratio['vs_keras_hub']} | {ratio['vs_torch']} "
+                     f"| {r['cpu_s_per_step']:.2f} | {100 * r['others_cpu_share']:.0f}% "
+                     f"| {r['used_steps']} ({r['quiet_steps']}/{len(r['steps_log'])} quiet) |")
     return lines
 
 
@@ -141,34 +143,21 @@ def markdown(report):
     """The README snippet: the command, the machine, the measured peaks and the table."""
     m, peaks = report["machine"], report["peak_flops"]
     versions = ", ".join(f"{k} {v}" for k, v in m["versions"].items() if v)
-    return (
-        "\n".join(
-            [
-                "```bash",
-                report["command"],
-                "```",
-                "",
-                f"Measured {report['date']} on {m['cpu']} ({m['cores']} cores, {m['memory_gib']} GiB, "
-                f"{' '.join(m['isa'])}); {versions}. Settings: {report.get('settings', 'not recorded')}.",
-                f"MFU = tokens/s × `flops_per_token` (6N + 12·L·d·T) / peak, where peak is the matmul FLOP/s "
-                f"measured in the same run (best of TF and torch over square matmuls of sizes "
-                f"{report['peak_matmul_sizes']}): "
-                + ", ".join(f"{p} {v / 1e9:.0f} GFLOP/s" for p, v in peaks.items())
-                + ".",
-                f"A step is forward + backward + global-norm clip + AdamW with dropout on, on one identical random "
-                f"batch (torch: `torch.optim.AdamW`, `{report['torch_adamw']}` implementation); "
-                f"each stack runs in its own process, schedule `{report['schedule']}`. This is a shared machine: "
-                f'"others\' CPU" is the mean share of its CPU time that other processes used during the timed steps; '
-                f"ms/step and CPU s/step (our process's own CPU time) are medians over the quiet steps (others ≤ "
-                f"{100 * report['quiet_share']:.0f}%) when every stack of the preset × precision has at least half its "
-                f'steps quiet, otherwise over all steps ("steps used").',
-                "",
-                *table_lines(report["rows"]),
-                *ab_lines(report),
-            ]
-        )
-        + "\n"
-    )
+    lines = ["```bash", report["command"], "```", "",
+             f"Measured {report['date']} on {m['cpu']} ({m['cores']} cores, {m['memory_gib']} GiB, "
+             f"{' '.join(m['isa'])}); {versions}. Settings: {report.get('settings', 'not recorded')}.",
+             f"MFU = tokens/s × `flops_per_token` (6N + 12·L·d·T) / peak, where peak is the matmul FLOP/s "
+             f"measured in the same run (best of TF and torch over square matmuls of sizes "
+             f"{report['peak_matmul_sizes']}): "
+             + ", ".join(f"{p} {v / 1e9:.0f} GFLOP/s" for p, v in peaks.items()) + ".",
+             f"A step is forward + backward + global-norm clip + AdamW with dropout on, on one identical random "
+             f"batch (torch: `torch.optim.AdamW`, `{report['torch_adamw']}` implementation); "
+             f"each stack runs in its own process, schedule `{report['schedule']}`. This is a shared machine: "
+             f'"others\' CPU" is the mean share of its CPU time that other processes used during the timed steps; '
+             f"ms/step and CPU s/step (our process's own CPU time) are medians over the quiet steps (others ≤ "
+             f"{100 * report['quiet_share']:.0f}%) when every stack of the preset × precision has at least half "
+             f'its steps quiet, otherwise over all steps ("steps used").', ""]
+    return "\n".join(lines + table_lines(report["rows"]) + ab_lines(report)) + "\n"
 
 
 def base_pairs(rows):
@@ -196,8 +185,9 @@ def ab_lines(report):
 # ----------------------------------------------------------------------------- driver side
 
 
-def run_group(specs, quiet_share, max_rounds, log, wait_quiet_s=0.0):
-    """Starts ``specs``' workers one by one, then steps them round-robin; returns one row per spec.
+def run_group(specs, quiet_share, max_rounds, log, wait_quiet_s=0.0, module="bench.train_throughput"):
+    """Starts ``specs``' workers (``python -m <module> --worker``, each answering ``step`` lines with ``STEP``) one by
+    one, then steps them round-robin; returns one row per spec.
 
     After the warm-up, rounds go on until every worker has ``steps`` quiet steps (other processes
     used at most ``quiet_share`` of the machine meanwhile) or ``max_rounds`` rounds have run.
@@ -206,8 +196,7 @@ def run_group(specs, quiet_share, max_rounds, log, wait_quiet_s=0.0):
     try:
         for spec in specs:
             start = time.time()
-            workers.append(Worker(spec, "bench.train_throughput", code_root=spec.get("code_root"),
-                                  env=worker_env(spec)))
+            workers.append(Worker(spec, module, code_root=spec.get("code_root"), env=worker_env(spec)))
             rows.append({**spec, **workers[-1].read("READY"), "warmup_s": [], "steps_log": []})
             rows[-1]["build_s"] = round(time.time() - start, 1)
         warmup, steps = specs[0]["warmup"], specs[0]["steps"]
@@ -245,8 +234,43 @@ def _quiet_count(row, quiet_share):
     return sum(s["others_cpu_share"] <= quiet_share for s in row["steps_log"])
 
 
+# ----------------------------------------------------------------------------- --mode=loop's report
+
+
+def loop_markdown(rows) -> str:
+    lines = [
+        "| when (UTC) | device | model | batch × seq | accum | precision | XLA | strategy | tokens/s | ms/step | MFU "
+        "| peak (source) | CPU s/step | our share of the cores | load avg start→end |",
+        "|---|---|---|---|---:|---|---|---|---:|---:|---:|---|---:|---:|---|",
+    ]
+    for r in rows:
+        share = r["cpu_s_per_step_median"] / (r["ms_per_step_median"] / 1e3 * r["cores"])  # < 100%: others ran too
+        lines.append(
+            f"| {r['when']} | {r['device']} | {r['model']} | {r['batch']} × {r['seq']} | {r['grad_accum_steps']} "
+            f"| {r['precision']} | {'on' if r['jit_compile'] else 'off'} | {r['strategy']} ({r['replicas']}) "
+            f"| {r['tokens_per_sec']:,.0f} | {r['ms_per_step_median']:,.0f} | {100 * r['mfu']:.1f}% "
+            f"| {r['peak_flops'] / 1e12:.3g} TFLOP/s ({r['peak_source']}) | {r['cpu_s_per_step_median']:.2f} "
+            f"| {share:.0%} | {r['loadavg_start_end'][0]:.1f}→{r['loadavg_start_end'][1]:.1f} |")
+    commands = "\n".join(f"    {r['command']}" for r in rows)
+    return "\n".join(lines) + f"\n\nCommands:\n\n{commands}\n"
+
+
+def loop(args) -> None:
+    """``--mode=loop``: one row appended to ``--out`` (JSON) and the table of every row rewritten beside it."""
+    args.warmup = 3 if args.warmup is None else args.warmup
+    args.steps = 10 if args.steps is None else args.steps
+    row = run_loop(args)
+    out = Path(args.out or "bench/results/pretrain_throughput.json")
+    rows = json.loads(out.read_text()) if out.exists() else []
+    rows.append(row)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps(rows, indent=1) + "\n")
+    out.with_suffix(".md").write_text(loop_markdown(rows))
+    print(loop_markdown([row]))
+
+
 def define_flags():
-    flags.DEFINE_enum("mode", "stacks", ["stacks", "loop", "optimizer", "profile"], "what to measure (see the module doc)")
+    flags.DEFINE_enum("mode", "stacks", ["stacks", "loop", "optimizer", "profile"], "what to measure (the module doc)")
     flags.DEFINE_string("presets", "gpt1,small", "comma-separated model sizes (gpt_tf/config.py)")
     flags.DEFINE_string("precisions", "float32,bfloat16", "float32 and/or bfloat16")
     flags.DEFINE_string("stacks", ",".join(STACKS), "comma-separated subset of " + ",".join(CHOICES))
@@ -255,10 +279,12 @@ def define_flags():
     flags.DEFINE_integer("warmup", None, "untimed steps (default: per preset)")
     flags.DEFINE_integer("steps", None, "timed steps (default: per preset)")
     flags.DEFINE_enum("schedule", "interleaved", ["interleaved", "sequential"], "how the stacks' workers take turns")
-    flags.DEFINE_float("quiet_share", 0.1, "a step counts as quiet if other processes used at most this share of the CPUs")
-    flags.DEFINE_integer("max_rounds", None, "timed rounds at most, stepping on while some stack has fewer than --steps "
-                         "quiet steps (default: --steps, i.e. no waiting for quiet)")
-    flags.DEFINE_float("wait_quiet", 0.0, "before each timed step, wait up to this many seconds for other processes to go quiet")
+    flags.DEFINE_float("quiet_share", 0.1, "a step counts as quiet if other processes used at most this share of "
+                       "the CPUs")
+    flags.DEFINE_integer("max_rounds", None, "timed rounds at most, stepping on while some stack has fewer than "
+                         "--steps quiet steps (default: --steps, i.e. no waiting for quiet)")
+    flags.DEFINE_float("wait_quiet", 0.0, "before each timed step, wait up to this many seconds for other processes to "
+                       "go quiet")
     flags.DEFINE_enum("torch_adamw", "fused", ["fused", "foreach", "default"],
                       "torch.optim.AdamW implementation (fused: the fastest on CPU)")
     flags.DEFINE_integer("threads", os.cpu_count(), "torch intra-op threads")
@@ -307,9 +333,7 @@ def main(argv):
         return _profiles.pretrain_profile(args, log)
     settings = apply_settings()  # before any worker starts
     report = {
-        "command": " ".join(["python -m bench.train_throughput", *sys.argv[1:]]),
-        "date": datetime.datetime.now().astimezone().isoformat(timespec="seconds"),
-        "machine": machine_info(),
+        **new_report("bench.train_throughput"),
         "settings": settings,
         "schedule": args.schedule,
         "quiet_share": args.quiet_share,

@@ -23,7 +23,7 @@ stamp() { echo ".venv/.installed-$1-$(cat pyproject.toml constraints.txt | sha25
 cpu_torch() {
   [[ "$(uname -sm)" == "Linux x86_64" ]] || return 0
   local pin
-  pin=$(grep -oE '^torch==[^ #]+' constraints.txt)  # tests/test_packaging.py checks it finds the one pin
+  pin=$(grep -oE '^torch==[^ #]+' constraints.txt)  # tests/test_dependencies.py checks it finds the one pin
   "${PIP[@]}" "${PIN[@]}" --retries 0 --extra-index-url https://download.pytorch.org/whl/cpu "$pin+cpu" 2>/dev/null \
     || echo "==> torch's CPU build is not reachable (download.pytorch.org): PyPI's CUDA build instead, several GB"
 }

@@ -22,10 +22,10 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from tests.small_runs import GPT1_BPE, HF_REPO as REPO, ROOT, fill_hub_cache, hub_env, transformers_logits
-from tests.small_runs import write_checkpoint
+from tests.offline_hubs import GPT1_BPE, HF_REPO as REPO, SMALL, backbone_weights, cached_checkpoint, fill_hub_cache
+from tests.offline_hubs import hub_env, transformers_logits
+from tests.small_runs import ROOT
 
-SMALL = {"n_embd": 32, "n_layer": 2, "n_head": 4, "n_positions": 64}
 FULL = {"n_embd": 768, "n_layer": 12, "n_head": 12, "n_positions": 512}  # GPT-1 (transformers' defaults)
 V = 40478  # GPT-1's BPE tokens
 HANDLE = f"hf://{REPO}"
@@ -56,10 +56,7 @@ def our_logits(source, ids: np.ndarray) -> np.ndarray:
 @pytest.fixture(scope="module")
 def small(tmp_path_factory):
     """The small checkpoint, both weight formats, and an HF_HOME whose cache holds it as ``hf://{REPO}``."""
-    root = tmp_path_factory.mktemp("hf_small")
-    folders = write_checkpoint(root, SMALL)
-    fill_hub_cache(root / "hf_home" / "hub", REPO, folders["safetensors"])
-    return {**folders, "hf_home": root / "hf_home"}
+    return cached_checkpoint(tmp_path_factory.mktemp("hf_small"))
 
 
 @pytest.fixture
@@ -73,13 +70,6 @@ def offline_hub(monkeypatch):
         monkeypatch.setattr(constants, "HF_HUB_OFFLINE", True)
 
     return use
-
-
-def _weights(model) -> list:
-    import keras
-
-    backbone = getattr(model, "backbone", model)
-    return [keras.ops.convert_to_numpy(v) for v in backbone.weights]
 
 
 # ----------------------------------------------------------------------------- the default suite: the small shape
@@ -98,13 +88,13 @@ def test_the_bpe_rows_are_the_checkpoints_and_the_special_rows_are_drawn_afresh(
 
     state = load_file(small["safetensors"] / "model.safetensors")
     first, second = (from_hf(gpt_tf.GPT1Backbone, str(small["safetensors"])) for _ in range(2))
-    table = _weights(first)[0]
+    table = backbone_weights(first)[0]
     assert table.shape == (V + 4, SMALL["n_embd"])
     np.testing.assert_array_equal(table[:V], state["transformer.tokens_embed.weight"])
-    np.testing.assert_array_equal(_weights(first)[1], state["transformer.positions_embed.weight"])
+    np.testing.assert_array_equal(backbone_weights(first)[1], state["transformer.positions_embed.weight"])
     special = table[V:]
     assert 0.01 < special.std() < 0.03 and abs(special.mean()) < 0.01, special.std()
-    np.testing.assert_array_equal(special, _weights(second)[0][V:])
+    np.testing.assert_array_equal(special, backbone_weights(second)[0][V:])
     assert not np.allclose(special, 0) and not any(np.array_equal(row, table[0]) for row in special)
 
 
@@ -113,8 +103,8 @@ def test_pytorch_model_bin_gives_the_same_weights_and_transformers_logits(small)
     from gpt_tf.convert.hf import from_hf
 
     assert not (small["bin"] / "model.safetensors").exists()
-    for a, b in zip(_weights(from_hf(gpt_tf.GPT1Backbone, str(small["bin"]))),
-                    _weights(from_hf(gpt_tf.GPT1Backbone, str(small["safetensors"])))):
+    for a, b in zip(backbone_weights(from_hf(gpt_tf.GPT1Backbone, str(small["bin"]))),
+                    backbone_weights(from_hf(gpt_tf.GPT1Backbone, str(small["safetensors"])))):
         np.testing.assert_array_equal(a, b)
     ids = token_ids(16)
     np.testing.assert_allclose(our_logits(small["bin"], ids), transformers_logits(small["bin"], ids), rtol=0, atol=CLOSE)
@@ -175,7 +165,7 @@ def test_every_class_of_the_family_builds_from_the_checkpoint_by_from_preset(sma
     assert type(built["classifier"]) is gpt_tf.GPT1TextClassifier and built["classifier"].num_classes == 3
     assert built["regressor"].preprocessor.sequence_length == 24
     for task in built.values():
-        for a, b in zip(_weights(task), _weights(lm)):
+        for a, b in zip(backbone_weights(task), backbone_weights(lm)):
             np.testing.assert_array_equal(a, b)
     assert built["classifier"].predict((TEXTS[:2], TEXTS[1:]), verbose=0).shape == (2, 3)
     assert built["choice"].predict((TEXTS[:1], [TEXTS[1:]]), verbose=0).shape == (1, 2)
@@ -186,7 +176,7 @@ def test_every_class_of_the_family_builds_from_the_checkpoint_by_from_preset(sma
     assert task.sequence_length == SMALL["n_positions"] and task.tokenizer.vocabulary_size() == V + 4
     assert gpt_tf.GPT1Tokenizer.from_preset(folder).vocabulary_size() == V + 4
     fresh = gpt_tf.GPT1Backbone.from_preset(folder, load_weights=False, dtype="mixed_bfloat16")
-    assert fresh.dtype_policy.name == "mixed_bfloat16" and not np.array_equal(_weights(fresh)[2], _weights(lm)[2])
+    assert fresh.dtype_policy.name == "mixed_bfloat16" and not np.array_equal(backbone_weights(fresh)[2], backbone_weights(lm)[2])
     # A keras-hub preset still goes to keras-hub's own from_preset.
     assert type(gpt_tf.GPT1Backbone.from_preset("gpt1_tiny_books_en")) is gpt_tf.GPT1Backbone
 
@@ -198,8 +188,8 @@ def test_an_hf_handle_reads_the_hugging_face_cache_offline(small, offline_hub, t
     offline_hub(small["hf_home"])
     assert is_hf_checkpoint(HANDLE) and is_hf_checkpoint(str(small["safetensors"]))
     assert not is_hf_checkpoint(str(ROOT / "gpt_tf" / "presets" / "gpt1_tiny_books_en")) and not is_hf_checkpoint(3)
-    for a, b in zip(_weights(from_hf(gpt_tf.GPT1Backbone, HANDLE)),
-                    _weights(from_hf(gpt_tf.GPT1Backbone, str(small["safetensors"])))):
+    for a, b in zip(backbone_weights(from_hf(gpt_tf.GPT1Backbone, HANDLE)),
+                    backbone_weights(from_hf(gpt_tf.GPT1Backbone, str(small["safetensors"])))):
         np.testing.assert_array_equal(a, b)
     with pytest.raises(CheckpointError) as err:
         from_hf(gpt_tf.GPT1Backbone, "hf://openai-community/not-cached")
@@ -272,10 +262,10 @@ def test_a_missing_or_misshapen_tensor_names_the_file_and_the_tensor_and_assigns
     message = _one_line_error(folder)
     assert message.startswith(str(folder / "model.safetensors") + ": ") and all(n in message for n in named), message
     backbone = from_hf(gpt_tf.GPT1Backbone, str(small["safetensors"]))
-    before = _weights(backbone)
+    before = backbone_weights(backbone)
     with pytest.raises(CheckpointError):
         load_checkpoint_weights(backbone, str(folder))
-    for a, b in zip(_weights(backbone), before):
+    for a, b in zip(backbone_weights(backbone), before):
         np.testing.assert_array_equal(a, b)
 
 
@@ -335,8 +325,7 @@ def test_gpt1s_own_shape_gives_transformers_logits_on_every_backend(backend, tmp
     root = tmp_path_factory.getbasetemp() / "hf_full"
     if not (root / "reference.npy").exists():
         root.mkdir(exist_ok=True)
-        folders = write_checkpoint(root, FULL)
-        fill_hub_cache(root / "hf_home" / "hub", REPO, folders["safetensors"])
+        folders = cached_checkpoint(root, FULL)
         np.save(root / "reference.npy", transformers_logits(folders["safetensors"], token_ids(FULL["n_positions"])))
     folders = {"safetensors": str(root / "safetensors"), "bin": str(root / "bin")}
     proc = subprocess.run([sys.executable, __file__, json.dumps(folders), str(root / "hf_home"),

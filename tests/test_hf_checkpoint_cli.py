@@ -4,7 +4,7 @@ logits, ``python -m gpt_tf.train --init_checkpoint=hf://...`` fine-tunes from th
 GPT-1's BPE), ``python -m serving.export`` exports the classifier, and a broken checkpoint is one line.
 
 The checkpoint: a seeded random ``OpenAIGPTLMHeadModel`` of a small shape (2 blocks of 32 dims, 64 positions) with
-GPT-1's 40,478 BPE rows (``tests/small_runs.py``'s ``write_checkpoint``; the library's tests:
+GPT-1's 40,478 BPE rows (``tests/offline_hubs.py``'s ``write_checkpoint``; the library's tests:
 ``tests/test_hf_checkpoint.py``).
 """
 
@@ -12,31 +12,23 @@ from __future__ import annotations
 
 import json
 import shutil
+import urllib.request
 
 import numpy as np
 import pytest
 
-from tests.small_runs import GPT1_BPE, GPT1_BPE_TOKENS as V, HF_REPO, fill_hub_cache, hub_env, run_cli, run_clis
-from tests.small_runs import transformers_logits, write_checkpoint
+from tests.offline_hubs import GPT1_BPE, GPT1_BPE_TOKENS as V, HF_REPO, backbone_weights, cached_checkpoint, hub_env
+from tests.offline_hubs import transformers_logits
+from tests.small_runs import run_cli, run_clis, start_server, stop_servers
 
 HANDLE = f"hf://{HF_REPO}"
-SMALL = {"n_embd": 32, "n_layer": 2, "n_head": 4, "n_positions": 64}
 TEXT = "the man walked into the room and sat down ."
 
 
 @pytest.fixture(scope="module")
 def small(tmp_path_factory):
     """The small checkpoint, and an HF_HOME whose cache holds it as ``hf://{HF_REPO}``."""
-    root = tmp_path_factory.mktemp("hf_cli")
-    folders = write_checkpoint(root, SMALL)
-    fill_hub_cache(root / "hf_home" / "hub", HF_REPO, folders["safetensors"])
-    return {**folders, "hf_home": root / "hf_home"}
-
-
-def _weights(model) -> list:
-    import keras
-
-    return [keras.ops.convert_to_numpy(v) for v in model.backbone.weights]
+    return cached_checkpoint(tmp_path_factory.mktemp("hf_cli"))
 
 
 def test_the_command_lines_convert_fine_tune_from_and_export_the_hf_checkpoint(small, shared_data, tmp_path):
@@ -70,13 +62,25 @@ def test_the_command_lines_convert_fine_tune_from_and_export_the_hf_checkpoint(s
     ids_of = lambda tokenizer: np.asarray(tokenizer(TEXT)).tolist()  # noqa: E731
     assert ids_of(preset_lm.preprocessor.tokenizer) == ids_of(gpt_tf.GPT1Tokenizer(str(GPT1_BPE)))
     model, _ = load_task_model(RunFolder.open(str(tmp_path / "ft")))
-    tuned, start = _weights(model), _weights(preset_lm)
+    tuned, start = backbone_weights(model), backbone_weights(preset_lm)
     np.testing.assert_array_equal(tuned[0][:V], start[0][:V])  # the special rows: drawn again from --seed
     np.testing.assert_array_equal(tuned[1], start[1][:32])  # --n_ctx=32: the first position rows
     for a, b in zip(tuned[2:], start[2:]):
         np.testing.assert_array_equal(a, b)
     run_cli("serving.export", f"--run_dir={tmp_path / 'ft'}", f"--export_base={tmp_path / 'exported'}", timeout=600)
     assert (tmp_path / "exported" / "sst2" / "1" / "saved_model.pb").is_file()
+    # The server answers it, over TF Serving's REST API.
+    server = start_server(tmp_path / "server.log", "--model_name=sst2",
+                          f"--model_base_path={tmp_path / 'exported' / 'sst2'}")
+    try:
+        request = urllib.request.Request(f"http://127.0.0.1:{server.ports[1]}/v1/models/sst2:predict",
+                                         data=json.dumps({"instances": [{"sentence": TEXT}]}).encode(),
+                                         headers={"Content-Type": "application/json"})
+        with urllib.request.urlopen(request, timeout=120) as answer:
+            prediction, = json.loads(answer.read())["predictions"]
+    finally:
+        stop_servers(server)
+    assert abs(sum(prediction["probabilities"]) - 1) < 1e-5, prediction
 
 
 def test_the_convert_command_says_what_is_wrong_in_one_line(small, tmp_path):

@@ -11,7 +11,8 @@ from pathlib import Path
 
 import pytest
 
-from tests.small_runs import BOOKS_TINY, ROOT, FakeHubs
+from tests.offline_hubs import FakeHubs
+from tests.small_runs import BOOKS_TINY, ROOT
 from tests.small_runs import gpt1_backbone as _backbone
 
 # What keras-hub's metadata.json lists for a GPT1Backbone preset: each family task's first base class, keras-hub's own

@@ -162,8 +162,9 @@ def test_no_circle_of_files():
 
 
 def test_no_test_file_imports_another():
-    """A test file's helpers live in ``tests/small_runs.py`` (or a conftest): importing another test file couples
-    the two (its fixtures run under the importer's name, its module-level set-up runs again)."""
+    """A test file's helpers live in ``tests/small_runs.py`` and ``tests/offline_hubs.py`` (or a conftest):
+    importing another test file couples the two (its fixtures run under the importer's name, its module-level
+    set-up runs again)."""
     importers = {str(path.relative_to(ROOT)): sorted(found) for path in sorted((ROOT / "tests").rglob("*.py"))
                  if (found := {m for m in _imports(path, ("tests",)) if m.split(".")[-1].startswith("test_")})}
     assert importers == {}

@@ -26,7 +26,7 @@ def test_a_cell_takes_the_best_seed0_sweep_recipe_and_only_that_recipes_seeds():
 
 def test_recorded_commands_hold_no_path_of_this_machine():
     """Ledgers and the generated docs record commands as a user types them from the repository root."""
-    from bench.experiments.finetune_runs import ROOT, shown_command
+    from bench.harness import ROOT, shown_command
 
     cmd = [sys.executable, "-m", "gpt_tf.train", f"--data_dir={ROOT / 'data' / 'tasks' / 'rte'}",
            f"--init_checkpoint={ROOT / 'runs' / 'books'}", "--run_dir=/elsewhere/run"]

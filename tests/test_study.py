@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from bench.experiments.finetune_runs import recipe_flags
+from bench.experiments.reproduction import recipe_flags
 from bench.experiments.study import (coarse_to_fine, finetune_specs, lstm_pretrain_cmd, parse_args, parse_part, part_of,
                                      resolve_plan, reused_run)
 from bench.experiments.study_report import write_report

@@ -5,9 +5,9 @@ bound (and everything else to constraints.txt's pin), to prove the lower bounds 
     python -m venv .venv-lowest
     .venv-lowest/bin/pip install -c /tmp/lowest.txt -e ".[serving]" pytest pytest-xdist hypothesis
     .venv-lowest/bin/python -m pytest -n 2 tests/test_tokenizer.py tests/test_transforms.py tests/test_task_data.py \
-        tests/test_pipelines.py tests/test_gpt1_family.py tests/test_gpt1_fit.py tests/test_gpt1_presets_cli.py \
-        tests/test_train.py tests/test_run_folder.py tests/test_protos.py tests/test_serving_units.py \
-        tests/test_keras_hub_adapter.py
+        tests/test_pipelines.py tests/test_shakespeare.py tests/test_gpt1_family.py tests/test_model_cards.py \
+        tests/test_gpt1_fit.py tests/test_gpt1_presets_cli.py tests/test_train.py tests/test_run_folder.py \
+        tests/test_protos.py tests/test_serving_units.py tests/test_keras_hub_adapter.py
 
 A lower bound ``>=X`` becomes ``==X``; a dependency of those (a package pyproject does not name) keeps its
 constraints.txt pin unless it conflicts, and then the resolver says so. The tests listed need nothing of the

@@ -15,11 +15,12 @@
     # 6. what scale bought: both sizes' ledgers side by side, one table per task, into docs/reproduction.md
     python -m bench.experiments.reproduction --stage=scale
 
-Every run is one ``python -m gpt_tf.train --task`` process (``bench.experiments.finetune_runs.finetune_spec``: the
-task's flagfile, the arm's initialisation, then the recipe's flags), timed wall-clock; each finished run is
-one line of the ledger (``--ledger``, with the commit that ran it), keyed by (task, arm, seed, recipe), so an
-interrupted stage resumes and a run already in the ledger is never redone. The choice of recipe reads dev scores only; the test
-files are predicted once, by the chosen recipe's seed-0 run, and never scored here. ``--stage=scale`` runs nothing: for each
+Every run is one ``python -m gpt_tf.train --task`` process (``finetune_spec``: the task's flagfile, the arm's
+initialisation, then the recipe's flags; ``run_one``; ``bench/experiments/study.py`` runs its own the same way and
+can take this ledger's runs, ``ledger_run``), timed wall-clock; each finished run is one line of the ledger
+(``--ledger``, with the commit that ran it), keyed by (task, arm, seed, recipe), so an interrupted stage resumes
+and a run already in the ledger is never redone. The choice of recipe reads dev scores only; the test files are
+predicted once, by the chosen recipe's seed-0 run, and never scored here. ``--stage=scale`` runs nothing: for each
 size (``SCALE_LEDGERS``), arm and task, the dev scores of every seed of the arm's chosen recipe, as median [min–max]
 (seeds), the gain from pre-training and what the bigger model adds, replacing the marked section of
 ``docs/reproduction.md``.
@@ -27,16 +28,18 @@ size (``SCALE_LEDGERS``), arm and task, the dev scores of every seed of the arm'
 
 from __future__ import annotations
 
+import datetime
 import json
+import shlex
 import shutil
 import statistics
-import subprocess
+import sys
 from pathlib import Path
 
 from absl import app, flags
 
-from bench.experiments.finetune_runs import (N_CTX, ROOT, append_ledger, dev_score, finetune_spec, load_ledger,
-                                             main_metric, median_spread, run_command, run_one, shown_command)
+from bench.experiments.study_report import dev_score, main_metric, median_spread
+from bench.harness import ROOT, git, run_command, shown_command
 
 FLAGS = flags.FLAGS
 ARMS = ("pretrained", "scratch")
@@ -47,8 +50,12 @@ GOALS = {"sst2": 82, "cola": 15, "mrpc": 82, "stsb": 50, "rte": 56, "story_cloze
 # --stage=scale: each model size's ledger, and what it is.
 SCALE_LEDGERS = {"tiny": "bench/results/reproduction.jsonl", "small": "bench/results/reproduction_small.jsonl"}
 SIZES = {"tiny": "5.2M parameters, 128 context", "small": "16.9M parameters, 256 context"}
-START, END = "<!-- scale: written by `python -m bench.experiments.reproduction --stage=scale`; edits here are replaced -->", \
-    "<!-- /scale -->"
+START = "<!-- scale: written by `python -m bench.experiments.reproduction --stage=scale`; edits here are replaced -->"
+END = "<!-- /scale -->"
+# Context per task, from the token lengths in the task manifests (max view lengths: SST-2 73,
+# CoLA 52, STS-B 142, MRPC 135, RTE 370, Story Cloze 94); longer views are truncated by the
+# documented rule of gpt_tf/data/transforms.py.
+N_CTX = {"sst2": 64, "cola": 64, "stsb": 96, "mrpc": 128, "rte": 128, "story_cloze": 96}
 
 
 def define_flags():
@@ -67,6 +74,87 @@ def define_flags():
     flags.DEFINE_string("predictions_dir", "bench/results/test_predictions", "--stage=predict: <arm>/<file>.tsv "
                         "(<arm>_<model>/ for a --model other than tiny).")
     flags.DEFINE_string("precision", "float32", "Fine-tuning precision flag.")
+
+
+# ----------------------------------------------------------------------------- a fine-tuning run and the ledger
+# (the study's runs too)
+
+
+def finetune_spec(task: str, arm: str, seed: int, *, runs_root, tasks_dir, precision: str,
+                  init_checkpoint: str = "", model: str = "", extra=(), recipe: str = "") -> dict:
+    """One ``python -m gpt_tf.train --task`` run: the recipe of ``configs/finetune_<task><recipe>.flags``
+    (``recipe=""``: the paper's; ``"_tiny"``: the small-model recipe chosen here, ``--stage=configs``).
+
+    ``init_checkpoint`` (a pre-training run) or ``model`` (a preset, from scratch); ``extra``: more flags.
+    """
+    run_dir = Path(runs_root) / f"{task}_{arm}_s{seed}"
+    cmd = [sys.executable, "-m", "gpt_tf.train", f"--flagfile=configs/finetune_{task}{recipe}.flags",
+           f"--data_dir={Path(tasks_dir) / task}", f"--run_dir={run_dir}", f"--n_ctx={N_CTX[task]}",
+           f"--precision={precision}", f"--seed={seed}", "--progress=false", "--json"]
+    cmd.append(f"--init_checkpoint={init_checkpoint}" if init_checkpoint else f"--model={model}")
+    return {"task": task, "arm": arm, "seed": seed, "run_dir": str(run_dir), "cmd": cmd + list(extra)}
+
+
+def run_one(spec: dict) -> dict:
+    """Runs it; returns the spec with the final metrics and the wall-clock seconds."""
+    stdout, seconds = run_command(spec["cmd"])
+    metrics = json.loads(stdout.strip().splitlines()[-1])
+    return {**spec, "cmd": shown_command(spec["cmd"]), "metrics": metrics,
+            "seconds": round(seconds, 1), "finished": datetime.datetime.now().isoformat(timespec="seconds")}
+
+
+def load_ledger(path: Path) -> list[dict]:
+    """The records of finished runs (one JSON object per line), or [] when there is no ledger yet."""
+    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()] if path.exists() else []
+
+
+def append_ledger(path: Path, record: dict) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with open(path, "a") as f:
+        f.write(json.dumps(record) + "\n")
+
+
+def recipe_flags(task: str, suffix: str = "") -> dict:
+    """The flags of ``configs/finetune_<task><suffix>.flags`` beyond the task flagfile it includes and the run's own
+    folder and context: the recipe, as this ledger records it."""
+    lines = (ROOT / "configs" / f"finetune_{task}{suffix}.flags").read_text().splitlines()
+    found = dict(line[2:].partition("=")[::2] for line in lines if line.startswith("--"))
+    return {k: v for k, v in found.items() if k not in ("flagfile", "run_dir", "n_ctx")}
+
+
+def _flag_values(cmd: str) -> dict:
+    return {a[2:].partition("=")[0]: a[2:].partition("=")[2] for a in shlex.split(cmd) if a.startswith("--")}
+
+
+def ledger_run(spec: dict, arm: str, suffix: str, records: list[dict]) -> dict | None:
+    """The run of this ledger that ``spec`` would repeat: the same task and seed, ``arm`` here, the recipe of
+    ``configs/finetune_<task><suffix>.flags``, start, data, context and precision. Paths compare resolved from the
+    repository root."""
+    recipe, want = recipe_flags(spec["task"], suffix), _flag_values(shown_command(spec["cmd"]))
+    resolve = lambda path: str((ROOT / path).resolve()) if path else path  # noqa: E731
+    for r in records:
+        if (r["task"], r["arm"], r["seed"], r["recipe"]) != (spec["task"], arm, spec["seed"], recipe):
+            continue
+        have = _flag_values(r["cmd"])
+        if all(have.get(k) == want.get(k) for k in ("precision", "n_ctx", "model")) and \
+                all(resolve(have.get(k, "")) == resolve(want.get(k, "")) for k in ("data_dir", "init_checkpoint")):
+            return r
+    return None
+
+
+def size_of(run) -> str:
+    """The model size whose shape the pre-training run has (the scratch arm's ``--model``); ``run``: its
+    ``gpt_tf.runs.folder.RunFolder``."""
+    from gpt_tf.config import SIZES
+
+    shape = ("n_embd", "n_layer", "n_head", "d_ff", "model_type")
+    for name, size in SIZES.items():
+        if all(getattr(size, k) == getattr(run.model_config, k) for k in shape):
+            return name
+    raise ValueError(f"{run.path}/model_config.json matches no model size's shape {shape}")
+
+
+# ----------------------------------------------------------------------------- the stages
 
 
 def parse_grid(text: str) -> list[dict]:
@@ -105,7 +193,7 @@ def best_recipes(records: list[dict]) -> dict:
 
 
 def run_all(specs: list[dict], stage: str, records: list[dict]) -> None:
-    commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, capture_output=True, text=True).stdout.strip()
+    commit = git("rev-parse", "--short", "HEAD")
     have = {key(r) for r in records}
     todo = [s for s in specs if key(s) not in have]
     print(f"{stage}: {len(specs)} runs, {len(specs) - len(todo)} already in {FLAGS.ledger}", flush=True)
@@ -145,8 +233,8 @@ def write_report(records: list[dict]) -> None:
     chosen = best_recipes(records)
     lines = ["# Pre-trained vs from scratch, each arm with its own recipe chosen on dev", "",
              "Written by `python -m bench.experiments.reproduction --stage=report` from `" + FLAGS.ledger + "`.", "",
-             "| task | metric | goal | pre-trained median [min–max] | seeds | from scratch median [min–max] | seeds "
-             "| Δ median | s/run (pre / scratch) |", "|---|---|---:|---|---:|---|---:|---:|---|"]
+             "| task | metric | goal | pre-trained median [min–max] | seeds | from scratch median [min–max] "
+             "| seeds | Δ median | s/run (pre / scratch) |", "|---|---|---:|---|---:|---|---:|---:|---|"]
     deltas = []
     for task in N_CTX:
         cells = {arm: cell_runs(records, task, arm, chosen[(task, arm)]) for arm in ARMS if (task, arm) in chosen}
@@ -154,14 +242,15 @@ def write_report(records: list[dict]) -> None:
             continue
         stats = {arm: median_spread(dev_score(r) for r in runs.values()) for arm, runs in cells.items()}
         fmt = lambda s: "–" if not s else f"{s[0]:.1f} [{s[1]:.1f}–{s[2]:.1f}]"
-        delta = stats["pretrained"][0] - stats["scratch"][0] if stats.get("pretrained") and stats.get("scratch") else None
+        both = stats.get("pretrained") and stats.get("scratch")
+        delta = stats["pretrained"][0] - stats["scratch"][0] if both else None
         if delta is not None:
             deltas.append(delta)
         secs = " / ".join(f"{statistics.median(r['seconds'] for r in cells[a].values()):.0f}" if cells.get(a) else "–"
                           for a in ARMS)
         lines.append(f"| {task} | {main_metric(task)} | {GOALS[task]} | {fmt(stats.get('pretrained'))} | "
-                     f"{len(cells.get('pretrained', {}))} | {fmt(stats.get('scratch'))} | {len(cells.get('scratch', {}))} "
-                     f"| {'–' if delta is None else f'{delta:+.1f}'} | {secs} |")
+                     f"{len(cells.get('pretrained', {}))} | {fmt(stats.get('scratch'))} "
+                     f"| {len(cells.get('scratch', {}))} | {'–' if delta is None else f'{delta:+.1f}'} | {secs} |")
     if deltas:
         lines.append(f"| **mean Δ** ({len(deltas)} tasks) | | 10 | | | | | **{statistics.mean(deltas):+.1f}** | |")
     lines += ["", "Chosen recipes (best seed-0 dev score of each arm's sweep):", ""]
@@ -171,10 +260,11 @@ def write_report(records: list[dict]) -> None:
             tried[(r["task"], r["arm"])] = tried.get((r["task"], r["arm"]), 0) + 1
     lines += [f"- {task} {arm}: `{json.dumps(recipe, sort_keys=True)}` (best of {tried[(task, arm)]} tried)"
               for (task, arm), recipe in sorted(chosen.items())]
-    lines += ["", "## Every run", "", "| stage | task | arm | seed | recipe | dev | seconds |", "|---|---|---|---:|---|---:|---:|"]
+    lines += ["", "## Every run", "", "| stage | task | arm | seed | recipe | dev | seconds |",
+              "|---|---|---|---:|---|---:|---:|"]
     for r in records:
-        lines.append(f"| {r['stage']} | {r['task']} | {r['arm']} | {r['seed']} | `{json.dumps(r['recipe'], sort_keys=True)}` "
-                     f"| {dev_score(r):.1f} | {r['seconds']:.0f} |")
+        lines.append(f"| {r['stage']} | {r['task']} | {r['arm']} | {r['seed']} "
+                     f"| `{json.dumps(r['recipe'], sort_keys=True)}` | {dev_score(r):.1f} | {r['seconds']:.0f} |")
     lines += ["", "Commands: each run's exact `cmd` is in the ledger."]
     Path(FLAGS.ledger).with_suffix(".md").write_text("\n".join(lines) + "\n")
 
@@ -191,13 +281,14 @@ def write_configs(records: list[dict], configs_dir: Path) -> list[Path]:
         stats = median_spread(dev_score(r) for r in runs.values())
         path = configs_dir / f"finetune_{task}_tiny.flags"
         lines = [f"# The small-model fine-tuning recipe for {task}, chosen on dev by bench/experiments/reproduction.py",
-                 f"# for a `tiny` books model: dev {main_metric(task)} median {stats[0]:.1f} [{stats[1]:.1f}-{stats[2]:.1f}] "
-                 f"over {len(runs)} seed(s).",
-                 f"# Run: python -m gpt_tf.train --flagfile=configs/finetune_{task}_tiny.flags --init_checkpoint=gpt1_tiny_books_en "
-                 f"--data_dir=data/tasks_books/{task}",
+                 f"# for a `tiny` books model: dev {main_metric(task)} median {stats[0]:.1f} "
+                 f"[{stats[1]:.1f}-{stats[2]:.1f}] over {len(runs)} seed(s).",
+                 f"# Run: python -m gpt_tf.train --flagfile=configs/finetune_{task}_tiny.flags "
+                 f"--init_checkpoint=gpt1_tiny_books_en --data_dir=data/tasks_books/{task}",
                  "# Written by `python -m bench.experiments.reproduction --stage=configs`; the paper's recipe stays in "
                  f"finetune_{task}.flags (gpt1).",
-                 f"--flagfile=configs/finetune_{task}.flags", f"--run_dir=runs/finetune_{task}_tiny", f"--n_ctx={N_CTX[task]}"]
+                 f"--flagfile=configs/finetune_{task}.flags", f"--run_dir=runs/finetune_{task}_tiny",
+                 f"--n_ctx={N_CTX[task]}"]
         lines += [f"--{k}={v}" for k, v in sorted(recipe.items())]
         path.write_text("\n".join(lines) + "\n")
         written.append(path)
@@ -229,8 +320,9 @@ def scale_section(by_size: dict[str, dict]) -> str:
     """The scale section of ``docs/reproduction.md`` (between the markers: one table per task that any size ran."""
     tasks = [t for t in N_CTX if any((t, arm) in c for c in by_size.values() for arm in ARMS)]
     lines = [START, "",
-             "Dev metric × 100: median [min–max] (seeds), each arm with its own recipe chosen on dev; gain: pre-trained "
-             "minus scratch at the same size; scale: the small model's pre-trained median minus the tiny one's.", ""]
+             "Dev metric × 100: median [min–max] (seeds), each arm with its own recipe chosen on dev; gain: "
+             "pre-trained minus scratch at the same size; scale: the small model's pre-trained median minus the tiny "
+             "one's.", ""]
     for task in tasks:
         lines += [f"**{task}** ({main_metric(task)})", "",
                   "| size | pre-trained | from scratch | gain from pre-training | scale (pre-trained) |",

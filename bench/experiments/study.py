@@ -14,7 +14,7 @@ Phases, each a subprocess whose command, output and wall-clock time go to ``<run
    ``--data_root`` rebuilt with the pre-trained run's tokenizer, N train examples by guid hash;
 2. zero-shot (``python -m gpt_tf.analysis.zero_shot``) on every kept checkpoint of the transformer's pre-training
    and on its initialisation (step 0);
-3. fine-tuning (``bench/experiments/finetune_runs.py``, the paper's recipe): per task and seed the arms ``full``
+3. fine-tuning (``bench/experiments/reproduction.py``'s runs, the paper's recipe): per task and seed the arms ``full``
    (all blocks transferred, λ 0.5), ``scratch`` (no pre-training) and ``lm0`` (λ = 0), plus
    ``transfer<k>`` for k = 0 … n_layer − 1 blocks on the layer-transfer tasks (k = n_layer is ``full``);
 4. the LSTM baseline (Table 5): ``--lstm_run``, or pre-trained here (``--model=lstm_<preset>``, the data and
@@ -41,9 +41,8 @@ from pathlib import Path
 
 from absl import app, flags
 
-from bench.experiments.finetune_runs import (ROOT, BackgroundCommand, append_ledger, finetune_spec, ledger_run,
-                                             load_ledger, read_json, recipe_flags, relative, run_command, run_one,
-                                             shown_command, size_of)
+from bench.experiments.reproduction import append_ledger, finetune_spec, ledger_run, load_ledger, run_one, size_of
+from bench.harness import ROOT, TASK_FOLDERS, BackgroundCommand, relative, run_command, shown_command
 from gpt_tf.runs.folder import RunFolder
 
 FLAGS = flags.FLAGS
@@ -85,9 +84,9 @@ def define_flags(fv: flags.FlagValues = FLAGS) -> None:
     flags.DEFINE_enum("recipe", None, sorted(RECIPES), "paper: configs/finetune_<task>.flags with --epochs; tiny: the "
                       "small-model recipes of configs/finetune_<task>_tiny.flags (their own epochs) for every arm "
                       "(default: the scale's)", flag_values=fv)
-    flags.DEFINE_string("reuse_ledger", "", "a bench/experiments/reproduction.py ledger: a full or scratch run recorded there with "
-                        "the same task, seed, start, data, precision and recipe is taken from it instead of being run "
-                        "again", flag_values=fv)
+    flags.DEFINE_string("reuse_ledger", "", "a bench/experiments/reproduction.py ledger: a full or scratch run "
+                        "recorded there with the same task, seed, start, data, precision and recipe is taken from it "
+                        "instead of being run again", flag_values=fv)
     flags.DEFINE_bool("report_only", False, "rewrite <out_dir> from the ledger; run nothing", flag_values=fv)
     flags.DEFINE_string("part", "0/1", "i/n: this process runs the i-th of n interleaved parts of the transformer's "
                         "fine-tuning runs not yet recorded, beside the others (start them together: same command, "
@@ -109,9 +108,6 @@ def parse_args(argv: list[str]) -> flags.FlagValues:
     return fv
 
 
-# Where each task's official files sit under --data_root (the layout of ../shared/data).
-OFFICIAL = {"sst2": "glue/SST-2", "cola": "glue/CoLA", "mrpc": "glue/MRPC", "stsb": "glue/STS-B", "rte": "glue/RTE",
-            "story_cloze": "story_cloze"}
 STORY_CLOZE_HOLDOUT = 0.3  # as data/tasks_books/story_cloze: the part of val that is dev
 ARMS = ("full", "scratch", "lm0", "lstm")
 
@@ -119,14 +115,14 @@ ARMS = ("full", "scratch", "lm0", "lstm")
 def resolve_plan(args, n_layer: int, pretrain_steps: int) -> dict:
     """The study's configuration: the scale's knobs with the command line's overrides, lists expanded."""
     plan = {k: (getattr(args, k) if getattr(args, k) is not None else v) for k, v in SCALES[args.scale].items()}
-    plan["layers"] = list(range(n_layer + 1)) if plan["layers"] == "all" else [int(k) for k in plan["layers"].split(",")]
+    plan["layers"] = list(range(n_layer + 1)) if plan["layers"] == "all" else list(map(int, plan["layers"].split(",")))
     for key in ("tasks", "transfer_tasks", "zero_shot_tasks"):
         plan[key] = [t for t in plan[key].split(",") if t]
     plan["zero_shot_tasks"] += [t for t, d in (("race", args.race_dir), ("dprd", args.dprd_dir)) if d]
     plan["seeds"] = [int(s) for s in plan["seeds"].split(",")]
     plan["lstm_steps"] = plan["lstm_steps"] or pretrain_steps
-    problems = [f"unknown task {t!r}; tasks with training data: {sorted(OFFICIAL)}"
-                for t in plan["tasks"] + plan["transfer_tasks"] if t not in OFFICIAL]
+    problems = [f"unknown task {t!r}; tasks with training data: {sorted(TASK_FOLDERS)}"
+                for t in plan["tasks"] + plan["transfer_tasks"] if t not in TASK_FOLDERS]
     problems += [f"--layers: {k} is not within 0..{n_layer}" for k in plan["layers"] if not 0 <= k <= n_layer]
     if problems:
         sys.exit("bench.experiments.study: " + "; ".join(problems))
@@ -169,11 +165,12 @@ def task_data(plan: dict, args, tokenizer_dir: str, ledger: Path, build: bool = 
             sys.exit(f"bench.experiments.study: --pretrained={args.pretrained}: its data manifest, which names its "
                      "tokenizer, is gone; the task data cannot be rebuilt with it")
         cmd = [sys.executable, "-m", "pipelines.finetune_data", f"--task={task}",
-               f"--data_dir={Path(args.data_root) / OFFICIAL[task]}", f"--tokenizer_dir={tokenizer_dir}",
+               f"--data_dir={Path(args.data_root) / TASK_FOLDERS[task]}", f"--tokenizer_dir={tokenizer_dir}",
                f"--output_dir={out / task}", "--noprogress", f"--train_subsample={plan['train_subsample']}",
                *([f"--holdout_fraction={STORY_CLOZE_HOLDOUT}"] if task == "story_cloze" else [])]
         _, seconds = run_command(cmd)
-        append_ledger(ledger, {"kind": "task_data", "task": task, "cmd": shown_command(cmd), "seconds": round(seconds, 1)})
+        append_ledger(ledger, {"kind": "task_data", "task": task, "cmd": shown_command(cmd),
+                               "seconds": round(seconds, 1)})
     return str(out)
 
 
@@ -181,12 +178,12 @@ def lstm_pretrain_cmd(args, train_config: dict, preset: str, steps: int) -> tupl
     """The LSTM baseline's pre-training: the transformer run's data and recipe, ``steps`` updates."""
     scale = steps / train_config["train_steps"]
     run_dir = Path(args.runs_root) / f"lstm_{preset}"
-    same = ("data_dir", "batch_size", "grad_accum_steps", "learning_rate", "lr_decay", "weight_decay", "clip_norm",
-            "precision", "seed", "keep_checkpoints", "eval_batches")
+    same = [f"--{k}={train_config[k]}" for k in ("data_dir", "batch_size", "grad_accum_steps", "learning_rate",
+            "lr_decay", "weight_decay", "clip_norm", "precision", "seed", "keep_checkpoints", "eval_batches")]
+    warmup, every = round(train_config["warmup_steps"] * scale), round(train_config["checkpoint_every"] * scale)
     cmd = [sys.executable, "-m", "gpt_tf.train", f"--model=lstm_{preset}", f"--run_dir={run_dir}",
-           f"--train_steps={steps}", f"--warmup_steps={min(steps, max(0, round(train_config['warmup_steps'] * scale)))}",
-           f"--checkpoint_every={max(1, round(train_config['checkpoint_every'] * scale))}", "--progress=false", "--json",
-           *(f"--{k}={train_config[k]}" for k in same)]
+           f"--train_steps={steps}", f"--warmup_steps={min(steps, max(0, warmup))}",
+           f"--checkpoint_every={max(1, every)}", "--progress=false", "--json", *same]
     return str(run_dir), cmd
 
 
@@ -232,14 +229,12 @@ def reused_run(spec: dict, plan: dict, records: list[dict]) -> dict | None:
     """The reproduction ledger's run that is this study run, if any: arm full = its pretrained arm, scratch = its
     scratch arm, with the same seed, recipe (the study's own epochs give none), start, data, context and precision."""
     arm = {"full": "pretrained", "scratch": "scratch"}.get(spec["arm"])
-    if arm is None or plan["epochs"]:
-        return None
-    return ledger_run(spec, arm, recipe_flags(spec["task"], RECIPES[plan["recipe"]]), records)
+    return None if arm is None or plan["epochs"] else ledger_run(spec, arm, RECIPES[plan["recipe"]], records)
 
 
 def zero_shot_cmd(run_dir: str, plan: dict, args, out_csv: Path) -> list[str]:
     dirs = {"race": args.race_dir, "dprd": args.dprd_dir,
-            **{t: str(Path(args.data_root) / OFFICIAL[t]) for t in ("cola", "sst2", "story_cloze")}}
+            **{t: str(Path(args.data_root) / TASK_FOLDERS[t]) for t in ("cola", "sst2", "story_cloze")}}
     tasks = plan["zero_shot_tasks"]
     return [sys.executable, "-m", "gpt_tf.analysis.zero_shot", f"--run_dir={run_dir}", f"--task={','.join(tasks)}",
             f"--data_dir={','.join(dirs[t] for t in tasks)}", "--include_init", f"--output_csv={out_csv}",
@@ -250,11 +245,11 @@ def _check_configuration(runs_root: Path, config: dict) -> None:
     """One configuration per runs_root: the first run records it; a different one later is refused."""
     path = runs_root / "study_config.json"
     if path.is_file():
-        before = read_json(path)
+        before = json.loads(path.read_text())
         changed = sorted(k for k in set(before) | set(config) if before.get(k) != config.get(k))
         if changed:
-            sys.exit(f"bench.experiments.study: {runs_root} holds a study with another configuration ({', '.join(changed)} "
-                     "differ); use another --runs_root")
+            sys.exit(f"bench.experiments.study: {runs_root} holds a study with another configuration "
+                     f"({', '.join(changed)} differ); use another --runs_root")
     else:
         runs_root.mkdir(parents=True, exist_ok=True)
         path.write_text(json.dumps(config, indent=2, sort_keys=True))
@@ -278,7 +273,7 @@ class Study:
         _check_configuration(self.runs_root, self.config)
         self.reuse = load_ledger(Path(args.reuse_ledger)) if args.reuse_ledger else []
         self.have = {self.key(r) for r in load_ledger(self.ledger)}
-        self.command = shlex.join(["python", "-m", "bench.experiments.study",  # the runs' command: --report_only runs none
+        self.command = shlex.join(["python", "-m", "bench.experiments.study",  # --report_only runs nothing
                                    *(relative(a) for a in sys.argv[1:] if a != "--report_only")])
         self.tasks_dir = task_data(self.plan, args, pre.tokenizer_dir, self.ledger,
                                    build=self.part == 0 and not args.report_only)
@@ -323,7 +318,8 @@ class Study:
         background beside the transformer's zero-shot and fine-tuning runs; the LSTM's own runs follow it."""
         if self.lstm_run:
             return
-        self.lstm_run, self.lstm_cmd = lstm_pretrain_cmd(self.args, self.train_config, self.preset, self.plan["lstm_steps"])
+        steps = self.plan["lstm_steps"]
+        self.lstm_run, self.lstm_cmd = lstm_pretrain_cmd(self.args, self.train_config, self.preset, steps)
         if ("pretrain", None, None, None, "lstm") not in self.have and self.part == 0:
             log = self.runs_root / f"lstm_{self.preset}.log"
             print(f"pre-training the LSTM baseline in the background (log: {log}): {shown_command(self.lstm_cmd)}",
@@ -392,9 +388,9 @@ def main(argv):
         return
     study.run()
     total = sum(r.get("seconds", 0) for r in study.done)
-    print(f"done {datetime.datetime.now().isoformat(timespec='seconds')}: this invocation "
-          f"{time.time() - study.started:.0f} s, all recorded runs {total:.0f} s; see {Path(FLAGS.out_dir) / 'results.md'}",
-          flush=True)
+    now = datetime.datetime.now().isoformat(timespec="seconds")
+    print(f"done {now}: this invocation {time.time() - study.started:.0f} s, all recorded runs {total:.0f} s; see "
+          f"{Path(FLAGS.out_dir) / 'results.md'}", flush=True)
 
 
 if __name__ == "__main__":

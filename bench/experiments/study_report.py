@@ -19,9 +19,9 @@ import datetime
 import json
 import os
 import re
+import statistics
 from pathlib import Path
 
-from bench.experiments.finetune_runs import dev_score, main_metric, median_spread
 from gpt_tf.analysis.heuristics import HEURISTICS
 from gpt_tf.metrics import spearman
 from gpt_tf.runs.files import MODEL_CONFIG, RUN_CONFIGS, read_json
@@ -29,6 +29,24 @@ from gpt_tf.runs.files import MODEL_CONFIG, RUN_CONFIGS, read_json
 ARM_LABELS = {"full": "Transformer w/ aux LM (full)", "scratch": "Transformer w/o pre-training",
               "lm0": "Transformer w/o aux LM (λ = 0)", "lstm": "LSTM w/ aux LM"}
 MIN_MARGIN = 0.05
+
+
+def main_metric(task: str) -> str:
+    """The task's headline metric (the first of its ``TaskSpec.metrics``: Matthews for CoLA, F1 for MRPC, ...)."""
+    from gpt_tf.tasks import get_task
+
+    return get_task(task).metrics[0]
+
+
+def dev_score(record: dict) -> float:
+    """The task's headline metric on its first eval split (``dev`` for all tasks here), in percent."""
+    return 100 * record["metrics"]["dev"][main_metric(record["task"])]
+
+
+def median_spread(values) -> tuple[float, float, float] | None:
+    """(median, min, max) of ``values``, or None when there are none."""
+    values = list(values)
+    return (statistics.median(values), min(values), max(values)) if values else None
 
 
 def _cell(values, n_seeds: int) -> str:
@@ -83,7 +101,8 @@ def ablation_section(scores, tasks, sizes, n_seeds: int) -> list[str]:
         wins = sum(d > 0 for d in deltas.values())
         lines += ["", f"**Pre-training vs none:** mean Δ = **{mean:+.1f}** points over {len(deltas)} tasks "
                   f"(better on {wins} of {len(deltas)}); the paper: +14.8 on its 9 tasks."]
-    rows = sorted((sizes.get(t) or 0, t) for t in tasks if None not in (_median(scores, t, "full"), _median(scores, t, "lm0")))
+    rows = sorted((sizes.get(t) or 0, t) for t in tasks
+                  if None not in (_median(scores, t, "full"), _median(scores, t, "lm0")))
     if rows:
         lines += ["", "### λ (the auxiliary LM objective) against training-set size", "",
                   "| task | train examples | λ = 0.5 | λ = 0 | Δ (aux LM) |", "|---|---:|---:|---:|---:|"]
@@ -175,25 +194,28 @@ def zero_shot_section(zs, refs) -> list[str]:
 
 def departures(config, train_config, model_config, sizes) -> list[str]:
     tokens = train_config["train_steps"] * train_config["batch_size"] * model_config["n_ctx"]
+    built = ", ".join(f"{t} {n:,}" for t, n in sizes.items())
     sub = f"{config['train_subsample']:,} training examples per task (hash sample)" if config["train_subsample"] else \
-        "the task data as built in `" + config["tasks_dir"] + "` (" + ", ".join(f"{t} {n:,}" for t, n in sizes.items()) + ")"
+        "the task data as built in `" + config["tasks_dir"] + "` (" + built + ")"
+    recipe = (f"{config['epochs']} epoch(s) of the paper's recipe" if config.get("recipe", "paper") == "paper" else
+              "each task's small-model recipe for every arm (`configs/finetune_<task>_tiny.flags`, chosen on dev by "
+              "`bench/experiments/reproduction.py`)")
     return ["## Where this small scale departs from the paper", "",
             f"- Model: preset `{config['preset']}` ({model_config['n_layer']} blocks × {model_config['n_embd']} dims, "
             f"n_ctx {model_config['n_ctx']}, {model_config['vocab_size']:,} BPE tokens), not 12 × 768 with 40k BPE.",
             f"- Pre-training: {train_config['train_steps']:,} updates of {train_config['batch_size']} × "
             f"{model_config['n_ctx']} tokens ({tokens / 1e6:.1f}M tokens) on Gutenberg books, not 100 epochs of "
             "BooksCorpus (~800M words) with 64 × 512-token batches.",
-            f"- Fine-tuning: {sub}, " + (f"{config['epochs']} epoch(s) of the paper's recipe" if config.get("recipe", "paper") == "paper"
-            else "each task's small-model recipe for every arm (`configs/finetune_<task>_tiny.flags`, chosen on dev by "
-            "`bench/experiments/reproduction.py`)") + f", seeds {config['seeds']}, shorter contexts "
-            "(bench/experiments/finetune_runs.N_CTX), precision " + config["precision"] + "; dev sets, not test sets."
+            f"- Fine-tuning: {sub}, {recipe}, seeds {config['seeds']}, shorter contexts "
+            "(bench/experiments/reproduction.N_CTX), precision " + config["precision"] + "; dev sets, not test sets."
             + (" Story Cloze is scored on a 30% hold-out of its val file (the paper fine-tunes on val and tests on "
                "test)." if "story_cloze" in config["tasks"] + config["zero_shot_tasks"] else ""),
             f"- The LSTM baseline: one layer with about the transformer's non-embedding parameters "
-            f"(`lstm_{config['preset']}`), pre-trained {config['lstm_steps']:,} updates with the same recipe; the paper's "
-            "had 2048 units.",
-            "- Zero-shot: " + ", ".join(config["zero_shot_tasks"]) + (f" on a {config['zero_shot_max_examples']}-example "
-            "hash sample per split" if config["zero_shot_max_examples"] else "") + "; RACE and DPRD only when their "
+            f"(`lstm_{config['preset']}`), pre-trained {config['lstm_steps']:,} updates with the same recipe; the "
+            "paper's had 2048 units.",
+            "- Zero-shot: " + ", ".join(config["zero_shot_tasks"])
+            + (f" on a {config['zero_shot_max_examples']}-example hash sample per split"
+               if config["zero_shot_max_examples"] else "") + "; RACE and DPRD only when their "
             "files are given (not in ../shared/data). The normalising reference is this model's own fine-tuned score, "
             "not the 2018 state of the art.",
             "- Hardware: 2 shared CPU cores (other jobs ran at the same time), so times are contended."]
@@ -239,15 +261,17 @@ def write_report(records, config, out_dir: Path, command: str, seconds: float, t
              + f" (total {sum(by_kind.values()) / 3600:.2f} h, excluding the transformer's own pre-training)"
              + wall_clock(records) + ("" if seconds is None else f"; this invocation {seconds / 3600:.2f} h")
              + f". {sum(r['kind'] == 'finetune' for r in records)} fine-tuning runs.", ""]
-    lines += ablation_section(scores, config["tasks"], sizes, len(config["seeds"])) + ["", "![ablations](ablations.png)", ""]
-    lines += layer_section(scores, config["transfer_tasks"], config["layers"], config["n_layer"], len(config["seeds"])) + [""]
+    seeds = len(config["seeds"])
+    lines += ablation_section(scores, config["tasks"], sizes, seeds) + ["", "![ablations](ablations.png)", ""]
+    lines += layer_section(scores, config["transfer_tasks"], config["layers"], config["n_layer"], seeds) + [""]
     if zs:
         lines += zero_shot_section(zs, refs) + [""]
     lines += departures(config, train_config, model_config, sizes) + [""]
     lines += ["## Configuration", "", "```json", json.dumps({"study": config, "pretrained_train_config": train_config,
               "pretrained_model_config": model_config}, indent=1, sort_keys=True), "```", "",
               "## Runs (from the repository root)", ""]
-    lines += [f"- `{r['cmd']}` — {r['seconds']:.0f} s" + (f", dev {json.dumps(r['metrics']['dev'])}" if r["kind"] == "finetune" else "")
+    lines += [f"- `{r['cmd']}` — {r['seconds']:.0f} s"
+              + (f", dev {json.dumps(r['metrics']['dev'])}" if r["kind"] == "finetune" else "")
               + (f" (run for and taken from `{r['reused_from']}`)" if r.get("reused_from") else "") for r in records]
     path = out_dir / "results.md"
     kept = marked_sections(path.read_text(encoding="utf-8") if path.exists() else "")

@@ -1,7 +1,7 @@
 """Run by Python at the start-up of every process the tests start with ``tests.small_runs.ENV`` (this folder is
 on its PYTHONPATH): scikit-learn and matplotlib look not installed, as in a runtime install of the project.
 
-They come with the test extras (``setup.sh dev``) only, and no runtime code imports them (tests/test_packaging.py),
+They come with the test extras (``setup.sh dev``) only, and no runtime code imports them (tests/test_dependencies.py),
 but keras imports both at TensorFlow's start-up when they are installed (its scikit-learn wrappers and plotting
 helpers, each behind ``try: import ... except ImportError``): 1.9 of the 6.8 CPU-s of an ``import tensorflow``
 on the 2-core Zen 3 (3 alternating runs each, 2026-11-26), in each of the suite's many CLI subprocesses.
