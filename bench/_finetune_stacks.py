@@ -200,11 +200,11 @@ class Ours:
 class KerasFit:
     """The Python API: ``GPT1TextClassifier.fit`` / ``predict`` on the same SST-2 token ids, in the length-bucketed
     batches of ``gpt_tf.gpt1.batching`` (``bucketed`` for ``fit``: the command line's order; ``sorted_batches`` for
-    ``predict``), each padded to its bucket; the update is the model's ``train_step``, as the loop's. ``train(k)`` is
-    one ``fit`` call of k batches: its ``tf.data`` set-up counts, as it does for a user; the train function is traced
-    once."""
+    ``predict``), each padded to its bucket; the update is the model's ``train_step``, as the loop's. As HF's
+    ``Trainer`` below: one ``fit`` call for the whole run, paused every k steps by a callback (``serve``), so a chunk
+    times ``fit``'s steady state, as a user's epoch sees it."""
 
-    def __init__(self, spec):
+    def __init__(self, spec, serve):
         import keras
         import numpy as np
         import tensorflow as tf
@@ -233,13 +233,20 @@ class KerasFit:
                                  batch_size=spec["batch_size"])
         self.dev, _ = sorted_batches(preprocessor, {"sentence": ragged(views["dev"]["input_ids"])},
                                      batch_size=spec["batch_size"])
-        self.batch_size = spec["batch_size"]
         self.info = {"n_params": int(sum(v.shape.num_elements() for v in self.model.trainable_variables)),
                      "buckets": "the command line's bucketed order (gpt_tf.gpt1.batching)"}
+        self.done, self.target, bench = 0, 0, self
 
-    def train(self, steps: int) -> dict:
-        history = self.model.fit(self.train_batches, steps_per_epoch=steps, epochs=1, verbose=0)
-        return {"examples": steps * self.batch_size, "loss": float(history.history["loss"][-1])}
+        class Pace(keras.callbacks.Callback):
+            def on_train_batch_end(self, batch, logs=None):
+                bench.done += 1
+                if bench.done == bench.target and not serve(bench):
+                    self.model.stop_training = True
+
+        self.pace = Pace()
+
+    def run(self) -> None:
+        self.model.fit(self.train_batches.repeat(), steps_per_epoch=10**9, epochs=1, callbacks=[self.pace], verbose=0)
 
     def evaluate(self) -> dict:
         out = self.model.predict(self.dev, verbose=0)
@@ -303,6 +310,9 @@ class HF:
             mask[i, :len(r["input_ids"])] = 1
         return {"input_ids": ids, "attention_mask": mask, "labels": torch.tensor([r["labels"] for r in rows])}
 
+    def run(self) -> None:
+        self.trainer.train()
+
     def evaluate(self) -> dict:
         out = self.trainer.predict(self.data["dev"])
         return {"examples": int(len(out.predictions))}
@@ -327,7 +337,7 @@ def _timed(fn) -> dict:
 def worker_main(spec: dict, more: dict | None = None) -> None:
     """Answers ``train`` (``spec['train_steps']`` steps) and ``eval`` (one pass) lines on stdin until it closes;
     ``more``: other stacks by name (a class as ``Ours``, with ``evaluate`` at least)."""
-    stacks = {"ours": Ours, "keras_fit": KerasFit, **(more or {})}
+    stacks = {"ours": Ours, **(more or {})}
     if spec["stack"] in stacks:
         stack = stacks[spec["stack"]](spec)
         emit("READY", stack.info)
@@ -339,21 +349,22 @@ def worker_main(spec: dict, more: dict | None = None) -> None:
             emit("DONE", _timed(lambda: stack.train(spec["train_steps"]) if command == "train" else stack.evaluate()))
         return
 
-    def serve(hf) -> bool:
-        """Between training chunks: answer commands; True to train the next chunk, False at the end."""
-        if hf.target:  # a chunk just ended
-            emit("DONE", {"examples": spec["train_steps"] * spec["batch_size"], "s": time.perf_counter() - hf.start,
-                          "cpu_s": cpu_seconds() - hf.start_cpu})
+    def serve(paced) -> bool:
+        """Between training chunks of a paced stack (HF's ``Trainer``, Keras's ``fit``): answer commands; True to
+        train the next chunk, False at the end."""
+        if paced.target:  # a chunk just ended
+            emit("DONE", {"examples": spec["train_steps"] * spec["batch_size"],
+                          "s": time.perf_counter() - paced.start, "cpu_s": cpu_seconds() - paced.start_cpu})
         for line in sys.stdin:
             if line.strip() == "eval":
-                emit("DONE", _timed(hf.evaluate))
+                emit("DONE", _timed(paced.evaluate))
                 continue
-            hf.target = hf.done + spec["train_steps"]
-            hf.start, hf.start_cpu = time.perf_counter(), cpu_seconds()
+            paced.target = paced.done + spec["train_steps"]
+            paced.start, paced.start_cpu = time.perf_counter(), cpu_seconds()
             return True
         return False
 
-    hf = HF(spec, serve)
-    emit("READY", hf.info)
-    if serve(hf):
-        hf.trainer.train()
+    paced = (KerasFit if spec["stack"] == "keras_fit" else HF)(spec, serve)
+    emit("READY", paced.info)
+    if serve(paced):
+        paced.run()

@@ -37,7 +37,9 @@ same SST-2 training texts tokenized with the project's tokenizer, from random we
                          a shape per length): what the finest grid would buy over the default buckets
                          (evaluated too, in bf16)
     keras_fit            the Python API: GPT1TextClassifier.fit (λ = 0.5, fp32) on the same token ids, each batch
-                         padded to its bucket by the preprocessor (bench/_finetune_stacks.py KerasFit)
+                         padded to its bucket by the preprocessor, one fit call paused between chunks as
+                         HF's Trainer is (bench/_finetune_stacks.py KerasFit)
+    keras_fit_lm0        the same with λ = 0 (not a default stack): the Python API against HF's objective
     hf_float32           transformers.Trainer, OpenAIGPTForSequenceClassification, dynamic padding,
                          train_sampling_strategy="group_by_length", fp32
     hf_bfloat16          the same with bf16=True (torch.autocast bfloat16)
@@ -83,6 +85,7 @@ STACKS = {
     "ours_every_length_lm0_bf16": {"stack": "ours", "buckets": True, "lm_coef": 0.0, "precision": "mixed_bfloat16",
                                    "every_length": True},
     "keras_fit": {"stack": "keras_fit", "buckets": True, "lm_coef": 0.5},
+    "keras_fit_lm0": {"stack": "keras_fit", "buckets": True, "lm_coef": 0.0},
     "hf_float32": {"stack": "hf", "precision": "float32"},
     "hf_bfloat16": {"stack": "hf", "precision": "bfloat16"},
 }
@@ -192,6 +195,11 @@ def summarise(logs: dict) -> dict:
         "eval bucketed / padded (goal >= 3)": ratio("ours_bucketed", "ours_padded", "eval"),
         "train keras fit / CLI loop (λ=0.5, fp32)": ratio("keras_fit", "ours_bucketed", "train"),
         "eval keras predict / CLI predict (fp32)": ratio("keras_fit", "ours_bucketed", "eval"),
+        f"train keras fit λ=0 (keras_fit_lm0) / best HF ({hf}) (goal >= 1.5)": ratio("keras_fit_lm0", hf, "train")
+        if hf else None,
+        f"eval keras predict / best HF ({hf_eval}) (goal >= 1.5)": ratio(
+            next((n for n in ("keras_fit", "keras_fit_lm0") if "eval" in rows.get(n, {})), "keras_fit"), hf_eval,
+            "eval") if hf_eval else None,
         f"train {lm0} / best HF ({hf}) (goal >= 1.5)": ratio(lm0, hf, "train") if hf and lm0 else None,
         f"train {ours} (λ=0.5) / best HF ({hf})": ratio(ours, hf, "train") if hf else None,
         f"eval {ours_eval} / best HF ({hf_eval}) (goal >= 1.5)": ratio(ours_eval, hf_eval, "eval")

@@ -40,7 +40,7 @@ TensorBoard: .venv/bin/tensorboard --logdir $RUN/tb
 Next, the README's walk-through: fine-tune the shipped books model (the gpt1_tiny_books_en preset) on SST-2,
 export it and serve it; it starts with
   source .venv/bin/activate
-  export GLUE_DIR=\${GLUE_DIR:-../shared/data/glue}
+  export GLUE_DIR="\${GLUE_DIR:?set GLUE_DIR to your GLUE folder (docs/install.md#data)}"
   python -m pipelines.finetune_data --task=sst2 --data_dir=\$GLUE_DIR/SST-2 \\
       --tokenizer_dir=gpt_tf/presets/gpt1_tiny_books_en/assets/tokenizer --output_dir=data/tasks/sst2 --train_subsample=20000
   python -m gpt_tf.train --flagfile=configs/finetune_sst2_tiny.flags --init_checkpoint=gpt1_tiny_books_en --lm_coef=0

@@ -34,12 +34,10 @@ def test_recorded_commands_hold_no_path_of_this_machine():
                                   "--run_dir=/elsewhere/run")
 
 
-def test_the_scale_table_puts_both_sizes_and_both_arms_side_by_side(tmp_path):
+def test_the_scale_table_puts_both_sizes_and_both_arms_side_by_side():
     """bench/experiments/reproduction.py --stage=scale: per task, each size's arms (median [min–max] (seeds) of the chosen recipe),
-    the gain from pre-training at each size, and the small model's pre-trained median minus the tiny one's; the
-    page's marked section is replaced and the rest kept."""
-    from bench.experiments.reproduction import END, START
-    from bench.experiments.reproduction import rewrite_section as rewrite
+    the gain from pre-training at each size, and the small model's pre-trained median minus the tiny one's, under the
+    command that wrote it (docs/reproduction.md includes the file whole)."""
     from bench.experiments.reproduction import scale_cells as cells
     from bench.experiments.reproduction import scale_section as section
 
@@ -51,7 +49,5 @@ def test_the_scale_table_puts_both_sizes_and_both_arms_side_by_side(tmp_path):
     assert rows[0].split(" | ")[1:4] == ["60.0 [58.0–62.0] (3)", "52.0 [52.0–52.0] (1)", "+8.0"], rows[0]
     assert rows[1].split(" | ")[1:5] == ["65.0 [65.0–65.0] (1)", "–", "–", "+5.0 |"], rows[1]
     assert "cola" not in text  # a task no size ran has no table
-    doc = tmp_path / "page.md"
-    doc.write_text(f"before\n{START}\nold\n{END}\nafter\n")
-    rewrite(doc, text)
-    assert doc.read_text() == f"before\n{text}\nafter\n"
+    assert text.startswith("Written by `python -m bench.experiments.reproduction --stage=scale` from ")
+    assert not text.lstrip().startswith("#") and text.endswith("|\n")  # no heading of its own inside the page

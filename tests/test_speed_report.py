@@ -32,6 +32,15 @@ def test_goals_of_a_lambda0_only_run():
         ("fine-tuning eval: ours_bucketed_lm0 / hf_float32", 1.5)]
 
 
+def test_keras_fit_against_hf_is_read_from_its_own_rows():
+    logs = {"keras_fit": {"train": [_measure(80.0)], "eval": [_measure(330.0)]},
+            "keras_fit_lm0": {"train": [_measure(160.0)], "eval": []},
+            "hf_float32": {"train": [_measure(100.0)], "eval": [_measure(300.0)]}}
+    ratios = finetune_speed.summarise(logs)["ratios"]
+    assert ratios["train keras fit λ=0 (keras_fit_lm0) / best HF (hf_float32) (goal >= 1.5)"] == 1.6
+    assert ratios["eval keras predict / best HF (hf_float32) (goal >= 1.5)"] == 1.1
+
+
 def test_the_speed_table_goals_file_name_and_table():
     info = {"cpu": "AMD EPYC 9B45", "isa": ["avx2", "fma", "avx512f", "avx512_bf16"]}
     assert harness.cpu_slug(info) == "amd_epyc_9b45_avx512_bf16"

@@ -5,7 +5,8 @@ The walk-through is the README's ```bash blocks that follow a ``<!-- walkthrough
 runs in turn and must succeed) or a ``<!-- walkthrough: serve -->`` line (servers: each is started, waited
 for until the ports it names answer, and stopped once the blocks after it have run). They run in a
 temporary folder laid out like the repository (links to its code, configs and .venv; fresh data/, runs/,
-exported/) beside ../shared/data, in an environment like `source .venv/bin/activate` gives, after
+exported/) beside ../shared/data, in an environment like `source .venv/bin/activate` gives, with GLUE_DIR
+set to ../shared/data/glue as the README asks a user to set it to their GLUE folder, after
 `bash scripts/demo.sh` (README command 1). Test scale: the flags in DEMO_SCALE and SCALE are appended
 to the commands (later flags win: 40 task examples, one epoch of batches of 8), and the ports the README
 names are swapped for free ones.
@@ -107,6 +108,7 @@ class Shell:
         self.project, self.outputs, self.servers, self.exports = project, [], [], []
         self.env = {k: v for k, v in os.environ.items()
                     if k not in ("PYTHONPATH", "TF_CPP_MIN_LOG_LEVEL", "GPT_TF_VERBOSE", "VIRTUAL_ENV")}
+        self.env["GLUE_DIR"] = str(project.parent / "shared" / "data" / "glue")  # the user's GLUE folder (README)
 
     def _argv(self, command: str) -> list[str]:  # the README's `export NAME=...` lines hold for the commands after them
         return ["bash", "-c", " && ".join(["source .venv/bin/activate", *self.exports, command])]

@@ -12,7 +12,7 @@
     python -m bench.experiments.reproduction --stage=report
     # 5. the pre-trained arm's chosen recipes as flagfiles: configs/finetune_<task>_tiny.flags
     python -m bench.experiments.reproduction --stage=configs
-    # 6. what scale bought: both sizes' ledgers side by side, one table per task, into docs/reproduction.md
+    # 6. what scale bought: both sizes' ledgers side by side, one table per task: bench/results/reproduction_scale.md
     python -m bench.experiments.reproduction --stage=scale
 
 Every run is one ``python -m gpt_tf.train --task`` process (``finetune_spec``: the task's flagfile, the arm's
@@ -22,8 +22,8 @@ can take this ledger's runs, ``ledger_run``), timed wall-clock; each finished ru
 and a run already in the ledger is never redone. The choice of recipe reads dev scores only; the test files are
 predicted once, by the chosen recipe's seed-0 run, and never scored here. ``--stage=scale`` runs nothing: for each
 size (``SCALE_LEDGERS``), arm and task, the dev scores of every seed of the arm's chosen recipe, as median [min–max]
-(seeds), the gain from pre-training and what the bigger model adds, replacing the marked section of
-``docs/reproduction.md``.
+(seeds), the gain from pre-training and what the bigger model adds, into ``SCALE_REPORT`` (which
+``docs/reproduction.md`` includes).
 """
 
 from __future__ import annotations
@@ -50,8 +50,7 @@ GOALS = {"sst2": 82, "cola": 15, "mrpc": 82, "stsb": 50, "rte": 56, "story_cloze
 # --stage=scale: each model size's ledger, and what it is.
 SCALE_LEDGERS = {"tiny": "bench/results/reproduction.jsonl", "small": "bench/results/reproduction_small.jsonl"}
 SIZES = {"tiny": "5.2M parameters, 128 context", "small": "16.9M parameters, 256 context"}
-START = "<!-- scale: written by `python -m bench.experiments.reproduction --stage=scale`; edits here are replaced -->"
-END = "<!-- /scale -->"
+SCALE_REPORT = "bench/results/reproduction_scale.md"
 # Context per task, from the token lengths in the task manifests (max view lengths: SST-2 73,
 # CoLA 52, STS-B 142, MRPC 135, RTE 370, Story Cloze 94); longer views are truncated by the
 # documented rule of gpt_tf/data/transforms.py.
@@ -317,9 +316,10 @@ def signed(value: float | None) -> str:
 
 
 def scale_section(by_size: dict[str, dict]) -> str:
-    """The scale section of ``docs/reproduction.md`` (between the markers: one table per task that any size ran."""
+    """``SCALE_REPORT``: one table per task that any size ran."""
     tasks = [t for t in N_CTX if any((t, arm) in c for c in by_size.values() for arm in ARMS)]
-    lines = [START, "",
+    lines = ["Written by `python -m bench.experiments.reproduction --stage=scale` from "
+             + " and ".join(f"`{path}`" for path in SCALE_LEDGERS.values()) + ".", "",
              "Dev metric × 100: median [min–max] (seeds), each arm with its own recipe chosen on dev; gain: "
              "pre-trained minus scratch at the same size; scale: the small model's pre-trained median minus the tiny "
              "one's.", ""]
@@ -335,22 +335,14 @@ def scale_section(by_size: dict[str, dict]) -> str:
             lines.append(f"| {size} ({SIZES[size]}) | {_spread(pre)} | {_spread(scratch)} | {signed(gain)} | "
                          f"{signed(scale) if size != 'tiny' else ''} |")
         lines.append("")
-    return "\n".join(lines + [END])
-
-
-def rewrite_section(doc: Path, text: str) -> None:
-    page = doc.read_text(encoding="utf-8")
-    if START not in page or END not in page:
-        raise SystemExit(f"{doc}: no section marked {START!r} ... {END!r} to rewrite")
-    head, rest = page.split(START, 1)
-    doc.write_text(head + text + rest.split(END, 1)[1], encoding="utf-8")
+    return "\n".join(lines).rstrip("\n") + "\n"
 
 
 def main(argv):
     del argv
     if FLAGS.stage == "scale":
         text = scale_section({size: scale_cells(load_ledger(ROOT / path)) for size, path in SCALE_LEDGERS.items()})
-        rewrite_section(ROOT / "docs" / "reproduction.md", text)
+        (ROOT / SCALE_REPORT).write_text(text, encoding="utf-8")
         print(text)
         return
     records = load_ledger(Path(FLAGS.ledger))

@@ -29,7 +29,9 @@ _EPOCHS = 2**62  # training repeats "forever": fit's steps_per_epoch and epochs 
 def _features(preprocessor, x):
     """Every example's features padded to ``sequence_length`` (numpy), and its longest view's length."""
     ids = pretokenize(x, preprocessor.tokenizer, preprocessor.input_type)
-    features = {k: v.numpy() for k, v in preprocessor.features(ids, padding="length").items()}
+    # In a graph: the per-example map is a loop there, where eagerly it runs example by example in Python.
+    features = tf.function(lambda ids: preprocessor.features(ids, padding="length"))(ids)
+    features = {k: v.numpy() for k, v in features.items()}
     return features, features["extract_index"].max(axis=1) + 1
 
 

@@ -165,7 +165,7 @@ class GPT1TaskPreprocessor(keras_hub.models.TextClassifierPreprocessor):
         scalar = first.dtype == tf.string and first.shape.rank == 0
         if scalar:
             fields = {k: v[tf.newaxis] for k, v in fields.items()}
-        tokens = {k: self._ids(v) for k, v in fields.items()}
+        tokens = self._tokens(fields)
         names, empty = INPUT_FIELDS[self.input_type], tf.zeros([0], tf.int32)
 
         def one(i):
@@ -190,6 +190,19 @@ class GPT1TaskPreprocessor(keras_hub.models.TextClassifierPreprocessor):
             ids, weights = ids[:, :, :length], weights[:, :, :length]
         out = {"input_ids": ids, "extract_index": extract, "lm_weights": weights}
         return {k: v[0] for k, v in out.items()} if scalar else out
+
+    def _tokens(self, fields: dict) -> dict:
+        """Each field's token ids (``_ids``); in a graph, the fields of strings in one tokenizer call (a pair's or a
+        choice's texts side by side, each text's ids its own), so the graph holds the tokenizer once."""
+        texts = [k for k, v in fields.items() if v.dtype == tf.string]
+        if len(texts) < 2 or tf.executing_eagerly():
+            return {k: self._ids(v) for k, v in fields.items()}
+        flat = [tf.reshape(fields[k], [-1]) for k in texts]
+        ids = self.tokenizer.tokenize(tf.concat(flat, axis=0))
+        ends = tf.cumsum([tf.size(v) for v in flat])
+        starts = tf.concat([[0], ends[:-1]], axis=0)
+        split = {k: ids[starts[i]:ends[i]] for i, k in enumerate(texts)}
+        return {k: split[k] if k in split else self._ids(v) for k, v in fields.items()}
 
     def _ids(self, value):
         """A field's token ids, ragged ``[N, None]`` (choices flattened): tokenized, or given as ids."""
