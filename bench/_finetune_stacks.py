@@ -197,6 +197,13 @@ class Ours:
         self.iterator = iter(self.tuner._dataset(self.tuner.heads[0], "train", training=True, start_batch=batch))
 
 
+def _stepped(paced, serve) -> bool:
+    """After one training step of a paced stack (``KerasFit``, ``HF``): whether its training is to stop (its chunk
+    ended and ``serve`` has no further chunk)."""
+    paced.done += 1
+    return paced.done == paced.target and not serve(paced)
+
+
 class KerasFit:
     """The Python API: ``GPT1TextClassifier.fit`` / ``predict`` on the same SST-2 token ids, in the length-bucketed
     batches of ``gpt_tf.gpt1.batching`` (``bucketed`` for ``fit``: the command line's order; ``sorted_batches`` for
@@ -239,8 +246,7 @@ class KerasFit:
 
         class Pace(keras.callbacks.Callback):
             def on_train_batch_end(self, batch, logs=None):
-                bench.done += 1
-                if bench.done == bench.target and not serve(bench):
+                if _stepped(bench, serve):
                     self.model.stop_training = True
 
         self.pace = Pace()
@@ -289,8 +295,7 @@ class HF:
 
         class Pace(TrainerCallback):
             def on_step_end(self, args, state, control, **kwargs):
-                bench.done += 1
-                if bench.done == bench.target and not serve(bench):
+                if _stepped(bench, serve):
                     control.should_training_stop = True
 
         self.trainer = Trainer(model=model, args=args, train_dataset=self.data["train"], data_collator=self.collate,

@@ -21,10 +21,8 @@ Phases, each a subprocess whose command, output and wall-clock time go to ``<run
    recipe of ``--pretrained``'s ``train_config.json``, ``--lstm_steps`` updates, warm-up and checkpoint period
    scaled to them) in the background beside phases 2–3 (log: ``<runs_root>/lstm_<preset>.log``); then its
    zero-shot and its fine-tuning arm ``lstm``;
-5. ``<out_dir>/results.md`` and the figures ``layer_transfer.png``, ``zero_shot.png``, ``ablations.png``
-   (``bench/experiments/study_report.py``), rewritten from the ledger after every run. The docs page
-   ``docs/results.md`` includes the published run's tables (``--out_dir=bench/results/study_books``) and shows its
-   figures, copied into ``docs/``.
+5. ``<out_dir>/results.md`` and ``{layer_transfer,zero_shot,ablations}.png`` (``study_report.py``), rewritten after
+   each run; ``docs/results.md`` includes ``--out_dir=bench/results/study_books``'s, its figures copied to ``docs/``.
 
 ``--scale`` (``SCALES``) picks defaults for the knobs that set the cost (tasks, seeds, layers, epochs, train
 subsample, zero-shot sample, LSTM steps); a knob given on the command line wins. One ``--runs_root`` holds one
@@ -76,8 +74,8 @@ def define_flags(fv: flags.FlagValues = FLAGS) -> None:
     flags.DEFINE_string("tasks_dir", "", "task TFRecords built with the run's tokenizer "
                         "(needed unless --train_subsample rebuilds them)", flag_values=fv)
     flags.DEFINE_string("data_root", "../shared/data", "official task files (GLUE, Story Cloze)", flag_values=fv)
-    flags.DEFINE_string("out_dir", "bench/results/study", "results.md and the PNG figures (docs/results.md includes "
-                        "the published run's, bench/results/study_books/results.md)", flag_values=fv)
+    flags.DEFINE_string("out_dir", "bench/results/study", "results.md and the PNG figures (docs/results.md "
+                        "includes the published run's, bench/results/study_books/results.md)", flag_values=fv)
     flags.DEFINE_string("runs_root", "runs/study", "runs, task data and the ledger study.jsonl", flag_values=fv)
     flags.DEFINE_enum("scale", "cpu", sorted(SCALES), "the defaults of the cost knobs", flag_values=fv)
     flags.DEFINE_string("lstm_run", "", "an LSTM pre-training run to use instead of training one", flag_values=fv)

@@ -192,24 +192,25 @@ class GPT1TaskPreprocessor(keras_hub.models.TextClassifierPreprocessor):
         return {k: v[0] for k, v in out.items()} if scalar else out
 
     def _tokens(self, fields: dict) -> dict:
-        """Each field's token ids (``_ids``); in a graph, the fields of strings in one tokenizer call (a pair's or a
-        choice's texts side by side, each text's ids its own), so the graph holds the tokenizer once."""
+        """Each field's token ids, ragged ``[N, None]`` (choices flattened): texts tokenized, in a graph all of them in
+        one tokenizer call (a pair's or a choice's texts side by side, each text's ids its own), so the graph holds
+        the tokenizer once; ids given as they are (``_ids``)."""
         texts = [k for k, v in fields.items() if v.dtype == tf.string]
-        if len(texts) < 2 or tf.executing_eagerly():
-            return {k: self._ids(v) for k, v in fields.items()}
-        flat = [tf.reshape(fields[k], [-1]) for k in texts]
-        ids = self.tokenizer.tokenize(tf.concat(flat, axis=0))
-        ends = tf.cumsum([tf.size(v) for v in flat])
-        starts = tf.concat([[0], ends[:-1]], axis=0)
-        split = {k: ids[starts[i]:ends[i]] for i, k in enumerate(texts)}
-        return {k: split[k] if k in split else self._ids(v) for k, v in fields.items()}
+        if tf.executing_eagerly():  # called alone (not from `call`), `tokenize` would give Python lists
+            tokens = {k: self.tokenizer.encode_eagerly(fields[k]) for k in texts}
+        elif texts:
+            flat = [tf.reshape(fields[k], [-1]) for k in texts]
+            ids = self.tokenizer.tokenize(tf.concat(flat, axis=0))
+            ends = tf.cumsum([tf.size(v) for v in flat])
+            starts = tf.concat([[0], ends[:-1]], axis=0)
+            tokens = {k: ids[starts[i]:ends[i]] for i, k in enumerate(texts)}
+        else:
+            tokens = {}
+        return {k: tokens[k] if k in tokens else self._ids(v) for k, v in fields.items()}
 
-    def _ids(self, value):
-        """A field's token ids, ragged ``[N, None]`` (choices flattened): tokenized, or given as ids."""
-        if value.dtype == tf.string:
-            if tf.executing_eagerly():  # called alone (not from `call`), `tokenize` would give Python lists
-                return self.tokenizer.encode_eagerly(value)
-            return self.tokenizer.tokenize(tf.reshape(value, [-1]))
+    @staticmethod
+    def _ids(value):
+        """Token ids given for a field, as ragged ``int32`` ``[N, None]`` (choices flattened)."""
         if not isinstance(value, tf.RaggedTensor):
             value = tf.RaggedTensor.from_tensor(value)
         value = tf.cast(value, tf.int32)
