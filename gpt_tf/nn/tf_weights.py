@@ -40,9 +40,9 @@ _KERAS_EPSILON = 1e-7  # keras.config.epsilon(): abs_max_quantize's
 @functools.lru_cache(maxsize=None)
 def _onednn_runs() -> bool:
     """Whether this process's TensorFlow runs oneDNN's rewrites (which give ``QuantizedMatMulWithBias`` its kernel)."""
-    from tensorflow.python.util import _pywrap_util_port  # pylint: disable=import-outside-toplevel
+    from gpt_tf.speed.choices import onednn_in_effect  # pylint: disable=import-outside-toplevel
 
-    return bool(_pywrap_util_port.IsMklEnabled())
+    return onednn_in_effect()
 
 
 @functools.lru_cache(maxsize=None)
