@@ -74,7 +74,8 @@ def define_flags():
     flags.DEFINE_list("precisions", ["float32", "mixed_bfloat16"], "--mode=gpt1: precisions")
     flags.DEFINE_integer("steps", 3, "--mode=gpt1: timed fine-tuning steps per task (after one untimed)")
     flags.DEFINE_integer("batch_size", 32, "--mode=gpt1: the recipes' batch size")
-    flags.DEFINE_list("presets", ["gpt1_tiny_books_en", "gpt1_small_books_en"], "--mode=lora_int8: the presets")
+    flags.DEFINE_list("presets", ["gpt1_tiny_books_en", "gpt1_small_books_en"], "--mode=lora_int8: the presets "
+                      "(gpt1: GPT-1's shapes, random weights: predict speed only)")
     flags.DEFINE_list("finetunings", list(FINETUNINGS), "--mode=lora_int8: full, lora4, lora16")
     flags.DEFINE_integer("train_limit", 20000, "--mode=lora_int8: the first N SST-2 training sentences (0: all 67,349)")
     flags.DEFINE_float("learning_rate", 5e-4, "--mode=lora_int8: full fine-tuning's peak learning rate (the "
@@ -231,14 +232,22 @@ def int8_worker(spec: dict) -> None:
 
     dev_x, dev_y = sst2(spec["glue_dir"], "dev")
     dev_y, formats, batch = np.array(dev_y), spec["weights"], spec["predict_batch"]
-    float32 = keras_hub.models.TextClassifier.from_preset(spec["preset_dir"])
+    if spec["preset_dir"]:
+        float32 = keras_hub.models.TextClassifier.from_preset(spec["preset_dir"])
+    else:  # GPT-1's shapes, random weights (speed only), the tiny preset's tokenizer
+        from gpt_tf.config import get_size
+        from gpt_tf.gpt1.build import backbone_for
+
+        tiny = keras_hub.models.TextClassifier.from_preset("gpt1_tiny_books_en", num_classes=2)
+        float32 = type(tiny)(backbone_for(get_size(spec["lm_preset"])), 2, preprocessor=tiny.preprocessor)
     models = {name: float32 if name == "float32" else with_weights(float32, name) for name in formats}
     rows = {}
     with tempfile.TemporaryDirectory() as tmp:
         for name, model in models.items():
             model.save_to_preset(f"{tmp}/{name}")
             size = sum(p.stat().st_size for p in Path(tmp, name).glob("*.weights.h5"))
-            rows[name] = {"weights_mib": size / 2**20, "dev_accuracy": _accuracy(model, dev_x, dev_y, batch),
+            accuracy = _accuracy(model, dev_x, dev_y, batch) if spec["preset_dir"] else None
+            rows[name] = {"weights_mib": size / 2**20, "dev_accuracy": accuracy,
                           "rates": [], "others": []}
     for r in range(spec["predict_rounds"] + 1):
         for name, model in models.items():
@@ -280,7 +289,8 @@ def lora_int8_markdown(report: dict) -> str:
         base = rows.get("float32", {}).get("predict_examples_per_s")
         for name, r in rows.items():
             same, rate = r.get("same_greedy_tokens"), r["predict_examples_per_s"]
-            lines.append(f"| {preset} | {name} | {r['weights_mib']:.1f} | {100 * r['dev_accuracy']:.1f} | {rate:.0f} | "
+            accuracy = "–" if r["dev_accuracy"] is None else f"{100 * r['dev_accuracy']:.1f}"
+            lines.append(f"| {preset} | {name} | {r['weights_mib']:.1f} | {accuracy} | {rate:.0f} | "
                          f"{f'{rate / base:.2f}×' if base else ''} | {'' if same is None else f'{same:.0%}'} | "
                          f"{100 * r['others_cpu_share']:.0f}% |")
     return "\n".join(lines) + "\n"
@@ -295,7 +305,8 @@ def run_lora_int8(args, log) -> tuple[dict, str]:
     if not Path(glue_dir, "SST-2", "train.tsv").is_file():
         raise app.UsageError(f"--shared_data={args.shared_data}: no glue/SST-2/train.tsv there")
     shown = (("mode", "lora_int8"), ("presets", ",".join(args.presets)), ("train_limit", args.train_limit),
-             ("weights", ",".join(args.weights)))
+             ("finetunings", ",".join(args.finetunings)), ("weights", ",".join(args.weights)),
+             ("predict_batch", args.predict_batch))
     report = {"command": "python -m bench.costs " + " ".join(f"--{k}={v}" for k, v in shown),
               "machine": machine_info(), "date": time.strftime("%Y-%m-%d"), "train_limit": args.train_limit,
               "learning_rate": args.learning_rate, "lora_learning_rate": args.lora_learning_rate,
@@ -304,7 +315,7 @@ def run_lora_int8(args, log) -> tuple[dict, str]:
     with tempfile.TemporaryDirectory() as tmp:
         for preset in args.presets:
             report["finetune"][preset] = {}
-            for name in args.finetunings:
+            for name in args.finetunings if preset != "gpt1" else ():  # gpt1: GPT-1's shapes, speed only
                 rank = FINETUNINGS[name]
                 spec = {"kind": "lora", "preset": preset, "rank": rank, "train_limit": args.train_limit,
                         "glue_dir": glue_dir, "learning_rate": args.lora_learning_rate if rank else args.learning_rate,
@@ -312,11 +323,12 @@ def run_lora_int8(args, log) -> tuple[dict, str]:
                 log(f"{preset} {name} ...")
                 report["finetune"][preset][name] = worker_result(spec, "bench.costs")
                 log(f"  {report['finetune'][preset][name]}")
-            if "full" in args.finetunings:
+            if "full" in args.finetunings or preset == "gpt1":
                 log(f"{preset} weight formats ...")
-                spec = {"kind": "int8", "preset_dir": f"{tmp}/{preset}", "glue_dir": glue_dir, "lm_preset": preset,
-                        "weights": args.weights, "predict_rounds": args.predict_rounds,
-                        "predict_batch": args.predict_batch, "prompts": args.generate_prompts}
+                spec = {"kind": "int8", "preset_dir": f"{tmp}/{preset}" if preset != "gpt1" else "",
+                        "glue_dir": glue_dir, "lm_preset": preset, "weights": args.weights,
+                        "predict_rounds": args.predict_rounds, "predict_batch": args.predict_batch,
+                        "prompts": args.generate_prompts if preset != "gpt1" else 0}
                 report["int8"][preset] = worker_result(spec, "bench.costs")
     return report, lora_int8_markdown(report)
 

@@ -43,6 +43,8 @@ def define_flags():
     flags.DEFINE_integer("rounds", 3, "timed calls per stack (after one untimed)")
     flags.DEFINE_integer("threads", 1, "threads of every stack (TF intra- and inter-op, torch intra-op; 0: every "
                          "core); one prompt's matrices are too small to share out well")
+    flags.DEFINE_list("backends", [], "with --weights: ours on these Keras backends too (jax, torch), in float32 and "
+                      "each format, instead of the anchors")
     flags.DEFINE_list("weights", [], "ours with weights held in these formats too (bfloat16, int8, "
                       "int8_weight_only), and the anchors in bfloat16 and int8")
     flags.DEFINE_string("out", None, "the JSON report (default bench/results/generation_<cpu>.json; .md beside it)")
@@ -189,6 +191,10 @@ def generate_worker(spec) -> None:
     if spec["threads"]:
         tf.config.threading.set_intra_op_parallelism_threads(spec["threads"])
         tf.config.threading.set_inter_op_parallelism_threads(spec["threads"])
+        if spec.get("backend") == "torch":
+            import torch
+
+            torch.set_num_threads(spec["threads"])
     config = get_size(spec["preset"], n_ctx=spec["n_ctx"])
     if spec["stack"] == "transformers":  # the same weights: ours, as transformers' state dict
         from gpt_tf.convert.state_dicts import to_hf_state_dict
@@ -221,9 +227,15 @@ def generation(preset: str, log) -> dict:
     if FLAGS.weights:  # the formats against float32's cached stacks (the uncached ones are the default run's)
         stacks = {"ours_cache": "float32", "transformers_gpt2": "float32"}
         stacks.update({f"ours_cache_{w}": w for w in FLAGS.weights})
-        stacks.update({"transformers_gpt2_bfloat16": "bfloat16", "transformers_gpt2_int8": "int8",
-                       "keras_hub_gpt2": "float32", "keras_hub_gpt2_int8": "int8"})
-    specs = [{**base, "stack": stack, "format": w} for stack, w in stacks.items()]
+        if FLAGS.backends:  # Keras's own arithmetic of each format on JAX and PyTorch, against their float32
+            del stacks["transformers_gpt2"]
+            stacks.update({f"ours_cache_{b}{f'_{w}' if w != 'float32' else ''}": w
+                           for b in FLAGS.backends for w in ["float32", *FLAGS.weights]})
+        else:
+            stacks.update({"transformers_gpt2_bfloat16": "bfloat16", "transformers_gpt2_int8": "int8",
+                           "keras_hub_gpt2": "float32", "keras_hub_gpt2_int8": "int8"})
+    backend_of = {s: b for s in stacks for b in FLAGS.backends if s.startswith(f"ours_cache_{b}")}
+    specs = [{**base, "stack": stack, "format": w, "backend": backend_of.get(stack)} for stack, w in stacks.items()]
     calls = {row["stack"]: row["steps_log"] for row in run_group(specs, 1.0, FLAGS.rounds, log,
                                                                  module="bench.generation")}
     rows = {stack: {"tokens_per_s": base["new_tokens"] / median([c["s"] for c in got]),
@@ -232,12 +244,14 @@ def generation(preset: str, log) -> dict:
     shared = {f"ours_cache = {other}": sum(map(int.__eq__, tokens["ours_cache"], tokens[other])) / len(tokens[other])
               for other in stacks if other in ("ours_no_cache", "transformers") or other.startswith("ours_cache_")}
     pairs = [(f"ours_cache_{w}", "ours_cache") for w in FLAGS.weights] + [
-        (s, s.rsplit("_", 1)[0]) for s in stacks if s.endswith(("_bfloat16", "_int8")) and not s.startswith("ours")]
+        (s, s.rsplit("_", 1)[0]) for s in stacks if s.endswith(("_bfloat16", "_int8")) and not s.startswith("ours")] + [
+        (f"ours_cache_{b}_{w}", f"ours_cache_{b}") for b in FLAGS.backends for w in FLAGS.weights]
     formats = {stack: median([b["s"] / c["s"] for b, c in zip(calls[float32], calls[stack])])  # paired by round
                for stack, float32 in pairs}
     result = {"preset": preset, "n_ctx": base["n_ctx"], "weights": base["weights"], "rows": rows,
-              "same_tokens": shared, "vs_float32": formats, "threads": FLAGS.threads,
-              "cache_vs_gpt2_cache": rows["ours_cache"]["tokens_per_s"] / rows["transformers_gpt2"]["tokens_per_s"]}
+              "same_tokens": shared, "vs_float32": formats, "threads": FLAGS.threads}
+    if "transformers_gpt2" in rows:
+        result["cache_vs_gpt2_cache"] = rows["ours_cache"]["tokens_per_s"] / rows["transformers_gpt2"]["tokens_per_s"]
     if "transformers" in rows:
         result["cache_vs_transformers"] = rows["ours_cache"]["tokens_per_s"] / rows["transformers"]["tokens_per_s"]
         result["no_cache_vs_transformers"] = (rows["ours_no_cache"]["tokens_per_s"]
