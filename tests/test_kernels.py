@@ -332,10 +332,11 @@ def _int8_reference(x, w, scale, transpose, quantize_inputs):
 def test_weight_matmul_is_kerass_int8_product_and_float32_sums_of_bf16(lib, rows, transpose):
     """The few-row kernel: int8 weights with Keras's input quantizer give its integer sums, de-scaled as Keras does;
     weight-only int8 and bfloat16 weights their float32 sums (to float32 rounding). Shapes not a multiple of the
-    kernel's blocks (100 x 77) and GPT-1's (768 x 2304)."""
+    kernel's blocks (100 x 77), GPT-1's (768 x 2304), and one whose few rows are summed in chunks of K of which the
+    last is not a whole group of rows (1001 x 130)."""
     del lib
     rng = np.random.default_rng(rows)
-    for k, n in ((100, 77), (768, 2304)):
+    for k, n in ((100, 77), (768, 2304), (1001, 130)):
         x = rng.standard_normal((rows, k)).astype(np.float32)
         shape = (n, k) if transpose else (k, n)
         w = rng.integers(-127, 128, shape).astype(np.int8)

@@ -131,40 +131,64 @@ class WeightMatmulOp : public OpKernel {
     return rows;
   }
 
-  // w [K, N]: each thread a range of whole blocks of 64 columns (at most kMaxBlocks at a time), read row after row
-  // for every row of x, the sums in an L1 buffer.
+  // w [K, N]: K in chunks (one where x has many rows: wm::kSplitRows), each chunk's columns in blocks of 64; a
+  // thread takes a range of (chunk, block) units and reads each chunk's rows (its share of them) row after row, at
+  // most kMaxBlocks blocks at a time, its sums in an L1 buffer, then into the chunk's partial sums; the chunks'
+  // sums added in their order.
   template <typename Finish>
   void RunColumns(const wm::Rows& rows, const TW* w, int64_t N, Finish finish,
                   const ::tensorflow::DeviceBase::CpuWorkerThreads& threads) const {
     const int64_t M = rows.M, K = rows.K;
     const int64_t blocks = (N + wm::kBlock - 1) / wm::kBlock;
+    const int64_t wanted = M <= wm::kSplitRows ? std::min(wm::kChunks, std::max<int64_t>(1, K / wm::kMinChunk)) : 1;
+    const int64_t span = ((K + wanted - 1) / wanted + wm::kRows - 1) / wm::kRows * wm::kRows;  // whole row groups
+    const int64_t chunks = (K + span - 1) / span;
+    std::vector<float> fpart(quantize_ ? 0 : chunks * M * N);
+    std::vector<int32_t> ipart(quantize_ ? chunks * M * N : 0);
     constexpr int64_t kMaxBlocks = 64;  // 4096 columns: a row of w read whole (a thread's share of it)
     auto work = [&](int64_t begin, int64_t end) {
       std::vector<float> fsums;
       std::vector<int32_t> isums;
-      for (int64_t b = begin; b < end; b += kMaxBlocks) {
-        const int64_t n0 = b * wm::kBlock, width = std::min(end - b, kMaxBlocks) * wm::kBlock;
+      for (int64_t u = begin; u < end;) {
+        const int64_t c = u / blocks, k0 = c * span, k1 = std::min(K, k0 + span);
+        const int64_t b = u % blocks, n0 = b * wm::kBlock;
+        const int64_t width = std::min({end - u, blocks - b, kMaxBlocks}) * wm::kBlock;
         const int64_t cols = std::min(N - n0, width);
         if (quantize_) {
           isums.assign(M * width, 0);
-          ExactColumns(rows, w, N, n0, cols, isums.data(), width);
+          ExactColumns(rows, k0, k1, w, N, n0, cols, isums.data(), width);
         } else {
           fsums.assign(M * width, 0.0f);
-          FloatColumns(rows, w, N, n0, cols, fsums.data(), width);
+          FloatColumns(rows, k0, k1, w, N, n0, cols, fsums.data(), width);
         }
         for (int64_t m = 0; m < M; ++m)
           for (int64_t i = 0; i < width; ++i) {
             const int64_t j = quantize_ ? ExactColumnOf(i) : FloatColumnOf(i);
             if (j >= cols) continue;
+            const int64_t at = (c * M + m) * N + n0 + j;
             if (quantize_) {
-              finish(m, n0 + j, 0.0f, isums[m * width + i]);
+              ipart[at] = isums[m * width + i];
             } else {
-              finish(m, n0 + j, fsums[m * width + i], 0);
+              fpart[at] = fsums[m * width + i];
             }
           }
+        u += width / wm::kBlock;
       }
     };
-    ::tensorflow::Shard(threads.num_threads, threads.workers, blocks, wm::kBlock * K * (M + 2), work);
+    ::tensorflow::Shard(threads.num_threads, threads.workers, chunks * blocks, wm::kBlock * span * (M + 2), work);
+    for (int64_t m = 0; m < M; ++m)
+      for (int64_t n = 0; n < N; ++n) {
+        float fsum = 0.0f;
+        int32_t isum = 0;
+        for (int64_t c = 0; c < chunks; ++c) {
+          if (quantize_) {
+            isum += ipart[(c * M + m) * N + n];
+          } else {
+            fsum += fpart[(c * M + m) * N + n];
+          }
+        }
+        finish(m, n, fsum, isum);
+      }
   }
 
   // w [N, K]: each output a row of w against each row of x; rows of w in units of 16 over the threads.
@@ -217,13 +241,14 @@ class WeightMatmulOp : public OpKernel {
 #endif
   }
 
-  void FloatColumns(const wm::Rows& rows, const TW* w, int64_t N, int64_t n0, int64_t cols, float* sums,
-                    int64_t width) const {
+  // sums[m][...] over k in [k0, k1) (FloatColumn's order).
+  void FloatColumns(const wm::Rows& rows, int64_t k0, int64_t k1, const TW* w, int64_t N, int64_t n0, int64_t cols,
+                    float* sums, int64_t width) const {
     const int64_t M = rows.M, K = rows.K;
 #ifdef GPT_TF_WM_AVX512
-    wm::FloatRows(rows.f.data(), M, K, w, N, n0, cols, sums, width);
+    wm::FloatRows(rows.f.data() + k0, K, M, k1 - k0, w + k0 * N, N, n0, cols, sums, width);
 #else
-    for (int64_t k = 0; k < K; ++k)
+    for (int64_t k = k0; k < k1; ++k)
       for (int64_t m = 0; m < M; ++m) {
         const float xk = rows.f[m * K + k];
         for (int64_t j = 0; j < cols; ++j) sums[m * width + j] += xk * wm::Decode(w[k * N + n0 + j]);
@@ -231,15 +256,17 @@ class WeightMatmulOp : public OpKernel {
 #endif
   }
 
-  // The exact sums of q and w, plus 128 sum q (finish takes it off).
-  void ExactColumns(const wm::Rows& rows, const TW* w, int64_t N, int64_t n0, int64_t cols, int32_t* sums,
-                    int64_t width) const {
-    const int64_t M = rows.M, K = rows.K;
+  // The exact sums of q and w over k in [k0, k1), plus 128 sum q there (finish takes the whole sum's off); k0 a
+  // multiple of kRows, k1 too or K (q is 0 past K).
+  void ExactColumns(const wm::Rows& rows, int64_t k0, int64_t k1, const TW* w, int64_t N, int64_t n0, int64_t cols,
+                    int32_t* sums, int64_t width) const {
+    const int64_t M = rows.M;
 #ifdef GPT_TF_WM_VNNI
-    wm::ExactRows(rows.q.data(), M, rows.K64, K, reinterpret_cast<const int8_t*>(w), N, n0, cols, sums, width);
+    wm::ExactRows(rows.q.data() + k0, M, rows.K64, k1 - k0, reinterpret_cast<const int8_t*>(w + k0 * N), N, n0, cols,
+                  sums, width);
 #else
     for (int64_t m = 0; m < M; ++m)
-      for (int64_t k = 0; k < K; ++k) {
+      for (int64_t k = k0; k < k1; ++k) {
         const int32_t qk = rows.q[m * rows.K64 + k];
         for (int64_t j = 0; j < cols; ++j)
           sums[m * width + j] += qk * (static_cast<int32_t>(wm::Decode(w[k * N + n0 + j])) + 128);

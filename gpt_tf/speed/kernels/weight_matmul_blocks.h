@@ -25,6 +25,10 @@ constexpr int64_t kBlock = 64;     // columns a thread's share is counted in
 constexpr int64_t kRows = 8;       // rows of w [K, N] read at a time
 constexpr int64_t kMaxK = 65536;   // the exact int8 sums stay below 2^31 (K 255 127)
 constexpr int64_t kAhead = 2;      // groups of kRows rows of w [K, N] prefetched ahead of the one read
+// A few rows (at most kSplitRows) against w [K, N] are summed in chunks of K, at least kMinChunk long, at most
+// kChunks of them (a number set by K alone, so that the sums' order is the same on any number of threads): each
+// thread then reads whole rows of its chunk, one stream of memory, where a share of columns reads part of every row.
+constexpr int64_t kSplitRows = 4, kChunks = 4, kMinChunk = 256;
 
 // Asks for the cache line at p ahead of its use (one thread's loads alone keep too few lines in flight to read
 // memory at its rate; measured: ~7 GB/s without, one Xeon core).
@@ -87,9 +91,10 @@ struct Step<bfloat16> {
 };
 
 // sums[m][c] += over k in [0, K) of x[m][k] w[k][n0 + c] (c in FloatColumn's order), c < cols, for the M rows of x.
+// x's rows are ldx apart (x and w may start at a row k0 of a longer product: a K chunk).
 template <typename TW>
-void FloatRows(const float* x, int64_t M, int64_t K, const TW* w, int64_t N, int64_t n0, int64_t cols, float* sums,
-               int64_t width) {
+void FloatRows(const float* x, int64_t ldx, int64_t M, int64_t K, const TW* w, int64_t N, int64_t n0, int64_t cols,
+               float* sums, int64_t width) {
   using S = Step<TW>;
   for (int64_t k = 0; k < K; k += kRows) {
     const int64_t live = std::min(kRows, K - k);
@@ -106,7 +111,7 @@ void FloatRows(const float* x, int64_t M, int64_t K, const TW* w, int64_t N, int
         }
       }
       for (int64_t m = 0; m < M; ++m) {
-        const float* xm = x + m * K + k;
+        const float* xm = x + m * ldx + k;
         float* out = sums + m * width + j;
         for (int q = 0; q < S::kVectors; ++q) {
           __m512 a = _mm512_loadu_ps(out + 16 * q), b = _mm512_setzero_ps();
