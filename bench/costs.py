@@ -25,11 +25,12 @@ full fine-tuning, and ``backbone.enable_lora(4)`` and ``enable_lora(16)`` (adapt
 trains too). All from seed 0 on the first ``--train_limit`` SST-2 training sentences, one epoch, batch 32, the same
 length-bucket plan. Each row: dev accuracy (the 872 dev sentences), trainable parameters, the median training step
 time, the epoch's wall time, and the process's peak resident memory (and its resident memory before ``fit``). Then
-the weight formats (``--weights``, default float32 and int8; ``gpt_tf.gpt1.weight_formats``): the fully fine-tuned
-classifier, saved with ``save_to_preset``, is loaded once and copied into each format in one process. Each row: the
-preset's weights file size, dev accuracy, and ``predict`` examples/s on the dev sentences at ``--predict_batch`` per
-call, the models taking turns (``--predict_rounds`` rounds each after one warm-up; the median); with formats other
-than float32, the share of the preset LM's greedy tokens (``--generate_prompts`` dev openings + 32) as float32's.
+the weight formats (``--weights``; ``gpt_tf.gpt1.weight_formats``): the fully fine-tuned classifier, saved with
+``save_to_preset``, loaded once and copied into each format in one process (``--presets=gpt1``: GPT-1's shapes with
+random weights, speed only). Each row: the weights file's size, dev accuracy, and ``predict`` examples/s on the dev
+sentences, tokenized once and batched by ``sorted_batches`` (``--predict_batch``), the models taking turns
+(``--predict_rounds`` after one warm-up; the median); the share of the preset LM's greedy tokens (``--generate_prompts``
+dev openings + 32) as float32's.
 
 **Corpus** (``run_corpus``): each of ``--corpora`` built as a user builds it, by one ``python -m
 pipelines.pretrain_data`` process (a BPE of ``--vocab`` trained on the books, then records of ``--n_ctx``,
@@ -176,8 +177,11 @@ def gpt1_markdown(report: dict) -> str:
 # ----------------------------------------------------------------------------- LoRA and int8
 
 
-def _accuracy(model, x, y, batch: int = 64) -> float:
-    return float((model.predict(x, batch_size=batch, verbose=0).argmax(-1) == y).mean())
+def _accuracy(model, dev, order, y) -> float:
+    """Accuracy of ``predict`` over ``sorted_batches``' ``dev`` (``order``: theirs), in the caller's order."""
+    from gpt_tf.gpt1.batching import restore
+
+    return float((restore(model.predict(dev, verbose=0), order).argmax(-1) == y).mean())
 
 
 def lora_worker(spec: dict) -> None:
@@ -187,7 +191,7 @@ def lora_worker(spec: dict) -> None:
     import numpy as np
 
     import gpt_tf.gpt1  # noqa: F401  (registers the family and its presets)
-    from gpt_tf.gpt1.batching import bucketed
+    from gpt_tf.gpt1.batching import bucketed, sorted_batches
 
     keras.utils.set_random_seed(0)
     train_x, train_y = sst2(spec["glue_dir"], "train", spec["train_limit"])
@@ -209,25 +213,26 @@ def lora_worker(spec: dict) -> None:
     classifier.fit(train, steps_per_epoch=steps_per_epoch, epochs=1, callbacks=[steps], verbose=0)
     fit = clock.read()
     peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
-    result = {
-        "dev_accuracy": _accuracy(classifier, dev_x, np.array(dev_y)),
-        "trainable_params": trainable, "params": total,
-        "step_ms_median": 1000 * median(seconds[10:] or seconds), "steps": len(seconds),
-        "fit_s": fit["s"], "others_cpu_share": fit["others_cpu_share"],
-        "rss_before_fit_mib": before, "peak_rss_mib": peak,
-    }
+    dev, order = sorted_batches(classifier.preprocessor, dev_x, 64)
+    result = {"dev_accuracy": _accuracy(classifier, dev, order, np.array(dev_y)),
+              "trainable_params": trainable, "params": total, "step_ms_median": 1000 * median(seconds[10:] or seconds),
+              "steps": len(seconds), "fit_s": fit["s"], "others_cpu_share": fit["others_cpu_share"],
+              "rss_before_fit_mib": before, "peak_rss_mib": peak}
     if spec.get("save_to"):
         classifier.save_to_preset(spec["save_to"])
     emit("RESULT", result)
 
 
 def int8_worker(spec: dict) -> None:
-    """The saved float32 classifier against its copies in other weight formats: size, dev accuracy, predict
-    examples/s, alternating; the preset's language model's greedy tokens."""
+    """The float32 classifier against its copies in other weight formats: size, dev accuracy, predict examples/s,
+    alternating; the preset's language model's greedy tokens."""
     import keras_hub
     import numpy as np
 
     import gpt_tf.gpt1  # noqa: F401
+    from gpt_tf.config import get_size
+    from gpt_tf.gpt1.batching import sorted_batches
+    from gpt_tf.gpt1.build import backbone_for
     from gpt_tf.gpt1.weight_formats import with_weights
 
     dev_x, dev_y = sst2(spec["glue_dir"], "dev")
@@ -235,24 +240,21 @@ def int8_worker(spec: dict) -> None:
     if spec["preset_dir"]:
         float32 = keras_hub.models.TextClassifier.from_preset(spec["preset_dir"])
     else:  # GPT-1's shapes, random weights (speed only), the tiny preset's tokenizer
-        from gpt_tf.config import get_size
-        from gpt_tf.gpt1.build import backbone_for
-
         tiny = keras_hub.models.TextClassifier.from_preset("gpt1_tiny_books_en", num_classes=2)
         float32 = type(tiny)(backbone_for(get_size(spec["lm_preset"])), 2, preprocessor=tiny.preprocessor)
     models = {name: float32 if name == "float32" else with_weights(float32, name) for name in formats}
+    dev, order = sorted_batches(float32.preprocessor, dev_x, batch_size=batch)  # tokenized once: the model's time
     rows = {}
     with tempfile.TemporaryDirectory() as tmp:
         for name, model in models.items():
             model.save_to_preset(f"{tmp}/{name}")
             size = sum(p.stat().st_size for p in Path(tmp, name).glob("*.weights.h5"))
-            accuracy = _accuracy(model, dev_x, dev_y, batch) if spec["preset_dir"] else None
-            rows[name] = {"weights_mib": size / 2**20, "dev_accuracy": accuracy,
-                          "rates": [], "others": []}
+            accuracy = _accuracy(model, dev, order, dev_y) if spec["preset_dir"] else None
+            rows[name] = {"weights_mib": size / 2**20, "dev_accuracy": accuracy, "rates": [], "others": []}
     for r in range(spec["predict_rounds"] + 1):
         for name, model in models.items():
             clock = Clock()
-            model.predict(dev_x, batch_size=batch, verbose=0)
+            model.predict(dev, verbose=0)
             reading = clock.read()
             if r:  # round 0 warms up
                 rows[name]["rates"].append(len(dev_x) / reading["s"])
@@ -280,7 +282,8 @@ def lora_int8_markdown(report: dict) -> str:
                          f"({100 * r['trainable_params'] / r['params']:.2f}%) | {r['step_ms_median']:.0f} | "
                          f"{r['fit_s']:.0f} | {r['peak_rss_mib']:.0f} | {r['rss_before_fit_mib']:.0f} | "
                          f"{100 * r['others_cpu_share']:.0f}% |")
-    lines += ["", f"Predict: {report.get('predict_batch', 64)} examples per call. Greedy tokens: the preset's language "
+    lines += ["", f"Predict: the dev sentences tokenized once, in batches of {report['predict_batch']} sorted by "
+              "length bucket (`sorted_batches`). Greedy tokens: the preset's language "
               f"model continuing {report.get('generate_prompts', 0)} prompts by 32 tokens, the share the same as "
               "float32's.", "", "| preset (fully fine-tuned) | weights | weights file (MiB) | dev accuracy | "
               "predict (examples/s) | × float32 | greedy tokens as float32's | others' CPU |",
@@ -372,9 +375,8 @@ def main(argv):
     args = FLAGS
     if args.worker:
         spec = json.loads(args.worker)
-        workers = {"lora": lora_worker, "int8": int8_worker}
-        if spec.get("kind") in workers:
-            return workers[spec["kind"]](spec)
+        if spec.get("kind") in ("lora", "int8"):
+            return {"lora": lora_worker, "int8": int8_worker}[spec["kind"]](spec)
         return worker_main(spec, {"generate": Generate, "exported": Exported})
     log = lambda msg: print(msg, flush=True)  # noqa: E731
     if args.mode == "gpt1":
@@ -382,12 +384,9 @@ def main(argv):
         log(apply_settings())
         report, text = run_gpt1(args, log)
         return save_report(report, text, Path(args.out or "bench/results/finetune_gpt1.json"), log)
-    if args.mode == "lora_int8":
-        report, text = run_lora_int8(args, log)
-    elif args.mode == "corpus":
-        report, text = run_corpus(args, log)
-    else:
+    if args.mode not in ("lora_int8", "corpus"):
         raise app.UsageError("--mode: gpt1, lora_int8 or corpus")
+    report, text = (run_lora_int8 if args.mode == "lora_int8" else run_corpus)(args, log)
     name = {"lora_int8": "lora_int8", "corpus": "corpus_build"}[args.mode]  # the results' file, by CPU
     out = args.out or ROOT / "bench" / "results" / f"{name}_{cpu_slug(report['machine'])}.json"
     save_report(report, text, Path(out), log)
