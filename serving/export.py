@@ -231,7 +231,7 @@ def define_flags() -> None:
     flags.DEFINE_integer("lm_top_k", 10, "Language models: next-token guesses returned per text.")
     flags.DEFINE_enum("weights", "float32", ["float32", "bfloat16", "int8", "int8_weight_only"],
                       "The weights' format in the SavedModel (gpt_tf.gpt1.weight_formats): bfloat16 or int8 are "
-                      "smaller, and faster where a few rows run (docs/benchmarks.md).")
+                      "smaller on disk; the graph stays core TensorFlow ops (docs/serving.md).")
 
 
 def main(argv):
