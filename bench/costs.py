@@ -213,7 +213,7 @@ def lora_worker(spec: dict) -> None:
     classifier.fit(train, steps_per_epoch=steps_per_epoch, epochs=1, callbacks=[steps], verbose=0)
     fit = clock.read()
     peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
-    dev, order = sorted_batches(classifier.preprocessor, dev_x, 64)
+    dev, order = sorted_batches(classifier.preprocessor, dev_x, batch_size=64)
     result = {"dev_accuracy": _accuracy(classifier, dev, order, np.array(dev_y)),
               "trainable_params": trainable, "params": total, "step_ms_median": 1000 * median(seconds[10:] or seconds),
               "steps": len(seconds), "fit_s": fit["s"], "others_cpu_share": fit["others_cpu_share"],
