@@ -239,9 +239,10 @@ def int8_worker(spec: dict) -> None:
     dev_y, formats, batch = np.array(dev_y), spec["weights"], spec["predict_batch"]
     if spec["preset_dir"]:
         float32 = keras_hub.models.TextClassifier.from_preset(spec["preset_dir"])
-    else:  # GPT-1's shapes, random weights (speed only), the tiny preset's tokenizer
+    else:  # GPT-1's shapes, random weights (speed only), the tiny preset's tokenizer and so its vocabulary
         tiny = keras_hub.models.TextClassifier.from_preset("gpt1_tiny_books_en", num_classes=2)
-        float32 = type(tiny)(backbone_for(get_size(spec["lm_preset"])), 2, preprocessor=tiny.preprocessor)
+        config = get_size(spec["lm_preset"], vocab_size=get_size("tiny").vocab_size)
+        float32 = type(tiny)(backbone_for(config), 2, preprocessor=tiny.preprocessor)
     models = {name: float32 if name == "float32" else with_weights(float32, name) for name in formats}
     dev, order = sorted_batches(float32.preprocessor, dev_x, batch_size=batch)  # tokenized once: the model's time
     rows = {}
