@@ -35,13 +35,11 @@ kernels are CPU-only), inside XLA-compiled functions (``--jit_compile``), in gra
 
 from __future__ import annotations
 
-import contextlib
 import functools
-import threading
 
 from gpt_tf.speed import choices
 
-_portable = threading.local()
+_portable = choices.TracingFlag()
 
 
 @functools.lru_cache(maxsize=None)
@@ -72,21 +70,16 @@ def graph_ops():
     return None if in_xla() or in_portable() else ops()
 
 
-@contextlib.contextmanager
 def portable():
-    """Graphs traced inside are for another process (a SavedModel): they hold core ops that compute the same on
-    every TensorFlow build and setting (no kernel of this library; ``gpt_tf/nn/tf_weights.py``: no oneDNN-only op)."""
-    before = getattr(_portable, "on", False)
-    _portable.on = True
-    try:
-        yield
-    finally:
-        _portable.on = before
+    """Graphs traced inside (``with portable():``) are for another process (a SavedModel): they hold core ops that
+    compute the same on every TensorFlow build and setting (no kernel of this library; ``gpt_tf/nn/tf_weights.py``:
+    no oneDNN-only op)."""
+    return _portable.on()
 
 
 def in_portable() -> bool:
     """Whether the graph being traced is inside ``portable()``."""
-    return getattr(_portable, "on", False)
+    return bool(_portable)
 
 
 def status() -> str:
