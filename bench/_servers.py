@@ -39,16 +39,17 @@ TEXT = "a gripping, funny and touching film"
 _PREDICT = "/v1/models/sst2:predict"
 
 
-def export_sst2(base: Path, preset: str, tokenizer_dir, vocab_size: int):
-    """Version 1 of ``base/sst2``: an SST-2 task model of ``preset``'s shape, random weights; returns its config."""
+def export_sst2(base: Path, preset: str, tokenizer_dir, vocab_size: int, weights: str = "float32"):
+    """Version 1 of ``base/sst2``: an SST-2 task model of ``preset``'s shape, random weights (held in ``weights``:
+    ``serving.export --weights``); returns its config."""
     from gpt_tf.config import get_size
     from gpt_tf.gpt1.backbone import GPT1Backbone
     from gpt_tf.gpt1.text_classifier import task_for_spec
     from gpt_tf.tasks import get_task
-    from serving.export import export_task_model
+    from serving.export import export_task_model, in_weights
 
     task, config = get_task("sst2"), get_size(preset, vocab_size=vocab_size)
-    model = task_for_spec(GPT1Backbone.from_gpt_config(config, name="backbone"), task)
+    model = in_weights(task_for_spec(GPT1Backbone.from_gpt_config(config, name="backbone"), task), weights)
     export_task_model(model, task, str(tokenizer_dir), str(base), "sst2", version=1)
     return config
 

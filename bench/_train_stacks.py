@@ -230,8 +230,15 @@ def build_step(spec):
 
 
 def worker_env(spec) -> dict:
-    """The environment a stack's worker adds: Keras on JAX for ``ours_jax``."""
-    return {"KERAS_BACKEND": "jax"} if spec.get("stack") == "ours_jax" else {}
+    """The environment a stack's worker adds: Keras on JAX for ``ours_jax``, on ``spec["backend"]`` where given (JAX
+    on ``spec["threads"]`` threads where that is not 0)."""
+    backend = "jax" if spec.get("stack") == "ours_jax" else spec.get("backend")
+    if not backend:
+        return {}
+    env = {"KERAS_BACKEND": backend}
+    if backend == "jax" and spec.get("threads"):
+        env["XLA_FLAGS"] = f"--xla_cpu_multi_thread_eigen=false intra_op_parallelism_threads={spec['threads']}"
+    return env
 
 
 # ----------------------------------------------------------------------------- the loop

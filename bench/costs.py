@@ -13,10 +13,11 @@ recipe (batch 32, λ 0.5, length buckets, its ``--n_ctx``) on the task's trainin
 (``data/tasks_gpt1/<task>``, built when missing), one untimed step, then ``--steps`` timed steps on the plan's batches
 at its lengths' quantiles (shortest, median, longest by default: real batches of the seeded epoch plan); the epoch's
 time is a line fitted to them (a fixed cost per step plus one per padded token, ``_epoch_seconds``) summed over the
-plan's lengths; then generation tokens/s (``Generate``: a 32-token prompt and 128 new tokens, the key/value cache,
-three timed calls after one) and the exported classifier's ``predict`` examples/s (``_servers.Exported``: SST-2's
-872 dev sentences, batches of 32, three timed passes after one); threads as the command line's (TensorFlow's
-default, every core). The project's picked settings (``gpt_tf/speed/autotune.py``) apply before the workers start.
+plan's lengths; then generation tokens/s (``bench.generation.Generate``: a 32-token prompt and 128 new tokens,
+the key/value cache, three timed calls after one) and the exported classifier's ``predict`` examples/s
+(``_servers.Exported``: SST-2's 872 dev sentences, batches of 32, three timed passes after one); threads as the
+command line's (TensorFlow's default, every core). The project's picked settings
+(``gpt_tf/speed/autotune.py``) apply before the workers start.
 
 **LoRA and int8** (``run_lora_int8``): for each preset, three fine-tunings of ``GPT1TextClassifier`` through the
 Python API (``compile`` / ``fit``, the README's block), each in its own process so that its peak memory is its own:
@@ -24,9 +25,12 @@ full fine-tuning, and ``backbone.enable_lora(4)`` and ``enable_lora(16)`` (adapt
 trains too). All from seed 0 on the first ``--train_limit`` SST-2 training sentences, one epoch, batch 32, the same
 length-bucket plan. Each row: dev accuracy (the 872 dev sentences), trainable parameters, the median training step
 time, the epoch's wall time, and the process's peak resident memory (and its resident memory before ``fit``). Then
-int8: the fully fine-tuned classifier, saved with ``save_to_preset``, is loaded twice in one process, one copy
-``quantize("int8")``-ed. Each row: the preset's weights file size, dev accuracy, and ``predict`` examples/s on the
-dev sentences, the two models taking turns (``--predict_rounds`` rounds each after one warm-up; the median).
+the weight formats (``--weights``; ``gpt_tf.gpt1.weight_formats``): the fully fine-tuned classifier, saved with
+``save_to_preset``, loaded once and copied into each format in one process (``--presets=gpt1``: GPT-1's shapes with
+random weights, speed only). Each row: the weights file's size, dev accuracy, and ``predict`` examples/s on the dev
+sentences, tokenized once and batched by ``sorted_batches`` (``--predict_batch``), the models taking turns
+(``--predict_rounds`` after one warm-up; the median); the share of the preset LM's greedy tokens (``--generate_prompts``
+dev openings + 32) as float32's.
 
 **Corpus** (``run_corpus``): each of ``--corpora`` built as a user builds it, by one ``python -m
 pipelines.pretrain_data`` process (a BPE of ``--vocab`` trained on the books, then records of ``--n_ctx``,
@@ -52,6 +56,7 @@ from absl import app, flags
 
 from bench._finetune_stacks import TAG, gpt1_task_data, worker_main
 from bench._servers import Exported, server_stats, sst2
+from bench.generation import Generate, same_generations
 from bench.finetune_speed import measure
 from bench.harness import DATA, ROOT, TASK_FOLDERS, Clock, Worker, apply_settings, base_checkout, child_env, cpu_slug
 from bench.harness import emit, header, machine_info, measured_run, new_report, save_report, worker_result
@@ -70,13 +75,18 @@ def define_flags():
     flags.DEFINE_list("precisions", ["float32", "mixed_bfloat16"], "--mode=gpt1: precisions")
     flags.DEFINE_integer("steps", 3, "--mode=gpt1: timed fine-tuning steps per task (after one untimed)")
     flags.DEFINE_integer("batch_size", 32, "--mode=gpt1: the recipes' batch size")
-    flags.DEFINE_list("presets", ["gpt1_tiny_books_en", "gpt1_small_books_en"], "--mode=lora_int8: the presets")
+    flags.DEFINE_list("presets", ["gpt1_tiny_books_en", "gpt1_small_books_en"], "--mode=lora_int8: the presets "
+                      "(gpt1: GPT-1's shapes, random weights: predict speed only)")
     flags.DEFINE_list("finetunings", list(FINETUNINGS), "--mode=lora_int8: full, lora4, lora16")
     flags.DEFINE_integer("train_limit", 20000, "--mode=lora_int8: the first N SST-2 training sentences (0: all 67,349)")
     flags.DEFINE_float("learning_rate", 5e-4, "--mode=lora_int8: full fine-tuning's peak learning rate (the "
                        "reproduction's SST-2 recipe)")
     flags.DEFINE_float("lora_learning_rate", 2e-3, "--mode=lora_int8: LoRA's peak learning rate")
-    flags.DEFINE_integer("predict_rounds", 3, "--mode=lora_int8: int8's predict rounds per model after a warm-up")
+    flags.DEFINE_integer("predict_rounds", 3, "--mode=lora_int8: predict rounds per format after a warm-up")
+    flags.DEFINE_list("weights", ["float32", "int8"], "--mode=lora_int8: the weight formats compared "
+                      "(gpt_tf.gpt1.weight_formats: float32, bfloat16, int8, int8_weight_only)")
+    flags.DEFINE_integer("predict_batch", 64, "--mode=lora_int8: examples per predict call")
+    flags.DEFINE_integer("generate_prompts", 20, "--mode=lora_int8: prompts the preset LM continues in each format")
     flags.DEFINE_string("corpora", "books/train,books/train+books_extra/train", "--mode=corpus: the corpora built, "
                         "comma-separated; each a folder under --shared_data, or several joined by '+'")
     flags.DEFINE_integer("vocab", 8000, "--mode=corpus: the BPE's size")
@@ -87,29 +97,6 @@ def define_flags():
 
 
 # ----------------------------------------------------------------------------- GPT-1 at its own size
-
-
-class Generate:
-    """GPT-1's size, random weights: ``evaluate()`` is one greedy ``generate`` with the key/value cache of
-    ``new_tokens`` after a 32-token prompt (``bench.speed_table --mode=generate``'s ``ours_cache``)."""
-
-    def __init__(self, spec):
-        import keras
-
-        from bench.speed_table import _ours, _prompt
-        from gpt_tf.config import get_size
-
-        if spec["precision"] != "float32":
-            keras.mixed_precision.set_dtype_policy(spec["precision"])
-        config, self.new_tokens = get_size("gpt1"), spec["new_tokens"]
-        stack = {"stack": "ours_cache", "weights": "random", "prompt": _prompt(config.vocab_size, 32),
-                 "prompt_tokens": 32, "new_tokens": self.new_tokens}
-        self.run = _ours(stack, config)[1]
-        self.info = {"n_params": config.n_params}
-
-    def evaluate(self) -> dict:
-        self.run()
-        return {"examples": self.new_tokens}
 
 
 def run_gpt1(args, log) -> tuple[dict, str]:
@@ -190,8 +177,11 @@ def gpt1_markdown(report: dict) -> str:
 # ----------------------------------------------------------------------------- LoRA and int8
 
 
-def _accuracy(model, x, y) -> float:
-    return float((model.predict(x, batch_size=64, verbose=0).argmax(-1) == y).mean())
+def _accuracy(model, dev, order, y) -> float:
+    """Accuracy of ``predict`` over ``sorted_batches``' ``dev`` (``order``: theirs), in the caller's order."""
+    from gpt_tf.gpt1.batching import restore
+
+    return float((restore(model.predict(dev, verbose=0), order).argmax(-1) == y).mean())
 
 
 def lora_worker(spec: dict) -> None:
@@ -201,7 +191,7 @@ def lora_worker(spec: dict) -> None:
     import numpy as np
 
     import gpt_tf.gpt1  # noqa: F401  (registers the family and its presets)
-    from gpt_tf.gpt1.batching import bucketed
+    from gpt_tf.gpt1.batching import bucketed, sorted_batches
 
     keras.utils.set_random_seed(0)
     train_x, train_y = sst2(spec["glue_dir"], "train", spec["train_limit"])
@@ -223,48 +213,59 @@ def lora_worker(spec: dict) -> None:
     classifier.fit(train, steps_per_epoch=steps_per_epoch, epochs=1, callbacks=[steps], verbose=0)
     fit = clock.read()
     peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
-    result = {
-        "dev_accuracy": _accuracy(classifier, dev_x, np.array(dev_y)),
-        "trainable_params": trainable, "params": total,
-        "step_ms_median": 1000 * median(seconds[10:] or seconds), "steps": len(seconds),
-        "fit_s": fit["s"], "others_cpu_share": fit["others_cpu_share"],
-        "rss_before_fit_mib": before, "peak_rss_mib": peak,
-    }
+    dev, order = sorted_batches(classifier.preprocessor, dev_x, batch_size=64)
+    result = {"dev_accuracy": _accuracy(classifier, dev, order, np.array(dev_y)),
+              "trainable_params": trainable, "params": total, "step_ms_median": 1000 * median(seconds[10:] or seconds),
+              "steps": len(seconds), "fit_s": fit["s"], "others_cpu_share": fit["others_cpu_share"],
+              "rss_before_fit_mib": before, "peak_rss_mib": peak}
     if spec.get("save_to"):
         classifier.save_to_preset(spec["save_to"])
     emit("RESULT", result)
 
 
 def int8_worker(spec: dict) -> None:
-    """The saved float32 classifier against its int8 copy: size, dev accuracy, predict examples/s, alternating."""
+    """The float32 classifier against its copies in other weight formats: size, dev accuracy, predict examples/s,
+    alternating; the preset's language model's greedy tokens."""
     import keras_hub
     import numpy as np
 
     import gpt_tf.gpt1  # noqa: F401
+    from gpt_tf.config import get_size
+    from gpt_tf.gpt1.batching import sorted_batches
+    from gpt_tf.gpt1.build import backbone_for
+    from gpt_tf.gpt1.weight_formats import with_weights
 
     dev_x, dev_y = sst2(spec["glue_dir"], "dev")
-    dev_y = np.array(dev_y)
-    models = {"float32": keras_hub.models.TextClassifier.from_preset(spec["preset_dir"]),
-              "int8": keras_hub.models.TextClassifier.from_preset(spec["preset_dir"])}
-    models["int8"].quantize("int8")
+    dev_y, formats, batch = np.array(dev_y), spec["weights"], spec["predict_batch"]
+    if spec["preset_dir"]:
+        float32 = keras_hub.models.TextClassifier.from_preset(spec["preset_dir"])
+    else:  # GPT-1's shapes, random weights (speed only), the tiny preset's tokenizer and so its vocabulary
+        tiny = keras_hub.models.TextClassifier.from_preset("gpt1_tiny_books_en", num_classes=2)
+        config = get_size(spec["lm_preset"], vocab_size=get_size("tiny").vocab_size)
+        float32 = type(tiny)(backbone_for(config), 2, preprocessor=tiny.preprocessor)
+    models = {name: float32 if name == "float32" else with_weights(float32, name) for name in formats}
+    dev, order = sorted_batches(float32.preprocessor, dev_x, batch_size=batch)  # tokenized once: the model's time
     rows = {}
     with tempfile.TemporaryDirectory() as tmp:
         for name, model in models.items():
             model.save_to_preset(f"{tmp}/{name}")
             size = sum(p.stat().st_size for p in Path(tmp, name).glob("*.weights.h5"))
-            rows[name] = {"weights_mib": size / 2**20, "dev_accuracy": _accuracy(model, dev_x, dev_y), "rates": [],
-                          "others": []}
+            accuracy = _accuracy(model, dev, order, dev_y) if spec["preset_dir"] else None
+            rows[name] = {"weights_mib": size / 2**20, "dev_accuracy": accuracy, "rates": [], "others": []}
     for r in range(spec["predict_rounds"] + 1):
         for name, model in models.items():
             clock = Clock()
-            model.predict(dev_x, batch_size=64, verbose=0)
+            model.predict(dev, verbose=0)
             reading = clock.read()
             if r:  # round 0 warms up
                 rows[name]["rates"].append(len(dev_x) / reading["s"])
                 rows[name]["others"].append(reading["others_cpu_share"])
+    prompts = [" ".join(x.split()[:6]) for x in dev_x[:spec["prompts"]]]
+    same = same_generations(spec["lm_preset"], formats, prompts) if spec["prompts"] and formats != ["float32"] else {}
     emit("RESULT", {name: {"weights_mib": row["weights_mib"], "dev_accuracy": row["dev_accuracy"],
                            "predict_examples_per_s": median(row["rates"]), "rates": row["rates"],
-                           "others_cpu_share": max(row["others"])} for name, row in rows.items()})
+                           "others_cpu_share": max(row["others"]), "same_greedy_tokens": same.get(name)}
+                    for name, row in rows.items()})
 
 
 def lora_int8_markdown(report: dict) -> str:
@@ -282,12 +283,20 @@ def lora_int8_markdown(report: dict) -> str:
                          f"({100 * r['trainable_params'] / r['params']:.2f}%) | {r['step_ms_median']:.0f} | "
                          f"{r['fit_s']:.0f} | {r['peak_rss_mib']:.0f} | {r['rss_before_fit_mib']:.0f} | "
                          f"{100 * r['others_cpu_share']:.0f}% |")
-    lines += ["", "| preset (fully fine-tuned) | weights | weights file (MiB) | dev accuracy | predict (examples/s) | "
-              "others' CPU |", "|---|---|---:|---:|---:|---:|"]
+    lines += ["", f"Predict: the dev sentences tokenized once, in batches of {report['predict_batch']} sorted by "
+              "length bucket (`sorted_batches`). Greedy tokens: the preset's language "
+              f"model continuing {report.get('generate_prompts', 0)} prompts by 32 tokens, the share the same as "
+              "float32's.", "", "| preset (fully fine-tuned) | weights | weights file (MiB) | dev accuracy | "
+              "predict (examples/s) | × float32 | greedy tokens as float32's | others' CPU |",
+              "|---|---|---:|---:|---:|---:|---:|---:|"]
     for preset, rows in report["int8"].items():
+        base = rows.get("float32", {}).get("predict_examples_per_s")
         for name, r in rows.items():
-            lines.append(f"| {preset} | {name} | {r['weights_mib']:.1f} | {100 * r['dev_accuracy']:.1f} | "
-                         f"{r['predict_examples_per_s']:.0f} | {100 * r['others_cpu_share']:.0f}% |")
+            same, rate = r.get("same_greedy_tokens"), r["predict_examples_per_s"]
+            accuracy = "–" if r["dev_accuracy"] is None else f"{100 * r['dev_accuracy']:.1f}"
+            lines.append(f"| {preset} | {name} | {r['weights_mib']:.1f} | {accuracy} | {rate:.0f} | "
+                         f"{f'{rate / base:.2f}×' if base else ''} | {'' if same is None else f'{same:.0%}'} | "
+                         f"{100 * r['others_cpu_share']:.0f}% |")
     return "\n".join(lines) + "\n"
 
 
@@ -299,15 +308,18 @@ def run_lora_int8(args, log) -> tuple[dict, str]:
     glue_dir = str(Path(args.shared_data) / "glue")
     if not Path(glue_dir, "SST-2", "train.tsv").is_file():
         raise app.UsageError(f"--shared_data={args.shared_data}: no glue/SST-2/train.tsv there")
-    shown = (("mode", "lora_int8"), ("presets", ",".join(args.presets)), ("train_limit", args.train_limit))
+    shown = (("mode", "lora_int8"), ("presets", ",".join(args.presets)), ("train_limit", args.train_limit),
+             ("finetunings", ",".join(args.finetunings)), ("weights", ",".join(args.weights)),
+             ("predict_batch", args.predict_batch))
     report = {"command": "python -m bench.costs " + " ".join(f"--{k}={v}" for k, v in shown),
               "machine": machine_info(), "date": time.strftime("%Y-%m-%d"), "train_limit": args.train_limit,
               "learning_rate": args.learning_rate, "lora_learning_rate": args.lora_learning_rate,
+              "predict_batch": args.predict_batch, "generate_prompts": args.generate_prompts,
               "finetune": {}, "int8": {}}
     with tempfile.TemporaryDirectory() as tmp:
         for preset in args.presets:
             report["finetune"][preset] = {}
-            for name in args.finetunings:
+            for name in args.finetunings if preset != "gpt1" else ():  # gpt1: GPT-1's shapes, speed only
                 rank = FINETUNINGS[name]
                 spec = {"kind": "lora", "preset": preset, "rank": rank, "train_limit": args.train_limit,
                         "glue_dir": glue_dir, "learning_rate": args.lora_learning_rate if rank else args.learning_rate,
@@ -315,10 +327,12 @@ def run_lora_int8(args, log) -> tuple[dict, str]:
                 log(f"{preset} {name} ...")
                 report["finetune"][preset][name] = worker_result(spec, "bench.costs")
                 log(f"  {report['finetune'][preset][name]}")
-            if "full" in args.finetunings:
-                log(f"{preset} int8 ...")
-                spec = {"kind": "int8", "preset_dir": f"{tmp}/{preset}", "glue_dir": glue_dir,
-                        "predict_rounds": args.predict_rounds}
+            if "full" in args.finetunings or preset == "gpt1":
+                log(f"{preset} weight formats ...")
+                spec = {"kind": "int8", "preset_dir": f"{tmp}/{preset}" if preset != "gpt1" else "",
+                        "glue_dir": glue_dir, "lm_preset": preset, "weights": args.weights,
+                        "predict_rounds": args.predict_rounds, "predict_batch": args.predict_batch,
+                        "prompts": args.generate_prompts if preset != "gpt1" else 0}
                 report["int8"][preset] = worker_result(spec, "bench.costs")
     return report, lora_int8_markdown(report)
 
@@ -362,9 +376,8 @@ def main(argv):
     args = FLAGS
     if args.worker:
         spec = json.loads(args.worker)
-        workers = {"lora": lora_worker, "int8": int8_worker}
-        if spec.get("kind") in workers:
-            return workers[spec["kind"]](spec)
+        if spec.get("kind") in ("lora", "int8"):
+            return {"lora": lora_worker, "int8": int8_worker}[spec["kind"]](spec)
         return worker_main(spec, {"generate": Generate, "exported": Exported})
     log = lambda msg: print(msg, flush=True)  # noqa: E731
     if args.mode == "gpt1":
@@ -372,12 +385,9 @@ def main(argv):
         log(apply_settings())
         report, text = run_gpt1(args, log)
         return save_report(report, text, Path(args.out or "bench/results/finetune_gpt1.json"), log)
-    if args.mode == "lora_int8":
-        report, text = run_lora_int8(args, log)
-    elif args.mode == "corpus":
-        report, text = run_corpus(args, log)
-    else:
+    if args.mode not in ("lora_int8", "corpus"):
         raise app.UsageError("--mode: gpt1, lora_int8 or corpus")
+    report, text = (run_lora_int8 if args.mode == "lora_int8" else run_corpus)(args, log)
     name = {"lora_int8": "lora_int8", "corpus": "corpus_build"}[args.mode]  # the results' file, by CPU
     out = args.out or ROOT / "bench" / "results" / f"{name}_{cpu_slug(report['machine'])}.json"
     save_report(report, text, Path(out), log)

@@ -3,6 +3,7 @@
     python -m bench.serving_latency                      # writes bench/results/serving_latency.{json,md}
     python -m bench.serving_latency --preset=tiny --requests=200 --rounds=2
     python -m bench.serving_latency --onednn=ab --rounds=3   # bench/results/serving_latency_onednn_ab.{json,md}
+    python -m bench.serving_latency --weights=int8 --concurrency=1,32   # the export's weights in int8 (one per run)
 
 Single-sentence classification (an SST-2 head on the ``small`` preset by default, GPT-1's 40,478-token BPE, random
 weights: speed does not depend on them) at ~128 tokens per request, one example per request: real SST-2 training
@@ -149,13 +150,13 @@ def prepare(args):
     low, high = (int(x) for x in args.tokens.split(","))
     tokenizer = GPTTokenizer.from_dir(DATA / "gpt1_bpe")
     base = Path(tempfile.mkdtemp(prefix="serving_bench_"))
-    config = export_sst2(base, args.preset, DATA / "gpt1_bpe", tokenizer.vocab_size)
+    config = export_sst2(base, args.preset, DATA / "gpt1_bpe", tokenizer.vocab_size, args.weights)
     return SimpleNamespace(tf=tf, texts=sst2_texts(tokenizer, 64, low, high), config=config, base=base, low=low,
                            high=high, concurrency=[int(c) for c in args.concurrency.split(",")])
 
 
 def report_head(args, setup) -> dict:
-    return {"date": datetime.datetime.now().strftime("%Y-%m-%d %H:%M"), "preset": args.preset,
+    return {"date": datetime.datetime.now().strftime("%Y-%m-%d %H:%M"), "preset": args.preset, "weights": args.weights,
             "params": setup.config.n_params, "tokens_min": setup.low, "tokens_max": setup.high, "rounds": args.rounds,
             "concurrency": setup.concurrency, "command": "python -m bench.serving_latency " + " ".join(sys.argv[1:])}
 
@@ -203,8 +204,8 @@ def markdown(report: dict) -> str:
     rewrites = "on" if report.get("onednn_rewrites") else "off"
     lines = [f"Measured {report['date']} on {header(report['machine'])} ({report['cpus']} CPUs); model "
              f"`{report['preset']}` preset ({report['params'] / 1e6:.1f}M parameters, GPT-1 BPE), SST-2 head, random "
-             f"weights; {report['tokens_min']}-{report['tokens_max']} text tokens per request (+ <s>, <e>); "
-             f"{report['rounds']} interleaved rounds; oneDNN rewrites {rewrites}.", "",
+             f"weights held in {report.get('weights', 'float32')}; {report['tokens_min']}-{report['tokens_max']} text "
+             f"tokens per request (+ <s>, <e>); {report['rounds']} interleaved rounds; oneDNN rewrites {rewrites}.", "",
              f"Command: `{report['command']}`", "",
              "| configuration | concurrency | requests | p50 ms | p99 ms | p99 / p50 | throughput req/s "
              "| others' CPU |", "|---|---:|---:|---:|---:|---:|---:|---:|"]
@@ -315,6 +316,7 @@ def ab_markdown(report: dict) -> str:
     mkl = ", ".join(f"{k}: {s['mkl_enabled']}" for k, s in seen.items() if "mkl_enabled" in s)
     lines = [f"Measured {report['date']} on {header(report['machine'])}; model `{report['preset']}` preset "
              f"({report['params'] / 1e6:.1f}M parameters, GPT-1 BPE), SST-2 head, random weights; "
+             f"weights held in {report.get('weights', 'float32')}; "
              f"{report['tokens_min']}-{report['tokens_max']} text tokens per request (+ <s>, <e>); "
              f"{report['rounds']} rounds, oneDNN rewrites off and on interleaved slot by slot (off first in odd "
              f"rounds, on first in even ones), each value in its own processes (`IsMklEnabled()` in the "
@@ -343,6 +345,8 @@ def define_flags():
     flags.DEFINE_enum("onednn", None, ["0", "1", "ab"], "TF_ENABLE_ONEDNN_OPTS for this process and its servers "
                       "(default: the serving default, gpt_tf/speed/autotune.py); ab: both values in one run, "
                       "interleaved, each in its own processes (default --out serving_latency_onednn_ab.json)")
+    flags.DEFINE_enum("weights", "float32", ["float32", "bfloat16", "int8", "int8_weight_only"], "the export's "
+                      "weights (serving.export --weights); the report's default name gains _<weights>")
     flags.DEFINE_string("worker", None, "internal: run as an in-process worker of --onednn=ab with this JSON spec")
 
 
@@ -361,7 +365,10 @@ def main(argv):
         report = run_ab(args, setup)
         return save_report(report, ab_markdown(report), out, print)
     report = run_one_value(args, setup)
-    save_report(report, markdown(report), Path(args.out), print)
+    out = Path(args.out)
+    if args.weights != "float32" and not FLAGS["out"].present:
+        out = out.with_name(f"{out.stem}_{args.weights}.json")
+    save_report(report, markdown(report), out, print)
 
 
 if __name__ == "__main__":

@@ -2,7 +2,6 @@
 
     python -m bench.speed_table             # ~15 min on 2 cores -> bench/results/speed_table_<cpu>.{json,md}
     python -m bench.speed_table --presets=tiny --steps=3 --finetune_rounds=1 --finetune_train_steps=10   # quick look
-    python -m bench.speed_table --mode=generate   # generation against transformers -> generation_<cpu>.{json,md}
     python -m bench.speed_table --base=main       # ours at another commit too, interleaved: this / base per row
 
 Prints the CPU model and features first, then the settings this project picks by itself on this machine
@@ -23,15 +22,7 @@ The goals are checked as ratios within this one run: pre-training ≥ 1.25× ker
 PyTorch at ``tiny``/``small``, ≥ 1.5× both at GPT-1 size; fine-tuning ≥ 1.5× HF Trainer in training and
 evaluation. Where one is missed, ``python -m bench.finetune_speed --mode=profile`` says where the time goes.
 
-``--mode=generate``: generation tokens/s, greedy, one prompt of ``--prompt_tokens`` (32) continued by
-``--new_tokens`` (128), at the ``--generate_presets`` sizes (random weights, and the context raised to hold
-prompt and continuation where the size's is shorter; ``tiny`` with the shipped books weights where its 128 tokens
-suffice), each stack in its own worker, taking turns call by call: ``GPT1CausalLM.generate`` (the
-key/value cache), its ``generate_step(use_cache=False)`` (each token runs the sequence so far), and
-``transformers.OpenAIGPTLMHeadModel.generate`` (``use_cache=True``, ``do_sample=False``) on the same weights, which
-keeps no cache (transformers' GPT-1 predates them: ``use_cache`` is ignored), and ``GPT2LMHeadModel.generate`` of
-the same shape (random weights), transformers' generation with a cache; the goal: the cache ≥ 1.5× transformers.
-It also reports how many generated tokens the stacks share.
+Generation speed has its own command: ``python -m bench.generation``.
 
 ``--jax``: ours on JAX too (``KERAS_BACKEND=jax``, compiled as pre-training on JAX compiles it) as one more stack of
 every pre-training group, its own column; the goals stay TensorFlow's.
@@ -47,7 +38,6 @@ temporary ``git worktree``, interleaved with the others), and a table of this ch
 from __future__ import annotations
 
 import contextlib
-import json
 import os
 import types
 from pathlib import Path
@@ -59,8 +49,6 @@ from bench._train_stacks import PRESET_DEFAULTS
 from bench.harness import ROOT, apply_settings, base_checkout, cpu_slug, header, new_report, save_report
 
 FLAGS = flags.FLAGS
-GENERATE_STACKS = ("ours_cache", "ours_no_cache", "transformers", "transformers_gpt2")
-GENERATE_GOAL = 1.5  # ours with the cache against transformers' generate with its cache
 SIZES = {preset: {"batch": d["batch"], "seq": d["seq"]} for preset, d in PRESET_DEFAULTS.items()}
 GOALS = {"tiny": (1.25, 1.5), "small": (1.25, 1.5), "gpt1": (1.5, 1.5), "test": (1.25, 1.5)}  # vs keras-hub, PyTorch
 STACKS = ("ours", "keras_hub", "torch")
@@ -77,21 +65,12 @@ def define_flags():
     flags.DEFINE_string("data_root", "data/bench_finetune_speed", "fine-tuning BPE and task records (cached; "
                         "shared with bench.finetune_speed)")
     flags.DEFINE_string("shared_data", str(ROOT.parent / "shared" / "data"), "the shared data folder (books, GLUE)")
-    flags.DEFINE_string("out", None, "the JSON report (default bench/results/speed_table_<cpu>.json, --mode=generate: "
-                        "generation_<cpu>.json; .md beside it)")
-    flags.DEFINE_enum("mode", "table", ["table", "generate"], "the table (pre-training and fine-tuning), or generation")
-    flags.DEFINE_string("generate_presets", "tiny,gpt1", "--mode=generate: model sizes (tiny: the shipped books model)")
-    flags.DEFINE_integer("prompt_tokens", 32, "--mode=generate: tokens of the prompt")
-    flags.DEFINE_integer("new_tokens", 128, "--mode=generate: tokens generated")
-    flags.DEFINE_integer("generate_rounds", 3, "--mode=generate: timed calls per stack (after one untimed)")
-    flags.DEFINE_integer("generate_threads", 1, "--mode=generate: threads of every stack (TF intra- and inter-op, "
-                         "torch intra-op); one prompt's matrices are too small to share out well")
+    flags.DEFINE_string("out", None, "the JSON report (default bench/results/speed_table_<cpu>.json; .md beside it)")
     flags.DEFINE_bool("jax", False, "also time ours on JAX (KERAS_BACKEND=jax) in every pre-training group")
     flags.DEFINE_float("attn_pdrop", -1.0, "the pre-training steps' attention dropout, every stack alike (-1: the "
                        "paper's 0.1; 0: the fused attention where the backend has it)")
     flags.DEFINE_integer("pad_vocab_to", 1, "ours' LM head padded to a multiple of this in training (1: none)")
     flags.DEFINE_string("base", None, "also time ours as of this commit (a temporary git worktree), interleaved")
-    flags.DEFINE_string("worker", None, "internal: run as a worker with this JSON spec")
 
 
 def precisions(info: dict, requested: str) -> list:
@@ -212,152 +191,8 @@ def markdown(report: dict) -> str:
     return "\n".join(lines) + "\n"
 
 
-# ----------------------------------------------------------------------------- --mode=generate
-
-
-def _prompt(total_vocab: int, length: int) -> list:
-    """``length`` token ids of a book sentence in the shipped BPE (also ids of GPT-1's size), repeated as needed."""
-    from gpt_tf.convert.preset_io import SHIPPED_DIR, TOKENIZER_ASSETS
-    from gpt_tf.text.tokenizer import GPTTokenizer
-
-    tokenizer = GPTTokenizer.from_dir(str(Path(SHIPPED_DIR) / "gpt1_tiny_books_en" / TOKENIZER_ASSETS))
-    ids = tokenizer.encode("the old man walked slowly into the room , looked at the fire and said nothing for a "
-                           "long while , while the children waited by the door . then he sat down and began")
-    return [i % total_vocab for i in (ids * (length // len(ids) + 1))[:length]]
-
-
-def _ours(spec, config):
-    """``GPT1CausalLM`` (the shipped weights at ``tiny``): a greedy generation of ``spec`` per call."""
-    import numpy as np
-    import tensorflow as tf
-
-    from gpt_tf.gpt1.build import causal_lm_for
-    from gpt_tf.convert.preset_io import SHIPPED_DIR, load_preset_weights
-
-    lm = causal_lm_for(config)
-    if spec["weights"] == "shipped":
-        load_preset_weights(lm.backbone, str(Path(SHIPPED_DIR) / "gpt1_tiny_books_en"))
-    lm.use_sampler("greedy")
-    total, prompt = spec["prompt_tokens"] + spec["new_tokens"], spec["prompt"]
-    ids = np.zeros((1, total), np.int32)
-    ids[0, : len(prompt)] = prompt
-    inputs = {"token_ids": ids, "padding_mask": np.arange(total)[None, :] < len(prompt)}
-    if spec["stack"] == "ours_cache":  # the Python API's generate (keras-hub's tf.function of generate_step)
-        return lm, lambda: lm.generate(inputs, stop_token_ids=None)["token_ids"][0]
-    step = tf.function(lambda x: lm.generate_step(x, use_cache=False)["token_ids"])
-    return lm, lambda: step(inputs).numpy()[0]
-
-
-def _transformers(spec, config, state=None):
-    """``OpenAIGPTLMHeadModel.generate`` (greedy, ``use_cache=True``) with ``state``'s weights; without ``state``,
-    ``GPT2LMHeadModel`` of the same shape (random weights), whose ``generate`` has a key/value cache."""
-    import torch
-    import transformers
-
-    torch.set_num_threads(spec["threads"])
-    shape = dict(vocab_size=config.vocab_size, n_positions=config.n_ctx, n_embd=config.n_embd, n_layer=config.n_layer,
-                 n_head=config.n_head, layer_norm_epsilon=config.layer_norm_epsilon)
-    if state is None:
-        model = transformers.GPT2LMHeadModel(transformers.GPT2Config(**shape, activation_function="gelu_new"))
-    else:
-        model = transformers.OpenAIGPTLMHeadModel(transformers.OpenAIGPTConfig(**shape, afn="gelu"))
-        missing, unexpected = model.load_state_dict({k: torch.from_numpy(v) for k, v in state.items()}, strict=False)
-        if unexpected or [k for k in missing if not k.endswith(".attn.bias")]:
-            raise ValueError(f"weights do not fit transformers' model: missing {missing}, unexpected {unexpected}")
-    model = model.float().eval()
-    prompt = torch.tensor([spec["prompt"]])
-
-    def generate():
-        with torch.inference_mode():
-            out = model.generate(prompt, attention_mask=torch.ones_like(prompt), max_new_tokens=spec["new_tokens"],
-                                 min_new_tokens=spec["new_tokens"], do_sample=False, use_cache=True, pad_token_id=0)
-        return out[0].numpy()
-
-    return generate
-
-
-def generate_worker(spec) -> None:
-    """Worker: builds its stack, then one timed generation per ``step`` line; answers the tokens it generated."""
-    import numpy as np
-    import tensorflow as tf
-
-    from bench.train_throughput import serve_steps
-    from gpt_tf.config import get_size
-
-    tf.config.threading.set_intra_op_parallelism_threads(spec["threads"])
-    tf.config.threading.set_inter_op_parallelism_threads(spec["threads"])
-    config = get_size(spec["preset"], n_ctx=spec["n_ctx"])
-    if spec["stack"] == "transformers":  # the same weights: ours, as transformers' state dict
-        from gpt_tf.convert.state_dicts import to_hf_state_dict
-
-        run = _transformers(spec, config, to_hf_state_dict(_ours({**spec, "stack": "ours_cache"}, config)[0]))
-    elif spec["stack"] == "transformers_gpt2":
-        run = _transformers(spec, config)
-    else:
-        run = _ours(spec, config)[1]
-    serve_steps(run, {"n_params": config.n_params},
-                lambda ids: {"tokens": np.asarray(ids)[spec["prompt_tokens"]:].tolist()})
-
-
-def generation(preset: str, log) -> dict:
-    """The stacks' calls at ``preset``, taking turns (``train_throughput.run_group``; one untimed call each first):
-    tokens/s (median), ratios, shared tokens."""
-    from bench.train_throughput import run_group
-    from gpt_tf.config import get_size
-
-    config = get_size(preset)
-    total = FLAGS.prompt_tokens + FLAGS.new_tokens  # a longer context than the size's: its shape, random weights
-    shipped = preset == "tiny" and total <= config.n_ctx
-    base = {"preset": preset, "prompt_tokens": FLAGS.prompt_tokens, "new_tokens": FLAGS.new_tokens,
-            "n_ctx": max(total, config.n_ctx), "weights": "shipped" if shipped else "random",
-            "threads": FLAGS.generate_threads, "prompt": _prompt(config.vocab_size, FLAGS.prompt_tokens),
-            "warmup": 1, "steps": FLAGS.generate_rounds}  # the first call traces / warms up: not timed
-    specs = [{**base, "stack": stack} for stack in GENERATE_STACKS]
-    calls = {row["stack"]: row["steps_log"] for row in run_group(specs, 1.0, FLAGS.generate_rounds, log,
-                                                                 module="bench.speed_table")}
-    rows = {stack: {"tokens_per_s": base["new_tokens"] / median([c["s"] for c in got]),
-                    "others_cpu_share": median([c["others_cpu_share"] for c in got])} for stack, got in calls.items()}
-    tokens = {stack: got[-1]["tokens"] for stack, got in calls.items()}
-    shared = {f"ours_cache = {other}": sum(map(int.__eq__, tokens["ours_cache"], tokens[other])) / len(tokens[other])
-              for other in ("ours_no_cache", "transformers")}
-    ratio = rows["ours_cache"]["tokens_per_s"] / rows["transformers"]["tokens_per_s"]
-    return {"preset": preset, "n_ctx": base["n_ctx"], "weights": base["weights"], "rows": rows,
-            "same_tokens": shared, "cache_vs_transformers": ratio,
-            "no_cache_vs_transformers": rows["ours_no_cache"]["tokens_per_s"] / rows["transformers"]["tokens_per_s"],
-            "cache_vs_gpt2_cache": rows["ours_cache"]["tokens_per_s"] / rows["transformers_gpt2"]["tokens_per_s"]}
-
-
-def generation_markdown(report: dict) -> str:
-    lines = ["```bash", report["command"], "```", "", f"Measured {report['date']}: {report['header']}.", "",
-             f"Settings picked by the project: {report['settings']}", "",
-             f"Greedy generation, one prompt of {FLAGS.prompt_tokens} tokens continued by {FLAGS.new_tokens}; "
-             f"tokens/s, the median of {FLAGS.generate_rounds} calls per stack, the stacks taking turns, "
-             f"{FLAGS.generate_threads} thread(s) each:", "",
-             "| size (context, weights) | ours, cache | ours, no cache | transformers | GPT-2 shape, cached "
-             "| cache / transformers | no cache / transformers | cache / GPT-2 cached "
-             "| tokens shared (cache = no cache; = transformers) | others' CPU |",
-             "|---|---:|---:|---:|---:|---:|---:|---:|---|---:|"]
-    for g in report["generation"]:
-        r = g["rows"]
-        others = median([row["others_cpu_share"] for row in r.values()])
-        rates = " | ".join(f"{r[s]['tokens_per_s']:,.1f}" for s in GENERATE_STACKS)
-        lines.append(f"| {g['preset']} ({g['n_ctx']}, {g['weights']}) | {rates}"
-                     + f" | **{g['cache_vs_transformers']:.2f}×** | {g['no_cache_vs_transformers']:.2f}× "
-                     + f"| {g['cache_vs_gpt2_cache']:.2f}× | "
-                     + "; ".join(f"{v:.0%}" for v in g["same_tokens"].values()) + f" | {100 * others:.0f}% |")
-    lines += ["", "transformers' `OpenAIGPTLMHeadModel` keeps no key/value cache (its `generate` ignores `use_cache`: "
-              "each token runs the sequence so far, as ours without the cache); `GPT2LMHeadModel` of the same shape "
-              "(pre-LN, random weights) is transformers' generation with a cache.", "",
-              f"Goal: the cache ≥ {GENERATE_GOAL}× transformers: " + ", ".join(
-        f"{g['preset']} {'met' if g['cache_vs_transformers'] >= GENERATE_GOAL else 'missed'}"
-        for g in report["generation"]) + "."]
-    return "\n".join(lines) + "\n"
-
-
 def main(argv):
     del argv  # everything is a flag
-    if FLAGS.worker:
-        return generate_worker(json.loads(FLAGS.worker))
     for preset in FLAGS.presets.split(","):
         if preset not in SIZES:
             raise app.UsageError(f"--presets: unknown {preset!r}; choose from {sorted(SIZES)}")
@@ -369,13 +204,6 @@ def main(argv):
     # Before any worker starts: they inherit the settings (the keras-hub stack runs the same TensorFlow as ours).
     report["settings"] = apply_settings()
     log(report["settings"])
-    if FLAGS.mode == "generate":
-        out = Path(FLAGS.out or f"bench/results/generation_{cpu_slug(info)}.json")
-        report["generation"] = []
-        for preset in FLAGS.generate_presets.split(","):  # saved after each size, as the table's parts
-            report["generation"].append(generation(preset, log))
-            save_report(report, generation_markdown(report), out, log)
-        return
     out = Path(FLAGS.out or f"bench/results/speed_table_{cpu_slug(info)}.json")
     report["pretraining"], report["finetuning"] = [], None
     parts = (["finetuning"] if FLAGS.finetune_rounds > 0 else []) + FLAGS.presets.split(",")

@@ -138,7 +138,7 @@ def mode_problems(flag_values: flags.FlagValues) -> list[str]:
             preset_io.locate(flag_values.init_checkpoint)  # a folder, a checkpoint prefix or a shipped preset's name
         except ValueError as err:
             out.append(f"--init_checkpoint={err}")
-    generating = [f"--{name}" for name in ("prompt", "temperature", "top_k")
+    generating = [f"--{name}" for name in ("prompt", "temperature", "top_k", "weights")
                   if name in flag_values and flag_values[name].present]
     if generating and flag_values.mode != "generate":
         out.append(f"{', '.join(generating)} only apply to --mode=generate")

@@ -277,7 +277,12 @@ def _pretrain(setup: train_setup.Setup, keras) -> Summary:
                                f"tokens (the unigram baseline: {result['unigram_perplexity']:.1f}), "
                                f"{result['bits_per_char']:.4f} bits per character, {result['bits_per_byte']:.4f} per "
                                f"byte; saved in {path}")
-    sampler = Sampler(trainer.model)
+    lm = trainer.model
+    if FLAGS.weights != "float32":
+        from gpt_tf.gpt1.weight_formats import with_weights
+
+        lm = with_weights(lm, FLAGS.weights)
+    sampler = Sampler(lm)
     ids = sampler.sample(tokenizer.encode(FLAGS.prompt), FLAGS.sample_length, FLAGS.temperature, FLAGS.top_k, FLAGS.seed)
     return Summary(None, FLAGS.prompt + " " + tokenizer.decode(ids))
 

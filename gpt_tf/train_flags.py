@@ -117,6 +117,8 @@ def define_flags() -> None:
     flags.DEFINE_string("prompt", "", "--mode=generate: the prompt.")
     flags.DEFINE_float("temperature", 1.0, "--mode=generate: sampling temperature (0: greedy).")
     flags.DEFINE_integer("top_k", 40, "--mode=generate: sample among the k likeliest tokens (0: all).")
+    flags.DEFINE_enum("weights", "float32", ["float32", "bfloat16", "int8", "int8_weight_only"], "--mode=generate: "
+                      "the weights' format (gpt_tf/gpt1/weight_formats.py): bfloat16 or int8 read fewer bytes per token.")
     flags.DEFINE_bool("progress", True, "Show a progress bar (a plain line every few steps where stderr is not a terminal).")
     flags.DEFINE_bool("json", False, "End with the result as one JSON line on stdout (for scripts) instead of a summary.")
     flags.DEFINE_list("zero_shot_tasks", [], "Pre-training: §5 zero-shot tasks scored during training (gpt_tf/analysis/heuristics.py): "

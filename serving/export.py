@@ -15,7 +15,9 @@ writes a Python-API task, a backbone preset's language model with the preset's o
 one above the newest already there unless ``--version`` says otherwise; it appears atomically.
 
 The SavedModels compute in ``--precision`` (default float32, whatever the run trained in: the
-checkpoints hold float32 weights either way) and always answer in float32.
+checkpoints hold float32 weights either way) and always answer in float32. ``--weights=bfloat16|int8|
+int8_weight_only`` holds the weights in fewer bytes (``gpt_tf.gpt1.weight_formats``: a smaller SavedModel, core
+TensorFlow ops only, as every export); ``--weights=bfloat16`` computes in bfloat16, so ``--precision`` stays float32.
 """
 
 from __future__ import annotations
@@ -175,21 +177,29 @@ def export_lm(lm, tokenizer, base_path: str, model_name: str, version: int = 0, 
     return save_version(module, traced_signatures(module), base_path, model_name, version, warmup)
 
 
+def in_weights(model, weights: str):
+    """``model`` holding its weights in ``weights`` (``gpt_tf.gpt1.weight_formats.WEIGHTS``; float32: itself)."""
+    from gpt_tf.gpt1.weight_formats import check_weights, with_weights
+
+    return model if check_weights(weights) == "float32" else with_weights(model, weights)
+
+
 def export_run(run_dir: str, base_path: str, model_name: str = "", version: int = 0, precision: str = "float32",
-               tokenizer_dir: str = "", data_dir: str = "", top_k: int = 10) -> str:
+               tokenizer_dir: str = "", data_dir: str = "", top_k: int = 10, weights: str = "float32") -> str:
     """Exports a fine-tuning run, a pre-training run or GPT-1 release shards; returns the version folder."""
     from gpt_tf.runs.checkpoints import load_task_model
 
     run = open_run(run_dir, tokenizer_dir, data_dir)
     if run.kind == "finetune":
         model, task = load_task_model(run, precision)
-        return export_task_model(model, task, run.tokenizer_dir, base_path, model_name or task.name, version)
-    lm = load_lm(run.model_config, run.path, precision)
+        return export_task_model(in_weights(model, weights), task, run.tokenizer_dir, base_path,
+                                 model_name or task.name, version)
+    lm = in_weights(load_lm(run.model_config, run.path, precision), weights)
     return export_lm(lm, run.tokenizer, base_path, model_name or "lm", version, top_k)
 
 
 def export_preset(preset: str, base_path: str, model_name: str = "", version: int = 0, precision: str = "float32",
-                  top_k: int = 10) -> str:
+                  top_k: int = 10, weights: str = "float32") -> str:
     """Exports a preset (a shipped preset's name or a preset folder): a task preset's task as ``export_task`` does,
     a backbone preset's language model (``export_lm``, with the preset's tokenizer); returns the version folder."""
     from gpt_tf.convert import preset_io
@@ -199,8 +209,8 @@ def export_preset(preset: str, base_path: str, model_name: str = "", version: in
         raise FileNotFoundError(f"{folder} is not a preset folder: it holds no {preset_io.CONFIG_FILE} and "
                                 f"{preset_io.WEIGHTS_FILE}")
     if preset_io.is_task_preset(folder):
-        return export_task(load_task_preset(folder, precision), base_path, model_name, version)
-    lm = load_lm(preset_io.preset_config(folder), folder, precision)
+        return export_task(in_weights(load_task_preset(folder, precision), weights), base_path, model_name, version)
+    lm = in_weights(load_lm(preset_io.preset_config(folder), folder, precision), weights)
     tokenizer = os.path.join(folder, preset_io.TOKENIZER_ASSETS)
     return export_lm(lm, tokenizer, base_path, model_name or "lm", version, top_k)
 
@@ -219,6 +229,9 @@ def define_flags() -> None:
     flags.DEFINE_string("data_dir", "", "--run_dir of a fine-tuning run: task data folder (default: the one the run "
                         "used).")
     flags.DEFINE_integer("lm_top_k", 10, "Language models: next-token guesses returned per text.")
+    flags.DEFINE_enum("weights", "float32", ["float32", "bfloat16", "int8", "int8_weight_only"],
+                      "The weights' format in the SavedModel (gpt_tf.gpt1.weight_formats): bfloat16 or int8 are "
+                      "smaller on disk; the graph stays core TensorFlow ops (docs/serving.md).")
 
 
 def main(argv):
@@ -234,6 +247,8 @@ def main(argv):
         sys.exit("serving.export: --tokenizer_dir and --data_dir are a run's; a preset holds its own tokenizer")
     if FLAGS.version < 0:
         sys.exit("serving.export: --version must be >= 0")
+    if FLAGS.weights != "float32" and FLAGS.precision != "float32":
+        sys.exit("serving.export: --weights sets the weights' bytes, --precision the compute; give one of them")
     if FLAGS.preset:
         from gpt_tf.convert.preset_io import locate
 
@@ -248,10 +263,10 @@ def main(argv):
     try:
         if FLAGS.preset:
             path = export_preset(FLAGS.preset, FLAGS.export_base, FLAGS.model_name, FLAGS.version, FLAGS.precision,
-                                 FLAGS.lm_top_k)
+                                 FLAGS.lm_top_k, FLAGS.weights)
         else:
             path = export_run(FLAGS.run_dir, FLAGS.export_base, FLAGS.model_name, FLAGS.version, FLAGS.precision,
-                              FLAGS.tokenizer_dir, FLAGS.data_dir, FLAGS.lm_top_k)
+                              FLAGS.tokenizer_dir, FLAGS.data_dir, FLAGS.lm_top_k, FLAGS.weights)
     except (FileNotFoundError, FileExistsError, ValueError) as err:
         sys.exit(f"serving.export: {err}")
     except OSError as err:

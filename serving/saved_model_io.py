@@ -28,6 +28,7 @@ from tensorflow_serving.apis import (classification_pb2, input_pb2, model_pb2, p
 
 from gpt_tf.write_errors import writing
 from gpt_tf.data.common import remove_stale_temps
+from gpt_tf.speed import kernels
 
 METHOD_NAMES = {"classify": "tensorflow/serving/classify", "regress": "tensorflow/serving/regress"}
 WARMUP_FILE = os.path.join("assets.extra", "tf_serving_warmup_requests")
@@ -90,10 +91,11 @@ def text_example(fields: dict) -> "tf.train.Example":
 def traced_signatures(module: tf.Module) -> dict:
     """``module.signatures()`` traced in the context ``tf.saved_model.save`` traces in, so that saving reuses
     these traces. TensorFlow keys its traces on that context: outside it, saving would trace every
-    ``tf.function`` that ``module`` holds a second time (the in-graph tokenizer's takes seconds)."""
+    ``tf.function`` that ``module`` holds a second time (the in-graph tokenizer's takes seconds). Traced inside
+    ``kernels.portable()``: another process runs them (no kernel of this library, no oneDNN-only op)."""
     from tensorflow.python.saved_model import save_context  # pylint: disable=import-outside-toplevel
 
-    with save_context.save_context(SAVE_OPTIONS):
+    with save_context.save_context(SAVE_OPTIONS), kernels.portable():
         return module.signatures()
 
 
@@ -130,7 +132,7 @@ def save_at(module: tf.Module, signatures: dict, target: str, warmup=()) -> str:
     tmp = os.path.join(folder, f".{os.path.basename(target)}.tmp-{os.getpid()}")
     shutil.rmtree(tmp, ignore_errors=True)
     try:
-        with writing(target):  # a full disk or a read-only folder: WriteError, and no part of the version stays
+        with writing(target), kernels.portable():  # a full disk, a read-only folder: WriteError, no part stays
             tf.saved_model.save(module, tmp, signatures=signatures, options=SAVE_OPTIONS)
             set_method_names(tmp, {k: v for k, v in METHOD_NAMES.items() if k in signatures})
             if warmup:

@@ -136,7 +136,8 @@ def test_train_steps_caps_fine_tuning_and_evaluates_there(built, tmp_path):
     (["--lm_coef=0"], "--lm_coef applies to fine-tuning only"),
     (["--warmup_fraction=0.1"], "--warmup_fraction applies to fine-tuning only"),
     (["--task=rte", "--init_checkpoint=runs/x", "--model=small"], "--model: with --init_checkpoint the model is"),
-    (["--mode=eval", "--prompt=the", "--top_k=5"], "--prompt, --top_k only apply to --mode=generate"),
+    (["--mode=eval", "--prompt=the", "--top_k=5", "--weights=int8"],
+     "--prompt, --top_k, --weights only apply to --mode=generate"),
 ])
 def test_a_flag_for_the_other_kind_of_run_is_rejected(args, message):
     proc = run_cli("gpt_tf.train", "--data_dir=/tmp", "--run_dir=/tmp/x", *args, check=False, timeout=60)

@@ -144,6 +144,54 @@ def test_int8_on_tensorflow_computes_kerass_int8_arithmetic(tokenizer):
     np.testing.assert_array_equal(table(h, reverse=True), keras.layers.ReversibleEmbedding._int8_call(table, h, reverse=True))
 
 
+def test_weights_in_fewer_bytes_keep_the_models_numbers_and_export_to_smaller_core_op_savedmodels(tokenizer,
+                                                                                                  tmp_path):
+    """``weight_formats.with_weights``: a copy holding bfloat16, int8 or weight-only int8 weights (the float model
+    untouched) gives logits within the format's rounding of float32's (bfloat16's LM head: float32 logits), and
+    generates, and a task exports (``serving.export --weights``) to a smaller SavedModel of core
+    TF ops that a TensorFlow-only process answers as the model in memory does."""
+    import keras
+    import tensorflow as tf
+    from tensorflow.core.protobuf import saved_model_pb2
+
+    import gpt_tf
+    from gpt_tf.gpt1.weight_formats import WEIGHTS, weights_of, with_weights
+    from serving.export import export_task_at
+
+    lm = gpt_tf.GPT1CausalLM(_backbone(), gpt_tf.GPT1CausalLMPreprocessor(tokenizer, sequence_length=16))
+    lm.compile(sampler="greedy")
+    want, text = np.asarray(lm(X)), lm.generate(TEXTS[:2], max_length=16)
+    for weights in WEIGHTS:
+        copy = with_weights(lm, weights)
+        assert weights_of(copy) == weights and weights_of(lm) == "float32"
+        got = copy(X)
+        assert keras.backend.standardize_dtype(got.dtype) == "float32"
+        assert np.abs(np.asarray(got) - want).max() < 0.05 * np.abs(want).max(), weights
+        copy.compile(sampler="greedy")  # random weights: near ties, so the same text is not asked for
+        assert [t[:8] for t in copy.generate(TEXTS[:2], max_length=16)] == [t[:8] for t in text], weights
+    with pytest.raises(ValueError, match="weights must be one of"):
+        with_weights(lm, "int4")
+    classifier = gpt_tf.GPT1TextClassifier(_backbone(), num_classes=2, preprocessor=gpt_tf.GPT1TaskPreprocessor(tokenizer))
+    sizes = {}
+    for weights in ("float32", "bfloat16"):  # int8: test_int8_quantizes_every_projection_...
+        model = with_weights(classifier, weights)
+        expected = tf.nn.softmax(model.predict(TEXTS, verbose=0)).numpy()
+        path = export_task_at(model, str(tmp_path / weights))
+        sizes[weights] = sum(f.stat().st_size for f in (tmp_path / weights / "variables").iterdir())
+        proto = saved_model_pb2.SavedModel.FromString(open(f"{path}/saved_model.pb", "rb").read())
+        ops = {n.op for g in proto.meta_graphs for f in g.graph_def.library.function for n in f.node_def}
+        assert not {op for op in ops if op.startswith(("Gpt", "Quantized", "_"))}, weights
+        script = ("import json, sys, tensorflow as tf\n"
+                  f"out = tf.saved_model.load({path!r}).signatures['serving_default'](sentence=tf.constant({TEXTS!r}))\n"
+                  "print(json.dumps(out['probabilities'].numpy().tolist()))\n")
+        proc = subprocess.run([sys.executable, "-c", TF_ONLY + script], capture_output=True, text=True, timeout=300,
+                              check=False, env={**ENV, "PYTHONPATH": CHILD_SITE, "TF_CPP_MIN_LOG_LEVEL": "3"},
+                              cwd=str(tmp_path))
+        assert proc.returncode == 0, proc.stderr[-3000:]
+        np.testing.assert_allclose(json.loads(proc.stdout.strip().splitlines()[-1]), expected, atol=1e-2)
+    assert sizes["bfloat16"] < 0.6 * sizes["float32"], sizes
+
+
 def test_a_task_preset_holds_the_head_and_as_keras_hubs_the_optimizers_state(tokenizer, tmp_path):
     """``save_to_preset`` after ``fit``: ``task.weights.h5`` holds W_y (the backbone is ``model.weights.h5``) and, as
     keras-hub's own tasks save it, the optimizer's state; the preset loads to the same predictions, and so does one

@@ -314,3 +314,67 @@ def test_fused_dropout_keeps_nothing_of_a_dropped_nan(lib):
     y, keep = y.numpy(), keep.numpy()
     assert 0 < keep.sum() < keep.size
     assert (y[~keep] == 0).all() and np.isnan(y[keep]).all()
+
+
+def _int8_reference(x, w, scale, transpose, quantize_inputs):
+    """Keras's int8 product, de-scaled, in numpy: the inputs quantized per row by their absolute maximum (the integer
+    sums exact in int64), or weight-only (float64 sums)."""
+    wt = (w.T if transpose else w).astype(np.int64)
+    if not quantize_inputs:
+        return (x.astype(np.float64) @ wt) / scale
+    s = np.float32(127.0) / (np.abs(x).max(-1, keepdims=True) + np.float32(1e-7))
+    q = np.clip(np.round(x * s), -127, 127).astype(np.int64)
+    return (q @ wt).astype(np.float32) / (scale * s)
+
+
+@pytest.mark.parametrize("rows", [1, 5, 33])
+@pytest.mark.parametrize("transpose", [False, True])
+def test_weight_matmul_is_kerass_int8_product_and_float32_sums_of_bf16(lib, rows, transpose):
+    """The few-row kernel: int8 weights with Keras's input quantizer give its integer sums, de-scaled as Keras does;
+    weight-only int8 and bfloat16 weights their float32 sums (to float32 rounding). Shapes not a multiple of the
+    kernel's blocks (100 x 77), GPT-1's (768 x 2304), and one whose few rows are summed in chunks of K of which the
+    last is not a whole group of rows (1001 x 130)."""
+    del lib
+    rng = np.random.default_rng(rows)
+    for k, n in ((100, 77), (768, 2304), (1001, 130)):
+        x = rng.standard_normal((rows, k)).astype(np.float32)
+        shape = (n, k) if transpose else (k, n)
+        w = rng.integers(-127, 128, shape).astype(np.int8)
+        scale = rng.uniform(50, 200, n).astype(np.float32)
+        for quantize in (True, False):
+            got = kernels.weight_matmul(tf.constant(x), tf.constant(w), tf.constant(scale), transpose, quantize)
+            want = _int8_reference(x, w, scale, transpose, quantize)
+            np.testing.assert_allclose(got.numpy(), want, rtol=2e-6, atol=2e-6 * np.abs(want).max(), err_msg=quantize)
+        wb = tf.cast(rng.standard_normal(shape).astype(np.float32), tf.bfloat16)
+        got = kernels.weight_matmul(tf.constant(x), wb, tf.zeros([0]), transpose)
+        wf = tf.cast(wb, tf.float32).numpy().astype(np.float64)
+        want = x.astype(np.float64) @ (wf.T if transpose else wf)
+        np.testing.assert_allclose(got.numpy(), want, rtol=1e-5, atol=1e-5 * np.abs(want).max())
+
+
+def test_products_against_fewer_bytes_take_the_kernel_for_few_rows_and_core_ops_in_portable_graphs(lib):
+    """``tf_weights``: a few rows (static or not) run the weight kernel, many rows TensorFlow's products; inside
+    ``kernels.portable()`` (the exports) no op of this library and no oneDNN-only op, and the same numbers."""
+    from gpt_tf.nn import tf_weights
+
+    del lib
+    rng = np.random.default_rng(0)
+    w = tf.constant(rng.integers(-127, 128, (64, 48)).astype(np.int8))
+    scale = tf.constant(rng.uniform(50, 200, 48).astype(np.float32))
+    wb = tf.cast(rng.standard_normal((64, 48)).astype(np.float32), tf.bfloat16)
+    x = rng.standard_normal((3, 4, 64)).astype(np.float32)
+
+    def products(v):
+        return (tf_weights.int8_matmul(v, w, scale, True), tf_weights.int8_matmul(v, w, scale, False),
+                tf_weights.bf16_matmul(v, wb, tf.float32))
+
+    few = tf.function(products).get_concrete_function(tf.TensorSpec([1, 1, 64]))
+    many = tf.function(products).get_concrete_function(tf.TensorSpec([8, 32, 64]))
+    unknown = tf.function(products).get_concrete_function(tf.TensorSpec([None, None, 64]))
+    assert "GptWeightMatmul" in _op_types(few) and "GptWeightMatmul" not in _op_types(many)
+    assert {"GptWeightMatmul", "If"} <= _op_types(unknown) or {"GptWeightMatmul", "StatelessIf"} <= _op_types(unknown)
+    with kernels.portable():
+        portable = tf.function(products).get_concrete_function(tf.TensorSpec([None, None, 64]))
+    assert not {op for op in _op_types(portable) if op.startswith(("Gpt", "Quantized", "_"))}
+    for got, want in zip(portable(tf.constant(x)), unknown(tf.constant(x))):
+        np.testing.assert_allclose(got.numpy(), want.numpy(), rtol=1e-5, atol=1e-5 * np.abs(want.numpy()).max())

@@ -143,6 +143,8 @@ def test_eval_and_generate_modes(straight_run, data_dir):
     sampled = plain.stdout.split("run dir", 1)[1].split("\n", 1)[1]
     assert sampled.startswith("the") and asked.stdout.split("run dir", 1)[1].split("\n", 1)[1] == sampled
     assert "gpt_tf.train: runs on TensorFlow" in asked.stderr and "KERAS_BACKEND=jax" in asked.stderr, asked.stderr
+    int8 = run_cli("gpt_tf.train", *greedy, "--weights=int8").stdout  # the weights in 1 byte: a sample all the same
+    assert int8.split("run dir", 1)[1].split("\n", 1)[1].startswith("the"), int8
 
 
 @pytest.mark.parametrize(

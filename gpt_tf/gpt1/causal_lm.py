@@ -110,10 +110,23 @@ class GPT1CausalLM(keras_hub.models.CausalLM):
             caches.append(block_cache)
         return backbone.embed.logits(h), h, tuple(caches)
 
-    def _build_cache(self, token_ids):
-        """The prompt's ``(hidden_states, cache)``: every position of ``token_ids`` run once."""
-        _, hidden_states, cache = self.call_with_cache(token_ids, None, 0)
-        return hidden_states, cache
+    def _build_cache(self, token_ids, padding_mask=None):
+        """The prompt's ``(hidden_states, cache)``: every position of ``token_ids`` run once. With
+        ``padding_mask`` (not on JAX, whose compiled loop takes static shapes only), only the positions up to the
+        longest prompt: the cache past them is zeros, and generation writes each position before it is read (a
+        prompt of 32 for 512 tokens runs 32 positions, not 512); ``hidden_states`` are then the prompt's only."""
+        if padding_mask is None or keras.config.backend() == "jax":
+            _, hidden_states, cache = self.call_with_cache(token_ids, None, 0)
+            return hidden_states, cache
+        batch, length = ops.shape(token_ids)[0], ops.shape(token_ids)[1]
+        prompt = ops.maximum(ops.max(ops.sum(ops.cast(padding_mask, "int32"), axis=-1)), 1)
+        _, hidden_states, cache = self.call_with_cache(ops.slice(token_ids, [0, 0], [batch, prompt]), None, 0)
+
+        def padded(t):  # [batch, heads, prompt, head] -> [batch, heads, length, head]
+            t = ops.pad(t, [[0, 0], [0, 0], [0, length - prompt], [0, 0]])
+            return ops.reshape(t, (batch, t.shape[1], length, t.shape[3]))
+
+        return hidden_states, tuple((padded(k), padded(v)) for k, v in cache)
 
     def generate_step(self, inputs, stop_token_ids=None, use_cache=True):
         """keras-hub's generation function for one batch ``{"token_ids", "padding_mask"}`` (prompts padded to the
@@ -129,7 +142,7 @@ class GPT1CausalLM(keras_hub.models.CausalLM):
         never = ops.concatenate([ops.zeros([backbone.vocabulary_size - n_special]), ops.full([n_special], -1e9)])
 
         if use_cache and self.backbone.supports_cache:
-            _, cache = self._build_cache(token_ids)
+            _, cache = self._build_cache(token_ids, padding_mask)
 
             def next_logits(prompt, cache, index):
                 step = ops.slice(prompt, [0, index - 1], [batch, 1])

@@ -1,9 +1,11 @@
 """The GPT-1 embedding as Keras 3 layers: the tied token table (a Keras ``ReversibleEmbedding``, whose transpose is
 the LM head, Eq. 2) and the learned position table, summed with embedding dropout (``GPTEmbedding``).
 
-In float mode the tables are read in their own (float32) dtype. ``quantize("int8")`` and ``enable_lora`` act on the
-token table as on any ``ReversibleEmbedding``; on TensorFlow the int8 LM head runs its int8 × int8 product as a
-float32 MatMul (``tf_pieces.int8_product``).
+In float mode the tables are read in their own dtype. ``quantize("int8")`` and ``enable_lora`` act on the token table
+as on any ``ReversibleEmbedding``; on TensorFlow the int8 LM head's product in inference is ``tf_pieces.int8_matmul``
+(1 byte per weight read; Keras's arithmetic). A table held in a 16-bit dtype (``dtype="bfloat16"``) gives float32
+logits outside training: the products summed in float32 (on TensorFlow by ``tf_pieces.bf16_matmul``), not rounded
+to 16 bits, so that a greedy pick is the one the float32 sums make.
 
 With ``pad_vocab_to`` > 1 (``GPTConfig.pad_vocab_to``; off by default) the LM head pads the vocabulary in training
 (``GPTEmbedding.logits``): the token table, zero-padded to ``padded_vocab`` rows in the forward pass only (the
@@ -17,7 +19,7 @@ from keras import ops
 
 from gpt_tf import backend
 from gpt_tf.config import pad_vocab_problem, padded_width
-from gpt_tf.nn.layers import PACKAGE, Dropout16, normal_init
+from gpt_tf.nn.layers import PACKAGE, Dropout16, keras_input_quantizer, normal_init
 
 # The padded columns' logit: no probability after a softmax, and representable in bfloat16 (float16's: -6e4).
 MASKED_LOGIT = -1e9
@@ -38,15 +40,15 @@ class TokenEmbedding(keras.layers.ReversibleEmbedding):
         super().quantize(mode, type_check=False, config=config)
 
     def _int8_call(self, inputs, reverse=False):
-        """Keras's int8 call; the LM head's (``reverse``) int8 product on TensorFlow as a float32 MatMul
-        (``tf_pieces.int8_product``, as ``Conv1D``'s), the rest Keras's arithmetic."""
+        """Keras's int8 call; the LM head's (``reverse``) product on TensorFlow by ``tf_pieces.int8_matmul`` (as
+        ``Conv1D``'s: Keras's input quantizer or weight-only), the rest Keras's arithmetic."""
         pieces = backend.tf_pieces()
-        if (not reverse or pieces is None or not self.tie_weights or self.lora_enabled or not self.inputs_quantizer
+        quantizes = keras_input_quantizer(self.inputs_quantizer)
+        if (not reverse or pieces is None or not self.tie_weights or self.lora_enabled or quantizes is None
                 or self.logit_soft_cap is not None):
             return super()._int8_call(inputs, reverse=reverse)
-        q, inputs_scale = self.inputs_quantizer(inputs)
-        logits = ops.cast(pieces.int8_product(q, self.embeddings, transpose_b=True), self.compute_dtype)
-        return ops.divide(logits, ops.multiply(inputs_scale, ops.transpose(self.embeddings_scale)))
+        logits = pieces.int8_matmul(inputs, self._embeddings, self.embeddings_scale, quantizes, transpose=True)
+        return ops.cast(logits, self.compute_dtype)
 
 
 @keras.saving.register_keras_serializable(package=PACKAGE)
@@ -152,9 +154,15 @@ class GPTEmbedding(keras.layers.Layer):
         the real next tokens only (TensorFlow's ``tf_pieces.real_targets``: the same head on fewer rows, where
         padding is as correct and, on a GPU, as useful). Outside training the head is unpadded, so generation,
         scoring and the export see ``total_vocab`` columns. The int8 and LoRA tables (``token_embedding``'s
-        ``reverse`` call, Keras's or ``tf_pieces.int8_product``) are never padded: the setting is for float
-        training."""
+        ``reverse`` call, Keras's or ``tf_pieces.int8_matmul``) are never padded: the setting is for float
+        training. A table held in a 16-bit dtype gives float32 logits outside training (``float32_logits``)."""
         if self._float_tables():
+            if self.float32_logits(training):  # a 16-bit table: float32 sums, float32 logits
+                pieces = backend.tf_pieces()
+                if pieces is not None:
+                    return pieces.bf16_matmul(h, self.tokens_embed, "float32", transpose=True)
+                table = ops.cast(self.tokens_embed, "float32")
+                return ops.matmul(ops.cast(h, "float32"), ops.transpose(table))
             table = ops.cast(self.tokens_embed, h.dtype)
             if not self.pads(training):
                 return ops.matmul(h, ops.transpose(table))
@@ -165,10 +173,17 @@ class GPTEmbedding(keras.layers.Layer):
                                                     ops.full([extra], masked, h.dtype)]))
         return ops.cast(self.token_embedding(h, reverse=True), h.dtype)
 
+    def float32_logits(self, training=False) -> bool:
+        """Whether the LM head gives float32 logits where the compute dtype is 16-bit: outside training, from a float
+        token table held in a 16-bit dtype (``dtype="bfloat16"``)."""
+        table = keras.backend.standardize_dtype(self.tokens_embed.dtype) if self._float_tables() else "int8"
+        return not training and table in ("bfloat16", "float16")
+
     def compute_output_spec(self, inputs, training=False, start_index=0, reverse=False):
         if reverse:
             width = self.padded_vocab if self.pads(training) else self.total_vocab
-            return keras.KerasTensor((*inputs.shape[:-1], width), dtype=self.compute_dtype)
+            dtype = "float32" if self.float32_logits(training) else self.compute_dtype
+            return keras.KerasTensor((*inputs.shape[:-1], width), dtype=dtype)
         return keras.KerasTensor((*inputs.shape, self.n_embd), dtype=self.compute_dtype)
 
     def get_config(self):

@@ -71,6 +71,21 @@ def attention_scores(q, k):
     return pieces.attention_scores(q, k) if pieces is not None else ops.matmul(q, ops.swapaxes(k, -1, -2))
 
 
+def held_in(variable, dtype: str) -> bool:
+    """Whether ``variable`` is stored in ``dtype`` (``"bfloat16"``: a ``dtype="bfloat16"`` model's weights, not a
+    float32 weight read in bfloat16 under ``mixed_bfloat16``)."""
+    return keras.backend.standardize_dtype(variable.dtype) == dtype
+
+
+def keras_input_quantizer(quantizer):
+    """An int8 layer's input quantizer as the faster product takes it: True for Keras's default (``AbsMaxQuantizer``
+    over the last axis, values ±127), False for none (weight-only int8), None for any other (Keras's call runs)."""
+    if not quantizer:
+        return False
+    default = isinstance(quantizer, keras.quantizers.AbsMaxQuantizer) and tuple(quantizer.value_range) == (-127, 127)
+    return True if default and quantizer.axis in (None, (-1,)) and quantizer.epsilon == keras.config.epsilon() else None
+
+
 def normal_init(std):
     return keras.initializers.RandomNormal(stddev=std)
 
@@ -87,9 +102,11 @@ class Conv1D(keras.layers.Dense):
     the last axis, ``activation`` None or ``"gelu"``; ``w`` and ``b`` are the release's names of its kernel and bias.
 
     A ``Dense``, so Keras's features act on it: ``enable_lora`` (the kernel plus its low-rank update) and
-    ``quantize("int8")`` (Keras's int8 kernel, scale and call; on TensorFlow its int8 product as a float32 MatMul). In float mode on TensorFlow it runs the
-    same arithmetic through ``tf_pieces.dense`` (a 2-D MatMul + BiasAdd that oneDNN fuses, in this layer's name
-    scope, and in training the padded weight gradient and the fused GELU kernel); elsewhere ``Dense``'s own call.
+    ``quantize("int8")`` (Keras's int8 kernel, scale and call; on TensorFlow in inference its product by
+    ``tf_pieces.int8_matmul``). In float mode on TensorFlow it runs the same arithmetic through ``tf_pieces.dense``
+    (a 2-D MatMul + BiasAdd that oneDNN fuses, in this layer's name scope, and in training the padded weight gradient
+    and the fused GELU kernel), a kernel held in bfloat16 (``dtype="bfloat16"``) through ``tf_pieces.bf16_dense`` in
+    inference; elsewhere ``Dense``'s own call.
     """
 
     ACTIVATIONS = (None, "gelu")
@@ -117,24 +134,28 @@ class Conv1D(keras.layers.Dense):
 
     def call(self, inputs, training=False):
         pieces = backend.tf_pieces()
-        if pieces is not None:
-            return pieces.dense(inputs, self.kernel, self.bias, self.activation_name, training)
-        return super().call(inputs)
+        if pieces is None:
+            return super().call(inputs)
+        if not training and held_in(self._kernel, "bfloat16") and not self.lora_enabled:
+            x = ops.cast(inputs, self.compute_dtype)
+            return pieces.bf16_dense(x, self._kernel, self.bias, self.activation_name)
+        return pieces.dense(inputs, self.kernel, self.bias, self.activation_name, training)
 
     def quantize(self, mode=None, type_check=True, config=None):  # pylint: disable=unused-argument
         """``Dense.quantize`` (int8, int4, float8): this layer is a ``Dense`` with a faster float call."""
         super().quantize(mode, type_check=False, config=config)
 
     def _int8_call(self, inputs, training=None):
-        """Keras's int8 call (the hook ``quantize("int8")`` runs): the inputs quantized per row, the int8 product
-        de-scaled, bias, activation. In TensorFlow inference the int8 product is a float32 MatMul
-        (``tf_pieces.int8_product``: the same integers, ~5x faster on a CPU); the rest is Keras's arithmetic."""
+        """Keras's int8 call (the hook ``quantize("int8")`` runs): with Keras's input quantizer, the inputs quantized
+        per row and the int8 product de-scaled; weight-only (``Int8QuantizationConfig(activation_quantizer=None)``),
+        the float inputs against the int8 kernel, de-scaled; then bias, activation. In TensorFlow inference the
+        product is ``tf_pieces.int8_matmul`` (``gpt_tf/nn/tf_weights.py``: the same arithmetic, reading 1 byte per
+        weight); the rest is Keras's arithmetic."""
         pieces = backend.tf_pieces()
-        if pieces is None or training or self.lora_enabled or not self.inputs_quantizer:
+        quantizes = keras_input_quantizer(self.inputs_quantizer)
+        if pieces is None or training or self.lora_enabled or quantizes is None:
             return super()._int8_call(inputs, training=training)
-        q, inputs_scale = self.inputs_quantizer(inputs, axis=-1)
-        x = ops.cast(pieces.int8_product(q, self.w), self.compute_dtype)
-        x = ops.divide(x, ops.multiply(self.kernel_scale, inputs_scale))
+        x = ops.cast(pieces.int8_matmul(inputs, self._kernel, self.kernel_scale, quantizes), self.compute_dtype)
         if self.bias is not None:
             x = ops.add(x, self.bias)
         return self.activation(x) if self.activation is not None else x
@@ -177,6 +198,17 @@ class Dropout16(keras.layers.Dropout):
 
 
 @keras.saving.register_keras_serializable(package=PACKAGE)
+def write_at(cache, t, index):
+    """``cache`` [batch, heads, length, head] with ``t`` [batch, heads, 1, head] written at position ``index``: a
+    scatter of the batch x heads rows (a core op, not XLA's slice update; it copies the cache once, ~2.5x faster than
+    a select over all of it)."""
+    batch, heads = ops.shape(t)[0], ops.shape(t)[1]
+    rows = ops.arange(batch * heads, dtype="int32")
+    at = ops.full_like(rows, ops.cast(index, "int32"))
+    indices = ops.stack([rows // heads, rows % heads, at], axis=1)
+    return ops.scatter_update(cache, indices, ops.reshape(t, (batch * heads, ops.shape(t)[3])))
+
+
 class CausalSelfAttention(keras.layers.Layer):
     """Masked multi-head self-attention (Vaswani et al., as used in GPT-1), scaled by 1/sqrt(d_head)."""
 
@@ -232,8 +264,7 @@ class CausalSelfAttention(keras.layers.Layer):
             if x.shape[1] not in (1, None):
                 raise ValueError(f"a cached step takes one token per row, got {x.shape[1]}")
             keys = ops.arange(ops.shape(cache[0])[2])
-            at = ops.expand_dims(keys == cache_update_index, -1)  # [cache_length, 1]: where the new key goes
-            k, v = ops.where(at, k, cache[0]), ops.where(at, v, cache[1])  # core ops: a select, not XLA's update
+            k, v = (write_at(c, t, cache_update_index) for c, t in zip(cache, (k, v)))
             bias, rows = ops.where(keys <= cache_update_index, 0.0, -1e9), length
         elif positions is None:
             bias, rows = causal_bias(length, x.shape[1]), length

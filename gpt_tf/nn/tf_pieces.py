@@ -18,7 +18,10 @@ each piece below computes its part instead; on JAX and PyTorch Keras's ops do. E
 * ``take_at``: one position per row by ``tf.gather`` with batch dimensions.
 * ``real_targets``: the LM head's inputs at the real next tokens only (a shape known at run time only).
 * ``token_cross_entropy``: the cross-entropy by oneDNN's softmax and a written-out gradient.
-* ``int8_product``: the int8 layers' (Keras's ``quantize("int8")``) int8 × int8 product as a float32 MatMul.
+* ``int8_matmul``, ``bf16_matmul`` (``gpt_tf/nn/tf_weights.py``): the products against weights held in int8
+  (Keras's ``quantize("int8")``) or bfloat16 (``dtype="bfloat16"``) in inference: a few rows read the weights in
+  their own bytes (the weight kernel), many rows by oneDNN's int8 product or float32's MatMul; ``bf16_dense``:
+  ``Conv1D`` with its kernel held in bfloat16.
 
 Which of these run is the process's speed choices (``gpt_tf.speed.choices.current()``), read as a graph is traced,
 never measured then. Exported SavedModels hold none of the custom ops: inference keeps the stock ops outside
@@ -29,6 +32,7 @@ from __future__ import annotations
 
 import tensorflow as tf
 
+from gpt_tf.nn.tf_weights import bf16_matmul, int8_matmul  # noqa: F401  (pieces of this module's interface)
 from gpt_tf.speed import aliased_grads, inference_gelu, kernels
 
 
@@ -159,13 +163,8 @@ def token_cross_entropy(logits, targets):
     return tf.reshape(xent(flat), tf.shape(targets))
 
 
-def int8_product(q, kernel, transpose_b=False):
-    """``q @ kernel`` (``q`` int8 ``[..., k]``, ``kernel`` int8 ``[k, n]``, or ``[n, k]`` with ``transpose_b``) in
-    float32, for Keras's int8 ``Dense`` and ``ReversibleEmbedding`` calls, whose ``ops.matmul`` of two int8
-    tensors is TensorFlow's int8 MatMul with int32 out: on a CPU ~5x slower than float32's (measured, [2048, 256] x
-    [256, 768]). The same integers: every product and partial sum is a whole number below 2^24 while
-    ``k`` ≤ 1040 (|q|, |kernel| ≤ 127), so float32 holds them exactly; beyond, within float32's rounding."""
-    q2 = tf.reshape(tf.cast(q, tf.float32), (-1, q.shape[-1]))
-    y = tf.matmul(q2, tf.cast(kernel, tf.float32), transpose_b=transpose_b)
-    units = kernel.shape[0] if transpose_b else kernel.shape[-1]
-    return tf.reshape(y, tf.concat([tf.shape(q)[:-1], [units]], 0))
+def bf16_dense(x, w, b, activation):
+    """``Conv1D`` in inference with its kernel held in bfloat16 (``dtype="bfloat16"``): ``activation(x @ w + b)`` in
+    ``x``'s dtype, the product by ``tf_weights.bf16_matmul`` (float32 sums)."""
+    y = tf.nn.bias_add(bf16_matmul(x, w, x.dtype), tf.cast(b, x.dtype))
+    return gelu(y) if activation else y

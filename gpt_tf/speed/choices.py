@@ -29,6 +29,7 @@ import dataclasses
 import json
 import os
 import re
+import threading
 from typing import Optional
 
 from gpt_tf.speed.machine_cache import onednn_default
@@ -198,6 +199,25 @@ def using(choices: SpeedChoices):
         yield choices
     finally:
         _current[:] = before
+
+
+class TracingFlag:
+    """A flag that is on inside ``with flag.on():`` in this thread only: what a graph traced there reads (the
+    kernels' ``portable()``, the inference GELU's ``passes()``)."""
+
+    def __init__(self):
+        self._local = threading.local()
+
+    def __bool__(self) -> bool:
+        return getattr(self._local, "on", False)
+
+    @contextlib.contextmanager
+    def on(self):
+        before, self._local.on = bool(self), True
+        try:
+            yield
+        finally:
+            self._local.on = before
 
 
 def apply_threads(tf, choices: SpeedChoices) -> None:

@@ -17,9 +17,7 @@ keeps the stock ops: a SavedModel must hold core TensorFlow ops only.
 
 from __future__ import annotations
 
-import contextlib
 import functools
-import threading
 
 import tensorflow as tf
 
@@ -27,19 +25,14 @@ from gpt_tf.speed import choices, kernels, machine_cache
 
 CACHE_FILE = "inference_gelu.json"
 PROBE_TOKENS, PROBE_REPS, MIN_GAIN = 512, 7, 1.05
-_state = threading.local()
+_passes = choices.TracingFlag()
 _machine = functools.cache(machine_cache.cache_key)
 
 
-@contextlib.contextmanager
 def passes():
-    """Traces inside this block may run the GELU kernel in inference (where the speed choices say so)."""
-    before = getattr(_state, "on", False)
-    _state.on = True
-    try:
-        yield
-    finally:
-        _state.on = before
+    """Traces inside this block (``with passes():``) may run the GELU kernel in inference (where the speed choices
+    say so)."""
+    return _passes.on()
 
 
 def dense_gelu(x2, w, b, kernel: bool):
@@ -65,7 +58,7 @@ def uses_kernel(y, nx: int) -> bool:
     """Whether the GELU of a dense layer's inference output ``y`` (``[rows, units]``, from ``nx`` inputs) runs the
     kernel: inside ``passes()`` only, where the speed choices say so (``SpeedChoices.inference_gelu``) and the
     kernels run."""
-    return (getattr(_state, "on", False) and choices.current().gelu_kernel(nx, int(y.shape[-1]), y.dtype.name)
+    return (bool(_passes) and choices.current().gelu_kernel(nx, int(y.shape[-1]), y.dtype.name)
             and kernels.can_fuse(y))
 
 

@@ -15,6 +15,10 @@ project trains on a CPU those passes, not the matrix products, are what it can s
 * **Layer norm in training** (``fused_layer_norm``): forward and gradient in one pass over each row,
   vectorised across it (the graph's ``layers.layer_norm``: ~15 ops forward, ~30 backward); inference
   keeps the graph, for the same reason.
+* **Products against int8 or bfloat16 weights in a few rows** (``weight_matmul``: generation, one token per row):
+  the weights read in their own bytes and decoded in registers, where TensorFlow's MatMul reads float32
+  (``gpt_tf/nn/tf_weights.py`` chooses it; Keras's int8 arithmetic to the bit, by AVX512-VNNI, with Keras's input
+  quantizer).
 * **Dropout** (``fused_dropout``): ``layers.Dropout16``'s mask, to the bit (TF's Philox4x32-10 stream for
   the same seed, its rounds run eight counters per vector), and the scaling in one pass; the gradient in one
   more (the graph: the random op, a bitcast, a slice, a compare, a product, a select, and two more ops
@@ -24,9 +28,9 @@ All are exact to float32 rounding against the stock ops (``tests/test_kernels.py
 built on first use with the machine's C++ compiler (``build.py``, ~10 s, cached per machine;
 ``python -m gpt_tf.speed.kernels`` builds it ahead, as ``scripts/setup.sh`` does). The stock ops run instead,
 with the reason in ``status()``, where it cannot be built or loaded, when a GPU or TPU is visible (the
-kernels are CPU-only), inside XLA-compiled functions (``--jit_compile``), and where the run's speed choices
-turn them off (``SpeedChoices.fused_kernels``, ``gpt_tf/speed/choices.py``; ``GPT_TF_FUSED_KERNELS=0`` by hand, for
-A/B runs).
+kernels are CPU-only), inside XLA-compiled functions (``--jit_compile``), in graphs traced inside ``portable()``
+(the exports: another process runs them), and where the run's speed choices turn them off
+(``SpeedChoices.fused_kernels``, ``gpt_tf/speed/choices.py``; ``GPT_TF_FUSED_KERNELS=0`` by hand, for A/B runs).
 """
 
 from __future__ import annotations
@@ -34,6 +38,8 @@ from __future__ import annotations
 import functools
 
 from gpt_tf.speed import choices
+
+_portable = choices.TracingFlag()
 
 
 @functools.lru_cache(maxsize=None)
@@ -60,8 +66,20 @@ def ops():
 
 
 def graph_ops():
-    """``ops()`` for the function being traced: None inside an XLA-compiled one."""
-    return None if in_xla() else ops()
+    """``ops()`` for the function being traced: None inside an XLA-compiled one and inside ``portable()``."""
+    return None if in_xla() or in_portable() else ops()
+
+
+def portable():
+    """Graphs traced inside (``with portable():``) are for another process (a SavedModel): they hold core ops that
+    compute the same on every TensorFlow build and setting (no kernel of this library; ``gpt_tf/nn/tf_weights.py``:
+    no oneDNN-only op)."""
+    return _portable.on()
+
+
+def in_portable() -> bool:
+    """Whether the graph being traced is inside ``portable()``."""
+    return bool(_portable)
 
 
 def status() -> str:
@@ -133,6 +151,17 @@ def fused_dropout(x, seed, threshold: int, scale: float):
         return y, lambda dy: lib.gpt_dropout_grad(dy, keep, scale=scale)
 
     return drop(x)
+
+
+def weight_matmul(x, w, scale, transpose_w=False, quantize_inputs=False, out_dtype=None):
+    """``x @ w`` (``x`` ``[M, K]`` float32 or bfloat16; ``w`` int8 or bfloat16 ``[K, N]``, ``[N, K]`` with
+    ``transpose_w``) by the few-row kernel; int8 ``w`` de-scaled by ``scale`` ``[N]`` (Keras's ``kernel_scale``), with
+    Keras's input quantizer where ``quantize_inputs``; ``scale`` empty for bfloat16. Call where ``graph_ops()`` is not
+    None."""
+    import tensorflow as tf
+
+    return ops().gpt_weight_matmul(x, w, scale, transpose_w=transpose_w, quantize_inputs=quantize_inputs,
+                                   Tout=out_dtype or tf.float32)
 
 
 def fused_adamw(var, m, v, grad, scalars):

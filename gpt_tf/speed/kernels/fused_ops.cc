@@ -5,3 +5,4 @@
 #include "dropout.h"
 #include "gelu.h"
 #include "layer_norm.h"
+#include "weight_matmul.h"
