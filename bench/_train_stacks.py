@@ -232,13 +232,9 @@ def build_step(spec):
 def worker_env(spec) -> dict:
     """The environment a stack's worker adds: Keras on JAX for ``ours_jax``, on ``spec["backend"]`` where given (JAX
     on ``spec["threads"]`` threads where that is not 0)."""
-    backend = "jax" if spec.get("stack") == "ours_jax" else spec.get("backend")
-    if not backend:
-        return {}
-    env = {"KERAS_BACKEND": backend}
-    if backend == "jax" and spec.get("threads"):
-        env["XLA_FLAGS"] = f"--xla_cpu_multi_thread_eigen=false intra_op_parallelism_threads={spec['threads']}"
-    return env
+    backend, threads = "jax" if spec.get("stack") == "ours_jax" else spec.get("backend"), spec.get("threads")
+    xla = {"XLA_FLAGS": f"--xla_cpu_multi_thread_eigen=false intra_op_parallelism_threads={threads}"}
+    return {"KERAS_BACKEND": backend, **(xla if backend == "jax" and threads else {})} if backend else {}
 
 
 # ----------------------------------------------------------------------------- the loop
