@@ -83,7 +83,9 @@ def keras_input_quantizer(quantizer):
     if not quantizer:
         return False
     default = isinstance(quantizer, keras.quantizers.AbsMaxQuantizer) and tuple(quantizer.value_range) == (-127, 127)
-    return True if default and quantizer.axis in (None, (-1,)) and quantizer.epsilon == keras.config.epsilon() else None
+    # the fast product's epsilon is Keras's default, 1e-7 (tf_weights._KERAS_EPSILON, weight_matmul_blocks.h's
+    # kEpsilon): a quantizer made under another keras.config.epsilon() runs Keras's own call
+    return True if default and quantizer.axis in (None, (-1,)) and quantizer.epsilon == 1e-7 else None
 
 
 def normal_init(std):
